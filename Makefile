@@ -1,0 +1,48 @@
+# The two commands a newcomer runs: `make run` and `make test`.
+# Both install missing Debian packages (tools/install-deps.sh), build Release and
+# generate the bundled fixture first.
+
+BUILD      ?= build
+FUZZ_BUILD ?= build-fuzz
+JOBS       ?= $(shell nproc)
+FIXTURE    ?= $(BUILD)/fixtures/qwen3moe-tiny.gguf
+FUZZ_SECONDS ?= 60
+MOEGRAPH   := $(BUILD)/tools/moegraph
+
+.PHONY: all deps build fixture run test test-sanitize bench clean
+
+all: build
+
+deps:
+	@bash tools/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j$(JOBS)
+
+fixture: build
+	@mkdir -p $(dir $(FIXTURE))
+	$(MOEGRAPH) make-fixture --arch qwen3moe --layers 4 --experts 16 --top-k 4 \
+	  --embd 256 --ff 256 --heads 8 --kv-heads 4 --vocab 512 --quant q8_0,expert=q4_K \
+	  --router-skew 2 --seed 1 -o $(FIXTURE)
+
+run: fixture
+	$(MOEGRAPH) run -m $(FIXTURE) --tokens 1,2,3,4 -n 32 --backend cpu
+
+# Release tests, then the sanitizer tree: the GGUF reader's tests under
+# ASan+UBSan and the libFuzzer target for FUZZ_SECONDS.
+test: fixture
+	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+	$(MAKE) --no-print-directory test-sanitize
+
+test-sanitize: deps
+	cmake -S . -B $(FUZZ_BUILD) -DMOEGRAPH_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOEGRAPH_FUZZ_SECONDS=$(FUZZ_SECONDS)
+	cmake --build $(FUZZ_BUILD) -j$(JOBS)
+	ctest --test-dir $(FUZZ_BUILD) --output-on-failure
+
+bench: build
+	$(BUILD)/tools/moegraph_bench --benchmark_min_time=0.5
+
+clean:
+	rm -rf $(BUILD) $(FUZZ_BUILD)

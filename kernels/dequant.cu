@@ -1,0 +1,38 @@
+// Dequantization to f32, one thread per ggml block (32 or 256 elements; one
+// element for f32/f16/bf16). Each thread runs the CPU's MG_HD block function, so
+// the GPU result is the CPU result bit for bit. This is the checking and
+// staging path, not the matvec path: a thread writes its block's floats itself,
+// so stores are not coalesced across the warp.
+#include "kernels/dequant.h"
+
+#include "loader/quant.h"
+
+namespace moegraph {
+namespace {
+
+constexpr int kThreadsPerBlock = 256;
+
+__global__ void dequantize_blocks(GgmlType type, const uint8_t* __restrict__ src,
+                                  float* __restrict__ dst, int64_t n_blocks, int64_t block_elems,
+                                  int64_t block_bytes) {
+  const int64_t block = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (block >= n_blocks) return;
+  dequantize_block(type, src + block * block_bytes, dst + block * block_elems);
+}
+
+}  // namespace
+
+cudaError_t launch_dequantize(GgmlType type, const void* src, float* dst, int64_t n,
+                              cudaStream_t stream) {
+  const int64_t block_elems = quant_block_elems(type);
+  if (block_elems == 0 || n < 0 || n % block_elems != 0) return cudaErrorInvalidValue;
+  const int64_t n_blocks = n / block_elems;
+  if (n_blocks == 0) return cudaSuccess;
+  const int64_t grid = (n_blocks + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  dequantize_blocks<<<static_cast<unsigned>(grid), kThreadsPerBlock, 0, stream>>>(
+      type, static_cast<const uint8_t*>(src), dst, n_blocks, block_elems,
+      quant_block_bytes(type));
+  return cudaGetLastError();
+}
+
+}  // namespace moegraph

@@ -1,0 +1,587 @@
+#include "loader/fixture.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "loader/gguf_writer.h"
+#include "loader/quantize.h"
+#include "loader/status_util.h"
+
+namespace moegraph {
+namespace {
+
+// llama.cpp's LLAMA_MAX_LAYERS and LLAMA_MAX_EXPERTS: larger files would not load there.
+constexpr int kMaxLayers = 512;
+constexpr int kMaxExperts = 512;
+constexpr int kMaxDim = 1 << 20;
+constexpr int kMinVocab = 8;
+
+// Token types as llama.cpp numbers them (llama_token_type).
+constexpr int32_t kTokenNormal = 1;
+constexpr int32_t kTokenUnknown = 2;
+constexpr int32_t kTokenControl = 3;
+constexpr int32_t kTokenByte = 6;
+
+// splitmix64: a fixed generator, so a seed gives the same bytes on every platform.
+class Rng {
+ public:
+  explicit Rng(uint64_t state) : state_(state) {}
+
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+
+  // Uniform in [0, 1) with 24 random bits.
+  float Uniform() { return static_cast<float>(Next() >> 40) * 0x1.0p-24f; }
+
+  // Zero mean, unit variance: a sum of four uniforms (Irwin-Hall) needs no libm,
+  // which keeps the bytes identical across platforms.
+  float Normal() {
+    const float sum = Uniform() + Uniform() + Uniform() + Uniform();
+    return (sum - 2.0f) * 1.7320508f;
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// Each tensor (and each routed expert) draws from its own stream keyed by name,
+// so its values do not depend on which tensors come before it or how experts
+// are stored (merged or legacy).
+Rng StreamRng(uint64_t seed, std::string_view key) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (char ch : key) h = (h ^ static_cast<uint8_t>(ch)) * 0x100000001b3ull;
+  Rng mix(seed ^ h);
+  return Rng(mix.Next());
+}
+
+struct Dims {
+  int64_t embd, q_dim, kv_dim, head_dim, ff, shff, vocab;
+};
+
+// The shared direction behind --router-skew: token embeddings carry a constant
+// component along it, so every normed hidden state leans the same way, and each
+// router row is shifted along it by a per-expert amount. A linear router on
+// inputs without such a common component cannot favour any expert for more than
+// half of them (x and -x rank the experts in reverse).
+struct Skew {
+  float strength = 0.0f;
+  std::vector<float> direction;  // unit, n_embd
+};
+
+std::string BlockName(int layer, std::string_view name) {
+  return absl::StrCat("blk.", layer, ".", Av(name));
+}
+
+std::string ExpertStreamKey(int layer, std::string_view proj, int expert) {
+  return absl::StrCat("blk.", layer, ".", Av(proj), ".", expert);
+}
+
+// Rows of `cols` values in `type`, each from make_row, quantized row by row.
+void FillRows(GgmlType type, int64_t cols, int64_t rows, uint8_t* dst,
+              const std::function<void(int64_t row, float* out)>& make_row) {
+  const size_t row_bytes = ggml_row_size(type, cols);
+  std::vector<float> row(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    make_row(r, row.data());
+    quantize_row(type, row.data(), dst + r * row_bytes, cols);
+  }
+}
+
+// Fill functions copy their stream on each call, so a writer serialized twice
+// writes the same bytes twice.
+GgufWriter::FillFn GaussianFill(GgmlType type, int64_t cols, int64_t rows, float stddev,
+                                Rng stream) {
+  return [=](uint8_t* dst, size_t) {
+    Rng rng = stream;
+    FillRows(type, cols, rows, dst, [&](int64_t, float* out) {
+      for (int64_t i = 0; i < cols; ++i) out[i] = stddev * rng.Normal();
+    });
+  };
+}
+
+// Norm weights scatter around 1 as trained ones do; biases around 0.
+GgufWriter::FillFn VectorFill(int64_t n, float center, float spread, Rng stream) {
+  return [=](uint8_t* dst, size_t) {
+    Rng rng = stream;
+    FillRows(GgmlType::kF32, n, 1, dst, [&](int64_t, float* out) {
+      for (int64_t i = 0; i < n; ++i) out[i] = center + spread * rng.Normal();
+    });
+  };
+}
+
+class FixtureBuilder {
+ public:
+  FixtureBuilder(const FixtureSpec& spec, const Dims& d) : spec_(spec), d_(d) {
+    skew_ = std::make_shared<Skew>();
+    skew_->strength = spec.router_skew;
+    if (spec.router_skew > 0) {
+      Rng rng = StreamRng(spec.seed, "router_skew.direction");
+      std::vector<double> v(d.embd);
+      double norm2 = 0;
+      for (double& x : v) {
+        x = rng.Normal();
+        norm2 += x * x;
+      }
+      const double inv = 1.0 / std::sqrt(norm2);
+      skew_->direction.resize(d.embd);
+      for (int64_t i = 0; i < d.embd; ++i) skew_->direction[i] = static_cast<float>(v[i] * inv);
+    }
+  }
+
+  void Build(GgufWriter* w) {
+    WriteMetadata(w);
+    WriteTokenizer(w);
+    WriteTensors(w);
+  }
+
+ private:
+  std::string Key(std::string_view suffix) const {
+    return absl::StrCat(Av(arch_gguf_name(spec_.arch)), ".", Av(suffix));
+  }
+
+  void WriteMetadata(GgufWriter* w) const {
+    const Arch arch = spec_.arch;
+    w->SetString("general.architecture", std::string(arch_gguf_name(arch)));
+    w->SetString("general.name",
+                 absl::StrCat("moegraph fixture ",
+                              arch == Arch::kMixtral ? "mixtral" : Av(arch_gguf_name(arch)),
+                              " seed ", spec_.seed));
+    w->SetUint32(Key("vocab_size"), spec_.n_vocab);
+    w->SetUint32(Key("context_length"), spec_.n_ctx_train);
+    w->SetUint32(Key("embedding_length"), spec_.n_embd);
+    w->SetUint32(Key("block_count"), spec_.n_layer);
+    // feed_forward_length as the converters write it: the dense intermediate
+    // size for the qwen models (n_ff_exp * top-k is what llama.cpp would derive
+    // an expert size from), the per-expert size for olmoe and mixtral.
+    uint32_t n_ff = static_cast<uint32_t>(d_.ff);
+    if (arch == Arch::kQwen3Moe) n_ff = static_cast<uint32_t>(d_.ff * spec_.n_expert_used);
+    if (arch == Arch::kQwen2Moe) n_ff = static_cast<uint32_t>(d_.shff);
+    w->SetUint32(Key("feed_forward_length"), n_ff);
+    w->SetUint32(Key("attention.head_count"), spec_.n_head);
+    w->SetUint32(Key("attention.head_count_kv"), spec_.n_head_kv);
+    w->SetUint32(Key("attention.key_length"), static_cast<uint32_t>(d_.head_dim));
+    w->SetUint32(Key("attention.value_length"), static_cast<uint32_t>(d_.head_dim));
+    w->SetUint32(Key("rope.dimension_count"), static_cast<uint32_t>(d_.head_dim));
+    // rope_theta and rms_norm_eps of the released models of each family.
+    const bool qwen = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe;
+    w->SetFloat32(Key("rope.freq_base"), arch == Arch::kOlmoe ? 10000.0f : 1000000.0f);
+    w->SetFloat32(Key("attention.layer_norm_rms_epsilon"), qwen ? 1e-6f : 1e-5f);
+    w->SetUint32(Key("expert_count"), spec_.n_expert);
+    w->SetUint32(Key("expert_used_count"), spec_.n_expert_used);
+    if (qwen) w->SetUint32(Key("expert_feed_forward_length"), static_cast<uint32_t>(d_.ff));
+    if (arch == Arch::kQwen2Moe) {
+      w->SetUint32(Key("expert_shared_feed_forward_length"), static_cast<uint32_t>(d_.shff));
+    }
+  }
+
+  // A small vocabulary llama.cpp's loader accepts: specials, byte tokens (so
+  // every text has a tokenization, '\n' included), two-letter pieces with the
+  // merges (gpt2) or scores (llama) that make them, then filler pieces.
+  void WriteTokenizer(GgufWriter* w) const {
+    const int n_vocab = spec_.n_vocab;
+    std::vector<std::string> tokens;
+    std::vector<int32_t> types;
+    std::vector<float> scores;
+    std::vector<std::string> merges;
+    auto add = [&](std::string text, int32_t type, float score) {
+      tokens.push_back(std::move(text));
+      types.push_back(type);
+      scores.push_back(score);
+    };
+    const bool spm = spec_.arch == Arch::kMixtral;
+    const int n_special = spm ? 3 : 2;
+    const int n_regular = n_vocab - n_special;
+    if (spm) {
+      add("<unk>", kTokenUnknown, 0.0f);
+      add("<s>", kTokenControl, 0.0f);
+      add("</s>", kTokenControl, 0.0f);
+      for (int b = 0; b < 256 && static_cast<int>(tokens.size()) < n_vocab; ++b) {
+        add(absl::StrFormat("<0x%02X>", b), kTokenByte, 0.0f);
+      }
+    } else {
+      for (const std::string& piece : Gpt2BytePieces()) {
+        if (static_cast<int>(tokens.size()) >= n_regular) break;
+        add(piece, kTokenNormal, 0.0f);
+      }
+    }
+    // Two-letter pieces: "▁a" style word starts for SPM, "Ġa" for byte-level BPE.
+    const std::string space = spm ? "\xe2\x96\x81" : "\xc4\xa0";
+    const int limit = spm ? n_vocab : n_regular;
+    // A BPE merge is only valid when both halves are tokens: all byte pieces fit.
+    const bool halves_present = spm || tokens.size() == 256;
+    for (char a = 'a'; a <= 'z' && halves_present; ++a) {
+      for (int second = -1; second < 26 && static_cast<int>(tokens.size()) < limit; ++second) {
+        const std::string left = second < 0 ? space : std::string(1, a);
+        const std::string right =
+            second < 0 ? std::string(1, a) : std::string(1, static_cast<char>('a' + second));
+        add(left + right, kTokenNormal, -static_cast<float>(tokens.size()));
+        if (!spm) merges.push_back(left + " " + right);
+      }
+    }
+    for (int i = static_cast<int>(tokens.size()); i < limit; ++i) {
+      add(absl::StrCat("[tok", i, "]"), kTokenNormal, -static_cast<float>(i));
+    }
+
+    if (spm) {
+      w->SetString("tokenizer.ggml.model", "llama");
+      w->SetFloat32Array("tokenizer.ggml.scores", scores);
+      w->SetUint32("tokenizer.ggml.bos_token_id", 1);
+      w->SetUint32("tokenizer.ggml.eos_token_id", 2);
+      w->SetUint32("tokenizer.ggml.unknown_token_id", 0);
+      w->SetBool("tokenizer.ggml.add_bos_token", true);
+    } else {
+      const bool olmoe = spec_.arch == Arch::kOlmoe;
+      const uint32_t first_special = static_cast<uint32_t>(tokens.size());
+      add("<|endoftext|>", kTokenControl, 0.0f);
+      add(olmoe ? "<|padding|>" : "<|im_end|>", kTokenControl, 0.0f);
+      w->SetString("tokenizer.ggml.model", "gpt2");
+      w->SetString("tokenizer.ggml.pre", olmoe ? "olmo" : "qwen2");
+      w->SetStringArray("tokenizer.ggml.merges", merges);
+      w->SetUint32("tokenizer.ggml.bos_token_id", first_special);
+      w->SetUint32("tokenizer.ggml.eos_token_id", olmoe ? first_special : first_special + 1);
+      w->SetUint32("tokenizer.ggml.padding_token_id", olmoe ? first_special + 1 : first_special);
+      w->SetBool("tokenizer.ggml.add_bos_token", false);
+    }
+    w->SetStringArray("tokenizer.ggml.tokens", tokens);
+    w->SetInt32Array("tokenizer.ggml.token_type", types);
+  }
+
+  // GPT-2's bytes_to_unicode, in its vocabulary order: the printable bytes as
+  // themselves, then the other bytes as U+0100 onwards.
+  static std::vector<std::string> Gpt2BytePieces() {
+    std::vector<int> printable, others;
+    for (int b = 0; b < 256; ++b) {
+      const bool keep = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+      (keep ? printable : others).push_back(b);
+    }
+    auto utf8 = [](int cp) {
+      std::string s;
+      if (cp < 0x80) {
+        s.push_back(static_cast<char>(cp));
+      } else {
+        s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+        s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+      }
+      return s;
+    };
+    std::vector<std::string> pieces;
+    for (int b : printable) pieces.push_back(utf8(b));
+    for (size_t i = 0; i < others.size(); ++i) pieces.push_back(utf8(256 + static_cast<int>(i)));
+    return pieces;
+  }
+
+  void AddMatrix(GgufWriter* w, const std::string& name, GgmlType type, int64_t cols, int64_t rows,
+                 float stddev) const {
+    w->AddTensor(name, type, {cols, rows},
+                 GaussianFill(type, cols, rows, stddev, StreamRng(spec_.seed, name)));
+  }
+
+  void AddVector(GgufWriter* w, const std::string& name, int64_t n, float center,
+                 float spread) const {
+    w->AddTensor(name, GgmlType::kF32, {n},
+                 VectorFill(n, center, spread, StreamRng(spec_.seed, name)));
+  }
+
+  // Token embeddings: unit-variance rows plus, under skew, sqrt(n_embd) along the
+  // skew direction (as large as the random part).
+  void AddTokenEmbd(GgufWriter* w) const {
+    const GgmlType type = spec_.dense_type;
+    const int64_t cols = d_.embd, rows = d_.vocab;
+    const std::shared_ptr<const Skew> skew = skew_;
+    const Rng stream = StreamRng(spec_.seed, "token_embd.weight");
+    w->AddTensor("token_embd.weight", type, {cols, rows}, [=](uint8_t* dst, size_t) {
+      Rng rng = stream;
+      const float lean = skew->strength > 0 ? std::sqrt(static_cast<float>(cols)) : 0.0f;
+      FillRows(type, cols, rows, dst, [&](int64_t, float* out) {
+        for (int64_t i = 0; i < cols; ++i) {
+          out[i] = rng.Normal() + (lean != 0 ? lean * skew->direction[i] : 0.0f);
+        }
+      });
+    });
+  }
+
+  // Router rows: N(0, 1/n_embd) with the skew direction projected out, then
+  // shifted along it by -S * ln(1 + rank) / sqrt(n_embd): a normed hidden state
+  // leaning along the direction gives expert ranks logit offsets that fall like
+  // ln(rank), so picks fall off roughly as a power of the rank (Zipf).
+  void AddRouter(GgufWriter* w, int layer) const {
+    const std::string name = BlockName(layer, "ffn_gate_inp.weight");
+    const int64_t cols = d_.embd, rows = spec_.n_expert;
+    std::vector<int> rank(rows);
+    for (int64_t e = 0; e < rows; ++e) rank[e] = static_cast<int>(e);
+    Rng perm = StreamRng(spec_.seed, BlockName(layer, "router_rank"));
+    for (int64_t i = rows - 1; i > 0; --i) {
+      std::swap(rank[i], rank[perm.Next() % static_cast<uint64_t>(i + 1)]);
+    }
+    const std::shared_ptr<const Skew> skew = skew_;
+    const Rng stream = StreamRng(spec_.seed, name);
+    w->AddTensor(name, GgmlType::kF32, {cols, rows}, [=](uint8_t* dst, size_t) {
+      Rng rng = stream;
+      const float stddev = 1.0f / std::sqrt(static_cast<float>(cols));
+      FillRows(GgmlType::kF32, cols, rows, dst, [&](int64_t e, float* out) {
+        for (int64_t i = 0; i < cols; ++i) out[i] = stddev * rng.Normal();
+        if (skew->strength <= 0) return;
+        double along = 0;
+        for (int64_t i = 0; i < cols; ++i) along += double{out[i]} * skew->direction[i];
+        const double shift = -skew->strength * std::log1p(rank[e]) * stddev;
+        for (int64_t i = 0; i < cols; ++i) {
+          out[i] = static_cast<float>(out[i] + (shift - along) * skew->direction[i]);
+        }
+      });
+    });
+  }
+
+  // Routed experts. Merged tensors hold expert e's rows at slice e; each
+  // expert's values come from the stream its legacy tensor would use.
+  void AddExperts(GgufWriter* w, int layer) const {
+    const GgmlType type = spec_.expert_type;
+    const float out_scale = 1.0f / std::sqrt(2.0f * spec_.n_layer);
+    struct Proj {
+      const char* legacy;
+      const char* merged;
+      int64_t cols, rows;
+      float stddev;
+    };
+    const Proj projs[] = {
+        {"ffn_gate", "ffn_gate_exps.weight", d_.embd, d_.ff, 1.0f / std::sqrt(float(d_.embd))},
+        {"ffn_up", "ffn_up_exps.weight", d_.embd, d_.ff, 1.0f / std::sqrt(float(d_.embd))},
+        {"ffn_down", "ffn_down_exps.weight", d_.ff, d_.embd, out_scale / std::sqrt(float(d_.ff))},
+    };
+    const int n_expert = spec_.n_expert;
+    for (const Proj& p : projs) {
+      if (spec_.legacy_experts) {
+        for (int e = 0; e < n_expert; ++e) {
+          w->AddTensor(absl::StrCat(BlockName(layer, p.legacy), ".", e, ".weight"), type,
+                       {p.cols, p.rows},
+                       GaussianFill(type, p.cols, p.rows, p.stddev,
+                                    StreamRng(spec_.seed, ExpertStreamKey(layer, p.legacy, e))));
+        }
+        continue;
+      }
+      const uint64_t seed = spec_.seed;
+      const Proj proj = p;
+      w->AddTensor(BlockName(layer, p.merged), type, {p.cols, p.rows, n_expert},
+                   [=](uint8_t* dst, size_t) {
+                     const size_t expert_bytes = ggml_row_size(type, proj.cols) * proj.rows;
+                     for (int e = 0; e < n_expert; ++e) {
+                       Rng rng = StreamRng(seed, ExpertStreamKey(layer, proj.legacy, e));
+                       GaussianFill(type, proj.cols, proj.rows, proj.stddev, rng)(
+                           dst + e * expert_bytes, expert_bytes);
+                     }
+                   });
+    }
+  }
+
+  void WriteTensors(GgufWriter* w) const {
+    const GgmlType dense = spec_.dense_type;
+    const float in_std = 1.0f / std::sqrt(static_cast<float>(d_.embd));
+    // Projections into the residual stream are scaled down by sqrt(2 * layers)
+    // (GPT-2's init), so the embeddings' skew direction survives every layer.
+    const float out_scale = 1.0f / std::sqrt(2.0f * spec_.n_layer);
+    AddTokenEmbd(w);
+    for (int il = 0; il < spec_.n_layer; ++il) {
+      auto name = [il](std::string_view base) { return BlockName(il, base); };
+      AddVector(w, name("attn_norm.weight"), d_.embd, 1.0f, 0.1f);
+      AddMatrix(w, name("attn_q.weight"), dense, d_.embd, d_.q_dim, in_std);
+      AddMatrix(w, name("attn_k.weight"), dense, d_.embd, d_.kv_dim, in_std);
+      AddMatrix(w, name("attn_v.weight"), dense, d_.embd, d_.kv_dim, in_std);
+      AddMatrix(w, name("attn_output.weight"), dense, d_.q_dim, d_.embd,
+                out_scale / std::sqrt(static_cast<float>(d_.q_dim)));
+      if (spec_.arch == Arch::kQwen2Moe) {
+        AddVector(w, name("attn_q.bias"), d_.q_dim, 0.0f, 0.1f);
+        AddVector(w, name("attn_k.bias"), d_.kv_dim, 0.0f, 0.1f);
+        AddVector(w, name("attn_v.bias"), d_.kv_dim, 0.0f, 0.1f);
+      }
+      if (spec_.arch == Arch::kQwen3Moe) {
+        AddVector(w, name("attn_q_norm.weight"), d_.head_dim, 1.0f, 0.1f);
+        AddVector(w, name("attn_k_norm.weight"), d_.head_dim, 1.0f, 0.1f);
+      }
+      if (spec_.arch == Arch::kOlmoe) {
+        AddVector(w, name("attn_q_norm.weight"), d_.q_dim, 1.0f, 0.1f);
+        AddVector(w, name("attn_k_norm.weight"), d_.kv_dim, 1.0f, 0.1f);
+      }
+      AddVector(w, name("ffn_norm.weight"), d_.embd, 1.0f, 0.1f);
+      AddRouter(w, il);
+      AddExperts(w, il);
+      if (spec_.arch == Arch::kQwen2Moe) {
+        AddVector(w, name("ffn_gate_inp_shexp.weight"), d_.embd, 0.0f, in_std);
+        AddMatrix(w, name("ffn_gate_shexp.weight"), dense, d_.embd, d_.shff, in_std);
+        AddMatrix(w, name("ffn_up_shexp.weight"), dense, d_.embd, d_.shff, in_std);
+        AddMatrix(w, name("ffn_down_shexp.weight"), dense, d_.shff, d_.embd,
+                  out_scale / std::sqrt(static_cast<float>(d_.shff)));
+      }
+    }
+    AddVector(w, "output_norm.weight", d_.embd, 1.0f, 0.1f);
+    if (!spec_.tied_output) AddOutput(w);
+  }
+
+  // lm_head rows with the skew direction projected out: every hidden state leans
+  // along it, and rows that saw it would pick the same token at every step.
+  void AddOutput(GgufWriter* w) const {
+    const GgmlType type = spec_.dense_type;
+    const int64_t cols = d_.embd, rows = d_.vocab;
+    const std::shared_ptr<const Skew> skew = skew_;
+    const Rng stream = StreamRng(spec_.seed, "output.weight");
+    w->AddTensor("output.weight", type, {cols, rows}, [=](uint8_t* dst, size_t) {
+      Rng rng = stream;
+      const float stddev = 1.0f / std::sqrt(static_cast<float>(cols));
+      FillRows(type, cols, rows, dst, [&](int64_t, float* out) {
+        for (int64_t i = 0; i < cols; ++i) out[i] = stddev * rng.Normal();
+        if (skew->strength <= 0) return;
+        double along = 0;
+        for (int64_t i = 0; i < cols; ++i) along += double{out[i]} * skew->direction[i];
+        for (int64_t i = 0; i < cols; ++i) {
+          out[i] = static_cast<float>(out[i] - along * skew->direction[i]);
+        }
+      });
+    });
+  }
+
+  const FixtureSpec& spec_;
+  Dims d_;
+  std::shared_ptr<Skew> skew_;
+};
+
+std::string TypeFlag(bool expert) { return expert ? "--quant expert=" : "--quant "; }
+
+// A row length of `what` (a flag, or a product of flags) must fill whole blocks.
+absl::Status CheckRowLength(std::string_view what, int64_t n, GgmlType type) {
+  const GgmlTypeInfo* info = ggml_type_info(static_cast<uint32_t>(type));
+  if (n % info->block_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(Av(what), " is not a multiple of ",
+                                                   info->block_size, " (", Av(info->name),
+                                                   " block size)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckType(GgmlType type, bool expert) {
+  if (ggml_type_info(static_cast<uint32_t>(type)) == nullptr || !quant_supported(type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(TypeFlag(expert), ggml_type_name(static_cast<uint32_t>(type)),
+                     " is not supported (f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRange(std::string_view flag, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Av(flag), " ", value, " is out of range [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Dims> ValidateSpec(const FixtureSpec& s) {
+  const std::string arch =
+      s.arch == Arch::kMixtral ? "mixtral" : std::string(arch_gguf_name(s.arch));
+  MG_RETURN_IF_ERROR(CheckRange("--layers", s.n_layer, 1, kMaxLayers));
+  MG_RETURN_IF_ERROR(CheckRange("--experts", s.n_expert, 1, kMaxExperts));
+  if (s.n_expert_used > s.n_expert) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--top-k ", s.n_expert_used, " exceeds --experts ", s.n_expert));
+  }
+  MG_RETURN_IF_ERROR(CheckRange("--top-k", s.n_expert_used, 1, s.n_expert));
+  MG_RETURN_IF_ERROR(CheckRange("--embd", s.n_embd, 1, kMaxDim));
+  MG_RETURN_IF_ERROR(CheckRange("--ff", s.n_ff_exp, 1, kMaxDim));
+  MG_RETURN_IF_ERROR(CheckRange("--shared-ff", s.n_ff_shexp, 0, kMaxDim));
+  MG_RETURN_IF_ERROR(CheckRange("--heads", s.n_head, 1, kMaxDim));
+  MG_RETURN_IF_ERROR(CheckRange("--kv-heads", s.n_head_kv, 1, s.n_head));
+  MG_RETURN_IF_ERROR(CheckRange("--head-dim", s.head_dim, 0, kMaxDim));
+  MG_RETURN_IF_ERROR(CheckRange("--vocab", s.n_vocab, kMinVocab, kMaxDim));
+  MG_RETURN_IF_ERROR(CheckRange("--ctx", s.n_ctx_train, 1, INT32_MAX));
+  if (!(s.router_skew >= 0.0f) || !std::isfinite(s.router_skew)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--router-skew ", s.router_skew, " must be a finite number >= 0"));
+  }
+  MG_RETURN_IF_ERROR(CheckType(s.dense_type, false));
+  MG_RETURN_IF_ERROR(CheckType(s.expert_type, true));
+  MG_RETURN_IF_ERROR(CheckRowLength(absl::StrCat("--embd ", s.n_embd), s.n_embd, s.dense_type));
+  MG_RETURN_IF_ERROR(CheckRowLength(absl::StrCat("--embd ", s.n_embd), s.n_embd, s.expert_type));
+  MG_RETURN_IF_ERROR(CheckRowLength(absl::StrCat("--ff ", s.n_ff_exp), s.n_ff_exp, s.expert_type));
+  if (s.n_head % s.n_head_kv != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heads ", s.n_head, " is not a multiple of --kv-heads ", s.n_head_kv));
+  }
+  Dims d;
+  d.embd = s.n_embd;
+  d.ff = s.n_ff_exp;
+  d.vocab = s.n_vocab;
+  if (s.head_dim == 0 && s.n_embd % s.n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--embd ", s.n_embd, " is not a multiple of --heads ", s.n_head, " (give --head-dim)"));
+  }
+  d.head_dim = s.head_dim != 0 ? s.head_dim : s.n_embd / s.n_head;
+  if (d.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--head-dim ", d.head_dim, " must be even (RoPE rotates pairs)"));
+  }
+  d.q_dim = d.head_dim * s.n_head;
+  d.kv_dim = d.head_dim * s.n_head_kv;
+  if ((s.arch == Arch::kOlmoe || s.arch == Arch::kQwen2Moe) && d.q_dim != s.n_embd) {
+    return absl::InvalidArgumentError(absl::StrCat("--head-dim ", d.head_dim, " x --heads ",
+                                                   s.n_head, " must equal --embd ", s.n_embd,
+                                                   " for --arch ", arch));
+  }
+  // llama.cpp's olmoe builds attn_k_norm over n_embd, so only equal heads load there.
+  if (s.arch == Arch::kOlmoe && s.n_head_kv != s.n_head) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-heads ", s.n_head_kv, " must equal --heads ", s.n_head, " for --arch olmoe"));
+  }
+  if (s.arch != Arch::kQwen2Moe && s.n_ff_shexp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shared-ff applies to --arch qwen2moe only, not ", arch));
+  }
+  d.shff = s.arch == Arch::kQwen2Moe ? (s.n_ff_shexp != 0 ? s.n_ff_shexp : 2 * s.n_ff_exp) : 0;
+  if (s.legacy_experts && s.arch != Arch::kMixtral) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--legacy-experts needs --arch mixtral, not ", arch));
+  }
+  if (s.tied_output && (s.arch == Arch::kOlmoe || s.arch == Arch::kQwen2Moe)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tied-output: llama.cpp's ", arch, " requires output.weight"));
+  }
+
+  MG_RETURN_IF_ERROR(CheckRowLength(
+      absl::StrCat("--heads ", s.n_head, " x --head-dim ", d.head_dim, " = ", d.q_dim), d.q_dim,
+      s.dense_type));
+  if (d.shff != 0) {
+    MG_RETURN_IF_ERROR(CheckRowLength(absl::StrCat("--shared-ff ", d.shff), d.shff, s.dense_type));
+  }
+  return d;
+}
+
+absl::Status BuildFixture(const FixtureSpec& spec, GgufWriter* writer) {
+  absl::StatusOr<Dims> dims = ValidateSpec(spec);
+  if (!dims.ok()) return dims.status();
+  FixtureBuilder(spec, *dims).Build(writer);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint8_t>> FixtureBytes(const FixtureSpec& spec) {
+  GgufWriter writer;
+  MG_RETURN_IF_ERROR(BuildFixture(spec, &writer));
+  return writer.Serialize();
+}
+
+absl::Status WriteFixture(const FixtureSpec& spec, const std::string& path) {
+  GgufWriter writer;
+  MG_RETURN_IF_ERROR(BuildFixture(spec, &writer));
+  return writer.WriteFile(path);
+}
+
+}  // namespace moegraph
+

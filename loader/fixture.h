@@ -1,0 +1,44 @@
+// Synthetic MoE models as GGUF: random weights under the real tensor names and
+// metadata keys llama.cpp uses for each architecture, plus a minimal tokenizer,
+// so that moegraph and other GGUF tools can load them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "loader/ggml_type.h"
+#include "loader/model_config.h"
+
+namespace moegraph {
+
+struct FixtureSpec {
+  Arch arch = Arch::kQwen3Moe;
+  int n_layer = 2;
+  int n_expert = 8;
+  int n_expert_used = 2;
+  int n_embd = 64;
+  int n_ff_exp = 32;    // routed expert hidden size
+  int n_ff_shexp = 0;   // qwen2moe shared expert hidden size; 0 picks 2 * n_ff_exp
+  int n_head = 4;
+  int n_head_kv = 2;
+  int head_dim = 0;     // 0: n_embd / n_head
+  int n_vocab = 256;
+  int n_ctx_train = 4096;
+  GgmlType dense_type = GgmlType::kF32;   // attention, embeddings, output, shared expert
+  GgmlType expert_type = GgmlType::kF32;  // routed experts
+  bool legacy_experts = false;  // mixtral: per-expert ffn_gate.N.weight tensors
+  bool tied_output = false;     // omit output.weight
+  float router_skew = 0.0f;     // 0: uniform router; larger: a few experts dominate
+  uint64_t seed = 1;
+};
+
+// Checks the spec (names the bad field, e.g. "--embd 63 is not a multiple of 32
+// (q8_0 block size)") and returns the serialized file.
+absl::StatusOr<std::vector<uint8_t>> FixtureBytes(const FixtureSpec& spec);
+// Same, streamed to path.
+absl::Status WriteFixture(const FixtureSpec& spec, const std::string& path);
+
+}  // namespace moegraph

@@ -1,0 +1,462 @@
+#include "loader/model_config.h"
+
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "loader/check.h"
+#include "loader/quantize.h"
+#include "loader/status_util.h"
+
+namespace moegraph {
+namespace {
+
+// Key names as llama.cpp's LLM_KV_NAMES spells them ("%s" is the architecture).
+constexpr char kKeyVocabSize[] = "vocab_size";
+constexpr char kKeyContextLength[] = "context_length";
+constexpr char kKeyEmbeddingLength[] = "embedding_length";
+constexpr char kKeyBlockCount[] = "block_count";
+constexpr char kKeyFeedForwardLength[] = "feed_forward_length";
+constexpr char kKeyExpertFeedForwardLength[] = "expert_feed_forward_length";
+constexpr char kKeyExpertSharedFeedForwardLength[] = "expert_shared_feed_forward_length";
+constexpr char kKeyExpertCount[] = "expert_count";
+constexpr char kKeyExpertUsedCount[] = "expert_used_count";
+constexpr char kKeyExpertWeightsNorm[] = "expert_weights_norm";
+constexpr char kKeyHeadCount[] = "attention.head_count";
+constexpr char kKeyHeadCountKv[] = "attention.head_count_kv";
+constexpr char kKeyKeyLength[] = "attention.key_length";
+constexpr char kKeyValueLength[] = "attention.value_length";
+constexpr char kKeyRmsEps[] = "attention.layer_norm_rms_epsilon";
+constexpr char kKeyRopeFreqBase[] = "rope.freq_base";
+constexpr char kKeyRopeDimensionCount[] = "rope.dimension_count";
+constexpr char kKeyTokens[] = "tokenizer.ggml.tokens";
+
+class ConfigReader {
+ public:
+  ConfigReader(const GgufFile& file, Arch arch) : file_(file), arch_(arch) {}
+
+  std::string Key(std::string_view suffix) const {
+    return absl::StrCat(Av(arch_gguf_name(arch_)), ".", Av(suffix));
+  }
+
+  // An integer key that must fit in int; a missing key uses fallback when given.
+  absl::Status Int(std::string_view suffix, int* out, const int* fallback = nullptr) const {
+    const std::string key = Key(suffix);
+    if (fallback != nullptr && file_.FindKey(key) == nullptr) {
+      *out = *fallback;
+      return absl::OkStatus();
+    }
+    absl::StatusOr<uint64_t> v = file_.GetUint(key);
+    if (!v.ok()) return v.status();
+    if (*v > static_cast<uint64_t>(INT_MAX)) {
+      return file_.KeyError(*file_.FindKey(key), absl::StrCat("value ", *v, " is too large"));
+    }
+    *out = static_cast<int>(*v);
+    return absl::OkStatus();
+  }
+
+  absl::Status Float(std::string_view suffix, float* out, const float* fallback) const {
+    const std::string key = Key(suffix);
+    if (fallback != nullptr && file_.FindKey(key) == nullptr) {
+      *out = *fallback;
+      return absl::OkStatus();
+    }
+    absl::StatusOr<double> v = file_.GetFloat(key);
+    if (!v.ok()) return v.status();
+    if (!std::isfinite(*v) || *v <= 0) {
+      return file_.KeyError(*file_.FindKey(key), absl::StrCat("value ", *v, " must be positive"));
+    }
+    *out = static_cast<float>(*v);
+    return absl::OkStatus();
+  }
+
+  // "FILE: key 'K' at byte N: what" for a key that is present, else "FILE: key 'K': what".
+  absl::Status Invalid(std::string_view suffix, std::string_view what) const {
+    const std::string key = Key(suffix);
+    if (const GgufKV* kv = file_.FindKey(key)) return file_.KeyError(*kv, what);
+    return absl::InvalidArgumentError(absl::StrCat(file_.path(), ": key '", key, "': ", Av(what)));
+  }
+
+ private:
+  const GgufFile& file_;
+  Arch arch_;
+};
+
+absl::Status ReadVocabSize(const GgufFile& file, const ConfigReader& r, int* n_vocab) {
+  if (file.FindKey(r.Key(kKeyVocabSize)) != nullptr) return r.Int(kKeyVocabSize, n_vocab);
+  if (const GgufKV* tokens = file.FindKey(kKeyTokens)) {
+    if (tokens->type != GgufType::kArray || tokens->array_type != GgufType::kString) {
+      return file.KeyError(*tokens, "is not an array of strings");
+    }
+    if (tokens->array_n > static_cast<uint64_t>(INT_MAX)) {
+      return file.KeyError(*tokens, absl::StrCat(tokens->array_n, " tokens is too many"));
+    }
+    *n_vocab = static_cast<int>(tokens->array_n);
+    return absl::OkStatus();
+  }
+  if (const GgufTensor* embd = file.FindTensor("token_embd.weight")) {
+    if (embd->ne[1] > INT_MAX) return file.TensorError(*embd, "too many rows");
+    *n_vocab = static_cast<int>(embd->ne[1]);
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat(file.path(), ": vocabulary size unknown: no key '",
+                                          r.Key(kKeyVocabSize), "', no key '", kKeyTokens,
+                                          "' and no tensor 'token_embd.weight'"));
+}
+
+// Hyper-parameter sanity checks, each naming the key that holds the bad value.
+absl::Status CheckConfig(const ModelConfig& c, const ConfigReader& r, bool head_dim_given) {
+  const std::initializer_list<std::pair<const char*, int>> positive = {
+      {kKeyBlockCount, c.n_layer},        {kKeyEmbeddingLength, c.n_embd},
+      {kKeyHeadCount, c.n_head},          {kKeyHeadCountKv, c.n_head_kv},
+      {kKeyExpertCount, c.n_expert},      {kKeyExpertUsedCount, c.n_expert_used},
+      {kKeyContextLength, c.n_ctx_train}, {kKeyVocabSize, c.n_vocab},
+  };
+  for (const auto& [suffix, value] : positive) {
+    if (value <= 0) return r.Invalid(suffix, absl::StrCat("value ", value, " must be positive"));
+  }
+  if (c.n_expert_used > c.n_expert) {
+    return r.Invalid(kKeyExpertUsedCount, absl::StrCat(c.n_expert_used, " exceeds ",
+                                                       r.Key(kKeyExpertCount), " ", c.n_expert));
+  }
+  if (c.n_head % c.n_head_kv != 0) {
+    return r.Invalid(kKeyHeadCountKv, absl::StrCat(r.Key(kKeyHeadCount), " ", c.n_head,
+                                                   " is not a multiple of ", c.n_head_kv));
+  }
+  if (!head_dim_given && c.n_embd % c.n_head != 0) {
+    return r.Invalid(kKeyHeadCount, absl::StrCat(r.Key(kKeyEmbeddingLength), " ", c.n_embd,
+                                                 " is not a multiple of ", c.n_head, " and no ",
+                                                 r.Key(kKeyKeyLength), " gives the head size"));
+  }
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0) {
+    return r.Invalid(kKeyKeyLength, absl::StrCat("head size ", c.head_dim,
+                                                 " must be positive and even (RoPE pairs)"));
+  }
+  // llama.cpp builds these two with wq of [n_embd, n_embd].
+  if ((c.arch == Arch::kOlmoe || c.arch == Arch::kQwen2Moe) &&
+      static_cast<int64_t>(c.n_head) * c.head_dim != c.n_embd) {
+    return r.Invalid(kKeyKeyLength,
+                     absl::StrCat("head size ", c.head_dim, " x ", c.n_head,
+                                  " heads != ", r.Key(kKeyEmbeddingLength), " ", c.n_embd, " (",
+                                  Av(arch_gguf_name(c.arch)), " needs them equal)"));
+  }
+  if (c.n_ff_exp <= 0) {
+    return r.Invalid(kKeyExpertFeedForwardLength,
+                     absl::StrCat("expert hidden size ", c.n_ff_exp, " must be positive"));
+  }
+  if (c.arch == Arch::kQwen2Moe && c.n_ff_shexp <= 0) {
+    return r.Invalid(kKeyExpertSharedFeedForwardLength,
+                     absl::StrCat("shared expert hidden size ", c.n_ff_shexp, " must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+std::string ShapeString(std::initializer_list<int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Finds tensors and checks them, collecting one line per problem.
+class Binder {
+ public:
+  explicit Binder(const GgufFile& file) : file_(file) {}
+
+  const GgufTensor* Bind(const std::string& name, std::initializer_list<int64_t> shape) {
+    const GgufTensor* t = file_.FindTensor(name);
+    if (t == nullptr) {
+      problems_.push_back(absl::StrCat(file_.path(), ": tensor '", name, "': missing"));
+      return nullptr;
+    }
+    bool shape_ok = true;
+    int dim = 0;
+    for (int64_t expected : shape) shape_ok &= t->ne[dim++] == expected;
+    for (; dim < kGgufMaxDims; ++dim) shape_ok &= t->ne[dim] == 1;
+    if (!shape_ok) {
+      problems_.push_back(
+          std::string(file_
+                          .TensorError(*t, absl::StrCat("expected shape ", ShapeString(shape),
+                                                        ", found ", t->shape_string()))
+                          .message()));
+      return nullptr;
+    }
+    if (!quant_supported(t->ggml_type())) {
+      problems_.push_back(
+          std::string(file_
+                          .TensorError(*t, absl::StrCat("type ", ggml_type_name(t->type),
+                                                        " is not supported by moegraph"))
+                          .message()));
+      return nullptr;
+    }
+    return t;
+  }
+
+  // Legacy per-expert tensors become one block each; llama.cpp merges them into
+  // one tensor, so every expert of a projection must share expert 0's type.
+  void BindLegacy(int layer, const char* proj, std::initializer_list<int64_t> shape, int n_expert,
+                  std::vector<const GgufTensor*>* out) {
+    out->assign(n_expert, nullptr);
+    for (int e = 0; e < n_expert; ++e) {
+      (*out)[e] = Bind(absl::StrCat("blk.", layer, ".", proj, ".", e, ".weight"), shape);
+      const GgufTensor* first = (*out)[0];
+      const GgufTensor* t = (*out)[e];
+      if (first != nullptr && t != nullptr && t->type != first->type) {
+        problems_.push_back(std::string(
+            file_
+                .TensorError(*t, absl::StrCat("type ", ggml_type_name(t->type), " differs from ",
+                                              first->name, "'s ", ggml_type_name(first->type)))
+                .message()));
+      }
+    }
+  }
+
+  absl::Status Result() const {
+    if (problems_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+  }
+
+ private:
+  const GgufFile& file_;
+  std::vector<std::string> problems_;
+};
+
+std::string BlockName(int layer, std::string_view name) {
+  return absl::StrCat("blk.", layer, ".", Av(name));
+}
+
+}  // namespace
+
+std::string_view arch_gguf_name(Arch arch) {
+  switch (arch) {
+    case Arch::kQwen3Moe:
+      return "qwen3moe";
+    case Arch::kOlmoe:
+      return "olmoe";
+    case Arch::kQwen2Moe:
+      return "qwen2moe";
+    case Arch::kMixtral:
+      return "llama";
+  }
+  MG_CHECK(false, "arch_gguf_name: unknown Arch value");
+  std::abort();
+}
+
+bool arch_from_name(std::string_view name, Arch* out) {
+  if (name == "qwen3moe") {
+    *out = Arch::kQwen3Moe;
+  } else if (name == "olmoe") {
+    *out = Arch::kOlmoe;
+  } else if (name == "qwen2moe") {
+    *out = Arch::kQwen2Moe;
+  } else if (name == "llama" || name == "mixtral") {
+    *out = Arch::kMixtral;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
+  absl::StatusOr<std::string_view> arch_name = file.GetString("general.architecture");
+  if (!arch_name.ok()) return arch_name.status();
+  ModelConfig c;
+  if (!arch_from_name(*arch_name, &c.arch)) {
+    return file.KeyError(*file.FindKey("general.architecture"),
+                         absl::StrCat("architecture '", Av(*arch_name),
+                                      "' is not supported (qwen3moe, olmoe, qwen2moe, llama)"));
+  }
+  const ConfigReader r(file, c.arch);
+
+  MG_RETURN_IF_ERROR(r.Int(kKeyContextLength, &c.n_ctx_train));
+  MG_RETURN_IF_ERROR(r.Int(kKeyEmbeddingLength, &c.n_embd));
+  MG_RETURN_IF_ERROR(r.Int(kKeyBlockCount, &c.n_layer));
+  MG_RETURN_IF_ERROR(r.Int(kKeyExpertCount, &c.n_expert));
+  MG_RETURN_IF_ERROR(r.Int(kKeyExpertUsedCount, &c.n_expert_used));
+  MG_RETURN_IF_ERROR(r.Int(kKeyHeadCount, &c.n_head));
+  MG_RETURN_IF_ERROR(r.Int(kKeyHeadCountKv, &c.n_head_kv, &c.n_head));
+  if (c.n_head <= 0)
+    return r.Invalid(kKeyHeadCount, absl::StrCat("value ", c.n_head, " must be positive"));
+
+  // llama.cpp: key and value length default to n_embd / n_head; n_rot to key length.
+  const bool head_dim_given = file.FindKey(r.Key(kKeyKeyLength)) != nullptr;
+  const int default_head_dim = c.n_embd / c.n_head;
+  MG_RETURN_IF_ERROR(r.Int(kKeyKeyLength, &c.head_dim, &default_head_dim));
+  int value_dim = 0;
+  MG_RETURN_IF_ERROR(r.Int(kKeyValueLength, &value_dim, &default_head_dim));
+  if (value_dim != c.head_dim) {
+    return r.Invalid(kKeyValueLength,
+                     absl::StrCat("value head size ", value_dim, " != key head size ", c.head_dim,
+                                  " (moegraph needs them equal)"));
+  }
+  int rope_dims = 0;
+  MG_RETURN_IF_ERROR(r.Int(kKeyRopeDimensionCount, &rope_dims, &c.head_dim));
+  if (rope_dims != c.head_dim) {
+    return r.Invalid(kKeyRopeDimensionCount,
+                     absl::StrCat("partial RoPE (", rope_dims, " of ", c.head_dim,
+                                  " dimensions) is not supported"));
+  }
+
+  const float default_freq_base = 10000.0f;
+  MG_RETURN_IF_ERROR(r.Float(kKeyRopeFreqBase, &c.rope_freq_base, &default_freq_base));
+  MG_RETURN_IF_ERROR(r.Float(kKeyRmsEps, &c.rms_eps, nullptr));
+
+  // Expert hidden sizes as each architecture's load_arch_tensors derives them.
+  const bool has_ff = file.FindKey(r.Key(kKeyFeedForwardLength)) != nullptr;
+  int n_ff = 0;
+  if (has_ff) MG_RETURN_IF_ERROR(r.Int(kKeyFeedForwardLength, &n_ff));
+  switch (c.arch) {
+    case Arch::kQwen3Moe:
+    case Arch::kQwen2Moe: {
+      if (file.FindKey(r.Key(kKeyExpertFeedForwardLength)) != nullptr || !has_ff) {
+        MG_RETURN_IF_ERROR(r.Int(kKeyExpertFeedForwardLength, &c.n_ff_exp));
+      } else if (c.n_expert_used > 0) {
+        c.n_ff_exp = n_ff / c.n_expert_used;
+      }
+      if (c.arch == Arch::kQwen2Moe) {
+        if (file.FindKey(r.Key(kKeyExpertSharedFeedForwardLength)) != nullptr || !has_ff) {
+          MG_RETURN_IF_ERROR(r.Int(kKeyExpertSharedFeedForwardLength, &c.n_ff_shexp));
+        } else {
+          c.n_ff_shexp = n_ff;
+        }
+      }
+      break;
+    }
+    case Arch::kOlmoe:
+    case Arch::kMixtral:
+      MG_RETURN_IF_ERROR(r.Int(kKeyFeedForwardLength, &c.n_ff_exp));
+      break;
+  }
+
+  MG_RETURN_IF_ERROR(ReadVocabSize(file, r, &c.n_vocab));
+
+  c.rope_type = c.arch == Arch::kMixtral ? RopeType::kNorm : RopeType::kNeox;
+  // The norm_w argument each architecture's graph passes to build_moe_ffn.
+  c.norm_topk_prob = c.arch == Arch::kQwen3Moe || c.arch == Arch::kMixtral;
+  if (const GgufKV* kv = file.FindKey(r.Key(kKeyExpertWeightsNorm))) {
+    absl::StatusOr<bool> norm = file.GetBool(kv->key);
+    if (!norm.ok()) return norm.status();
+    c.norm_topk_prob = *norm;
+  }
+  c.qk_norm = c.arch == Arch::kQwen3Moe;
+  c.qk_norm_full = c.arch == Arch::kOlmoe;
+  c.qkv_bias = c.arch == Arch::kQwen2Moe;
+  // Only qwen3moe and llama fall back to token_embd when output.weight is absent.
+  c.tied_embeddings = (c.arch == Arch::kQwen3Moe || c.arch == Arch::kMixtral) &&
+                      file.FindTensor("output.weight") == nullptr;
+
+  MG_RETURN_IF_ERROR(CheckConfig(c, r, head_dim_given));
+  return c;
+}
+
+absl::StatusOr<Model> LoadModel(const GgufFile& file) {
+  absl::StatusOr<ModelConfig> config = LoadConfig(file);
+  if (!config.ok()) return config.status();
+  Model m;
+  m.file = &file;
+  m.config = *config;
+  const ModelConfig& c = m.config;
+  const int64_t embd = c.n_embd;
+  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+  const int64_t ff = c.n_ff_exp;
+  const int64_t n_expert = c.n_expert;
+
+  Binder b(file);
+  m.token_embd = b.Bind("token_embd.weight", {embd, c.n_vocab});
+  m.output_norm = b.Bind("output_norm.weight", {embd});
+  m.output = c.tied_embeddings ? m.token_embd : b.Bind("output.weight", {embd, c.n_vocab});
+
+  m.layers.resize(c.n_layer);
+  for (int il = 0; il < c.n_layer; ++il) {
+    LayerTensors& l = m.layers[il];
+    auto name = [il](std::string_view base) { return BlockName(il, base); };
+    l.attn_norm = b.Bind(name("attn_norm.weight"), {embd});
+    l.wq = b.Bind(name("attn_q.weight"), {embd, q_dim});
+    l.wk = b.Bind(name("attn_k.weight"), {embd, kv_dim});
+    l.wv = b.Bind(name("attn_v.weight"), {embd, kv_dim});
+    l.wo = b.Bind(name("attn_output.weight"), {q_dim, embd});
+    if (c.qkv_bias) {
+      l.bq = b.Bind(name("attn_q.bias"), {q_dim});
+      l.bk = b.Bind(name("attn_k.bias"), {kv_dim});
+      l.bv = b.Bind(name("attn_v.bias"), {kv_dim});
+    }
+    if (c.qk_norm) {
+      l.q_norm = b.Bind(name("attn_q_norm.weight"), {c.head_dim});
+      l.k_norm = b.Bind(name("attn_k_norm.weight"), {c.head_dim});
+    } else if (c.qk_norm_full) {
+      l.q_norm = b.Bind(name("attn_q_norm.weight"), {q_dim});
+      l.k_norm = b.Bind(name("attn_k_norm.weight"), {kv_dim});
+    }
+    l.ffn_norm = b.Bind(name("ffn_norm.weight"), {embd});
+    l.router = b.Bind(name("ffn_gate_inp.weight"), {embd, n_expert});
+    // Mixtral files from before merged experts store ffn_gate.N per expert;
+    // llama.cpp takes that path when ffn_gate_exps is absent.
+    const bool legacy = c.arch == Arch::kMixtral &&
+                        file.FindTensor(name("ffn_gate_exps.weight")) == nullptr &&
+                        file.FindTensor(name("ffn_gate.0.weight")) != nullptr;
+    if (legacy) {
+      b.BindLegacy(il, "ffn_gate", {embd, ff}, c.n_expert, &l.gate_legacy);
+      b.BindLegacy(il, "ffn_up", {embd, ff}, c.n_expert, &l.up_legacy);
+      b.BindLegacy(il, "ffn_down", {ff, embd}, c.n_expert, &l.down_legacy);
+    } else {
+      l.gate_exps = b.Bind(name("ffn_gate_exps.weight"), {embd, ff, n_expert});
+      l.up_exps = b.Bind(name("ffn_up_exps.weight"), {embd, ff, n_expert});
+      l.down_exps = b.Bind(name("ffn_down_exps.weight"), {ff, embd, n_expert});
+    }
+    if (c.arch == Arch::kQwen2Moe) {
+      const int64_t shff = c.n_ff_shexp;
+      l.shexp_gate_inp = b.Bind(name("ffn_gate_inp_shexp.weight"), {embd});
+      l.shexp_gate = b.Bind(name("ffn_gate_shexp.weight"), {embd, shff});
+      l.shexp_up = b.Bind(name("ffn_up_shexp.weight"), {embd, shff});
+      l.shexp_down = b.Bind(name("ffn_down_shexp.weight"), {shff, embd});
+    }
+  }
+  MG_RETURN_IF_ERROR(b.Result());
+  return m;
+}
+
+WeightView weight_view(const GgufTensor& t) {
+  WeightView v;
+  v.data = t.data;
+  v.type = t.ggml_type();
+  v.cols = t.ne[0];
+  v.rows = t.ne[1] * t.ne[2] * t.ne[3];
+  v.row_bytes = ggml_row_size(v.type, v.cols);
+  return v;
+}
+
+WeightView Model::expert(int layer, ExpertProj proj, int expert) const {
+  MG_CHECK(layer >= 0 && layer < static_cast<int>(layers.size()) && expert >= 0 &&
+               expert < config.n_expert,
+           "Model::expert: layer or expert out of range");
+  const LayerTensors& l = layers[layer];
+  const GgufTensor* merged = nullptr;
+  const std::vector<const GgufTensor*>* legacy = nullptr;
+  switch (proj) {
+    case ExpertProj::kGate:
+      merged = l.gate_exps;
+      legacy = &l.gate_legacy;
+      break;
+    case ExpertProj::kUp:
+      merged = l.up_exps;
+      legacy = &l.up_legacy;
+      break;
+    case ExpertProj::kDown:
+      merged = l.down_exps;
+      legacy = &l.down_legacy;
+      break;
+  }
+  if (merged == nullptr) return weight_view(*(*legacy)[expert]);
+  // Experts are the outermost dimension: expert e is one contiguous [cols, rows] slice.
+  WeightView v = weight_view(*merged);
+  v.rows = merged->ne[1];
+  v.data += static_cast<size_t>(expert) * v.row_bytes * static_cast<size_t>(v.rows);
+  return v;
+}
+
+}  // namespace moegraph
+

@@ -1,0 +1,305 @@
+#include "reference/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+
+#include "loader/quant.h"
+
+namespace moegraph {
+namespace {
+
+// A broken size contract between the oracle and its ops is a programming error.
+void CheckOrDie(bool ok, const char* what) {
+  if (ok) return;
+  std::fprintf(stderr, "moegraph oracle: check failed: %s\n", what);
+  std::abort();
+}
+
+int64_t RowCount(size_t total, int64_t row_len, const char* what) {
+  CheckOrDie(row_len > 0 && total % static_cast<size_t>(row_len) == 0, what);
+  return static_cast<int64_t>(total) / row_len;
+}
+
+}  // namespace
+
+void DequantizeRow(const WeightView& w, int64_t row, float* dst) {
+  CheckOrDie(row >= 0 && row < w.rows, "DequantizeRow: row in range");
+  CheckOrDie(dequantize_row(w.type, w.data + row * w.row_bytes, dst, w.cols),
+             "DequantizeRow: type supported and cols a multiple of its block");
+}
+
+std::vector<float> TensorToFloat(const GgufTensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.n_elements()));
+  CheckOrDie(dequantize_row(t.ggml_type(), t.data, out.data(), t.n_elements()),
+             "TensorToFloat: type supported");
+  return out;
+}
+
+void RmsNorm(absl::Span<const float> x, absl::Span<const float> weight, float eps,
+             absl::Span<float> out) {
+  const int64_t n = static_cast<int64_t>(weight.size());
+  const int64_t n_rows = RowCount(x.size(), n, "RmsNorm: x rows of weight.size()");
+  CheckOrDie(out.size() == x.size(), "RmsNorm: out size");
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x.data() + r * n;
+    double sum_sq = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(xr[i]) * xr[i];
+    const double scale = 1.0 / std::sqrt(sum_sq / static_cast<double>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) {
+      out[r * n + i] = static_cast<float>(xr[i] * scale * weight[i]);
+    }
+  }
+}
+
+void MatMul(const WeightView& w, absl::Span<const float> x, absl::Span<float> out) {
+  const int64_t n_rows = RowCount(x.size(), w.cols, "MatMul: x rows of w.cols");
+  CheckOrDie(out.size() == static_cast<size_t>(n_rows * w.rows), "MatMul: out size");
+  std::vector<float> w_row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    DequantizeRow(w, r, w_row.data());
+    for (int64_t t = 0; t < n_rows; ++t) {
+      const float* xt = x.data() + t * w.cols;
+      double acc = 0.0;
+      for (int64_t i = 0; i < w.cols; ++i) acc += static_cast<double>(w_row[i]) * xt[i];
+      out[t * w.rows + r] = static_cast<float>(acc);
+    }
+  }
+}
+
+void AddBias(absl::Span<const float> bias, absl::Span<float> x) {
+  const int64_t n = static_cast<int64_t>(bias.size());
+  const int64_t n_rows = RowCount(x.size(), n, "AddBias: x rows of bias.size()");
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) x[r * n + i] += bias[i];
+  }
+}
+
+void AddInPlace(absl::Span<const float> b, absl::Span<float> a) {
+  CheckOrDie(a.size() == b.size(), "AddInPlace: sizes");
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+}
+
+void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_t> positions,
+          float freq_base, RopeType type) {
+  CheckOrDie(head_dim > 0 && head_dim % 2 == 0, "Rope: head_dim even");
+  const int64_t row_len = static_cast<int64_t>(n_head) * head_dim;
+  const int64_t n_rows = RowCount(x.size(), row_len, "Rope: x rows of n_head * head_dim");
+  CheckOrDie(positions.size() == static_cast<size_t>(n_rows), "Rope: one position per row");
+  const int half = head_dim / 2;
+  for (int64_t t = 0; t < n_rows; ++t) {
+    for (int h = 0; h < n_head; ++h) {
+      float* head = x.data() + t * row_len + static_cast<int64_t>(h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        // ggml_rope_cache_init: theta_scale = freq_base^(-2/n_dims), pair i at
+        // pos * theta_scale^i; here in closed form and f64.
+        const double theta = positions[t] * std::pow(static_cast<double>(freq_base),
+                                                     -2.0 * i / static_cast<double>(head_dim));
+        const double c = std::cos(theta);
+        const double s = std::sin(theta);
+        // rotate_pairs in ggml-cpu/ops.cpp: NORM (x[2i], x[2i+1]), NEOX (x[i], x[i + n/2]).
+        float* a = type == RopeType::kNorm ? head + 2 * i : head + i;
+        float* b = type == RopeType::kNorm ? head + 2 * i + 1 : head + i + half;
+        const double x0 = *a;
+        const double x1 = *b;
+        *a = static_cast<float>(x0 * c - x1 * s);
+        *b = static_cast<float>(x0 * s + x1 * c);
+      }
+    }
+  }
+}
+
+void Softmax(int64_t row_len, absl::Span<float> x) {
+  const int64_t n_rows = RowCount(x.size(), row_len, "Softmax: x rows of row_len");
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* row = x.data() + r * row_len;
+    const double max = *std::max_element(row, row + row_len);
+    double sum = 0.0;
+    std::vector<double> e(static_cast<size_t>(row_len));
+    for (int64_t i = 0; i < row_len; ++i) {
+      e[i] = std::exp(row[i] - max);
+      sum += e[i];
+    }
+    for (int64_t i = 0; i < row_len; ++i) row[i] = static_cast<float>(e[i] / sum);
+  }
+}
+
+std::vector<int32_t> TopK(absl::Span<const float> row, int k) {
+  CheckOrDie(k >= 0 && static_cast<size_t>(k) <= row.size(), "TopK: k <= row size");
+  std::vector<int32_t> order(row.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+  order.resize(static_cast<size_t>(k));
+  return order;
+}
+
+int32_t ArgMax(absl::Span<const float> row) {
+  CheckOrDie(!row.empty(), "ArgMax: non-empty row");
+  int32_t best = 0;
+  for (size_t i = 1; i < row.size(); ++i) {
+    if (row[i] > row[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+float Sigmoid(float x) {
+  return static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x))));
+}
+
+float Silu(float x) { return static_cast<float>(x / (1.0 + std::exp(-static_cast<double>(x)))); }
+
+void Swiglu(absl::Span<const float> gate, absl::Span<const float> up, absl::Span<float> out) {
+  CheckOrDie(gate.size() == up.size() && out.size() == up.size(), "Swiglu: sizes");
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double g = gate[i];
+    out[i] = static_cast<float>(g / (1.0 + std::exp(-g)) * up[i]);
+  }
+}
+
+void Attention(absl::Span<const float> q, absl::Span<const int32_t> q_pos,
+               absl::Span<const float> k_cache, absl::Span<const float> v_cache, int n_head,
+               int n_head_kv, int head_dim, float kq_scale, absl::Span<float> out) {
+  CheckOrDie(n_head_kv > 0 && n_head % n_head_kv == 0, "Attention: n_head multiple of n_head_kv");
+  const int64_t q_len = static_cast<int64_t>(n_head) * head_dim;
+  const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
+  const int64_t n_rows = RowCount(q.size(), q_len, "Attention: q rows of n_head * head_dim");
+  const int64_t n_cache = RowCount(k_cache.size(), kv_len, "Attention: k rows");
+  CheckOrDie(v_cache.size() == k_cache.size(), "Attention: v size equals k size");
+  CheckOrDie(q_pos.size() == static_cast<size_t>(n_rows), "Attention: one position per row");
+  CheckOrDie(out.size() == q.size(), "Attention: out size");
+  const int group = n_head / n_head_kv;
+  std::vector<double> weights;
+  std::vector<double> acc(static_cast<size_t>(head_dim));
+  for (int64_t t = 0; t < n_rows; ++t) {
+    const int64_t n_seen = static_cast<int64_t>(q_pos[t]) + 1;  // causal: keys 0..pos
+    CheckOrDie(q_pos[t] >= 0 && n_seen <= n_cache, "Attention: position inside the cache");
+    weights.assign(static_cast<size_t>(n_seen), 0.0);
+    for (int h = 0; h < n_head; ++h) {
+      const float* qh = q.data() + t * q_len + static_cast<int64_t>(h) * head_dim;
+      const int64_t kv_off = static_cast<int64_t>(h / group) * head_dim;
+      double max = -INFINITY;
+      for (int64_t j = 0; j < n_seen; ++j) {
+        const float* kj = k_cache.data() + j * kv_len + kv_off;
+        double dot = 0.0;
+        for (int d = 0; d < head_dim; ++d) dot += static_cast<double>(qh[d]) * kj[d];
+        weights[j] = dot * kq_scale;
+        max = std::max(max, weights[j]);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < n_seen; ++j) {
+        weights[j] = std::exp(weights[j] - max);
+        sum += weights[j];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j < n_seen; ++j) {
+        const float* vj = v_cache.data() + j * kv_len + kv_off;
+        for (int d = 0; d < head_dim; ++d) acc[d] += weights[j] * vj[d];
+      }
+      float* oh = out.data() + t * q_len + static_cast<int64_t>(h) * head_dim;
+      for (int d = 0; d < head_dim; ++d) oh[d] = static_cast<float>(acc[d] / sum);
+    }
+  }
+}
+
+namespace {
+
+// SwiGLU FFN (build_ffn with LLM_FFN_SILU, LLM_FFN_PAR): down(silu(gate x) * up x).
+std::vector<float> SwigluFfn(const WeightView& gate, const WeightView& up, const WeightView& down,
+                             absl::Span<const float> x) {
+  const int64_t n_rows = RowCount(x.size(), gate.cols, "SwigluFfn: x rows of n_embd");
+  std::vector<float> g(static_cast<size_t>(n_rows * gate.rows));
+  std::vector<float> u(g.size());
+  MatMul(gate, x, absl::MakeSpan(g));
+  MatMul(up, x, absl::MakeSpan(u));
+  Swiglu(g, u, absl::MakeSpan(g));
+  std::vector<float> y(static_cast<size_t>(n_rows * down.rows));
+  MatMul(down, g, absl::MakeSpan(y));
+  return y;
+}
+
+}  // namespace
+
+void MoeFfn(const Model& model, int layer, absl::Span<const float> x, absl::Span<float> out,
+            std::vector<int32_t>* selected) {
+  const ModelConfig& cfg = model.config;
+  const LayerTensors& lt = model.layers[static_cast<size_t>(layer)];
+  const int64_t n_embd = cfg.n_embd;
+  const int n_expert = cfg.n_expert;
+  const int k = cfg.n_expert_used;
+  const int64_t n_rows = RowCount(x.size(), n_embd, "MoeFfn: x rows of n_embd");
+  CheckOrDie(out.size() == x.size(), "MoeFfn: out size");
+
+  // Router: softmax over all experts, then top-k of the probabilities
+  // (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, ggml_top_k = argsort descending).
+  std::vector<float> probs(static_cast<size_t>(n_rows * n_expert));
+  MatMul(weight_view(*lt.router), x, absl::MakeSpan(probs));
+  Softmax(n_expert, absl::MakeSpan(probs));
+  std::vector<int32_t> chosen(static_cast<size_t>(n_rows * k));
+  std::vector<double> weight(chosen.size());
+  for (int64_t t = 0; t < n_rows; ++t) {
+    absl::Span<const float> row(probs.data() + t * n_expert, static_cast<size_t>(n_expert));
+    const std::vector<int32_t> top = TopK(row, k);
+    double sum = 0.0;
+    for (int i = 0; i < k; ++i) {
+      chosen[t * k + i] = top[i];
+      weight[t * k + i] = row[top[i]];
+      sum += row[top[i]];
+    }
+    // norm_w: the selected weights divided by their sum (ggml_sum_rows, ggml_div).
+    if (cfg.norm_topk_prob) {
+      for (int i = 0; i < k; ++i) weight[t * k + i] /= sum;
+    }
+  }
+
+  // Each expert runs once on the rows routed to it; outputs land per (row, rank)
+  // so the weighted sum below adds them in rank order, as llama.cpp's chain of
+  // ggml_add over cur_experts[0..k) does.
+  std::vector<float> expert_out(static_cast<size_t>(n_rows * k * n_embd));
+  std::vector<int64_t> slots;  // (row * k + rank) routed to the current expert
+  std::vector<float> gathered;
+  for (int e = 0; e < n_expert; ++e) {
+    slots.clear();
+    for (size_t s = 0; s < chosen.size(); ++s) {
+      if (chosen[s] == e) slots.push_back(static_cast<int64_t>(s));
+    }
+    if (slots.empty()) continue;
+    gathered.resize(slots.size() * static_cast<size_t>(n_embd));
+    for (size_t i = 0; i < slots.size(); ++i) {
+      std::copy_n(x.data() + (slots[i] / k) * n_embd, n_embd, gathered.data() + i * n_embd);
+    }
+    const std::vector<float> y = SwigluFfn(model.expert(layer, ExpertProj::kGate, e),
+                                           model.expert(layer, ExpertProj::kUp, e),
+                                           model.expert(layer, ExpertProj::kDown, e), gathered);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      std::copy_n(y.data() + i * n_embd, n_embd, expert_out.data() + slots[i] * n_embd);
+    }
+  }
+
+  // qwen2moe shared expert: ffn_gate_inp_shexp gives one logit per row; the
+  // graph computes silu(l) / l, which is sigmoid(l) (and NaN at l == 0 exactly,
+  // a corner the oracle does not copy).
+  std::vector<float> shared;
+  std::vector<float> shared_logit;
+  if (lt.shexp_gate != nullptr) {
+    shared = SwigluFfn(weight_view(*lt.shexp_gate), weight_view(*lt.shexp_up),
+                       weight_view(*lt.shexp_down), x);
+    shared_logit.resize(static_cast<size_t>(n_rows));
+    MatMul(weight_view(*lt.shexp_gate_inp), x, absl::MakeSpan(shared_logit));
+  }
+
+  for (int64_t t = 0; t < n_rows; ++t) {
+    const double shared_scale = shared.empty() ? 0.0 : Sigmoid(shared_logit[t]);
+    for (int64_t i = 0; i < n_embd; ++i) {
+      double acc = 0.0;
+      for (int r = 0; r < k; ++r) acc += weight[t * k + r] * expert_out[(t * k + r) * n_embd + i];
+      if (!shared.empty()) acc += shared_scale * shared[t * n_embd + i];
+      out[t * n_embd + i] = static_cast<float>(acc);
+    }
+  }
+  if (selected != nullptr) *selected = std::move(chosen);
+}
+
+}  // namespace moegraph

@@ -1,0 +1,85 @@
+// The oracle's operations, one plain function each, over batches of rows.
+//
+// A batch is a row-major float array: n_rows rows of a fixed length, row r at
+// [r * len, (r + 1) * len). Every op computes each output row from its own input
+// row alone, in the same order whatever the batch, so an op over a batch equals
+// the op applied row by row bit for bit; that is what makes a T-token forward
+// equal T one-token forwards exactly. Arithmetic is f64 inside an op, rounded to
+// f32 at its output (ggml keeps activations in f32 between ops too).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "loader/gguf.h"
+#include "loader/model_config.h"
+
+namespace moegraph {
+
+// Row `row` of w dequantized to f32 (w.cols values written to dst).
+void DequantizeRow(const WeightView& w, int64_t row, float* dst);
+
+// All of a 1-D tensor (norm weights, biases, the shared-expert gate) as f32.
+std::vector<float> TensorToFloat(const GgufTensor& t);
+
+// ggml_rms_norm then ggml_mul by weight: y = x / sqrt(mean(x^2) + eps) * weight.
+// Row length = weight.size().
+void RmsNorm(absl::Span<const float> x, absl::Span<const float> weight, float eps,
+             absl::Span<float> out);
+
+// ggml_mul_mat(w, x): out[t][r] = dot(w row r, x row t). x has rows of w.cols,
+// out rows of w.rows. Each weight row is dequantized once per call and dotted
+// with every x row in f64.
+void MatMul(const WeightView& w, absl::Span<const float> x, absl::Span<float> out);
+
+// Adds bias to every row (row length = bias.size()).
+void AddBias(absl::Span<const float> bias, absl::Span<float> x);
+
+// Adds b to a element-wise (the residual connections).
+void AddInPlace(absl::Span<const float> b, absl::Span<float> a);
+
+// ggml_rope_ext with no scaling, on rows of [n_head][head_dim], row t at
+// position positions[t]; all head_dim dimensions rotate (llama.cpp asserts
+// n_rot == head_dim for these architectures). Pair i turns by
+// theta = pos * freq_base^(-2i / head_dim). kNorm pairs (x[2i], x[2i+1]),
+// kNeox pairs (x[i], x[i + head_dim/2]).
+void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_t> positions,
+          float freq_base, RopeType type);
+
+// Softmax of each row of length row_len, in place (max subtracted first).
+void Softmax(int64_t row_len, absl::Span<float> x);
+
+// Indices of the k largest values, largest first; equal values keep the lower
+// index first (a stable descending argsort, then its first k).
+std::vector<int32_t> TopK(absl::Span<const float> row, int k);
+
+// The index of the largest value; ties go to the lowest index.
+int32_t ArgMax(absl::Span<const float> row);
+
+// x * sigmoid(x).
+float Silu(float x);
+// 1 / (1 + exp(-x)).
+float Sigmoid(float x);
+
+// ggml_swiglu_split(gate, up): silu(gate) * up, element-wise.
+void Swiglu(absl::Span<const float> gate, absl::Span<const float> up, absl::Span<float> out);
+
+// Causal multi-head attention for the rows of q against a KV cache.
+// q: rows of [n_head][head_dim], row t at position q_pos[t]. k_cache, v_cache:
+// rows of [n_head_kv][head_dim] for positions 0, 1, ...; query t sees the cache
+// rows 0..q_pos[t]. Head h reads KV head h / (n_head / n_head_kv) (ggml's
+// broadcast in mul_mat). out: rows of [n_head][head_dim] =
+// softmax(kq_scale * q.k) . v per head.
+void Attention(absl::Span<const float> q, absl::Span<const int32_t> q_pos,
+               absl::Span<const float> k_cache, absl::Span<const float> v_cache, int n_head,
+               int n_head_kv, int head_dim, float kq_scale, absl::Span<float> out);
+
+// The feed-forward block of one MoE layer (llm_graph_context::build_moe_ffn,
+// plus the qwen2moe shared expert) on rows of n_embd that are already
+// ffn-normed. When selected is not null it receives n_expert_used expert ids per
+// row, in router rank order.
+void MoeFfn(const Model& model, int layer, absl::Span<const float> x, absl::Span<float> out,
+            std::vector<int32_t>* selected = nullptr);
+
+}  // namespace moegraph

@@ -1,0 +1,45 @@
+// The CPU oracle: a plain, obviously correct forward pass of the supported MoE
+// architectures, computed as llama.cpp's src/models/*.cpp do, in f32 from
+// dequantized weights (f64 accumulation where it is cheap). It is the reference
+// every other backend is checked against; speed is not its concern.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "loader/model_config.h"
+
+namespace moegraph {
+
+// Where Generate's time went, for tok/s reports.
+struct GenerateStats {
+  int prompt_tokens = 0;
+  double prompt_seconds = 0;  // the one Forward over the prompt
+  int decode_steps = 0;       // one-token Forwards after it (n_predict - 1)
+  double decode_seconds = 0;
+};
+
+class Oracle {
+ public:
+  // model (and the file behind it) must outlive the oracle. max_ctx bounds the KV cache.
+  static absl::StatusOr<std::unique_ptr<Oracle>> Create(const Model& model, int max_ctx);
+  virtual ~Oracle() = default;
+
+  // Appends tokens at positions n_past() .. n_past()+T-1 with causal attention over
+  // the cache; returns logits, T rows of n_vocab. Tokens out of range and a full
+  // cache are errors naming the token or the context size.
+  virtual absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) = 0;
+  virtual int n_past() const = 0;
+  virtual void Reset() = 0;
+
+  // Greedy: feeds the prompt, then picks n_predict argmax tokens (ties: lowest
+  // id), feeding each back but the last, so the cache must hold
+  // prompt.size() + n_predict - 1 more tokens. Continues from n_past().
+  absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
+                                                GenerateStats* stats = nullptr);
+};
+
+}  // namespace moegraph

@@ -1,0 +1,169 @@
+// `moegraph inspect` as a user runs it: the binary in a subprocess on files
+// written by GgufWriter, valid, truncated and corrupted.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "loader/gguf.h"
+#include "loader/gguf_writer.h"
+
+namespace moegraph {
+namespace {
+
+struct ProcessResult {
+  int exit_code = -1;  // -1 when the process did not exit normally (a crash)
+  std::string out;
+  std::string err;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// fork/exec of MOEGRAPH_BIN with args, stdout and stderr captured to files.
+ProcessResult RunMoegraph(const std::vector<std::string>& args, const std::string& dir) {
+  const std::string out_path = dir + "/stdout.txt";
+  const std::string err_path = dir + "/stderr.txt";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int out_fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out_fd < 0 || err_fd < 0) ::_exit(127);
+    ::dup2(out_fd, STDOUT_FILENO);
+    ::dup2(err_fd, STDERR_FILENO);
+    std::vector<char*> argv = {const_cast<char*>(MOEGRAPH_BIN)};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(MOEGRAPH_BIN, argv.data());
+    ::_exit(127);
+  }
+  ProcessResult run;
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return run;
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  run.out = ReadAll(out_path);
+  run.err = ReadAll(err_path);
+  return run;
+}
+
+class CliInspectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        std::filesystem::path(::testing::TempDir()) / ("cli_inspect_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    GgufWriter w;
+    w.SetString("general.architecture", "qwen3moe");
+    w.SetString("general.name", "tiny test model");
+    w.SetUint32("qwen3moe.block_count", 2);
+    w.SetUint32("qwen3moe.expert_count", 8);
+    w.SetFloat32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6f);
+    w.SetStringArray("tokenizer.ggml.tokens", {"tok_a_SECRET", "tok_b", "tok_c"});
+    w.SetString("tokenizer.chat_template", std::string(500, 'x'));
+    w.AddTensor("token_embd.weight", GgmlType::kF32, {64, 16}, std::vector<uint8_t>(4096, 1));
+    w.AddTensor("blk.0.ffn_gate_exps.weight", GgmlType::kQ4_K, {256, 4, 8},
+                std::vector<uint8_t>(32 * 144, 2));
+    bytes_ = w.Serialize();
+    valid_ = Write("valid.gguf", bytes_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::vector<uint8_t>& bytes) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+    return path;
+  }
+
+  ProcessResult Inspect(const std::vector<std::string>& args) {
+    return RunMoegraph(args, dir_.string());
+  }
+
+  std::filesystem::path dir_;
+  std::vector<uint8_t> bytes_;
+  std::string valid_;
+};
+
+TEST_F(CliInspectTest, ValidFilePrintsHeaderParametersAndTensorTable) {
+  ProcessResult r = Inspect({"inspect", valid_});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  for (const char* expected :
+       {"GGUF version:  3", "alignment:     32", "architecture:  qwen3moe", "qwen3moe.block_count",
+        "= 2", "qwen3moe.expert_count", "= 8", "1e-06", "\"tiny test model\"", "[str x 3]",
+        "token_embd.weight", "blk.0.ffn_gate_exps.weight", "q4_K", "[256, 4, 8]", "[64, 16]",
+        "total: 2 tensors"}) {
+    EXPECT_NE(r.out.find(expected), std::string::npos) << "missing '" << expected << "' in\n"
+                                                       << r.out;
+  }
+  // Tokenizer arrays and long strings are summarized, never dumped.
+  EXPECT_EQ(r.out.find("tok_a_SECRET"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(500 bytes)"), std::string::npos) << r.out;
+}
+
+TEST_F(CliInspectTest, TruncatedFileFailsNamingFieldAndOffset) {
+  auto f = GgufFile::FromBytes("valid", bytes_);
+  ASSERT_TRUE(f.ok());
+  const GgufTensor& last = (*f)->tensors().back();
+  std::vector<uint8_t> cut(bytes_.begin(), bytes_.end() - 1000);
+  const std::string path = Write("cut.gguf", cut);
+  ProcessResult r = Inspect({"inspect", path});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find(path + ": tensor 'blk.0.ffn_gate_exps.weight' at byte " +
+                       std::to_string(last.info_offset) + ": data"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(CliInspectTest, CorruptedTensorTypeFailsNamingTensorAndOffset) {
+  auto f = GgufFile::FromBytes("valid", bytes_);
+  ASSERT_TRUE(f.ok());
+  const GgufTensor& t = (*f)->tensors()[1];
+  std::vector<uint8_t> bad = bytes_;
+  // The type field sits after the name (8 + length), n_dims (4) and the dims.
+  const size_t type_at = t.info_offset + 8 + t.name.size() + 4 + 8 * t.n_dims;
+  bad[type_at] = 31;  // a removed ggml type
+  ProcessResult r = Inspect({"inspect", Write("bad_type.gguf", bad)});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("tensor 'blk.0.ffn_gate_exps.weight' at byte " + std::to_string(type_at) +
+                       ": unknown ggml type 31"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(CliInspectTest, CorruptedBytesNeverCrash) {
+  for (size_t i = 0; i < 64; ++i) {
+    std::vector<uint8_t> bad = bytes_;
+    const size_t at = (i * 37) % 400;
+    bad[at] ^= 0xFF;
+    ProcessResult r = Inspect({"inspect", Write("flip.gguf", bad)});
+    ASSERT_NE(r.exit_code, -1) << "crashed with byte " << at << " flipped";
+    if (r.exit_code != 0) {
+      EXPECT_EQ(r.exit_code, 1);
+      EXPECT_NE(r.err.find(" at byte "), std::string::npos) << r.err;
+    }
+  }
+}
+
+TEST_F(CliInspectTest, MissingFileAndMissingArgument) {
+  ProcessResult missing = Inspect({"inspect", (dir_ / "nope.gguf").string()});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("nope.gguf"), std::string::npos) << missing.err;
+  ProcessResult usage = Inspect({"inspect"});
+  EXPECT_EQ(usage.exit_code, 2);
+  EXPECT_NE(usage.err.find("usage: moegraph inspect FILE"), std::string::npos) << usage.err;
+}
+
+}  // namespace
+}  // namespace moegraph

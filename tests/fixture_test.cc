@@ -1,0 +1,326 @@
+// The synthetic fixture generator: determinism, the metadata and tokenizer that
+// llama.cpp reads, router skew, and the spec's validation messages.
+#include "loader/fixture.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "loader/gguf.h"
+#include "loader/model_config.h"
+#include "loader/quant.h"
+
+namespace moegraph {
+namespace {
+
+std::unique_ptr<GgufFile> FixtureFile(const FixtureSpec& spec) {
+  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  if (!bytes.ok()) return nullptr;
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes("fixture.gguf", *bytes);
+  EXPECT_TRUE(file.ok()) << file.status();
+  return file.ok() ? std::move(*file) : nullptr;
+}
+
+std::vector<float> Dequantize(const WeightView& w, int64_t row) {
+  std::vector<float> out(w.cols);
+  EXPECT_TRUE(dequantize_row(w.type, w.data + row * w.row_bytes, out.data(), w.cols));
+  return out;
+}
+
+TEST(Fixture, SameSeedSameBytesOtherSeedOtherBytes) {
+  FixtureSpec spec;
+  spec.dense_type = GgmlType::kQ8_0;
+  spec.expert_type = GgmlType::kQ4_K;
+  spec.n_embd = 256;
+  spec.n_ff_exp = 256;
+  spec.router_skew = 2.0f;
+  spec.seed = 42;
+  absl::StatusOr<std::vector<uint8_t>> a = FixtureBytes(spec);
+  absl::StatusOr<std::vector<uint8_t>> b = FixtureBytes(spec);
+  spec.seed = 43;
+  absl::StatusOr<std::vector<uint8_t>> c = FixtureBytes(spec);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(*a, *b);
+  ASSERT_EQ(a->size(), c->size());
+  EXPECT_NE(*a, *c);
+
+  // Streaming to disk writes the same bytes.
+  spec.seed = 42;
+  const std::string path =
+      ::testing::TempDir() + "moegraph_fixture_" + std::to_string(getpid()) + ".gguf";
+  ASSERT_TRUE(WriteFixture(spec, path).ok());
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<uint8_t> on_disk((std::istreambuf_iterator<char>(in)),
+                                     std::istreambuf_iterator<char>());
+  std::remove(path.c_str());
+  EXPECT_EQ(on_disk, *a);
+}
+
+TEST(Fixture, WritesTheHyperParameterKeysLlamaCppReads) {
+  struct Case {
+    Arch arch;
+    std::vector<std::string> keys;
+  };
+  const std::vector<std::string> common = {"context_length",
+                                           "embedding_length",
+                                           "block_count",
+                                           "feed_forward_length",
+                                           "attention.head_count",
+                                           "attention.head_count_kv",
+                                           "attention.layer_norm_rms_epsilon",
+                                           "rope.freq_base",
+                                           "expert_count",
+                                           "expert_used_count"};
+  const Case cases[] = {
+      {Arch::kQwen3Moe, {"expert_feed_forward_length"}},
+      {Arch::kOlmoe, {}},
+      {Arch::kQwen2Moe, {"expert_feed_forward_length", "expert_shared_feed_forward_length"}},
+      {Arch::kMixtral, {}},
+  };
+  for (const Case& c : cases) {
+    FixtureSpec spec;
+    spec.arch = c.arch;
+    spec.n_head_kv = spec.n_head;
+    std::unique_ptr<GgufFile> file = FixtureFile(spec);
+    ASSERT_NE(file, nullptr);
+    const std::string arch(arch_gguf_name(c.arch));
+    EXPECT_EQ(*file->GetString("general.architecture"), arch);
+    std::vector<std::string> keys = common;
+    keys.insert(keys.end(), c.keys.begin(), c.keys.end());
+    for (const std::string& key : keys) {
+      EXPECT_NE(file->FindKey(arch + "." + key), nullptr) << arch << "." << key;
+    }
+    EXPECT_EQ(*file->GetUint(arch + ".expert_count"), 8u);
+    EXPECT_EQ(*file->GetUint(arch + ".expert_used_count"), 2u);
+  }
+}
+
+// What llama.cpp's vocabulary loader needs: a model name, distinct tokens with
+// one type each, merges for gpt2 (whose halves and results are tokens), scores
+// for llama, and special ids inside the vocabulary.
+TEST(Fixture, TokenizerIsCompleteForEachFamily) {
+  struct Case {
+    Arch arch;
+    int n_vocab;
+    const char* model;
+    const char* pre;
+  };
+  const Case cases[] = {
+      {Arch::kQwen3Moe, 600, "gpt2", "qwen2"}, {Arch::kQwen2Moe, 300, "gpt2", "qwen2"},
+      {Arch::kOlmoe, 600, "gpt2", "olmo"},     {Arch::kMixtral, 600, "llama", nullptr},
+      {Arch::kQwen3Moe, 8, "gpt2", "qwen2"},   {Arch::kMixtral, 8, "llama", nullptr},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(std::string(arch_gguf_name(c.arch)), " vocab ", c.n_vocab));
+    FixtureSpec spec;
+    spec.arch = c.arch;
+    spec.n_vocab = c.n_vocab;
+    spec.n_head_kv = spec.n_head;
+    std::unique_ptr<GgufFile> file = FixtureFile(spec);
+    ASSERT_NE(file, nullptr);
+    EXPECT_EQ(*file->GetString("tokenizer.ggml.model"), c.model);
+    if (c.pre != nullptr) {
+      EXPECT_EQ(*file->GetString("tokenizer.ggml.pre"), c.pre);
+    }
+    const std::vector<std::string_view> tokens = *file->GetStringArray("tokenizer.ggml.tokens");
+    ASSERT_EQ(tokens.size(), static_cast<size_t>(c.n_vocab));
+    const std::set<std::string_view> distinct(tokens.begin(), tokens.end());
+    EXPECT_EQ(distinct.size(), tokens.size());
+    const std::vector<int64_t> types = *file->GetIntArray("tokenizer.ggml.token_type");
+    EXPECT_EQ(types.size(), tokens.size());
+    for (const char* id_key : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"}) {
+      absl::StatusOr<uint64_t> id = file->GetUint(id_key);
+      ASSERT_TRUE(id.ok()) << id.status();
+      EXPECT_LT(*id, tokens.size());
+      EXPECT_EQ(types[*id], 3) << id_key << " is not a control token";
+    }
+    if (std::string(c.model) == "llama") {
+      EXPECT_EQ(file->GetFloatArray("tokenizer.ggml.scores")->size(), tokens.size());
+      if (c.n_vocab >= 3 + 256) {
+        EXPECT_NE(distinct.count("<0x0A>"), 0u);
+      }
+      continue;
+    }
+    const std::vector<std::string_view> merges = *file->GetStringArray("tokenizer.ggml.merges");
+    if (c.n_vocab >= 300) {
+      EXPECT_FALSE(merges.empty());
+      EXPECT_NE(distinct.count("\xc4\x8a"), 0u);  // '\n' as GPT-2's byte-level 'Ċ'
+    }
+    for (std::string_view merge : merges) {
+      const size_t space = merge.find(' ');
+      ASSERT_NE(space, std::string_view::npos) << merge;
+      const std::string left(merge.substr(0, space));
+      const std::string right(merge.substr(space + 1));
+      EXPECT_NE(distinct.count(left), 0u) << merge;
+      EXPECT_NE(distinct.count(right), 0u) << merge;
+      EXPECT_NE(distinct.count(left + right), 0u) << merge;
+    }
+  }
+}
+
+// Weights follow the documented scales: norms near 1, input projections with
+// standard deviation 1/sqrt(fan_in).
+TEST(Fixture, WeightsHaveTheirScales) {
+  FixtureSpec spec;
+  spec.n_embd = 128;
+  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  ASSERT_NE(file, nullptr);
+  absl::StatusOr<Model> m = LoadModel(*file);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const WeightView gate = m->expert(1, ExpertProj::kGate, 3);
+  double sum2 = 0;
+  for (int64_t r = 0; r < gate.rows; ++r) {
+    for (float v : Dequantize(gate, r)) sum2 += double{v} * v;
+  }
+  const double stddev = std::sqrt(sum2 / (gate.rows * gate.cols));
+  EXPECT_NEAR(stddev, 1.0 / std::sqrt(128.0), 0.1 / std::sqrt(128.0));
+  const std::vector<float> norm = Dequantize(weight_view(*m->layers[0].ffn_norm), 0);
+  double mean = 0;
+  for (float v : norm) mean += v;
+  EXPECT_NEAR(mean / norm.size(), 1.0, 0.05);
+}
+
+// Share of router picks that go to the two most picked experts of layer 0, for
+// hidden states x = rmsnorm(h) * ffn_norm with h taken from `inputs`.
+double TopTwoShare(const Model& m, const std::vector<std::vector<float>>& inputs) {
+  const ModelConfig& c = m.config;
+  const WeightView router = weight_view(*m.layers[0].router);
+  const std::vector<float> norm = Dequantize(weight_view(*m.layers[0].ffn_norm), 0);
+  std::vector<std::vector<float>> rows;
+  for (int e = 0; e < c.n_expert; ++e) rows.push_back(Dequantize(router, e));
+  std::vector<int> picks(c.n_expert, 0);
+  for (const std::vector<float>& h : inputs) {
+    double ss = 0;
+    for (float v : h) ss += double{v} * v;
+    const double inv_rms = 1.0 / std::sqrt(ss / h.size() + c.rms_eps);
+    std::vector<std::pair<double, int>> logits;
+    for (int e = 0; e < c.n_expert; ++e) {
+      double dot = 0;
+      for (int i = 0; i < c.n_embd; ++i) dot += rows[e][i] * h[i] * inv_rms * norm[i];
+      logits.push_back({-dot, e});
+    }
+    std::sort(logits.begin(), logits.end());
+    for (int k = 0; k < c.n_expert_used; ++k) ++picks[logits[k].second];
+  }
+  std::sort(picks.rbegin(), picks.rend());
+  return static_cast<double>(picks[0] + picks[1]) / (inputs.size() * c.n_expert_used);
+}
+
+TEST(Fixture, RouterSkewConcentratesRouting) {
+  FixtureSpec spec;  // 8 experts, top-2: an even router gives the top two 1/4 of picks
+  spec.n_vocab = 400;
+  spec.seed = 11;
+  double share[2] = {0, 0};
+  double random_share[2] = {0, 0};
+  const float skews[2] = {0.0f, 4.0f};
+  for (int i = 0; i < 2; ++i) {
+    spec.router_skew = skews[i];
+    std::unique_ptr<GgufFile> file = FixtureFile(spec);
+    ASSERT_NE(file, nullptr);
+    absl::StatusOr<Model> m = LoadModel(*file);
+    ASSERT_TRUE(m.ok()) << m.status();
+    // The model's own inputs: every token's embedding.
+    const WeightView embd = weight_view(*m->token_embd);
+    std::vector<std::vector<float>> tokens;
+    for (int64_t t = 0; t < embd.rows; ++t) tokens.push_back(Dequantize(embd, t));
+    share[i] = TopTwoShare(*m, tokens);
+    // Random unit vectors, with the embeddings' mean added: the common
+    // component every hidden state of the model carries.
+    std::vector<float> mean(spec.n_embd, 0.0f);
+    for (const auto& t : tokens) {
+      for (int j = 0; j < spec.n_embd; ++j) mean[j] += t[j] / tokens.size();
+    }
+    uint64_t state = 7;
+    std::vector<std::vector<float>> randoms;
+    for (int n = 0; n < 400; ++n) {
+      std::vector<float> v(spec.n_embd);
+      double ss = 0;
+      for (float& x : v) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        x = static_cast<float>(static_cast<int64_t>(state >> 11) % 2001 - 1000) / 1000.0f;
+        ss += double{x} * x;
+      }
+      for (int j = 0; j < spec.n_embd; ++j) {
+        v[j] = static_cast<float>(v[j] / std::sqrt(ss) * std::sqrt(spec.n_embd)) + mean[j];
+      }
+      randoms.push_back(std::move(v));
+    }
+    random_share[i] = TopTwoShare(*m, randoms);
+  }
+  EXPECT_LT(share[0], 0.40) << "skew 0 should route near evenly";
+  EXPECT_GT(share[1], 0.70) << "skew 4 should concentrate routing";
+  EXPECT_LT(random_share[0], 0.40);
+  EXPECT_GT(random_share[1], 0.70);
+}
+
+TEST(Fixture, ValidationNamesTheFlag) {
+  struct Case {
+    void (*edit)(FixtureSpec*);
+    const char* expect;
+  };
+  const Case cases[] = {
+      {[](FixtureSpec* s) {
+         s->n_embd = 100;
+         s->dense_type = GgmlType::kQ4_K;
+       },
+       "--embd 100 is not a multiple of 256 (q4_K block size)"},
+      {[](FixtureSpec* s) { s->n_expert_used = 9; }, "--top-k 9 exceeds --experts 8"},
+      {[](FixtureSpec* s) { s->n_expert_used = 0; }, "--top-k 0"},
+      {[](FixtureSpec* s) { s->n_layer = 0; }, "--layers 0"},
+      {[](FixtureSpec* s) {
+         s->n_head = 6;
+         s->n_head_kv = 4;
+         s->n_embd = 96;
+       },
+       "--heads 6 is not a multiple of --kv-heads 4"},
+      {[](FixtureSpec* s) {
+         s->n_ff_exp = 48;
+         s->expert_type = GgmlType::kQ8_0;
+       },
+       "--ff 48 is not a multiple of 32 (q8_0 block size)"},
+      {[](FixtureSpec* s) { s->dense_type = GgmlType::kQ4_1; }, "--quant q4_1"},
+      {[](FixtureSpec* s) { s->expert_type = GgmlType::kQ2_K; }, "--quant expert=q2_K"},
+      {[](FixtureSpec* s) { s->legacy_experts = true; }, "--legacy-experts"},
+      {[](FixtureSpec* s) { s->router_skew = -1.0f; }, "--router-skew"},
+      {[](FixtureSpec* s) { s->n_vocab = 2; }, "--vocab 2"},
+      {[](FixtureSpec* s) { s->head_dim = 7; }, "--head-dim 7"},
+      {[](FixtureSpec* s) { s->n_ff_shexp = 64; }, "--shared-ff"},
+      {[](FixtureSpec* s) {
+         s->arch = Arch::kOlmoe;
+         s->n_head_kv = 2;
+       },
+       "--kv-heads 2 must equal --heads 4"},
+      {[](FixtureSpec* s) {
+         s->arch = Arch::kQwen2Moe;
+         s->tied_output = true;
+       },
+       "--tied-output"},
+  };
+  for (const Case& c : cases) {
+    FixtureSpec spec;
+    c.edit(&spec);
+    absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
+    ASSERT_FALSE(bytes.ok()) << c.expect;
+    EXPECT_NE(bytes.status().message().find(c.expect), absl::string_view::npos) << bytes.status();
+  }
+}
+
+TEST(Fixture, WriteFixtureNamesAnUnwritablePath) {
+  const absl::Status s = WriteFixture(FixtureSpec{}, "/nonexistent-dir/x.gguf");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("/nonexistent-dir/x.gguf"), absl::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace moegraph

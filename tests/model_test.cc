@@ -1,0 +1,457 @@
+// LoadConfig / LoadModel on in-memory fixtures of every architecture and weight
+// type, and on fixtures edited to carry one or more mistakes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "loader/fixture.h"
+#include "loader/gguf.h"
+#include "loader/gguf_writer.h"
+#include "loader/model_config.h"
+
+namespace moegraph {
+namespace {
+
+std::unique_ptr<GgufFile> Parse(const std::vector<uint8_t>& bytes, const std::string& name) {
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes(name, bytes);
+  EXPECT_TRUE(file.ok()) << file.status();
+  return file.ok() ? std::move(*file) : nullptr;
+}
+
+std::unique_ptr<GgufFile> FixtureFile(const FixtureSpec& spec) {
+  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.ok() ? Parse(*bytes, "fixture.gguf") : nullptr;
+}
+
+// Edits to apply while copying a file: keys dropped or replaced, tensors dropped
+// or given another shape (their bytes cut or zero-padded to fit).
+struct Edits {
+  std::set<std::string> drop_keys;
+  std::map<std::string, uint32_t> set_u32;
+  std::map<std::string, std::string> set_string;
+  std::map<std::string, bool> set_bool;
+  std::set<std::string> drop_tensors;
+  std::map<std::string, std::vector<int64_t>> reshape;
+  std::map<std::string, GgmlType> retype;
+};
+
+void CopyKey(const GgufKV& kv, GgufWriter* w) {
+  switch (kv.type) {
+    case GgufType::kUint32:
+      w->SetUint32(kv.key, static_cast<uint32_t>(kv.u64));
+      return;
+    case GgufType::kFloat32:
+      w->SetFloat32(kv.key, static_cast<float>(kv.f64));
+      return;
+    case GgufType::kBool:
+      w->SetBool(kv.key, kv.u64 != 0);
+      return;
+    case GgufType::kString:
+      w->SetString(kv.key, std::string(kv.str));
+      return;
+    case GgufType::kArray:
+      break;
+    default:
+      FAIL() << "fixture key " << kv.key << " has an unexpected type";
+  }
+  if (kv.array_type == GgufType::kString) {
+    w->SetStringArray(kv.key,
+                      std::vector<std::string>(kv.array_strings.begin(), kv.array_strings.end()));
+  } else if (kv.array_type == GgufType::kInt32) {
+    std::vector<int32_t> v(kv.array_n);
+    std::memcpy(v.data(), kv.array_data, v.size() * sizeof(int32_t));
+    w->SetInt32Array(kv.key, v);
+  } else if (kv.array_type == GgufType::kFloat32) {
+    std::vector<float> v(kv.array_n);
+    std::memcpy(v.data(), kv.array_data, v.size() * sizeof(float));
+    w->SetFloat32Array(kv.key, v);
+  } else {
+    FAIL() << "fixture array " << kv.key << " has an unexpected element type";
+  }
+}
+
+std::unique_ptr<GgufFile> Edit(const GgufFile& in, const Edits& e) {
+  GgufWriter w;
+  for (const GgufKV& kv : in.kvs()) {
+    if (e.drop_keys.count(kv.key) != 0 || e.set_u32.count(kv.key) != 0 ||
+        e.set_string.count(kv.key) != 0 || e.set_bool.count(kv.key) != 0) {
+      continue;
+    }
+    CopyKey(kv, &w);
+  }
+  for (const auto& [key, v] : e.set_u32) w.SetUint32(key, v);
+  for (const auto& [key, v] : e.set_string) w.SetString(key, v);
+  for (const auto& [key, v] : e.set_bool) w.SetBool(key, v);
+  for (const GgufTensor& t : in.tensors()) {
+    if (e.drop_tensors.count(t.name) != 0) continue;
+    std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
+    if (auto it = e.reshape.find(t.name); it != e.reshape.end()) shape = it->second;
+    GgmlType type = t.ggml_type();
+    if (auto it = e.retype.find(t.name); it != e.retype.end()) type = it->second;
+    int64_t rows = 1;
+    for (size_t i = 1; i < shape.size(); ++i) rows *= shape[i];
+    std::vector<uint8_t> bytes(ggml_row_size(type, shape[0]) * rows);
+    std::memcpy(bytes.data(), t.data, std::min<size_t>(bytes.size(), t.nbytes));
+    w.AddTensor(t.name, type, shape, std::move(bytes));
+  }
+  return Parse(w.Serialize(), "edited.gguf");
+}
+
+std::string Name(Arch arch) {
+  return arch == Arch::kMixtral ? "mixtral" : std::string(arch_gguf_name(arch));
+}
+
+using ArchType = std::tuple<Arch, GgmlType>;
+
+class LoadEveryArchAndType : public ::testing::TestWithParam<ArchType> {};
+
+TEST_P(LoadEveryArchAndType, ConfigAndTensorsMatchTheSpec) {
+  const auto [arch, type] = GetParam();
+  FixtureSpec spec;
+  spec.arch = arch;
+  spec.n_layer = 2;
+  spec.n_expert = 4;
+  spec.n_expert_used = 2;
+  spec.n_embd = 256;  // one block of the k-quants
+  spec.n_ff_exp = 256;
+  spec.n_ff_shexp = arch == Arch::kQwen2Moe ? 512 : 0;
+  spec.n_head = 4;
+  spec.n_head_kv = arch == Arch::kOlmoe ? 4 : 2;
+  spec.n_vocab = 300;
+  spec.dense_type = type;
+  spec.expert_type = type;
+  spec.seed = 5;
+  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  ASSERT_NE(file, nullptr);
+  absl::StatusOr<Model> model = LoadModel(*file);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = model->config;
+
+  EXPECT_EQ(c.arch, arch);
+  EXPECT_EQ(c.n_layer, 2);
+  EXPECT_EQ(c.n_embd, 256);
+  EXPECT_EQ(c.n_head, 4);
+  EXPECT_EQ(c.n_head_kv, spec.n_head_kv);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.n_vocab, 300);
+  EXPECT_EQ(c.n_ctx_train, 4096);
+  EXPECT_EQ(c.n_expert, 4);
+  EXPECT_EQ(c.n_expert_used, 2);
+  EXPECT_EQ(c.n_ff_exp, 256);
+  EXPECT_EQ(c.n_ff_shexp, arch == Arch::kQwen2Moe ? 512 : 0);
+  // llama_model_rope_type: LLM_ARCH_LLAMA is NORM, the other three NEOX.
+  EXPECT_EQ(c.rope_type, arch == Arch::kMixtral ? RopeType::kNorm : RopeType::kNeox);
+  // The norm_w argument of build_moe_ffn in src/models/*.cpp.
+  EXPECT_EQ(c.norm_topk_prob, arch == Arch::kQwen3Moe || arch == Arch::kMixtral);
+  EXPECT_EQ(c.qk_norm, arch == Arch::kQwen3Moe);
+  EXPECT_EQ(c.qk_norm_full, arch == Arch::kOlmoe);
+  EXPECT_EQ(c.qkv_bias, arch == Arch::kQwen2Moe);
+  EXPECT_FALSE(c.tied_embeddings);
+  EXPECT_GT(c.rms_eps, 0.0f);
+
+  EXPECT_EQ(model->file, file.get());
+  EXPECT_EQ(model->token_embd->ggml_type(), type);
+  EXPECT_NE(model->output, model->token_embd);
+  ASSERT_EQ(model->layers.size(), 2u);
+  for (int il = 0; il < 2; ++il) {
+    const LayerTensors& l = model->layers[il];
+    EXPECT_EQ(l.wq->name, absl::StrCat("blk.", il, ".attn_q.weight"));
+    EXPECT_EQ(l.wq->ggml_type(), type);
+    EXPECT_EQ(l.attn_norm->ggml_type(), GgmlType::kF32);
+    EXPECT_EQ(l.router->ggml_type(), GgmlType::kF32);
+    EXPECT_EQ(l.bq != nullptr, arch == Arch::kQwen2Moe);
+    EXPECT_EQ(l.q_norm != nullptr, arch == Arch::kQwen3Moe || arch == Arch::kOlmoe);
+    EXPECT_EQ(l.shexp_down != nullptr, arch == Arch::kQwen2Moe);
+    if (l.q_norm != nullptr) {
+      EXPECT_EQ(l.q_norm->ne[0], arch == Arch::kOlmoe ? 256 : 64);
+    }
+    ASSERT_NE(l.gate_exps, nullptr);
+    EXPECT_TRUE(l.gate_legacy.empty());
+    for (int e = 0; e < 4; ++e) {
+      for (ExpertProj proj : {ExpertProj::kGate, ExpertProj::kUp, ExpertProj::kDown}) {
+        const GgufTensor* merged = proj == ExpertProj::kGate ? l.gate_exps
+                                   : proj == ExpertProj::kUp ? l.up_exps
+                                                             : l.down_exps;
+        const WeightView v = model->expert(il, proj, e);
+        EXPECT_EQ(v.type, type);
+        EXPECT_EQ(v.cols, 256);
+        EXPECT_EQ(v.rows, 256);
+        EXPECT_EQ(v.row_bytes, ggml_row_size(type, 256));
+        EXPECT_EQ(v.data, merged->data + e * merged->nbytes / 4);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoadEveryArchAndType,
+                         ::testing::Combine(::testing::Values(Arch::kQwen3Moe, Arch::kOlmoe,
+                                                              Arch::kQwen2Moe, Arch::kMixtral),
+                                            ::testing::Values(GgmlType::kF32, GgmlType::kF16,
+                                                              GgmlType::kBF16, GgmlType::kQ8_0,
+                                                              GgmlType::kQ4_0, GgmlType::kQ4_K,
+                                                              GgmlType::kQ5_K, GgmlType::kQ6_K)),
+                         [](const ::testing::TestParamInfo<ArchType>& info) {
+                           return Name(std::get<0>(info.param)) + "_" +
+                                  ggml_type_name(static_cast<uint32_t>(std::get<1>(info.param)));
+                         });
+
+TEST(ArchName, RoundTripsAndAcceptsMixtral) {
+  for (Arch arch : {Arch::kQwen3Moe, Arch::kOlmoe, Arch::kQwen2Moe, Arch::kMixtral}) {
+    Arch parsed = Arch::kQwen3Moe;
+    ASSERT_TRUE(arch_from_name(arch_gguf_name(arch), &parsed));
+    EXPECT_EQ(parsed, arch);
+  }
+  Arch parsed = Arch::kQwen3Moe;
+  ASSERT_TRUE(arch_from_name("mixtral", &parsed));
+  EXPECT_EQ(parsed, Arch::kMixtral);
+  EXPECT_EQ(arch_gguf_name(Arch::kMixtral), "llama");
+  EXPECT_FALSE(arch_from_name("qwen3", &parsed));
+}
+
+TEST(LoadConfig, MissingKeyNamesTheKey) {
+  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});
+  ASSERT_NE(file, nullptr);
+  for (const char* key :
+       {"qwen3moe.expert_count", "qwen3moe.expert_used_count", "qwen3moe.block_count",
+        "qwen3moe.embedding_length", "qwen3moe.attention.head_count", "qwen3moe.context_length",
+        "qwen3moe.attention.layer_norm_rms_epsilon", "general.architecture"}) {
+    Edits e;
+    e.drop_keys = {key};
+    std::unique_ptr<GgufFile> edited = Edit(*file, e);
+    ASSERT_NE(edited, nullptr);
+    absl::StatusOr<ModelConfig> c = LoadConfig(*edited);
+    ASSERT_FALSE(c.ok()) << key;
+    EXPECT_NE(c.status().message().find(key), absl::string_view::npos) << c.status();
+    EXPECT_NE(c.status().message().find("edited.gguf"), absl::string_view::npos) << c.status();
+  }
+}
+
+TEST(LoadConfig, WronglyTypedKeyNamesTheKey) {
+  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});
+  ASSERT_NE(file, nullptr);
+  Edits e;
+  e.set_string["qwen3moe.block_count"] = "two";
+  absl::StatusOr<ModelConfig> c = LoadConfig(*Edit(*file, e));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("qwen3moe.block_count"), absl::string_view::npos)
+      << c.status();
+}
+
+TEST(LoadConfig, SanityChecksNameTheKeyAndValues) {
+  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});  // 8 experts, 4 heads of 16
+  ASSERT_NE(file, nullptr);
+  struct Case {
+    std::map<std::string, uint32_t> set;
+    std::vector<std::string> expect;
+  };
+  const Case cases[] = {
+      {{{"qwen3moe.expert_used_count", 9}}, {"qwen3moe.expert_used_count", "9", "8"}},
+      {{{"qwen3moe.expert_used_count", 0}}, {"qwen3moe.expert_used_count", "positive"}},
+      {{{"qwen3moe.attention.head_count_kv", 3}}, {"qwen3moe.attention.head_count_kv", "3"}},
+      {{{"qwen3moe.block_count", 0}}, {"qwen3moe.block_count"}},
+      {{{"qwen3moe.attention.key_length", 15},
+        {"qwen3moe.attention.value_length", 15},
+        {"qwen3moe.rope.dimension_count", 15}},
+       {"qwen3moe.attention.key_length", "15", "even"}},
+      {{{"qwen3moe.attention.value_length", 8}}, {"qwen3moe.attention.value_length", "8"}},
+      {{{"qwen3moe.rope.dimension_count", 8}}, {"qwen3moe.rope.dimension_count", "8"}},
+  };
+  for (const Case& k : cases) {
+    Edits e;
+    e.set_u32 = k.set;
+    absl::StatusOr<ModelConfig> c = LoadConfig(*Edit(*file, e));
+    ASSERT_FALSE(c.ok()) << k.expect[0];
+    for (const std::string& part : k.expect) {
+      EXPECT_NE(c.status().message().find(part), absl::string_view::npos) << c.status();
+    }
+  }
+}
+
+TEST(LoadConfig, UnsupportedArchitectureNamesIt) {
+  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});
+  ASSERT_NE(file, nullptr);
+  Edits e;
+  e.set_string["general.architecture"] = "gpt2";
+  absl::StatusOr<ModelConfig> c = LoadConfig(*Edit(*file, e));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("general.architecture"), absl::string_view::npos);
+  EXPECT_NE(c.status().message().find("gpt2"), absl::string_view::npos);
+}
+
+// llama.cpp derives the expert size from feed_forward_length / top-k and the
+// shared size from feed_forward_length when the expert keys are absent.
+TEST(LoadConfig, ExpertSizesFallBackAsLlamaCppDoes) {
+  FixtureSpec spec;
+  spec.arch = Arch::kQwen2Moe;
+  spec.n_ff_exp = 32;
+  spec.n_ff_shexp = 96;
+  spec.n_expert_used = 2;
+  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  ASSERT_NE(file, nullptr);
+  Edits e;
+  e.drop_keys = {"qwen2moe.expert_feed_forward_length",
+                 "qwen2moe.expert_shared_feed_forward_length"};
+  e.set_u32["qwen2moe.feed_forward_length"] = 128;
+  absl::StatusOr<ModelConfig> c = LoadConfig(*Edit(*file, e));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->n_ff_exp, 64);
+  EXPECT_EQ(c->n_ff_shexp, 128);
+}
+
+TEST(LoadConfig, VocabSizeFallsBackToTokensThenEmbeddings) {
+  FixtureSpec spec;
+  spec.n_vocab = 300;
+  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  ASSERT_NE(file, nullptr);
+  Edits e;
+  e.drop_keys = {"qwen3moe.vocab_size"};
+  absl::StatusOr<ModelConfig> c = LoadConfig(*Edit(*file, e));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->n_vocab, 300);
+  e.drop_keys.insert("tokenizer.ggml.tokens");
+  c = LoadConfig(*Edit(*file, e));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->n_vocab, 300);
+  e.drop_tensors = {"token_embd.weight"};
+  c = LoadConfig(*Edit(*file, e));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("qwen3moe.vocab_size"), absl::string_view::npos);
+}
+
+TEST(LoadConfig, ExpertWeightsNormKeyOverridesTheArchitecture) {
+  FixtureSpec spec;
+  spec.arch = Arch::kQwen2Moe;
+  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  ASSERT_NE(file, nullptr);
+  Edits e;
+  e.set_bool["qwen2moe.expert_weights_norm"] = true;
+  absl::StatusOr<ModelConfig> c = LoadConfig(*Edit(*file, e));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->norm_topk_prob);
+}
+
+TEST(LoadModel, ReportsEveryBadTensorInOneStatus) {
+  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});  // embd 64, ff 32, 8 experts
+  ASSERT_NE(file, nullptr);
+  Edits e;
+  e.reshape["blk.1.ffn_up_exps.weight"] = {64, 32, 4};
+  e.drop_tensors = {"blk.0.attn_k.weight"};
+  e.retype["blk.0.attn_q.weight"] = GgmlType::kQ4_1;
+  absl::StatusOr<Model> m = LoadModel(*Edit(*file, e));
+  ASSERT_FALSE(m.ok());
+  const std::string message(m.status().message());
+  const std::vector<std::string> lines = absl::StrSplit(message, '\n');
+  ASSERT_EQ(lines.size(), 3u) << message;
+  for (const std::string& line : lines) {
+    EXPECT_EQ(line.rfind("edited.gguf: tensor '", 0), 0u) << line;
+  }
+  EXPECT_NE(message.find("tensor 'blk.0.attn_k.weight': missing"), std::string::npos) << message;
+  EXPECT_NE(message.find("blk.1.ffn_up_exps.weight"), std::string::npos) << message;
+  EXPECT_NE(message.find("expected shape [64, 32, 8], found [64, 32, 4]"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("blk.0.attn_q.weight"), std::string::npos) << message;
+  EXPECT_NE(message.find("q4_1"), std::string::npos) << message;
+}
+
+TEST(LoadModel, TiedOutputUsesTheEmbeddingWhereLlamaCppAllowsIt) {
+  FixtureSpec spec;
+  spec.tied_output = true;
+  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  ASSERT_NE(file, nullptr);
+  absl::StatusOr<Model> m = LoadModel(*file);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->config.tied_embeddings);
+  EXPECT_EQ(m->output, m->token_embd);
+
+  // olmoe requires output.weight.
+  spec.arch = Arch::kOlmoe;
+  spec.tied_output = false;
+  spec.n_head_kv = spec.n_head;
+  file = FixtureFile(spec);
+  ASSERT_NE(file, nullptr);
+  Edits e;
+  e.drop_tensors = {"output.weight"};
+  m = LoadModel(*Edit(*file, e));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("'output.weight': missing"), absl::string_view::npos)
+      << m.status();
+}
+
+// The fixture draws each expert from the same stream whether it stores experts
+// merged or per expert, so both layouts must expose the same expert bytes.
+TEST(LoadModel, LegacyAndMergedMixtralExpertsAgree) {
+  FixtureSpec spec;
+  spec.arch = Arch::kMixtral;
+  spec.n_expert = 4;
+  spec.dense_type = GgmlType::kQ8_0;
+  spec.expert_type = GgmlType::kQ4_0;
+  std::unique_ptr<GgufFile> merged_file = FixtureFile(spec);
+  spec.legacy_experts = true;
+  std::unique_ptr<GgufFile> legacy_file = FixtureFile(spec);
+  ASSERT_NE(merged_file, nullptr);
+  ASSERT_NE(legacy_file, nullptr);
+  absl::StatusOr<Model> merged = LoadModel(*merged_file);
+  absl::StatusOr<Model> legacy = LoadModel(*legacy_file);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  ASSERT_EQ(legacy->layers[0].gate_legacy.size(), 4u);
+  EXPECT_EQ(legacy->layers[0].gate_exps, nullptr);
+  EXPECT_EQ(legacy->layers[1].down_legacy[3]->name, "blk.1.ffn_down.3.weight");
+  for (int il = 0; il < spec.n_layer; ++il) {
+    for (int e = 0; e < 4; ++e) {
+      for (ExpertProj proj : {ExpertProj::kGate, ExpertProj::kUp, ExpertProj::kDown}) {
+        const WeightView a = merged->expert(il, proj, e);
+        const WeightView b = legacy->expert(il, proj, e);
+        ASSERT_EQ(a.cols, b.cols);
+        ASSERT_EQ(a.rows, b.rows);
+        ASSERT_EQ(a.row_bytes, b.row_bytes);
+        ASSERT_EQ(a.type, GgmlType::kQ4_0);
+        EXPECT_EQ(std::memcmp(a.data, b.data, a.row_bytes * a.rows), 0)
+            << "layer " << il << " expert " << e;
+      }
+    }
+  }
+  // Different experts hold different weights.
+  const WeightView e0 = merged->expert(0, ExpertProj::kUp, 0);
+  const WeightView e1 = merged->expert(0, ExpertProj::kUp, 1);
+  EXPECT_NE(std::memcmp(e0.data, e1.data, e0.row_bytes * e0.rows), 0);
+}
+
+TEST(LoadModel, LegacyExpertsWithMixedTypesAreReported) {
+  FixtureSpec spec;
+  spec.arch = Arch::kMixtral;
+  spec.n_expert = 2;
+  spec.legacy_experts = true;
+  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  ASSERT_NE(file, nullptr);
+  Edits e;
+  e.retype["blk.0.ffn_up.1.weight"] = GgmlType::kF16;
+  absl::StatusOr<Model> m = LoadModel(*Edit(*file, e));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("blk.0.ffn_up.1.weight"), absl::string_view::npos)
+      << m.status();
+}
+
+TEST(WeightView, CoversEveryRowOfATensor) {
+  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});
+  ASSERT_NE(file, nullptr);
+  const GgufTensor* t = file->FindTensor("blk.0.ffn_down_exps.weight");
+  ASSERT_NE(t, nullptr);
+  const WeightView v = weight_view(*t);
+  EXPECT_EQ(v.cols, 32);
+  EXPECT_EQ(v.rows, 64 * 8);
+  EXPECT_EQ(v.row_bytes * v.rows, t->nbytes);
+  EXPECT_EQ(v.data, t->data);
+}
+
+}  // namespace
+}  // namespace moegraph

@@ -1,0 +1,146 @@
+// moegraph make-fixture: writes a synthetic MoE model as GGUF (loader/fixture.h).
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "loader/fixture.h"
+#include "loader/gguf.h"
+#include "loader/model_config.h"
+#include "tools/commands.h"
+
+ABSL_FLAG(std::string, arch, "qwen3moe", "make-fixture: qwen3moe | olmoe | qwen2moe | mixtral");
+ABSL_FLAG(int32_t, layers, 2, "make-fixture: number of layers");
+ABSL_FLAG(int32_t, experts, 8, "make-fixture: routed experts per layer");
+ABSL_FLAG(int32_t, top_k, 2, "make-fixture: experts used per token");
+ABSL_FLAG(int32_t, embd, 64, "make-fixture: embedding width");
+ABSL_FLAG(int32_t, ff, 32, "make-fixture: hidden size of one routed expert");
+ABSL_FLAG(int32_t, shared_ff, 0,
+          "make-fixture: qwen2moe shared expert hidden size (0: twice --ff)");
+ABSL_FLAG(int32_t, heads, 4, "make-fixture: attention heads");
+ABSL_FLAG(int32_t, kv_heads, 0,
+          "make-fixture: key/value heads (0: --heads for olmoe, whose llama.cpp graph has no "
+          "GQA; else --heads / 2 when even)");
+ABSL_FLAG(int32_t, head_dim, 0, "make-fixture: head size (0: --embd / --heads)");
+ABSL_FLAG(int32_t, vocab, 256, "make-fixture: vocabulary size");
+ABSL_FLAG(std::string, quant, "f32",
+          "make-fixture: TYPE[,expert=TYPE]: weight type of the dense matrices and, unless "
+          "given after expert=, of the routed experts (f32 f16 bf16 q8_0 q4_0 q4_K q5_K q6_K); "
+          "norms, biases and routers stay f32");
+ABSL_FLAG(double, router_skew, 0.0,
+          "make-fixture: 0 routes tokens evenly; larger values make a few experts dominate");
+ABSL_FLAG(uint64_t, seed, 1, "make-fixture: random seed (the same seed writes the same bytes)");
+ABSL_FLAG(bool, legacy_experts, false,
+          "make-fixture: mixtral only: per-expert ffn_gate.N tensors instead of merged ones");
+ABSL_FLAG(bool, tied_output, false,
+          "make-fixture: qwen3moe and mixtral: omit output.weight (lm_head is token_embd)");
+// --ctx is shared with `run` (defined in cmd_run.cc); here it is the training
+// context written to the file.
+ABSL_DECLARE_FLAG(int32_t, ctx);
+
+namespace moegraph {
+namespace {
+
+constexpr int kDefaultTrainContext = 4096;
+
+absl::Status ParseType(const std::string& flag_value, const std::string& name, GgmlType* out) {
+  if (!ggml_type_from_name(name, out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quant ", flag_value, ": '", name, "' is not a ggml type name"));
+  }
+  return absl::OkStatus();
+}
+
+// "TYPE" sets both; "TYPE,expert=TYPE" or "expert=TYPE" sets the experts apart.
+absl::Status ParseQuant(const std::string& value, FixtureSpec* spec) {
+  bool dense_given = false;
+  bool expert_given = false;
+  for (absl::string_view part_view : absl::StrSplit(value, ',')) {
+    const std::string part(part_view);
+    if (part.rfind("expert=", 0) == 0) {
+      if (expert_given) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--quant ", value, ": expert= is given twice"));
+      }
+      expert_given = true;
+      if (absl::Status s = ParseType(value, part.substr(7), &spec->expert_type); !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    if (dense_given) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--quant ", value, ": expected TYPE[,expert=TYPE], got a second type '", part, "'"));
+    }
+    dense_given = true;
+    if (absl::Status s = ParseType(value, part, &spec->dense_type); !s.ok()) return s;
+  }
+  if (!expert_given) spec->expert_type = spec->dense_type;
+  return absl::OkStatus();
+}
+
+absl::Status MakeFixture(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("make-fixture takes no arguments, got '", args[0], "'"));
+  }
+  const std::string path = absl::GetFlag(FLAGS_o);
+  if (path.empty()) return absl::InvalidArgumentError("-o FILE.gguf is required");
+
+  FixtureSpec spec;
+  const std::string arch = absl::GetFlag(FLAGS_arch);
+  if (!arch_from_name(arch, &spec.arch)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--arch ", arch, " is not one of qwen3moe, olmoe, qwen2moe, mixtral"));
+  }
+  spec.n_layer = absl::GetFlag(FLAGS_layers);
+  spec.n_expert = absl::GetFlag(FLAGS_experts);
+  spec.n_expert_used = absl::GetFlag(FLAGS_top_k);
+  spec.n_embd = absl::GetFlag(FLAGS_embd);
+  spec.n_ff_exp = absl::GetFlag(FLAGS_ff);
+  spec.n_ff_shexp = absl::GetFlag(FLAGS_shared_ff);
+  spec.n_head = absl::GetFlag(FLAGS_heads);
+  spec.n_head_kv = absl::GetFlag(FLAGS_kv_heads);
+  if (spec.n_head_kv == 0) {
+    const bool halve = spec.arch != Arch::kOlmoe && spec.n_head % 2 == 0;
+    spec.n_head_kv = halve ? spec.n_head / 2 : spec.n_head;
+  }
+  spec.head_dim = absl::GetFlag(FLAGS_head_dim);
+  spec.n_vocab = absl::GetFlag(FLAGS_vocab);
+  const int ctx = absl::GetFlag(FLAGS_ctx);
+  spec.n_ctx_train = ctx != 0 ? ctx : kDefaultTrainContext;
+  if (absl::Status s = ParseQuant(absl::GetFlag(FLAGS_quant), &spec); !s.ok()) return s;
+  spec.router_skew = static_cast<float>(absl::GetFlag(FLAGS_router_skew));
+  spec.seed = absl::GetFlag(FLAGS_seed);
+  spec.legacy_experts = absl::GetFlag(FLAGS_legacy_experts);
+  spec.tied_output = absl::GetFlag(FLAGS_tied_output);
+
+  if (absl::Status s = WriteFixture(spec, path); !s.ok()) return s;
+  // Reading the file back both validates it and gives the numbers to print.
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  if (!file.ok()) return file.status();
+  std::printf("wrote %s: %s, %d layers, %d experts (top-%d), %zu tensors, %.2f MiB\n", path.c_str(),
+              std::string(arch_gguf_name(spec.arch)).c_str(), spec.n_layer, spec.n_expert,
+              spec.n_expert_used, (*file)->tensors().size(),
+              static_cast<double>((*file)->file_size()) / (1024.0 * 1024.0));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunMakeFixture(const std::vector<std::string>& args) {
+  if (absl::Status s = MakeFixture(args); !s.ok()) {
+    std::fprintf(stderr, "moegraph make-fixture: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace moegraph
