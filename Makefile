@@ -9,7 +9,7 @@ FIXTURE    ?= $(BUILD)/fixtures/qwen3moe-tiny.gguf
 FUZZ_SECONDS ?= 60
 MOEGRAPH   := $(BUILD)/tools/moegraph
 
-.PHONY: all deps build fixture run test test-sanitize bench clean
+.PHONY: all deps build fixture run test test-sanitize bench crosscheck clean
 
 all: build
 
@@ -43,6 +43,11 @@ test-sanitize: deps
 
 bench: build
 	$(BUILD)/tools/moegraph_bench --benchmark_min_time=0.5
+
+# The oracle's greedy tokens against llama.cpp's (node-llama-cpp's prebuilt CPU
+# binary, installed from npm into tools/llama-crosscheck/node_modules).
+crosscheck: build
+	tools/llama-crosscheck/run.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD)

@@ -222,8 +222,24 @@ std::vector<float> SwigluFfn(const WeightView& gate, const WeightView& up, const
 
 }  // namespace
 
+void ModelExpertProvider::Provide(int layer, absl::Span<const int32_t> experts,
+                                  absl::Span<ExpertWeights> weights) {
+  CheckOrDie(weights.size() == experts.size(), "ModelExpertProvider: one view per expert");
+  for (size_t r = 0; r < experts.size(); ++r) {
+    weights[r] = {model_.expert(layer, ExpertProj::kGate, experts[r]),
+                  model_.expert(layer, ExpertProj::kUp, experts[r]),
+                  model_.expert(layer, ExpertProj::kDown, experts[r])};
+  }
+}
+
 void MoeFfn(const Model& model, int layer, absl::Span<const float> x, absl::Span<float> out,
             std::vector<int32_t>* selected) {
+  ModelExpertProvider experts(model);
+  MoeFfn(model, layer, experts, x, out, selected);
+}
+
+void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<const float> x,
+            absl::Span<float> out, std::vector<int32_t>* selected) {
   const ModelConfig& cfg = model.config;
   const LayerTensors& lt = model.layers[static_cast<size_t>(layer)];
   const int64_t n_embd = cfg.n_embd;
@@ -254,27 +270,18 @@ void MoeFfn(const Model& model, int layer, absl::Span<const float> x, absl::Span
     }
   }
 
-  // Each expert runs once on the rows routed to it; outputs land per (row, rank)
-  // so the weighted sum below adds them in rank order, as llama.cpp's chain of
-  // ggml_add over cur_experts[0..k) does.
+  // Row by row, each selected expert runs on the row; outputs land per (row,
+  // rank) so the weighted sum below adds them in rank order, as llama.cpp's chain
+  // of ggml_add over cur_experts[0..k) does. Every op treats rows independently,
+  // so this equals running each expert once on all of its rows, bit for bit.
   std::vector<float> expert_out(static_cast<size_t>(n_rows * k * n_embd));
-  std::vector<int64_t> slots;  // (row * k + rank) routed to the current expert
-  std::vector<float> gathered;
-  for (int e = 0; e < n_expert; ++e) {
-    slots.clear();
-    for (size_t s = 0; s < chosen.size(); ++s) {
-      if (chosen[s] == e) slots.push_back(static_cast<int64_t>(s));
-    }
-    if (slots.empty()) continue;
-    gathered.resize(slots.size() * static_cast<size_t>(n_embd));
-    for (size_t i = 0; i < slots.size(); ++i) {
-      std::copy_n(x.data() + (slots[i] / k) * n_embd, n_embd, gathered.data() + i * n_embd);
-    }
-    const std::vector<float> y = SwigluFfn(model.expert(layer, ExpertProj::kGate, e),
-                                           model.expert(layer, ExpertProj::kUp, e),
-                                           model.expert(layer, ExpertProj::kDown, e), gathered);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      std::copy_n(y.data() + i * n_embd, n_embd, expert_out.data() + slots[i] * n_embd);
+  std::vector<ExpertWeights> views(static_cast<size_t>(k));
+  for (int64_t t = 0; t < n_rows; ++t) {
+    experts.Provide(layer, absl::MakeConstSpan(chosen).subspan(t * k, k), absl::MakeSpan(views));
+    const absl::Span<const float> row = x.subspan(t * n_embd, n_embd);
+    for (int r = 0; r < k; ++r) {
+      const std::vector<float> y = SwigluFfn(views[r].gate, views[r].up, views[r].down, row);
+      std::copy_n(y.data(), n_embd, expert_out.data() + (t * k + r) * n_embd);
     }
   }
 

@@ -75,10 +75,40 @@ void Attention(absl::Span<const float> q, absl::Span<const int32_t> q_pos,
                absl::Span<const float> k_cache, absl::Span<const float> v_cache, int n_head,
                int n_head_kv, int head_dim, float kq_scale, absl::Span<float> out);
 
+// One routed expert's matrices.
+struct ExpertWeights {
+  WeightView gate, up, down;
+};
+
+// Where MoeFfn finds the routed experts' weights: the model file itself, or a
+// cache of copies (the CPU backend's slots). Provide is called once per (row,
+// layer), rows in order, with the row's k selected ids in router rank order, and
+// fills weights[r] for rank r; the views need only stay valid until the next call.
+class ExpertProvider {
+ public:
+  virtual ~ExpertProvider() = default;
+  virtual void Provide(int layer, absl::Span<const int32_t> experts,
+                       absl::Span<ExpertWeights> weights) = 0;
+};
+
+// The model's own slices (Model::expert).
+class ModelExpertProvider final : public ExpertProvider {
+ public:
+  explicit ModelExpertProvider(const Model& model) : model_(model) {}
+  void Provide(int layer, absl::Span<const int32_t> experts,
+               absl::Span<ExpertWeights> weights) override;
+
+ private:
+  const Model& model_;
+};
+
 // The feed-forward block of one MoE layer (llm_graph_context::build_moe_ffn,
 // plus the qwen2moe shared expert) on rows of n_embd that are already
-// ffn-normed. When selected is not null it receives n_expert_used expert ids per
-// row, in router rank order.
+// ffn-normed, with the routed experts' weights from experts. When selected is
+// not null it receives n_expert_used expert ids per row, in router rank order.
+void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<const float> x,
+            absl::Span<float> out, std::vector<int32_t>* selected = nullptr);
+// The same with the model's own expert slices.
 void MoeFfn(const Model& model, int layer, absl::Span<const float> x, absl::Span<float> out,
             std::vector<int32_t>* selected = nullptr);
 

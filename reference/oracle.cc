@@ -56,7 +56,9 @@ std::vector<const GgufTensor*> TensorsRead(const Model& model) {
 
 class CpuOracle final : public Oracle {
  public:
-  CpuOracle(const Model& model, int max_ctx) : model_(model), max_ctx_(max_ctx) {
+  CpuOracle(const Model& model, int max_ctx, ExpertProvider* experts)
+      : model_(model), max_ctx_(max_ctx), model_experts_(model),
+        experts_(experts != nullptr ? experts : &model_experts_) {
     for (const LayerTensors& lt : model.layers) {
       layers_.push_back({TensorToFloat(*lt.attn_norm), TensorToFloat(*lt.ffn_norm),
                          OptionalTensor(lt.q_norm), OptionalTensor(lt.k_norm),
@@ -82,6 +84,8 @@ class CpuOracle final : public Oracle {
 
   const Model& model_;
   const int max_ctx_;
+  ModelExpertProvider model_experts_;
+  ExpertProvider* experts_;  // model_experts_ or the caller's
   int n_past_ = 0;
   std::vector<LayerVectors> layers_;
   std::vector<float> output_norm_;
@@ -158,7 +162,7 @@ absl::StatusOr<std::vector<float>> CpuOracle::Forward(absl::Span<const int32_t> 
     AttentionBlock(il, h, positions, absl::MakeSpan(block_out));
     AddInPlace(block_out, absl::MakeSpan(x));
     RmsNorm(x, layers_[il].ffn_norm, cfg.rms_eps, absl::MakeSpan(h));
-    MoeFfn(model_, il, h, absl::MakeSpan(block_out));
+    MoeFfn(model_, il, *experts_, h, absl::MakeSpan(block_out));
     AddInPlace(block_out, absl::MakeSpan(x));
   }
   n_past_ += n_tokens;
@@ -175,7 +179,8 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Oracle>> Oracle::Create(const Model& model, int max_ctx) {
+absl::StatusOr<std::unique_ptr<Oracle>> Oracle::Create(const Model& model, int max_ctx,
+                                                      ExpertProvider* experts) {
   if (max_ctx <= 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("oracle: context size %d must be positive", max_ctx));
@@ -187,7 +192,7 @@ absl::StatusOr<std::unique_ptr<Oracle>> Oracle::Create(const Model& model, int m
           absl::StrFormat("type %s is not supported by the CPU oracle", ggml_type_name(t->type)));
     }
   }
-  return std::unique_ptr<Oracle>(new CpuOracle(model, max_ctx));
+  return std::unique_ptr<Oracle>(new CpuOracle(model, max_ctx, experts));
 }
 
 absl::StatusOr<std::vector<int32_t>> Oracle::Generate(absl::Span<const int32_t> prompt,

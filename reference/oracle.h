@@ -22,10 +22,15 @@ struct GenerateStats {
   double decode_seconds = 0;
 };
 
+class ExpertProvider;  // reference/ops.h
+
 class Oracle {
  public:
   // model (and the file behind it) must outlive the oracle. max_ctx bounds the KV cache.
-  static absl::StatusOr<std::unique_ptr<Oracle>> Create(const Model& model, int max_ctx);
+  // experts, when not null, supplies the routed experts' weights (and must outlive
+  // the oracle); null reads them from the model's own tensors.
+  static absl::StatusOr<std::unique_ptr<Oracle>> Create(const Model& model, int max_ctx,
+                                                        ExpertProvider* experts = nullptr);
   virtual ~Oracle() = default;
 
   // Appends tokens at positions n_past() .. n_past()+T-1 with causal attention over

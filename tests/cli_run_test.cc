@@ -1,5 +1,6 @@
 // `moegraph run` as a user runs it: the binary in a subprocess on a fixture file,
-// its generated ids checked against the oracle run in-process.
+// its generated ids checked against the oracle run in-process at several slot
+// counts, and its banner and summary lines against the fixture's geometry.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,14 +96,62 @@ TEST_F(CliRunTest, GeneratedIdsEqualTheOracleInProcess) {
   absl::StatusOr<std::vector<int32_t>> want = (*oracle)->Generate(prompt, kPredict);
   ASSERT_TRUE(want.ok()) << want.status();
 
-  for (const char* backend : {"auto", "cpu"}) {
-    const CommandResult run = RunMoegraph(
-        "-m " + *path_ + " --tokens 1,2,3 -n 8 --backend " + backend, /*with_stderr=*/false);
-    ASSERT_EQ(run.exit_code, 0) << backend << "\n" << run.output;
+  // Every slot count, down to heavy eviction at --slots 2 (top-k), gives the oracle's ids.
+  for (const char* args : {"--backend auto", "--backend cpu", "--backend cpu --slots 2",
+                           "--slots 5", "--slots auto"}) {
+    const CommandResult run =
+        RunMoegraph("-m " + *path_ + " --tokens 1,2,3 -n 8 " + args, /*with_stderr=*/false);
+    ASSERT_EQ(run.exit_code, 0) << args << "\n" << run.output;
     EXPECT_EQ(IdsAfter(run.output, "prompt"), prompt) << run.output;
     EXPECT_EQ(IdsAfter(run.output, "generated"), *want) << run.output;
     EXPECT_NE(run.output.find("tok/s"), std::string::npos) << run.output;
   }
+}
+
+// The number before `suffix` on the line starting with `label`, or -1.
+double NumberBefore(const std::string& output, const std::string& label,
+                    const std::string& suffix) {
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(label, 0) != 0) continue;
+    const size_t end = line.find(suffix);
+    if (end == std::string::npos) return -1;
+    const size_t begin = line.find_last_of(" (", end - 1);
+    return std::stod(line.substr(begin + 1, end - begin - 1));
+  }
+  return -1;
+}
+
+TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
+  // The fixture has 2 layers of 8 experts: auto gives 16 slots, nothing is evicted.
+  const CommandResult all = RunMoegraph("-m " + *path_ + " --tokens 1,2,3 -n 8", false);
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  EXPECT_EQ(NumberBefore(all.output, "backend cpu: slru", " slots (auto"), 16) << all.output;
+  EXPECT_EQ(NumberBefore(all.output, "backend cpu: 10 tokens", " evictions"), 0) << all.output;
+  const double all_misses = NumberBefore(all.output, "backend cpu: 10 tokens", " misses");
+  EXPECT_GT(all_misses, 0) << all.output;
+  EXPECT_LE(all_misses, 16) << all.output;
+
+  // 2 slots for 2 layers with top-k 2: every step of every layer misses.
+  const CommandResult tight = RunMoegraph("-m " + *path_ + " --tokens 1,2,3 -n 8 --slots 2", false);
+  ASSERT_EQ(tight.exit_code, 0) << tight.output;
+  EXPECT_EQ(NumberBefore(tight.output, "backend cpu: slru", " slots;"), 2) << tight.output;
+  EXPECT_EQ(NumberBefore(tight.output, "backend cpu: 10 tokens", " misses"), 10 * 2 * 2)
+      << tight.output;
+  EXPECT_EQ(NumberBefore(tight.output, "backend cpu: 10 tokens", "%"), 0) << tight.output;
+  EXPECT_GT(NumberBefore(tight.output, "backend cpu: 10 tokens", " evictions"), 0)
+      << tight.output;
+}
+
+TEST_F(CliRunTest, BadSlotCountsNameTheFlag) {
+  const CommandResult below = RunMoegraph("-m " + *path_ + " --tokens 1 -n 2 --slots 1", true);
+  EXPECT_EQ(below.exit_code, 1);
+  EXPECT_NE(below.output.find("--slots 1 is below --top-k 2"), std::string::npos)
+      << below.output;
+  const CommandResult word = RunMoegraph("-m " + *path_ + " --tokens 1 -n 2 --slots many", true);
+  EXPECT_EQ(word.exit_code, 1);
+  EXPECT_NE(word.output.find("--slots 'many'"), std::string::npos) << word.output;
 }
 
 TEST_F(CliRunTest, AnExplicitContextGivesTheSameIds) {

@@ -17,9 +17,13 @@
 #include "tools/commands.h"
 
 ABSL_FLAG(std::string, arch, "qwen3moe", "make-fixture: qwen3moe | olmoe | qwen2moe | mixtral");
-ABSL_FLAG(int32_t, layers, 2, "make-fixture: number of layers");
-ABSL_FLAG(int32_t, experts, 8, "make-fixture: routed experts per layer");
-ABSL_FLAG(int32_t, top_k, 2, "make-fixture: experts used per token");
+ABSL_FLAG(int32_t, layers, 0,
+          "number of layers (0: the command's default: make-fixture 2, trace synth 48)");
+ABSL_FLAG(int32_t, experts, 0,
+          "routed experts per layer (0: the command's default: make-fixture 8, trace synth 128, "
+          "trace stats and simulate: the largest id in the trace + 1)");
+ABSL_FLAG(int32_t, top_k, 0,
+          "experts used per token (0: the command's default: make-fixture 2, trace synth 8)");
 ABSL_FLAG(int32_t, embd, 64, "make-fixture: embedding width");
 ABSL_FLAG(int32_t, ff, 32, "make-fixture: hidden size of one routed expert");
 ABSL_FLAG(int32_t, shared_ff, 0,
@@ -36,14 +40,12 @@ ABSL_FLAG(std::string, quant, "f32",
           "norms, biases and routers stay f32");
 ABSL_FLAG(double, router_skew, 0.0,
           "make-fixture: 0 routes tokens evenly; larger values make a few experts dominate");
-ABSL_FLAG(uint64_t, seed, 1, "make-fixture: random seed (the same seed writes the same bytes)");
+ABSL_FLAG(uint64_t, seed, 1,
+          "make-fixture, trace synth: random seed (the same seed writes the same bytes)");
 ABSL_FLAG(bool, legacy_experts, false,
           "make-fixture: mixtral only: per-expert ffn_gate.N tensors instead of merged ones");
 ABSL_FLAG(bool, tied_output, false,
           "make-fixture: qwen3moe and mixtral: omit output.weight (lm_head is token_embd)");
-// --ctx is shared with `run` (defined in cmd_run.cc); here it is the training
-// context written to the file.
-ABSL_DECLARE_FLAG(int32_t, ctx);
 
 namespace moegraph {
 namespace {
@@ -100,9 +102,9 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
     return absl::InvalidArgumentError(
         absl::StrCat("--arch ", arch, " is not one of qwen3moe, olmoe, qwen2moe, mixtral"));
   }
-  spec.n_layer = absl::GetFlag(FLAGS_layers);
-  spec.n_expert = absl::GetFlag(FLAGS_experts);
-  spec.n_expert_used = absl::GetFlag(FLAGS_top_k);
+  spec.n_layer = FlagOr(FLAGS_layers, spec.n_layer);
+  spec.n_expert = FlagOr(FLAGS_experts, spec.n_expert);
+  spec.n_expert_used = FlagOr(FLAGS_top_k, spec.n_expert_used);
   spec.n_embd = absl::GetFlag(FLAGS_embd);
   spec.n_ff_exp = absl::GetFlag(FLAGS_ff);
   spec.n_ff_shexp = absl::GetFlag(FLAGS_shared_ff);

@@ -1,10 +1,15 @@
-// moegraph run: greedy decode of token ids, printed as ids, with tok/s.
+// moegraph run: greedy decode of token ids, printed as ids, with tok/s. The CPU
+// backend runs the engine's expert path on the host: experts repacked into
+// blocks, a residency cache of slots, one T=1 step per token.
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -15,13 +20,17 @@
 #include "absl/strings/str_split.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
-#include "reference/oracle.h"
+#include "loader/placement.h"
+#include "loader/status_util.h"
+#include "reference/cpu_backend.h"
+#include "residency/simulator.h"
 #include "tools/commands.h"
+
+// Shared with simulate (a list there); run takes one count or auto.
 
 ABSL_FLAG(std::string, tokens, "", "run: prompt token ids, comma-separated (e.g. 1,2,3)");
 ABSL_FLAG(int32_t, n, 16, "run: number of tokens to generate");
 ABSL_FLAG(std::string, backend, "auto", "run: cpu | cuda | auto (auto picks the best built in)");
-ABSL_FLAG(int32_t, ctx, 0, "run: context size; 0 fits the prompt and the generated tokens");
 
 namespace moegraph {
 namespace {
@@ -44,6 +53,56 @@ absl::StatusOr<std::vector<int32_t>> ParseTokens(const std::string& text) {
 
 std::string Rate(int tokens, double seconds) {
   return tokens > 0 && seconds > 0 ? absl::StrFormat("%.2f tok/s", tokens / seconds) : "n/a";
+}
+
+double Mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// --slots N | auto (the default); 0 means auto.
+absl::StatusOr<int32_t> ParseSlots() {
+  const std::string text = absl::GetFlag(FLAGS_slots);
+  if (text.empty() || text == "auto") return 0;
+  int32_t n = 0;
+  if (!absl::SimpleAtoi(text, &n) || n < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--slots '%s' is not a positive slot count or auto", text));
+  }
+  return n;
+}
+
+// A \r-rewritten line on stderr while the experts load, only on a terminal.
+LoadProgressFn TerminalProgress() {
+  if (isatty(STDERR_FILENO) == 0) return nullptr;
+  return [last_print = -1.0](uint64_t done, uint64_t total, double seconds) mutable {
+    if (done < total && seconds - last_print < 0.1) return;
+    last_print = seconds;
+    std::fprintf(stderr, "\rloading experts: %.1f / %.1f MiB (%.0f MiB/s)", Mib(done), Mib(total),
+                 seconds > 0 ? Mib(done) / seconds : 0.0);
+    if (done == total) std::fputc('\n', stderr);
+  };
+}
+
+// One line: the policy and the slot arithmetic of every size class.
+std::string Banner(const CpuBackend& backend, const ExpertStore& store,
+                   const CpuBackendOptions& options) {
+  int32_t slots = 0;
+  uint64_t pool_bytes = 0;
+  std::string classes;
+  for (size_t c = 0; c < backend.pools().size(); ++c) {
+    const SlotPoolInfo& pool = backend.pools()[c];
+    absl::StrAppendFormat(&classes, "; class %d: %d layers, %d slots x %.3f MiB = %.2f MiB", c,
+                          pool.layers.size(), pool.n_slots, Mib(pool.block_bytes),
+                          Mib(pool.pool_bytes()));
+    slots += pool.n_slots;
+    pool_bytes += pool.pool_bytes();
+  }
+  const std::string policy =
+      options.policy == CachePolicy::kLru
+          ? std::string("lru")
+          : absl::StrFormat("slru (protected %.2f)", options.protected_frac);
+  return absl::StrFormat("backend cpu: %s, %s pool, %d slots%s%s; pool %.2f MiB, experts %.2f MiB",
+                         policy, Av(PoolModeName(options.pool_mode)), slots,
+                         options.n_slots == 0 ? " (auto: every expert)" : "", classes,
+                         Mib(pool_bytes), Mib(store.total_bytes()));
 }
 
 absl::Status Run() {
@@ -87,19 +146,29 @@ absl::Status Run() {
     }
   }
 
-  // No GPU backend is built yet, so auto runs the CPU oracle.
-  absl::StatusOr<std::unique_ptr<Oracle>> oracle = Oracle::Create(*model, ctx);
-  if (!oracle.ok()) return oracle.status();
+  // No GPU backend is built yet, so auto runs the CPU backend.
+  CpuBackendOptions options;
+  options.max_ctx = ctx;
+  options.protected_frac = kDefaultProtectedFrac;
+  MG_ASSIGN_OR_RETURN(options.n_slots, ParseSlots());
+  MG_ASSIGN_OR_RETURN(ExpertStore store,
+                      ExpertStore::Create(*model, AlignedHostAllocator(), TerminalProgress()));
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Create(*model, store, options));
+  std::printf("%s\n", Banner(*cpu, store, options).c_str());
   GenerateStats stats;
-  absl::StatusOr<std::vector<int32_t>> generated = (*oracle)->Generate(*prompt, n_predict, &stats);
-  if (!generated.ok()) return generated.status();
+  MG_ASSIGN_OR_RETURN(std::vector<int32_t> generated, cpu->Generate(*prompt, n_predict, &stats));
 
   std::printf("prompt: %s\n", absl::StrJoin(*prompt, " ").c_str());
-  std::printf("generated: %s\n", absl::StrJoin(*generated, " ").c_str());
-  std::printf("backend cpu: %d prompt tokens, %s; %d generated, %s (%d decode steps)\n",
-              stats.prompt_tokens, Rate(stats.prompt_tokens, stats.prompt_seconds).c_str(),
-              static_cast<int>(generated->size()),
-              Rate(stats.decode_steps, stats.decode_seconds).c_str(), stats.decode_steps);
+  std::printf("generated: %s\n", absl::StrJoin(generated, " ").c_str());
+  const EngineCounters& c = cpu->counters();
+  const uint64_t selected = c.hits + c.misses;
+  absl::PrintF(
+      "backend cpu: %d tokens (%d prompt, %s; %d generated, %s); hit %.1f%%, %d misses, "
+      "%d evictions, %.2f MiB staged\n",
+      c.steps, stats.prompt_tokens, Rate(stats.prompt_tokens, stats.prompt_seconds),
+      generated.size(), Rate(stats.decode_steps, stats.decode_seconds),
+      selected > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(selected) : 0.0,
+      c.misses, c.evictions, Mib(c.bytes_staged));
   return absl::OkStatus();
 }
 

@@ -4,18 +4,36 @@
 // them; flags shared by several commands are declared here.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
 
 ABSL_DECLARE_FLAG(std::string, m);  // model file
 ABSL_DECLARE_FLAG(std::string, o);  // output file or format
+ABSL_DECLARE_FLAG(int32_t, ctx);    // context size
+// Shared by make-fixture, trace and simulate; 0 means the command's own default.
+ABSL_DECLARE_FLAG(int32_t, layers);
+ABSL_DECLARE_FLAG(int32_t, experts);
+ABSL_DECLARE_FLAG(int32_t, top_k);
+// Shared by simulate (a list) and run (N or auto); empty means the command's default.
+ABSL_DECLARE_FLAG(std::string, slots);
 
 namespace moegraph {
+
+// A shared numeric flag whose 0 stands for the command's own default.
+template <typename T>
+T FlagOr(const absl::Flag<T>& flag, T command_default) {
+  const T value = absl::GetFlag(flag);
+  return value != T{0} ? value : command_default;
+}
 
 int RunInspect(const std::vector<std::string>& args);
 int RunMakeFixture(const std::vector<std::string>& args);
 int RunRun(const std::vector<std::string>& args);
+int RunTrace(const std::vector<std::string>& args);
+int RunSimulate(const std::vector<std::string>& args);
 
 }  // namespace moegraph

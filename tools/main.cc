@@ -12,6 +12,9 @@
 
 ABSL_FLAG(std::string, m, "", "model file (GGUF)");
 ABSL_FLAG(std::string, o, "", "output: a file path, or a format (md|json) for report commands");
+ABSL_FLAG(int32_t, ctx, 0,
+          "context size: run: the KV cache (0 fits the prompt and the generated tokens); "
+          "make-fixture: {arch}.context_length written (0: 4096)");
 
 namespace {
 
@@ -28,6 +31,10 @@ constexpr Command kCommands[] = {
      moegraph::RunMakeFixture},
     {"run", "-m FILE --tokens 1,2,3 -n N: greedy decode, prints token ids and tok/s",
      moegraph::RunRun},
+    {"trace", "stats FILE | synth -o FILE | convert IN OUT: routing traces (JSONL or binary)",
+     moegraph::RunTrace},
+    {"simulate", "--trace F --policy lru,slru,default,opt --slots 16,32,64: hit rates and cost model",
+     moegraph::RunSimulate},
 };
 
 // Abseil flag names cannot hold '-', but llama.cpp-style flags do (--top-k):

@@ -1,0 +1,232 @@
+#include "reference/cpu_backend.h"
+
+#include <cstring>
+#include <new>
+#include <optional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "loader/check.h"
+#include "loader/status_util.h"
+#include "reference/ops.h"
+
+namespace moegraph {
+namespace {
+
+// Slots start on block boundaries (kBlockAlignment); the page alignment of the
+// buffer itself is for parity with the store.
+constexpr std::align_val_t kSlotBufferAlignment{4096};
+
+struct AlignedDelete {
+  void operator()(uint8_t* p) const { ::operator delete(p, kSlotBufferAlignment); }
+};
+using SlotBuffer = std::unique_ptr<uint8_t, AlignedDelete>;
+
+// Slots each size class gets: in proportion to its layers, the remainder to the
+// first classes. With every expert fitting (N = n_layer * n_expert) each class
+// gets exactly its own experts.
+std::vector<int32_t> SplitSlots(int32_t n_slots, const std::vector<SizeClass>& classes,
+                                int n_layer) {
+  std::vector<int32_t> split;
+  int32_t given = 0;
+  for (const SizeClass& c : classes) {
+    split.push_back(static_cast<int32_t>(static_cast<int64_t>(n_slots) *
+                                         static_cast<int64_t>(c.layers.size()) / n_layer));
+    given += split.back();
+  }
+  for (size_t c = 0; given < n_slots; ++c, ++given) ++split[c];
+  return split;
+}
+
+}  // namespace
+
+// The expert provider of the forward pass: the residency step, the stage copies
+// and the slot views, one size class pool each.
+class CpuBackend::SlotExperts final : public ExpertProvider {
+ public:
+  struct Pool {
+    SlotPoolInfo info;
+    std::optional<ResidencyCache> cache;  // empty with the cache off
+    SlotBuffer slots;
+
+    uint8_t* slot(int32_t index) const {
+      MG_CHECK(index >= 0 && index < info.n_slots, "CpuBackend: slot out of range");
+      return slots.get() + static_cast<size_t>(index) * info.block_bytes;
+    }
+  };
+
+  SlotExperts(const ExpertStore& store, int k) : store_(store), k_(k) {
+    local_layer_.resize(static_cast<size_t>(store.n_layer()));
+  }
+
+  absl::Status AddPools(const CpuBackendOptions& options) {
+    const std::vector<SizeClass>& classes = store_.size_classes();
+    const int n_layer = store_.n_layer();
+    const int32_t requested =
+        options.n_slots == 0 ? n_layer * store_.n_expert() : options.n_slots;
+    const std::vector<int32_t> split = SplitSlots(requested, classes, n_layer);
+    for (size_t c = 0; c < classes.size(); ++c) {
+      Pool pool;
+      pool.info.block_bytes = classes[c].block_bytes;
+      pool.info.layers = classes[c].layers;
+      for (size_t i = 0; i < classes[c].layers.size(); ++i) {
+        local_layer_[static_cast<size_t>(classes[c].layers[i])] = static_cast<int32_t>(i);
+      }
+      if (options.cache) {
+        // One class: ResidencyCache::Create names the shortfall itself.
+        if (classes.size() > 1 && split[c] < k_) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "--slots %d leaves size class %d (%d of %d layers) %d slot(s), fewer than --top-k %d",
+              requested, c, classes[c].layers.size(), n_layer, split[c], k_));
+        }
+        CacheConfig config;
+        config.n_layer = static_cast<int32_t>(classes[c].layers.size());
+        config.n_expert = store_.n_expert();
+        config.k = k_;
+        config.n_slots = split[c];
+        config.protected_frac =
+            options.policy == CachePolicy::kSlru ? options.protected_frac : 0.0;
+        config.pool_mode = options.pool_mode;
+        MG_ASSIGN_OR_RETURN(ResidencyCache cache, ResidencyCache::Create(config));
+        pool.info.n_slots = cache.config().n_slots;
+        pool.cache.emplace(std::move(cache));
+      } else {
+        pool.info.n_slots = k_;
+      }
+      const size_t bytes = pool.info.pool_bytes();
+      pool.slots.reset(
+          static_cast<uint8_t*>(::operator new(bytes, kSlotBufferAlignment, std::nothrow)));
+      if (pool.slots == nullptr) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "--slots: cannot allocate the slot pool of size class %d (%d slots x %d bytes)", c,
+            pool.info.n_slots, pool.info.block_bytes));
+      }
+      pools_.push_back(std::move(pool));
+    }
+    return absl::OkStatus();
+  }
+
+  void Provide(int layer, absl::Span<const int32_t> experts,
+               absl::Span<ExpertWeights> weights) override {
+    MG_CHECK(static_cast<int>(experts.size()) == k_ && weights.size() == experts.size(),
+             "CpuBackend: k experts and k views per provide");
+    routing_.insert(routing_.end(), experts.begin(), experts.end());
+    Pool& pool = pools_[static_cast<size_t>(store_.class_of(layer))];
+    if (pool.cache.has_value()) {
+      const LayerStep& step =
+          pool.cache->Step(local_layer_[static_cast<size_t>(layer)], experts.data());
+      counters_.hits += static_cast<uint64_t>(step.outcome.n_hits);
+      counters_.evictions += static_cast<uint64_t>(step.outcome.n_evictions);
+      for (int r = 0; r < k_; ++r) {
+        if (step.missed[r]) Stage(pool, step.slot_of_rank[r], layer, experts[r]);
+        weights[r] = SlotWeights(pool, step.slot_of_rank[r], layer);
+      }
+    } else {
+      for (int r = 0; r < k_; ++r) {
+        Stage(pool, r, layer, experts[r]);
+        weights[r] = SlotWeights(pool, r, layer);
+      }
+    }
+  }
+
+  void CountStep() { ++counters_.steps; }
+  const EngineCounters& counters() const { return counters_; }
+  const std::vector<Pool>& pools() const { return pools_; }
+  const std::vector<int32_t>& routing() const { return routing_; }
+
+ private:
+  void Stage(Pool& pool, int32_t slot, int layer, int32_t expert) {
+    std::memcpy(pool.slot(slot), store_.block(layer, expert), pool.info.block_bytes);
+    ++counters_.misses;
+    counters_.bytes_staged += pool.info.block_bytes;
+  }
+
+  ExpertWeights SlotWeights(const Pool& pool, int32_t slot, int layer) const {
+    const ExpertBlockLayout& layout = store_.layout(layer);
+    const uint8_t* block = pool.slot(slot);
+    return {ProjectionView(layout, ExpertProj::kGate, block),
+            ProjectionView(layout, ExpertProj::kUp, block),
+            ProjectionView(layout, ExpertProj::kDown, block)};
+  }
+
+  const ExpertStore& store_;
+  const int k_;
+  std::vector<int32_t> local_layer_;  // model layer -> its number in its class's cache
+  std::vector<Pool> pools_;
+  EngineCounters counters_;
+  std::vector<int32_t> routing_;
+};
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Model& model,
+                                                               const ExpertStore& store,
+                                                               const CpuBackendOptions& options) {
+  MG_CHECK(store.n_layer() == model.config.n_layer && store.n_expert() == model.config.n_expert,
+           "CpuBackend: the expert store was built from another model");
+  if (options.n_slots < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--slots %d must be auto (0) or at least --top-k %d", options.n_slots,
+        model.config.n_expert_used));
+  }
+  std::unique_ptr<CpuBackend> backend(new CpuBackend());
+  backend->model_ = &model;
+  backend->max_ctx_ = options.max_ctx;
+  backend->experts_ = std::make_unique<SlotExperts>(store, model.config.n_expert_used);
+  MG_RETURN_IF_ERROR(backend->experts_->AddPools(options));
+  for (const SlotExperts::Pool& pool : backend->experts_->pools()) {
+    backend->pools_.push_back(pool.info);
+  }
+  MG_ASSIGN_OR_RETURN(backend->oracle_,
+                      Oracle::Create(model, options.max_ctx, backend->experts_.get()));
+  return backend;
+}
+
+CpuBackend::~CpuBackend() = default;
+
+absl::StatusOr<std::vector<float>> CpuBackend::Forward(absl::Span<const int32_t> tokens) {
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError("cpu backend: Forward needs at least one token");
+  }
+  // Checked up front so that a bad batch leaves no step half done.
+  const int n_vocab = model_->config.n_vocab;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cpu backend: token %d at index %d is outside the vocabulary [0, %d)",
+                          tokens[i], i, n_vocab));
+    }
+  }
+  if (tokens.size() > static_cast<size_t>(max_ctx_ - n_past())) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("cpu backend: %d cached + %d new tokens exceed the context size %d",
+                        n_past(), tokens.size(), max_ctx_));
+  }
+  std::vector<float> logits;
+  for (const int32_t token : tokens) {
+    MG_ASSIGN_OR_RETURN(std::vector<float> step, oracle_->Forward({token}));
+    experts_->CountStep();
+    logits.insert(logits.end(), step.begin(), step.end());
+  }
+  return logits;
+}
+
+int CpuBackend::n_past() const { return oracle_->n_past(); }
+
+void CpuBackend::Reset() { oracle_->Reset(); }
+
+const EngineCounters& CpuBackend::counters() const { return experts_->counters(); }
+
+const std::vector<SlotPoolInfo>& CpuBackend::pools() const { return pools_; }
+
+const ResidencyCache* CpuBackend::cache(int size_class) const {
+  const SlotExperts::Pool& pool = experts_->pools()[static_cast<size_t>(size_class)];
+  return pool.cache.has_value() ? &*pool.cache : nullptr;
+}
+
+const uint8_t* CpuBackend::slot_block(int size_class, int32_t slot) const {
+  return experts_->pools()[static_cast<size_t>(size_class)].slot(slot);
+}
+
+const std::vector<int32_t>& CpuBackend::routing() const { return experts_->routing(); }
+
+}  // namespace moegraph

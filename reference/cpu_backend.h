@@ -1,0 +1,100 @@
+// The CPU backend: the oracle's forward pass with the engine's expert path. Each
+// token is one T=1 step (the prompt too, teacher forced, as on the GPU); per
+// layer the residency policy decides hits and misses, each missed expert's block
+// is staged from the ExpertStore into a host slot, and the experts compute from
+// the slots. Combine runs in router rank order, so tokens and logits equal the
+// oracle's bit for bit whatever hit or missed.
+//
+// Slots: one pool per size class of the store (layers with identical block
+// layouts). ResidencyCache has one slot size, so each class gets its own cache,
+// keyed by the class's layers renumbered 0.. in ascending order; with a single
+// class (the usual case) local and model layer numbers coincide.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "loader/model_config.h"
+#include "loader/placement.h"
+#include "reference/oracle.h"
+#include "residency/cache.h"
+
+namespace moegraph {
+
+enum class CachePolicy { kLru, kSlru };
+
+struct CpuBackendOptions {
+  int max_ctx = 0;  // KV cache positions
+  // Slots over all size classes; 0: every expert fits (n_layer * n_expert).
+  // Classes share them in proportion to their layer counts.
+  int32_t n_slots = 0;
+  CachePolicy policy = CachePolicy::kSlru;
+  double protected_frac = 0.8;  // slru only; lru protects nothing
+  PoolMode pool_mode = PoolMode::kGlobal;
+  // false: MOEGRAPH_MOE_CACHE=0, every selected expert is staged each step into
+  // k scratch slots of its class, and no residency state is kept.
+  bool cache = true;
+};
+
+// The expert path's engagement counters, incremented where the work happens
+// (the GPU engine keeps the same set in device memory).
+struct EngineCounters {
+  uint64_t steps = 0;         // T=1 forward steps (tokens fed)
+  uint64_t hits = 0;          // selected experts found in a slot
+  uint64_t misses = 0;        // selected experts staged (copied) into a slot
+  uint64_t evictions = 0;     // resident experts displaced by a miss
+  uint64_t bytes_staged = 0;  // block bytes copied into slots
+};
+
+// The slot pool of one size class.
+struct SlotPoolInfo {
+  size_t block_bytes = 0;
+  int32_t n_slots = 0;      // after clamping to the class's experts (cache on), k (cache off)
+  std::vector<int> layers;  // model layers served, ascending
+  size_t pool_bytes() const { return block_bytes * static_cast<size_t>(n_slots); }
+};
+
+// Drives like the oracle (Forward, Generate); Forward runs one step per token.
+// Reset clears the KV cache only: resident experts and counters carry over.
+class CpuBackend final : public Oracle {
+ public:
+  // model, its file and store must outlive the backend; store must hold model's
+  // experts. Errors name the flag: a pool below --top-k slots, a bad
+  // --protected-frac, a context size below 1, a slot pool that cannot be allocated.
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const Model& model,
+                                                            const ExpertStore& store,
+                                                            const CpuBackendOptions& options);
+  ~CpuBackend() override;
+
+  absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) override;
+  int n_past() const override;
+  void Reset() override;
+
+  const EngineCounters& counters() const;
+  // One per size class, indexed like store.size_classes().
+  const std::vector<SlotPoolInfo>& pools() const;
+  // The residency state of a size class's pool; null with the cache off.
+  const ResidencyCache* cache(int size_class) const;
+  // The bytes in one slot of a size class's pool (pools()[size_class].block_bytes).
+  const uint8_t* slot_block(int size_class, int32_t slot) const;
+  // The routing every step saw: k ids in router rank order per (step, layer), at
+  // [(step * n_layer + layer) * k, ... + k).
+  const std::vector<int32_t>& routing() const;
+
+ private:
+  class SlotExperts;
+  CpuBackend() = default;
+
+  const Model* model_ = nullptr;
+  int max_ctx_ = 0;
+  std::vector<SlotPoolInfo> pools_;
+
+  // Declared before oracle_, which calls into it, so it is destroyed after.
+  std::unique_ptr<SlotExperts> experts_;
+  std::unique_ptr<Oracle> oracle_;
+};
+
+}  // namespace moegraph

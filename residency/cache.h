@@ -1,0 +1,96 @@
+// The residency cache on the host: owns the policy state arrays of
+// residency/policy.h, split into pools, and steps them one layer at a time.
+// The simulator and the CPU backend use it; the CUDA engine keeps the same
+// arrays in device memory and runs the same step in a kernel.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "residency/policy.h"
+
+namespace moegraph {
+
+enum class PoolMode { kGlobal, kPerLayer };
+
+struct CacheConfig {
+  int32_t n_layer = 0;
+  int32_t n_expert = 0;
+  int32_t k = 0;  // experts selected per layer per step
+  int32_t n_slots = 0;
+  double protected_frac = 0.0;  // 0: LRU
+  PoolMode pool_mode = PoolMode::kGlobal;
+};
+
+// Per step of one layer: where each rank's expert lives and what changed.
+struct LayerStep {
+  StepOutcome outcome = {0, 0, 0};
+  std::vector<int32_t> slot_of_rank;  // [k]
+  std::vector<uint8_t> missed;        // [k]
+  std::vector<int32_t> evicted_keys;  // [outcome.n_evictions], in eviction order
+};
+
+// Slots are laid out pool after pool. kGlobal: one pool of every slot, keyed by
+// (layer, expert). kPerLayer: pool l serves layer l; the N slots are split as
+// evenly as possible, the first N mod n_layer layers getting one more. Each pool
+// protects P = floor(its slots * protected_frac) of them.
+//
+// Move-only: pools point into the cache's own counters, and a move keeps those
+// buffers where they are while a copy would not.
+class ResidencyCache {
+ public:
+  // Refuses a configuration it cannot run, naming the flag: "--slots 1 is below
+  // --top-k 2", or for per-layer pools "--slots 16 with --pool per-layer gives
+  // layer 31 0 slots, fewer than --top-k 2". More slots than n_layer * n_expert
+  // are clamped to that (every expert fits); config().n_slots is the clamped count.
+  static absl::StatusOr<ResidencyCache> Create(const CacheConfig& config);
+
+  ResidencyCache(ResidencyCache&&) = default;
+  ResidencyCache& operator=(ResidencyCache&&) = default;
+  ResidencyCache(const ResidencyCache&) = delete;
+  ResidencyCache& operator=(const ResidencyCache&) = delete;
+
+  // One layer's step. experts: k distinct ids in [0, n_expert), router rank
+  // order (out-of-range or repeated ids abort: the router never produces them).
+  // The result lives in a buffer of the cache, valid until the next Step: no
+  // allocation per step.
+  const LayerStep& Step(int32_t layer, const int32_t* experts);
+  // The same for ids as stored in a RoutingTrace row.
+  const LayerStep& Step(int32_t layer, const uint16_t* experts);
+
+  const CacheConfig& config() const { return config_; }
+  const std::vector<ResidencyPool>& pools() const { return pools_; }
+  int32_t pool_of_layer(int32_t layer) const { return pool_of_layer_[layer]; }
+  const std::vector<int32_t>& table() const { return table_; }
+  const std::vector<int32_t>& owner() const { return owner_; }
+  const std::vector<uint64_t>& stamp() const { return stamp_; }
+  const std::vector<uint8_t>& seg() const { return seg_; }
+
+  // Invariants after any step: table and owner are inverse maps, every key sits
+  // in its layer's pool, every pool has n_protected equal to its protected slots
+  // and at most P, empty slots are on probation, and the stamps of a pool's
+  // occupied slots are unique and below its clock. A message naming the first
+  // broken one, or OK.
+  absl::Status CheckInvariants() const;
+
+ private:
+  ResidencyCache() = default;
+  ResidencyState state();
+
+  CacheConfig config_;
+  std::vector<ResidencyPool> pools_;
+  std::vector<int32_t> pool_of_layer_;
+  std::vector<int32_t> table_, owner_;
+  std::vector<uint64_t> stamp_;
+  std::vector<uint8_t> seg_;
+  std::vector<int32_t> n_protected_;
+  std::vector<uint64_t> clock_;
+  // Per-step buffers, sized once by Create.
+  std::vector<int32_t> selected_keys_;
+  std::vector<int32_t> widened_experts_;
+  LayerStep step_;
+};
+
+}  // namespace moegraph
