@@ -90,11 +90,14 @@ struct JsonValue {
   int64_t integer = 0;
   std::string text;
   std::vector<JsonValue> items;
-  std::vector<std::pair<std::string, JsonValue>> members;
+  // An object's members as parallel lists (a pair holding the type being
+  // defined is not portable: clang's libstdc++ checks reject it).
+  std::vector<std::string> member_names;
+  std::vector<JsonValue> member_values;
 
   const JsonValue* Find(std::string_view key) const {
-    for (const auto& [name, value] : members) {
-      if (name == key) return &value;
+    for (size_t i = 0; i < member_names.size(); ++i) {
+      if (member_names[i] == key) return &member_values[i];
     }
     return nullptr;
   }
@@ -171,7 +174,8 @@ class JsonParser {
       SkipSpace();
       JsonValue value;
       MG_RETURN_IF_ERROR(ParseValue(&value, depth + 1));
-      out->members.emplace_back(std::move(key), std::move(value));
+      out->member_names.push_back(std::move(key));
+      out->member_values.push_back(std::move(value));
       SkipSpace();
       if (Consume("}")) return absl::OkStatus();
       if (!Consume(",")) return Error("expected ',' or '}' in an object");
