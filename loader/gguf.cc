@@ -66,31 +66,6 @@ std::string Printable(std::string_view s) {
 
 bool IsValueType(uint32_t type) { return type <= static_cast<uint32_t>(GgufType::kFloat64); }
 
-// Bytes of one scalar of this type; 0 for string and array.
-uint64_t ScalarBytes(GgufType type) {
-  switch (type) {
-    case GgufType::kUint8:
-    case GgufType::kInt8:
-    case GgufType::kBool:
-      return 1;
-    case GgufType::kUint16:
-    case GgufType::kInt16:
-      return 2;
-    case GgufType::kUint32:
-    case GgufType::kInt32:
-    case GgufType::kFloat32:
-      return 4;
-    case GgufType::kUint64:
-    case GgufType::kInt64:
-    case GgufType::kFloat64:
-      return 8;
-    case GgufType::kString:
-    case GgufType::kArray:
-      return 0;
-  }
-  return 0;
-}
-
 bool IsIntegerType(GgufType type) {
   switch (type) {
     case GgufType::kUint8:
@@ -261,7 +236,7 @@ Outcome ReadArray(Cursor& c, GgufKV* kv) {
   // A string element is at least its 8-byte length. The count is at most 2^30,
   // so the product cannot overflow.
   const bool strings = kv->array_type == GgufType::kString;
-  const uint64_t min_element_bytes = strings ? 8 : ScalarBytes(kv->array_type);
+  const uint64_t min_element_bytes = strings ? 8 : gguf_scalar_bytes(kv->array_type);
   const uint64_t min_bytes = kv->array_n * min_element_bytes;
   if (min_bytes > c.remaining()) {
     return Problem{count_at,
@@ -333,6 +308,30 @@ Outcome ReadTensorShapeTypeOffset(Cursor& c, GgufTensor* t) {
 }
 
 }  // namespace
+
+uint64_t gguf_scalar_bytes(GgufType type) {
+  switch (type) {
+    case GgufType::kUint8:
+    case GgufType::kInt8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kUint16:
+    case GgufType::kInt16:
+      return 2;
+    case GgufType::kUint32:
+    case GgufType::kInt32:
+    case GgufType::kFloat32:
+      return 4;
+    case GgufType::kUint64:
+    case GgufType::kInt64:
+    case GgufType::kFloat64:
+      return 8;
+    case GgufType::kString:
+    case GgufType::kArray:
+      return 0;
+  }
+  return 0;
+}
 
 std::string_view gguf_type_name(GgufType type) {
   switch (type) {

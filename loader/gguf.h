@@ -42,6 +42,8 @@ enum class GgufType : uint32_t {
 };
 
 std::string_view gguf_type_name(GgufType type);
+// Bytes of one value of a scalar type; 0 for string and array.
+uint64_t gguf_scalar_bytes(GgufType type);
 
 // One metadata key/value. Scalars are decoded; arrays point into the mapping.
 struct GgufKV {

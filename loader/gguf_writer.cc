@@ -53,30 +53,6 @@ std::vector<uint8_t> EncodeArray(GgufType element_type, const void* data, size_t
   return out;
 }
 
-size_t ElementBytes(GgufType type) {
-  switch (type) {
-    case GgufType::kUint8:
-    case GgufType::kInt8:
-    case GgufType::kBool:
-      return 1;
-    case GgufType::kUint16:
-    case GgufType::kInt16:
-      return 2;
-    case GgufType::kUint32:
-    case GgufType::kInt32:
-    case GgufType::kFloat32:
-      return 4;
-    case GgufType::kUint64:
-    case GgufType::kInt64:
-    case GgufType::kFloat64:
-      return 8;
-    case GgufType::kString:
-    case GgufType::kArray:
-      break;
-  }
-  Fail(absl::StrCat("SetArray: element type ", static_cast<uint32_t>(type), " is not numeric"));
-}
-
 void PadTo(std::vector<uint8_t>& out, uint64_t alignment) {
   out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
 }
@@ -169,7 +145,12 @@ void GgufWriter::SetFloat32Array(const std::string& key, const std::vector<float
 
 void GgufWriter::SetArray(const std::string& key, GgufType element_type, const void* data,
                           size_t n) {
-  Set(key, EncodeArray(element_type, data, n, ElementBytes(element_type)));
+  const uint64_t element_bytes = gguf_scalar_bytes(element_type);
+  if (element_bytes == 0) {
+    Fail(absl::StrCat("SetArray: element type ", static_cast<uint32_t>(element_type),
+                      " is not numeric"));
+  }
+  Set(key, EncodeArray(element_type, data, n, element_bytes));
 }
 
 void GgufWriter::CheckNewTensor(const std::string& name, GgmlType type,

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "loader/status_util.h"
+#include "residency/hazard_cache.h"
 #include "residency/policy.h"
 
 namespace moegraph {
@@ -32,6 +33,22 @@ class CachePolicy final : public SimPolicy {
  private:
   std::string_view name_;
   ResidencyCache cache_;
+};
+
+// The hazard policy (residency/hazard_policy.h) stepped by its host cache.
+class HazardSimPolicy final : public SimPolicy {
+ public:
+  explicit HazardSimPolicy(HazardCache cache) : cache_(std::move(cache)) {}
+
+  std::string_view name() const override { return "hazard"; }
+
+  StepCounts Step(int64_t, int32_t layer, const uint16_t* experts) override {
+    const StepOutcome& outcome = cache_.Step(layer, experts).outcome;
+    return {outcome.n_hits, outcome.n_misses, outcome.n_evictions};
+  }
+
+ private:
+  HazardCache cache_;
 };
 
 // Belady's OPT: on a miss, evict the slot whose key is used again farthest in the
@@ -154,6 +171,13 @@ absl::StatusOr<std::unique_ptr<SimPolicy>> MakeSlru(const SimTrace& trace,
   return std::make_unique<CachePolicy>("slru", std::move(cache));
 }
 
+absl::StatusOr<std::unique_ptr<SimPolicy>> MakeHazard(const SimTrace& trace,
+                                                      const SimConfig& config) {
+  MG_ASSIGN_OR_RETURN(HazardCache cache,
+                      HazardCache::Create(CacheConfigFor(trace.trace(), config, 0.0)));
+  return std::make_unique<HazardSimPolicy>(std::move(cache));
+}
+
 absl::StatusOr<std::unique_ptr<SimPolicy>> MakeOpt(const SimTrace& trace, const SimConfig& config) {
   // The cache validates the configuration and lays out the pools exactly as the
   // online policies get them.
@@ -173,6 +197,7 @@ struct PolicyEntry {
 constexpr PolicyEntry kPolicies[] = {
     {"lru", &MakeLru},
     {"slru", &MakeSlru},
+    {"hazard", &MakeHazard},
     {"opt", &MakeOpt},
 };
 

@@ -4,7 +4,8 @@
 //
 // Policies: "lru" and "slru" are the device policy (residency/policy.h) run by
 // ResidencyCache; "opt" is Belady's clairvoyant policy, the upper bound no online
-// policy can beat; "default" is whatever kDefaultPolicy names. A new policy is a
+// policy can beat; "hazard" is the predictive policy of residency/hazard_policy.h;
+// "default" is whatever kDefaultPolicy names. A new policy is a
 // SimPolicy subclass plus one row in the registry table in simulator.cc.
 #pragma once
 
@@ -23,7 +24,7 @@
 namespace moegraph {
 
 // The policy "default" runs (the engine's default).
-inline constexpr std::string_view kDefaultPolicy = "slru";
+inline constexpr std::string_view kDefaultPolicy = "hazard";
 inline constexpr double kDefaultProtectedFrac = 0.8;
 
 struct StepCounts {

@@ -7,9 +7,12 @@
 #include <string>
 
 #include "residency/budget.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
+
+using testing_util::Contains;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kGiB = uint64_t{1} << 30;
@@ -29,10 +32,6 @@ BudgetInputs Inputs(uint64_t fit, int64_t extra, int64_t requested) {
   in.k = 8;
   in.requested_slots = requested;
   return in;
-}
-
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 TEST(BudgetTest, BannerShowsTheArithmetic) {

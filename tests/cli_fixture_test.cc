@@ -1,8 +1,6 @@
 // `moegraph make-fixture` as a user runs it: the binary in a subprocess, its file
 // loaded back with LoadModel, and bad flags refused with the flag named.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -10,35 +8,23 @@
 
 #include "loader/gguf.h"
 #include "loader/model_config.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using testing_util::CommandResult;
+using testing_util::RunCommand;
+using testing_util::TempPath;
 
-Result MakeFixture(const std::string& args) {
-  Result result;
-  const std::string command = std::string(MOEGRAPH_BIN) + " make-fixture " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "moegraph_cli_fixture_" + std::to_string(getpid()) + "_" + name;
+// `moegraph make-fixture ARGS` with stdout and stderr together.
+CommandResult MakeFixture(const std::string& args) {
+  return RunCommand(std::string(MOEGRAPH_BIN) + " make-fixture " + args + " 2>&1");
 }
 
 TEST(CliMakeFixture, WritesAFileThatLoads) {
   const std::string path = TempPath("qwen2moe.gguf");
-  const Result r = MakeFixture(
+  const CommandResult r = MakeFixture(
       "--arch qwen2moe --layers 3 --experts 6 --top-k 2 --embd 64 --ff 32 --shared-ff 64 "
       "--heads 4 --kv-heads 2 --vocab 300 --quant q8_0,expert=q4_0 --router-skew 2 --seed 9 "
       "-o " +
@@ -70,7 +56,7 @@ TEST(CliMakeFixture, WritesAFileThatLoads) {
 
 TEST(CliMakeFixture, LegacyMixtralExperts) {
   const std::string path = TempPath("mixtral.gguf");
-  const Result r =
+  const CommandResult r =
       MakeFixture("--arch mixtral --experts 4 --legacy-experts --quant f16 -o " + path);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
@@ -100,7 +86,7 @@ TEST(CliMakeFixture, BadValuesFailNamingTheFlag) {
       {"-o " + path + " extra", "extra"},
   };
   for (const Case& c : cases) {
-    const Result r = MakeFixture(c.args);
+    const CommandResult r = MakeFixture(c.args);
     EXPECT_NE(r.exit_code, 0) << c.args;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
     EXPECT_NE(access(path.c_str(), F_OK), 0) << c.args << " left a file behind";

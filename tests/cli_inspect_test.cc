@@ -1,65 +1,26 @@
 // `moegraph inspect` as a user runs it: the binary in a subprocess on files
 // written by GgufWriter, valid, truncated and corrupted.
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "loader/gguf.h"
 #include "loader/gguf_writer.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
-struct ProcessResult {
-  int exit_code = -1;  // -1 when the process did not exit normally (a crash)
-  std::string out;
-  std::string err;
-};
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// fork/exec of MOEGRAPH_BIN with args, stdout and stderr captured to files.
-ProcessResult RunMoegraph(const std::vector<std::string>& args, const std::string& dir) {
-  const std::string out_path = dir + "/stdout.txt";
-  const std::string err_path = dir + "/stderr.txt";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int out_fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out_fd < 0 || err_fd < 0) ::_exit(127);
-    ::dup2(out_fd, STDOUT_FILENO);
-    ::dup2(err_fd, STDERR_FILENO);
-    std::vector<char*> argv = {const_cast<char*>(MOEGRAPH_BIN)};
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(MOEGRAPH_BIN, argv.data());
-    ::_exit(127);
-  }
-  ProcessResult run;
-  int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return run;
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  run.out = ReadAll(out_path);
-  run.err = ReadAll(err_path);
-  return run;
-}
+using testing_util::ProcessResult;
+using testing_util::RunProcess;
+using testing_util::TempPath;
 
 class CliInspectTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ =
-        std::filesystem::path(::testing::TempDir()) / ("cli_inspect_" + std::to_string(::getpid()));
+    dir_ = TempPath("cli_inspect");
     std::filesystem::create_directories(dir_);
     GgufWriter w;
     w.SetString("general.architecture", "qwen3moe");
@@ -85,8 +46,11 @@ class CliInspectTest : public ::testing::Test {
     return path;
   }
 
+  // MOEGRAPH_BIN with args, stdout and stderr apart.
   ProcessResult Inspect(const std::vector<std::string>& args) {
-    return RunMoegraph(args, dir_.string());
+    std::vector<std::string> argv = {MOEGRAPH_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunProcess(argv);
   }
 
   std::filesystem::path dir_;

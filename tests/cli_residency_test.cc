@@ -1,8 +1,6 @@
 // `moegraph trace` and `moegraph simulate` as a user runs them: the binary in a
 // subprocess, its output parsed, its files read back.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -12,52 +10,33 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "residency/simulator.h"
 #include "residency/trace.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
+using testing_util::ProcessResult;
+using testing_util::ReadFileToString;
+using testing_util::RunProcess;
+using testing_util::SharedPath;
+using testing_util::TempPath;
+
 // ---- CliTrace: moegraph trace stats | synth | convert ----
 
-struct TraceRun {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
-std::string TraceTempPath(const std::string& name) {
-  return ::testing::TempDir() + "moegraph_cli_trace_" + std::to_string(getpid()) + "_" + name;
+// `moegraph SUBCOMMAND ARGS` (ARGS split at spaces) with stdout and stderr apart.
+ProcessResult RunMoegraph(const std::string& subcommand, const std::string& args) {
+  std::vector<std::string> argv = {MOEGRAPH_BIN, subcommand};
+  const std::vector<std::string> words = absl::StrSplit(args, ' ', absl::SkipEmpty());
+  argv.insert(argv.end(), words.begin(), words.end());
+  return RunProcess(argv);
 }
 
-std::string ReadFileText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+ProcessResult MoegraphTrace(const std::string& args) { return RunMoegraph("trace", args); }
 
-TraceRun MoegraphTrace(const std::string& args) {
-  TraceRun run;
-  const std::string err_path = TraceTempPath("stderr.txt");
-  const std::string command = std::string(MOEGRAPH_BIN) + " trace " + args + " 2>" + err_path;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.out.append(buffer, n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  run.err = ReadFileText(err_path);
-  std::remove(err_path.c_str());
-  return run;
-}
-
-std::string SharedTrace() {
-  const char* env = std::getenv("MOEGRAPH_SHARED");
-  return std::string(env != nullptr ? env : "/work/shared") +
-         "/traces/mixtral-8x7b-humaneval.jsonl";
-}
+std::string SharedTrace() { return SharedPath("traces/mixtral-8x7b-humaneval.jsonl"); }
 
 // Accepts exactly one RFC 8259 JSON value (whitespace around it allowed).
 class JsonChecker {
@@ -130,7 +109,7 @@ class JsonChecker {
 };
 
 TEST(CliTrace, StatsMarkdownOnTheSharedTrace) {
-  const TraceRun r = MoegraphTrace("stats " + SharedTrace());
+  const ProcessResult r = MoegraphTrace("stats " + SharedTrace());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("32 layers, 8 experts, top-2, 83 steps, 2579 rows present, 77 missing"),
             std::string::npos)
@@ -148,23 +127,23 @@ TEST(CliTrace, StatsMarkdownOnTheSharedTrace) {
 }
 
 TEST(CliTrace, StatsJsonParses) {
-  const TraceRun r = MoegraphTrace("stats -o json --experts 8 " + SharedTrace());
+  const ProcessResult r = MoegraphTrace("stats -o json --experts 8 " + SharedTrace());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(JsonChecker(r.out).Valid()) << r.out;
   EXPECT_NE(r.out.find("\"n_expert\": 8, \"k\": 2, \"n_steps\": 83"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"reuse\": 0.359050"), std::string::npos) << r.out;
   EXPECT_FALSE(JsonChecker(r.out.substr(0, r.out.size() / 2)).Valid());
 
-  const TraceRun wider = MoegraphTrace("stats -o json --experts 16 " + SharedTrace());
+  const ProcessResult wider = MoegraphTrace("stats -o json --experts 16 " + SharedTrace());
   ASSERT_EQ(wider.exit_code, 0) << wider.err;
   EXPECT_NE(wider.out.find("\"n_expert\": 16,"), std::string::npos);
 }
 
 TEST(CliTrace, SynthAndConvertRoundTrip) {
-  const std::string bin = TraceTempPath("synth.mgtr");
-  const std::string jsonl = TraceTempPath("synth.jsonl");
-  const std::string back = TraceTempPath("back.mgtr");
-  const TraceRun synth = MoegraphTrace(
+  const std::string bin = TempPath("synth.mgtr");
+  const std::string jsonl = TempPath("synth.jsonl");
+  const std::string back = TempPath("back.mgtr");
+  const ProcessResult synth = MoegraphTrace(
       "synth --layers 4 --experts 16 --top-k 2 --steps 300 --zipf 0.8 --reuse 0.5 --drift 10 "
       "--seed 7 --weights -o " + bin);
   ASSERT_EQ(synth.exit_code, 0) << synth.err;
@@ -181,22 +160,22 @@ TEST(CliTrace, SynthAndConvertRoundTrip) {
   EXPECT_EQ(original->n_steps, 300);
   EXPECT_EQ(original->weights.size(), original->ids.size());
 
-  const TraceRun to_jsonl = MoegraphTrace("convert " + bin + " " + jsonl);
+  const ProcessResult to_jsonl = MoegraphTrace("convert " + bin + " " + jsonl);
   ASSERT_EQ(to_jsonl.exit_code, 0) << to_jsonl.err;
-  const TraceRun to_bin = MoegraphTrace("convert " + jsonl + " " + back);
+  const ProcessResult to_bin = MoegraphTrace("convert " + jsonl + " " + back);
   ASSERT_EQ(to_bin.exit_code, 0) << to_bin.err;
-  const std::string bytes = ReadFileText(bin);
+  const std::string bytes = ReadFileToString(bin);
   EXPECT_EQ(bytes.size(), 32u + 4u * 300 * 4 * 2);
-  EXPECT_TRUE(bytes == ReadFileText(back));
+  EXPECT_TRUE(bytes == ReadFileToString(back));
 
   // The same seed writes the same bytes; geometry flags not given take the
   // synth defaults (48 x 128, top-8), not make-fixture's.
-  const TraceRun again = MoegraphTrace(
+  const ProcessResult again = MoegraphTrace(
       "synth --layers=4 --experts=16 --top_k=2 --steps=300 --zipf=0.8 --reuse=0.5 --drift=10 "
       "--seed=7 --weights -o " + back);
   ASSERT_EQ(again.exit_code, 0) << again.err;
-  EXPECT_TRUE(bytes == ReadFileText(back));
-  const TraceRun defaults = MoegraphTrace("synth --steps 3 -o " + back);
+  EXPECT_TRUE(bytes == ReadFileToString(back));
+  const ProcessResult defaults = MoegraphTrace("synth --steps 3 -o " + back);
   ASSERT_EQ(defaults.exit_code, 0) << defaults.err;
   absl::StatusOr<RoutingTrace> d = ReadTrace(back);
   ASSERT_TRUE(d.ok()) << d.status();
@@ -208,12 +187,12 @@ TEST(CliTrace, SynthAndConvertRoundTrip) {
 }
 
 TEST(CliTrace, ErrorsNameTheFileLineOrFlag) {
-  const std::string missing = TraceTempPath("absent.jsonl");
-  TraceRun r = MoegraphTrace("stats " + missing);
+  const std::string missing = TempPath("absent.jsonl");
+  ProcessResult r = MoegraphTrace("stats " + missing);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
 
-  const std::string bad = TraceTempPath("bad.jsonl");
+  const std::string bad = TempPath("bad.jsonl");
   {
     std::ofstream out(bad);
     out << R"({"dataset": "d", "problem_id": 0, "layer": 0, "token_idx": 0, "experts": [1, 2]})"
@@ -222,7 +201,7 @@ TEST(CliTrace, ErrorsNameTheFileLineOrFlag) {
   r = MoegraphTrace("stats " + bad);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find(bad + ":2: missing field \"experts\""), std::string::npos) << r.err;
-  r = MoegraphTrace("convert " + bad + " " + TraceTempPath("never.mgtr"));
+  r = MoegraphTrace("convert " + bad + " " + TempPath("never.mgtr"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find(bad + ":2:"), std::string::npos) << r.err;
   std::remove(bad.c_str());
@@ -230,10 +209,10 @@ TEST(CliTrace, ErrorsNameTheFileLineOrFlag) {
   r = MoegraphTrace("stats -o xml " + SharedTrace());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("-o xml"), std::string::npos) << r.err;
-  r = MoegraphTrace("synth --reuse 1.5 -o " + TraceTempPath("never.mgtr"));
+  r = MoegraphTrace("synth --reuse 1.5 -o " + TempPath("never.mgtr"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--reuse 1.5"), std::string::npos) << r.err;
-  r = MoegraphTrace("synth --experts 4 --top-k 6 -o " + TraceTempPath("never.mgtr"));
+  r = MoegraphTrace("synth --experts 4 --top-k 6 -o " + TempPath("never.mgtr"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--top-k 6"), std::string::npos) << r.err;
 
@@ -249,22 +228,7 @@ TEST(CliTrace, ErrorsNameTheFileLineOrFlag) {
 
 // ---- CliSimulate: moegraph simulate ----
 
-// `moegraph simulate ARGS` with stdout and stderr apart.
-TraceRun MoegraphSimulate(const std::string& args) {
-  TraceRun run;
-  const std::string err_path = TraceTempPath("simulate_stderr.txt");
-  const std::string command = std::string(MOEGRAPH_BIN) + " simulate " + args + " 2>" + err_path;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.out.append(buffer, n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  run.err = ReadFileText(err_path);
-  std::remove(err_path.c_str());
-  return run;
-}
+ProcessResult MoegraphSimulate(const std::string& args) { return RunMoegraph("simulate", args); }
 
 // The in-process simulator's result for one (policy, slots) on the shared trace:
 // what the binary must print.
@@ -320,7 +284,7 @@ std::string JsonText(const std::string& text, const std::string& key) {
 }
 
 TEST(CliSimulate, MarkdownMatchesTheSimulator) {
-  const TraceRun r =
+  const ProcessResult r =
       MoegraphSimulate("--trace " + SharedTrace() + " --policy lru,slru,default,opt --slots 32,64");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("32 layers x 8 experts, top-2, 83 steps"), std::string::npos) << r.out;
@@ -337,14 +301,14 @@ TEST(CliSimulate, MarkdownMatchesTheSimulator) {
   // The README's OPT hit rate, and OPT's ratio to itself.
   EXPECT_EQ(TableRow(r.out, "opt", 32)[5], "39.10");
   EXPECT_EQ(TableRow(r.out, "opt", 32)[6], "1.000");
-  EXPECT_FALSE(TableRow(r.out, "default (slru)", 64).empty()) << r.out;
+  EXPECT_FALSE(TableRow(r.out, "default (hazard)", 64).empty()) << r.out;
   EXPECT_NE(r.out.find("tok/s = 1 / t_token"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("1 - PCIe_BW / RAM_BW = 1 - 50.0 / 80.0 = 37.5%"), std::string::npos)
       << r.out;
 }
 
 TEST(CliSimulate, JsonHasEveryResult) {
-  const TraceRun r = MoegraphSimulate("--trace " + SharedTrace() +
+  const ProcessResult r = MoegraphSimulate("--trace " + SharedTrace() +
                                       " --policy lru,opt --slots 16,128 --pool global -o json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_TRUE(JsonChecker(r.out).Valid()) << r.out;
@@ -377,8 +341,8 @@ TEST(CliSimulate, OutputIsDeterministic) {
     const std::string args = "--trace " + SharedTrace() +
                              " --policy lru,slru,opt --slots 64,100,192 --pool per-layer -o " +
                              format;
-    const TraceRun first = MoegraphSimulate(args);
-    const TraceRun second = MoegraphSimulate(args);
+    const ProcessResult first = MoegraphSimulate(args);
+    const ProcessResult second = MoegraphSimulate(args);
     ASSERT_EQ(first.exit_code, 0) << first.err;
     EXPECT_FALSE(first.out.empty());
     EXPECT_TRUE(first.out == second.out) << format;
@@ -401,10 +365,10 @@ TEST(CliSimulate, BadFlagsAreErrorsNamingTheFlag) {
       {trace + " --pcie-gbps 0", "--pcie-gbps"},
       {trace + " -o xml", "-o 'xml'"},
       {"--slots 32", "--trace"},
-      {"--trace " + TraceTempPath("absent.jsonl"), TraceTempPath("absent.jsonl")},
+      {"--trace " + TempPath("absent.jsonl"), TempPath("absent.jsonl")},
   };
   for (const auto& c : kCases) {
-    const TraceRun r = MoegraphSimulate(c.args);
+    const ProcessResult r = MoegraphSimulate(c.args);
     EXPECT_EQ(r.exit_code, 1) << c.args;
     EXPECT_TRUE(r.out.empty()) << c.args << "\n" << r.out;
     EXPECT_NE(r.err.find(c.named), std::string::npos) << c.args << "\n" << r.err;

@@ -2,8 +2,6 @@
 // its generated ids checked against the oracle run in-process at several slot
 // counts, and its banner and summary lines against the fixture's geometry.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -11,36 +9,24 @@
 #include <string>
 #include <vector>
 
+#include "capture/engine.h"
 #include "loader/fixture.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
 #include "reference/oracle.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs a shell command line and returns its exit code and captured stdout.
-CommandResult RunShell(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using testing_util::CommandResult;
+using testing_util::RunCommand;
+using testing_util::TempPath;
 
 // `moegraph run ARGS` with stdout only, or stdout and stderr together.
 CommandResult RunMoegraph(const std::string& args, bool with_stderr) {
-  return RunShell(std::string(MOEGRAPH_BIN) + " run " + args +
-                  (with_stderr ? " 2>&1" : " 2>/dev/null"));
+  return RunCommand(std::string(MOEGRAPH_BIN) + " run " + args +
+                    (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 // The ids after "label: " on the line that starts with it.
@@ -61,8 +47,7 @@ std::vector<int32_t> IdsAfter(const std::string& output, const std::string& labe
 class CliRunTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    path_ = new std::string(::testing::TempDir() + "moegraph_cli_run_" + std::to_string(getpid()) +
-                            ".gguf");
+    path_ = new std::string(TempPath("cli_run.gguf"));
     FixtureSpec spec;
     spec.arch = Arch::kQwen3Moe;
     spec.router_skew = 1.0f;
@@ -193,10 +178,13 @@ TEST_F(CliRunTest, AMissingFileIsAnErrorNamingIt) {
   EXPECT_NE(run.output.find(missing), std::string::npos) << run.output;
 }
 
-TEST_F(CliRunTest, TheCudaBackendIsNotBuiltYet) {
+// This test runs where CI does: without a GPU, where --backend cuda must refuse
+// with a message rather than fall back silently.
+TEST_F(CliRunTest, TheCudaBackendWithoutADeviceIsAnError) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present; the engine GPU tests cover it";
   const CommandResult run = RunMoegraph("-m " + *path_ + " --tokens 1 -n 2 --backend cuda", true);
   EXPECT_EQ(run.exit_code, 1);
-  EXPECT_NE(run.output.find("CUDA backend is not built"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("no CUDA device is available"), std::string::npos) << run.output;
   const CommandResult bad = RunMoegraph("-m " + *path_ + " --tokens 1 -n 2 --backend tpu", true);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("--backend 'tpu'"), std::string::npos) << bad.output;

@@ -20,35 +20,15 @@
 #include "reference/ops.h"
 #include "reference/oracle.h"
 #include "residency/cache.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
-struct LoadedModel {
-  std::unique_ptr<GgufFile> file;
-  Model model;
-};
-
-absl::StatusOr<std::unique_ptr<LoadedModel>> LoadFixture(const FixtureSpec& spec) {
-  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
-  if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes("fixture", *bytes);
-  if (!file.ok()) return file.status();
-  auto loaded = std::make_unique<LoadedModel>();
-  loaded->file = std::move(*file);
-  absl::StatusOr<Model> model = LoadModel(*loaded->file);
-  if (!model.ok()) return model.status();
-  loaded->model = std::move(*model);
-  return loaded;
-}
-
-bool MessageHas(const absl::Status& status, const std::string& text) {
-  return std::string(status.message()).find(text) != std::string::npos;
-}
-
-bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using testing_util::BitEqual;
+using testing_util::LoadedModel;
+using testing_util::LoadFixture;
+using testing_util::MessageHas;
 
 const std::vector<int32_t> kPrompt = {3, 17, 101, 42, 42, 0, 127, 64, 9, 9, 88, 5};
 constexpr int kDecodeSteps = 10;

@@ -3,13 +3,10 @@
 #include "loader/fixture.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <set>
 #include <string>
@@ -19,18 +16,14 @@
 #include "loader/gguf.h"
 #include "loader/model_config.h"
 #include "loader/quant.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
-std::unique_ptr<GgufFile> FixtureFile(const FixtureSpec& spec) {
-  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
-  if (!bytes.ok()) return nullptr;
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes("fixture.gguf", *bytes);
-  EXPECT_TRUE(file.ok()) << file.status();
-  return file.ok() ? std::move(*file) : nullptr;
-}
+using testing_util::FixtureFileOrFail;
+using testing_util::ReadFileToString;
+using testing_util::TempPath;
 
 std::vector<float> Dequantize(const WeightView& w, int64_t row) {
   std::vector<float> out(w.cols);
@@ -57,12 +50,10 @@ TEST(Fixture, SameSeedSameBytesOtherSeedOtherBytes) {
 
   // Streaming to disk writes the same bytes.
   spec.seed = 42;
-  const std::string path =
-      ::testing::TempDir() + "moegraph_fixture_" + std::to_string(getpid()) + ".gguf";
+  const std::string path = TempPath("fixture.gguf");
   ASSERT_TRUE(WriteFixture(spec, path).ok());
-  std::ifstream in(path, std::ios::binary);
-  const std::vector<uint8_t> on_disk((std::istreambuf_iterator<char>(in)),
-                                     std::istreambuf_iterator<char>());
+  const std::string on_disk_bytes = ReadFileToString(path);
+  const std::vector<uint8_t> on_disk(on_disk_bytes.begin(), on_disk_bytes.end());
   std::remove(path.c_str());
   EXPECT_EQ(on_disk, *a);
 }
@@ -92,7 +83,7 @@ TEST(Fixture, WritesTheHyperParameterKeysLlamaCppReads) {
     FixtureSpec spec;
     spec.arch = c.arch;
     spec.n_head_kv = spec.n_head;
-    std::unique_ptr<GgufFile> file = FixtureFile(spec);
+    std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
     ASSERT_NE(file, nullptr);
     const std::string arch(arch_gguf_name(c.arch));
     EXPECT_EQ(*file->GetString("general.architecture"), arch);
@@ -127,7 +118,7 @@ TEST(Fixture, TokenizerIsCompleteForEachFamily) {
     spec.arch = c.arch;
     spec.n_vocab = c.n_vocab;
     spec.n_head_kv = spec.n_head;
-    std::unique_ptr<GgufFile> file = FixtureFile(spec);
+    std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
     ASSERT_NE(file, nullptr);
     EXPECT_EQ(*file->GetString("tokenizer.ggml.model"), c.model);
     if (c.pre != nullptr) {
@@ -174,7 +165,7 @@ TEST(Fixture, TokenizerIsCompleteForEachFamily) {
 TEST(Fixture, WeightsHaveTheirScales) {
   FixtureSpec spec;
   spec.n_embd = 128;
-  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
   ASSERT_NE(file, nullptr);
   absl::StatusOr<Model> m = LoadModel(*file);
   ASSERT_TRUE(m.ok()) << m.status();
@@ -226,7 +217,7 @@ TEST(Fixture, RouterSkewConcentratesRouting) {
   const float skews[2] = {0.0f, 4.0f};
   for (int i = 0; i < 2; ++i) {
     spec.router_skew = skews[i];
-    std::unique_ptr<GgufFile> file = FixtureFile(spec);
+    std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
     ASSERT_NE(file, nullptr);
     absl::StatusOr<Model> m = LoadModel(*file);
     ASSERT_TRUE(m.ok()) << m.status();

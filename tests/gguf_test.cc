@@ -2,8 +2,6 @@
 // the file (mmap) path.
 #include "loader/gguf.h"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,19 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "loader/ggml_type.h"
 #include "loader/gguf_writer.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
-// Passes when text contains part; prints the text otherwise.
-::testing::AssertionResult Contains(absl::string_view text, absl::string_view part) {
-  if (text.find(part) != absl::string_view::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
-}
+using testing_util::Contains;
 
 std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -35,17 +29,13 @@ std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
 }
 
 std::unique_ptr<GgufFile> Parse(const std::vector<uint8_t>& bytes) {
-  auto file = GgufFile::FromBytes("mem.gguf", bytes);
-  EXPECT_TRUE(file.ok()) << file.status();
-  return file.ok() ? std::move(*file) : nullptr;
+  return testing_util::ParseOrFail(bytes, "mem.gguf");
 }
 
 // A fresh path under the test temp dir, removed at the end of the test.
 class TempPath {
  public:
-  explicit TempPath(const std::string& name)
-      : path_(std::filesystem::path(::testing::TempDir()) /
-              (std::to_string(::getpid()) + "_" + name)) {}
+  explicit TempPath(const std::string& name) : path_(testing_util::TempPath(name)) {}
   ~TempPath() { std::filesystem::remove(path_); }
   std::string str() const { return path_.string(); }
 

@@ -16,21 +16,13 @@
 #include "loader/gguf.h"
 #include "loader/gguf_writer.h"
 #include "loader/model_config.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
-std::unique_ptr<GgufFile> Parse(const std::vector<uint8_t>& bytes, const std::string& name) {
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes(name, bytes);
-  EXPECT_TRUE(file.ok()) << file.status();
-  return file.ok() ? std::move(*file) : nullptr;
-}
-
-std::unique_ptr<GgufFile> FixtureFile(const FixtureSpec& spec) {
-  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
-  return bytes.ok() ? Parse(*bytes, "fixture.gguf") : nullptr;
-}
+using testing_util::FixtureFileOrFail;
+using testing_util::ParseOrFail;
 
 // Edits to apply while copying a file: keys dropped or replaced, tensors dropped
 // or given another shape (their bytes cut or zero-padded to fit).
@@ -103,7 +95,7 @@ std::unique_ptr<GgufFile> Edit(const GgufFile& in, const Edits& e) {
     std::memcpy(bytes.data(), t.data, std::min<size_t>(bytes.size(), t.nbytes));
     w.AddTensor(t.name, type, shape, std::move(bytes));
   }
-  return Parse(w.Serialize(), "edited.gguf");
+  return ParseOrFail(w.Serialize(), "edited.gguf");
 }
 
 std::string Name(Arch arch) {
@@ -130,7 +122,7 @@ TEST_P(LoadEveryArchAndType, ConfigAndTensorsMatchTheSpec) {
   spec.dense_type = type;
   spec.expert_type = type;
   spec.seed = 5;
-  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
   ASSERT_NE(file, nullptr);
   absl::StatusOr<Model> model = LoadModel(*file);
   ASSERT_TRUE(model.ok()) << model.status();
@@ -218,7 +210,7 @@ TEST(ArchName, RoundTripsAndAcceptsMixtral) {
 }
 
 TEST(LoadConfig, MissingKeyNamesTheKey) {
-  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(FixtureSpec{});
   ASSERT_NE(file, nullptr);
   for (const char* key :
        {"qwen3moe.expert_count", "qwen3moe.expert_used_count", "qwen3moe.block_count",
@@ -236,7 +228,7 @@ TEST(LoadConfig, MissingKeyNamesTheKey) {
 }
 
 TEST(LoadConfig, WronglyTypedKeyNamesTheKey) {
-  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(FixtureSpec{});
   ASSERT_NE(file, nullptr);
   Edits e;
   e.set_string["qwen3moe.block_count"] = "two";
@@ -247,7 +239,7 @@ TEST(LoadConfig, WronglyTypedKeyNamesTheKey) {
 }
 
 TEST(LoadConfig, SanityChecksNameTheKeyAndValues) {
-  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});  // 8 experts, 4 heads of 16
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(FixtureSpec{});  // 8 experts, 4 heads of 16
   ASSERT_NE(file, nullptr);
   struct Case {
     std::map<std::string, uint32_t> set;
@@ -277,7 +269,7 @@ TEST(LoadConfig, SanityChecksNameTheKeyAndValues) {
 }
 
 TEST(LoadConfig, UnsupportedArchitectureNamesIt) {
-  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(FixtureSpec{});
   ASSERT_NE(file, nullptr);
   Edits e;
   e.set_string["general.architecture"] = "gpt2";
@@ -295,7 +287,7 @@ TEST(LoadConfig, ExpertSizesFallBackAsLlamaCppDoes) {
   spec.n_ff_exp = 32;
   spec.n_ff_shexp = 96;
   spec.n_expert_used = 2;
-  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
   ASSERT_NE(file, nullptr);
   Edits e;
   e.drop_keys = {"qwen2moe.expert_feed_forward_length",
@@ -310,7 +302,7 @@ TEST(LoadConfig, ExpertSizesFallBackAsLlamaCppDoes) {
 TEST(LoadConfig, VocabSizeFallsBackToTokensThenEmbeddings) {
   FixtureSpec spec;
   spec.n_vocab = 300;
-  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
   ASSERT_NE(file, nullptr);
   Edits e;
   e.drop_keys = {"qwen3moe.vocab_size"};
@@ -330,7 +322,7 @@ TEST(LoadConfig, VocabSizeFallsBackToTokensThenEmbeddings) {
 TEST(LoadConfig, ExpertWeightsNormKeyOverridesTheArchitecture) {
   FixtureSpec spec;
   spec.arch = Arch::kQwen2Moe;
-  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
   ASSERT_NE(file, nullptr);
   Edits e;
   e.set_bool["qwen2moe.expert_weights_norm"] = true;
@@ -340,7 +332,7 @@ TEST(LoadConfig, ExpertWeightsNormKeyOverridesTheArchitecture) {
 }
 
 TEST(LoadModel, ReportsEveryBadTensorInOneStatus) {
-  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});  // embd 64, ff 32, 8 experts
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(FixtureSpec{});  // embd 64, ff 32, 8 experts
   ASSERT_NE(file, nullptr);
   Edits e;
   e.reshape["blk.1.ffn_up_exps.weight"] = {64, 32, 4};
@@ -365,7 +357,7 @@ TEST(LoadModel, ReportsEveryBadTensorInOneStatus) {
 TEST(LoadModel, TiedOutputUsesTheEmbeddingWhereLlamaCppAllowsIt) {
   FixtureSpec spec;
   spec.tied_output = true;
-  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
   ASSERT_NE(file, nullptr);
   absl::StatusOr<Model> m = LoadModel(*file);
   ASSERT_TRUE(m.ok()) << m.status();
@@ -376,7 +368,7 @@ TEST(LoadModel, TiedOutputUsesTheEmbeddingWhereLlamaCppAllowsIt) {
   spec.arch = Arch::kOlmoe;
   spec.tied_output = false;
   spec.n_head_kv = spec.n_head;
-  file = FixtureFile(spec);
+  file = FixtureFileOrFail(spec);
   ASSERT_NE(file, nullptr);
   Edits e;
   e.drop_tensors = {"output.weight"};
@@ -394,9 +386,9 @@ TEST(LoadModel, LegacyAndMergedMixtralExpertsAgree) {
   spec.n_expert = 4;
   spec.dense_type = GgmlType::kQ8_0;
   spec.expert_type = GgmlType::kQ4_0;
-  std::unique_ptr<GgufFile> merged_file = FixtureFile(spec);
+  std::unique_ptr<GgufFile> merged_file = FixtureFileOrFail(spec);
   spec.legacy_experts = true;
-  std::unique_ptr<GgufFile> legacy_file = FixtureFile(spec);
+  std::unique_ptr<GgufFile> legacy_file = FixtureFileOrFail(spec);
   ASSERT_NE(merged_file, nullptr);
   ASSERT_NE(legacy_file, nullptr);
   absl::StatusOr<Model> merged = LoadModel(*merged_file);
@@ -431,7 +423,7 @@ TEST(LoadModel, LegacyExpertsWithMixedTypesAreReported) {
   spec.arch = Arch::kMixtral;
   spec.n_expert = 2;
   spec.legacy_experts = true;
-  std::unique_ptr<GgufFile> file = FixtureFile(spec);
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
   ASSERT_NE(file, nullptr);
   Edits e;
   e.retype["blk.0.ffn_up.1.weight"] = GgmlType::kF16;
@@ -442,7 +434,7 @@ TEST(LoadModel, LegacyExpertsWithMixedTypesAreReported) {
 }
 
 TEST(WeightView, CoversEveryRowOfATensor) {
-  std::unique_ptr<GgufFile> file = FixtureFile(FixtureSpec{});
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(FixtureSpec{});
   ASSERT_NE(file, nullptr);
   const GgufTensor* t = file->FindTensor("blk.0.ffn_down_exps.weight");
   ASSERT_NE(t, nullptr);

@@ -21,14 +21,15 @@
 #include "loader/quant.h"
 #include "loader/quantize.h"
 #include "reference/ops.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
-// True when the status message contains text (the tests link gtest without gmock).
-bool MessageHas(const absl::Status& status, const std::string& text) {
-  return std::string(status.message()).find(text) != std::string::npos;
-}
+using testing_util::BitEqual;
+using testing_util::LoadedModel;
+using testing_util::LoadFixture;
+using testing_util::MessageHas;
 
 WeightView F32View(const std::vector<float>& w, int64_t cols) {
   WeightView v;
@@ -46,10 +47,6 @@ std::vector<float> RandomVector(size_t n, uint32_t seed) {
   std::vector<float> v(n);
   for (float& x : v) x = dist(rng);
   return v;
-}
-
-bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // ---- ops against hand-computed values ----
@@ -415,24 +412,6 @@ TEST_F(HandMoeTest, RoutingFollowsTheInput) {
 }
 
 // ---- whole forwards on fixtures ----
-
-struct LoadedModel {
-  std::unique_ptr<GgufFile> file;
-  Model model;
-};
-
-absl::StatusOr<std::unique_ptr<LoadedModel>> LoadFixture(const FixtureSpec& spec) {
-  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
-  if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes("fixture", *bytes);
-  if (!file.ok()) return file.status();
-  auto loaded = std::make_unique<LoadedModel>();
-  loaded->file = std::move(*file);
-  absl::StatusOr<Model> model = LoadModel(*loaded->file);
-  if (!model.ok()) return model.status();
-  loaded->model = std::move(*model);
-  return loaded;
-}
 
 struct ArchCase {
   const char* name;

@@ -15,33 +15,16 @@
 #include "loader/fixture.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
+using testing_util::LoadedModel;
+using testing_util::LoadFixture;
+using testing_util::MessageHas;
+
 constexpr ExpertProj kProjections[] = {ExpertProj::kGate, ExpertProj::kUp, ExpertProj::kDown};
-
-struct LoadedModel {
-  std::unique_ptr<GgufFile> file;
-  Model model;
-};
-
-absl::StatusOr<std::unique_ptr<LoadedModel>> LoadFixture(const FixtureSpec& spec) {
-  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
-  if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes("fixture", *bytes);
-  if (!file.ok()) return file.status();
-  auto loaded = std::make_unique<LoadedModel>();
-  loaded->file = std::move(*file);
-  absl::StatusOr<Model> model = LoadModel(*loaded->file);
-  if (!model.ok()) return model.status();
-  loaded->model = std::move(*model);
-  return loaded;
-}
-
-bool MessageHas(const absl::Status& status, const std::string& text) {
-  return std::string(status.message()).find(text) != std::string::npos;
-}
 
 // Every block's projections equal the model's slices byte for byte, with the
 // same matrix shape and type, and the padding between them is zero.

@@ -5,11 +5,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,9 +14,13 @@
 #include "loader/ggml_type.h"
 #include "loader/quant.h"
 #include "loader/quantize.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
+
+using testing_util::ReadFileToString;
+using testing_util::SharedPath;
 
 constexpr int kGoldenRows = 6;
 constexpr int kGoldenCols = 1024;
@@ -43,20 +44,12 @@ const TypeCase kGoldenCases[] = {
     {GgmlType::kQ6_K, "q6_K", 840, 1.73e-2, 1.38e-2, 0.025},
 };
 
-std::string GoldenPath(const std::string& file) {
-  const char* shared = std::getenv("MOEGRAPH_SHARED");
-  return std::string(shared != nullptr ? shared : "/work/shared") + "/golden/quant/" + file;
-}
-
 // A missing golden file fails the test (it is part of the spec, not optional).
 std::vector<uint8_t> ReadGolden(const std::string& file) {
-  const std::string path = GoldenPath(file);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    ADD_FAILURE() << "cannot open golden file " << path;
-    return {};
-  }
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+  const std::string path = SharedPath("golden/quant/" + file);
+  const std::string bytes = ReadFileToString(path);
+  if (bytes.empty()) ADD_FAILURE() << "cannot read golden file " << path;
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
 }
 
 std::vector<float> AsFloats(const std::vector<uint8_t>& bytes) {

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <list>
 #include <random>
 #include <string>
@@ -16,9 +15,12 @@
 #include "residency/cache.h"
 #include "residency/trace.h"
 #include "tests/residency_reference.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
+
+using testing_util::SharedPath;
 
 struct Selection {
   int32_t layer;
@@ -297,11 +299,7 @@ Trace ReadSharedTrace(const std::string& path) {
   return trace;
 }
 
-std::string SharedTracePath() {
-  const char* shared = std::getenv("MOEGRAPH_SHARED");
-  return std::string(shared != nullptr ? shared : "/work/shared") +
-         "/traces/mixtral-8x7b-humaneval.jsonl";
-}
+std::string SharedTracePath() { return SharedPath("traces/mixtral-8x7b-humaneval.jsonl"); }
 
 TEST(ResidencyReference, AgreesOnTheRealMixtralTrace) {
   const Trace trace = ReadSharedTrace(SharedTracePath());

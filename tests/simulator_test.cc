@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <random>
 #include <set>
 #include <string>
@@ -14,9 +13,12 @@
 #include "residency/cache.h"
 #include "residency/simulator.h"
 #include "residency/trace.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
+
+using testing_util::SharedPath;
 
 // ids: [n_steps][n_layer][k] flattened; kMissingExpert marks a missing row.
 RoutingTrace MakeTrace(int32_t n_layer, int32_t n_expert, int32_t k, std::vector<uint16_t> ids) {
@@ -249,18 +251,13 @@ TEST(SimulatorTest, OptBoundsEveryPolicyOnRandomTraces) {
   }
 }
 
-std::string SharedDir() {
-  const char* env = std::getenv("MOEGRAPH_SHARED");
-  return env != nullptr ? env : "/work/shared";
-}
-
 class RealTraceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     TraceReadOptions options;
     options.n_expert_hint = 8;
     trace_ = new absl::StatusOr<RoutingTrace>(
-        ReadTraceJsonl(SharedDir() + "/traces/mixtral-8x7b-humaneval.jsonl", options));
+        ReadTraceJsonl(SharedPath("traces/mixtral-8x7b-humaneval.jsonl"), options));
   }
   static void TearDownTestSuite() { delete trace_; }
   void SetUp() override { ASSERT_TRUE(trace_->ok()) << trace_->status(); }

@@ -1,12 +1,10 @@
 // Routing traces: the JSONL reader on the real Mixtral trace and on malformed
 // input, the binary form, the statistics and the synthetic generator.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <numeric>
 #include <set>
@@ -19,27 +17,16 @@
 #include "residency/trace.h"
 #include "residency/trace_stats.h"
 #include "residency/trace_synth.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
 
-std::string SharedDir() {
-  const char* env = std::getenv("MOEGRAPH_SHARED");
-  return env != nullptr ? env : "/work/shared";
-}
+using testing_util::ReadFileToString;
+using testing_util::SharedPath;
+using testing_util::TempPath;
 
-std::string RealTracePath() { return SharedDir() + "/traces/mixtral-8x7b-humaneval.jsonl"; }
-
-std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "moegraph_trace_" + std::to_string(getpid()) + "_" + name;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+std::string RealTracePath() { return SharedPath("traces/mixtral-8x7b-humaneval.jsonl"); }
 
 void WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
@@ -125,7 +112,7 @@ TEST(TraceJsonl, RealTraceGeometryAndRows) {
 TEST(TraceJsonl, LineOrderDoesNotMatter) {
   absl::StatusOr<RoutingTrace> original = ReadTraceJsonl(RealTracePath());
   ASSERT_TRUE(original.ok()) << original.status();
-  std::vector<std::string> lines = Lines(ReadText(RealTracePath()));
+  std::vector<std::string> lines = Lines(ReadFileToString(RealTracePath()));
   // A fixed permutation: stride through the lines with a step coprime to their count.
   std::vector<std::string> shuffled;
   const size_t n = lines.size();
@@ -142,7 +129,7 @@ TEST(TraceJsonl, LineOrderDoesNotMatter) {
   ExpectSameTrace(*original, *reread);
 
   // token_pos instead of token_idx reads the same.
-  std::string renamed = ReadText(RealTracePath());
+  std::string renamed = ReadFileToString(RealTracePath());
   for (size_t at = renamed.find("token_idx"); at != std::string::npos;
        at = renamed.find("token_idx", at)) {
     renamed.replace(at, 9, "token_pos");
@@ -309,8 +296,8 @@ TEST(TraceFormats, RoundTripsAreIdentical) {
   }
   // The binary file is exactly header + ids + weights.
   ASSERT_TRUE(WriteTraceBinary(*real, bin).ok());
-  EXPECT_EQ(ReadText(bin).size(), 32u + 4u * real->ids.size());
-  EXPECT_EQ(ReadText(bin).substr(0, 4), "MGTR");
+  EXPECT_EQ(ReadFileToString(bin).size(), 32u + 4u * real->ids.size());
+  EXPECT_EQ(ReadFileToString(bin).substr(0, 4), "MGTR");
   std::remove(bin.c_str());
   std::remove(jsonl.c_str());
 }
@@ -321,7 +308,7 @@ TEST(TraceBinary, TruncationAndCorruptionAreRefused) {
   t.weights[4] = t.weights[5] = 0;  // the missing row
   const std::string path = TempPath("trunc.mgtr");
   ASSERT_TRUE(WriteTraceBinary(t, path).ok());
-  const std::string bytes = ReadText(path);
+  const std::string bytes = ReadFileToString(path);
   ASSERT_EQ(bytes.size(), 32u + 2 * 2 * 8);
   for (size_t length = 0; length < bytes.size(); ++length) {
     WriteText(path, bytes.substr(0, length));

@@ -1,12 +1,15 @@
-// moegraph run: greedy decode of token ids, printed as ids, with tok/s. The CPU
-// backend runs the engine's expert path on the host: experts repacked into
-// blocks, a residency cache of slots, one T=1 step per token.
+// moegraph run: greedy decode of token ids, printed as ids, with tok/s. The CUDA
+// engine (capture/engine.h) runs each step as one graph replay with experts in
+// pinned host memory; the CPU backend runs the same expert path on the host:
+// experts repacked into blocks, a residency cache of slots, one T=1 step per token.
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -15,9 +18,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "capture/doors.h"
+#include "capture/engine.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
 #include "loader/placement.h"
@@ -30,7 +36,13 @@
 
 ABSL_FLAG(std::string, tokens, "", "run: prompt token ids, comma-separated (e.g. 1,2,3)");
 ABSL_FLAG(int32_t, n, 16, "run: number of tokens to generate");
-ABSL_FLAG(std::string, backend, "auto", "run: cpu | cuda | auto (auto picks the best built in)");
+ABSL_FLAG(std::string, backend, "auto",
+          "run: cpu | cuda | auto (auto: cuda when a device exists, else cpu)");
+ABSL_FLAG(std::string, arm, "",
+          "run: resident | graph | eager | host | stage (the doors' twin; a door set in the "
+          "environment wins)");
+ABSL_FLAG(int32_t, steps_per_launch, 1,
+          "run: decode steps captured in one CUDA graph (the host waits once per launch)");
 
 namespace moegraph {
 namespace {
@@ -96,13 +108,90 @@ std::string Banner(const CpuBackend& backend, const ExpertStore& store,
     pool_bytes += pool.pool_bytes();
   }
   const std::string policy =
-      options.policy == CachePolicy::kLru
+      !options.cache ? std::string("no cache (MOEGRAPH_MOE_CACHE=0)")
+      : options.policy == CachePolicy::kLru
           ? std::string("lru")
           : absl::StrFormat("slru (protected %.2f)", options.protected_frac);
   return absl::StrFormat("backend cpu: %s, %s pool, %d slots%s%s; pool %.2f MiB, experts %.2f MiB",
                          policy, Av(PoolModeName(options.pool_mode)), slots,
-                         options.n_slots == 0 ? " (auto: every expert)" : "", classes,
-                         Mib(pool_bytes), Mib(store.total_bytes()));
+                         options.cache && options.n_slots == 0 ? " (auto: every expert)" : "",
+                         classes, Mib(pool_bytes), Mib(store.total_bytes()));
+}
+
+// The one summary line of a run.
+void PrintSummary(std::string_view backend, const EngineCounters& c, const GenerateStats& stats,
+                  size_t generated) {
+  const uint64_t selected = c.hits + c.misses;
+  absl::PrintF(
+      "%s: %d tokens (%d prompt, %s; %d generated, %s); hit %.1f%%, %d misses, "
+      "%d evictions, %.2f MiB staged\n",
+      Av(backend), c.steps, stats.prompt_tokens, Rate(stats.prompt_tokens, stats.prompt_seconds),
+      generated, Rate(stats.decode_steps, stats.decode_seconds),
+      selected > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(selected) : 0.0,
+      c.misses, c.evictions, Mib(c.bytes_staged));
+}
+
+void PrintTokens(const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated) {
+  std::printf("prompt: %s\n", absl::StrJoin(prompt, " ").c_str());
+  std::printf("generated: %s\n", absl::StrJoin(generated, " ").c_str());
+}
+
+// The CPU backend with the doors mapped where they mean something on the host.
+absl::Status RunCpu(const Model& model, const std::vector<int32_t>& prompt, int n_predict,
+                    int ctx, int32_t slots, const ResolvedDoors& doors) {
+  CpuBackendOptions options;
+  options.max_ctx = ctx;
+  options.n_slots = slots;
+  options.policy = doors.doors.policy == DoorPolicy::kLru ? CachePolicy::kLru : CachePolicy::kSlru;
+  options.protected_frac = doors.doors.protected_frac;
+  options.cache = doors.doors.moe_cache;
+  switch (doors.arm) {
+    case Arm::kResident:
+      options.n_slots = 0;
+      std::printf("backend cpu: arm resident holds every expert in a slot%s\n",
+                  slots != 0 ? " (--slots ignored)" : "");
+      break;
+    case Arm::kEager:
+    case Arm::kHost:
+      std::printf("backend cpu: arm %s runs the CPU pipeline (no device, no graph)\n",
+                  std::string(ArmName(doors.arm)).c_str());
+      break;
+    case Arm::kGraph:
+    case Arm::kStage:
+      break;
+  }
+  if (absl::GetFlag(FLAGS_steps_per_launch) != 1) {
+    std::printf("backend cpu: --steps-per-launch applies to CUDA graphs only\n");
+  }
+  MG_ASSIGN_OR_RETURN(ExpertStore store,
+                      ExpertStore::Create(model, AlignedHostAllocator(), TerminalProgress()));
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Create(model, store, options));
+  std::printf("%s\n", Banner(*cpu, store, options).c_str());
+  GenerateStats stats;
+  MG_ASSIGN_OR_RETURN(std::vector<int32_t> generated, cpu->Generate(prompt, n_predict, &stats));
+  PrintTokens(prompt, generated);
+  PrintSummary("backend cpu", cpu->counters(), stats, generated.size());
+  return absl::OkStatus();
+}
+
+absl::Status RunCuda(const Model& model, const std::vector<int32_t>& prompt, int n_predict,
+                     int ctx, int32_t slots, const ResolvedDoors& doors) {
+  CudaEngineOptions options;
+  options.max_ctx = ctx;
+  options.n_slots = slots;
+  options.doors = doors.doors;
+  options.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
+                      CudaEngine::Create(model, options, TerminalProgress()));
+  std::printf("%s\n", engine->banner().c_str());
+  GenerateStats stats;
+  MG_ASSIGN_OR_RETURN(std::vector<int32_t> generated,
+                      engine->Generate(prompt, n_predict, &stats));
+  PrintTokens(prompt, generated);
+  MG_ASSIGN_OR_RETURN(const EngineCounters counters, engine->ReadCounters());
+  PrintSummary(absl::StrCat("backend cuda (arm ", Av(ArmName(engine->arm())), ")"), counters,
+               stats, generated.size());
+  return absl::OkStatus();
 }
 
 absl::Status Run() {
@@ -115,14 +204,25 @@ absl::Status Run() {
     return absl::InvalidArgumentError(absl::StrFormat("-n %d must not be negative", n_predict));
   }
   const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend == "cuda") {
-    return absl::UnimplementedError(
-        "--backend cuda: the CUDA backend is not built in this version (use cpu or auto)");
-  }
-  if (backend != "cpu" && backend != "auto") {
+  if (backend != "cpu" && backend != "cuda" && backend != "auto") {
     return absl::InvalidArgumentError(
         absl::StrFormat("--backend '%s' is not one of cpu, cuda, auto", backend));
   }
+  const bool has_device = backend != "cpu" && CudaDeviceCount() > 0;
+  if (backend == "cuda" && !has_device) {
+    return absl::FailedPreconditionError(
+        "--backend cuda: no CUDA device is available (cudaGetDeviceCount reports none)");
+  }
+  const int32_t steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
+  if (steps_per_launch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--steps-per-launch %d must be at least 1", steps_per_launch));
+  }
+  std::optional<Arm> arm;
+  if (const std::string text = absl::GetFlag(FLAGS_arm); !text.empty()) {
+    MG_ASSIGN_OR_RETURN(arm, ParseArm(text));
+  }
+  MG_ASSIGN_OR_RETURN(const ResolvedDoors doors, ResolveDoors(arm, ProcessEnv()));
   // Generate feeds every generated token back but the last.
   const int needed = static_cast<int>(prompt->size()) + (n_predict > 0 ? n_predict - 1 : 0);
   int ctx = absl::GetFlag(FLAGS_ctx);
@@ -145,31 +245,10 @@ absl::Status Run() {
           model->config.n_vocab, path));
     }
   }
-
-  // No GPU backend is built yet, so auto runs the CPU backend.
-  CpuBackendOptions options;
-  options.max_ctx = ctx;
-  options.protected_frac = kDefaultProtectedFrac;
-  MG_ASSIGN_OR_RETURN(options.n_slots, ParseSlots());
-  MG_ASSIGN_OR_RETURN(ExpertStore store,
-                      ExpertStore::Create(*model, AlignedHostAllocator(), TerminalProgress()));
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Create(*model, store, options));
-  std::printf("%s\n", Banner(*cpu, store, options).c_str());
-  GenerateStats stats;
-  MG_ASSIGN_OR_RETURN(std::vector<int32_t> generated, cpu->Generate(*prompt, n_predict, &stats));
-
-  std::printf("prompt: %s\n", absl::StrJoin(*prompt, " ").c_str());
-  std::printf("generated: %s\n", absl::StrJoin(generated, " ").c_str());
-  const EngineCounters& c = cpu->counters();
-  const uint64_t selected = c.hits + c.misses;
-  absl::PrintF(
-      "backend cpu: %d tokens (%d prompt, %s; %d generated, %s); hit %.1f%%, %d misses, "
-      "%d evictions, %.2f MiB staged\n",
-      c.steps, stats.prompt_tokens, Rate(stats.prompt_tokens, stats.prompt_seconds),
-      generated.size(), Rate(stats.decode_steps, stats.decode_seconds),
-      selected > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(selected) : 0.0,
-      c.misses, c.evictions, Mib(c.bytes_staged));
-  return absl::OkStatus();
+  MG_ASSIGN_OR_RETURN(const int32_t slots, ParseSlots());
+  std::printf("%s\n", doors.banner.c_str());
+  if (has_device) return RunCuda(*model, *prompt, n_predict, ctx, slots, doors);
+  return RunCpu(*model, *prompt, n_predict, ctx, slots, doors);
 }
 
 }  // namespace

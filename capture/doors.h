@@ -1,0 +1,70 @@
+// The engine's doors: environment switches that turn one piece of the design
+// off, read once at engine start and printed in the start-up banner. `--arm` is
+// their command-line twin; a door set in the environment wins over it.
+//
+//   MOEGRAPH_GRAPH=0          eager walk (same launches, no graph)
+//   MOEGRAPH_MOE_CACHE=0      stage every selected expert every step (no residency)
+//   MOEGRAPH_RESIDENCY=host   host-readback arm: sync after the router, host policy
+//   MOEGRAPH_POLICY=slru|lru  the residency policy
+//   MOEGRAPH_PROTECTED_FRAC   slru's protected share of the slots, in [0, 1)
+//   MOEGRAPH_SPLIT_PASSES=0   one expert pass over all ranks after the copies join
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace moegraph {
+
+// The benchmark arms of the design: one engine, the doors set per arm.
+enum class Arm { kResident, kGraph, kEager, kHost, kStage };
+
+std::string_view ArmName(Arm arm);  // "resident" | "graph" | "eager" | "host" | "stage"
+// Parses --arm; the error names the flag and lists the arms.
+absl::StatusOr<Arm> ParseArm(std::string_view text);
+
+enum class ResidencyMode { kDevice, kHost };
+enum class DoorPolicy { kLru, kSlru };
+
+struct Doors {
+  bool graph = true;       // MOEGRAPH_GRAPH
+  bool moe_cache = true;   // MOEGRAPH_MOE_CACHE
+  ResidencyMode residency = ResidencyMode::kDevice;  // MOEGRAPH_RESIDENCY
+  DoorPolicy policy = DoorPolicy::kSlru;             // MOEGRAPH_POLICY
+  double protected_frac = 0.8;                       // MOEGRAPH_PROTECTED_FRAC
+  bool split_passes = true;                          // MOEGRAPH_SPLIT_PASSES
+  bool resident = false;   // every expert on the device (--arm resident only)
+
+  // The share of slots the policy protects: protected_frac for slru, 0 for lru.
+  double effective_protected_frac() const {
+    return policy == DoorPolicy::kSlru ? protected_frac : 0.0;
+  }
+};
+
+struct ResolvedDoors {
+  Doors doors;
+  Arm arm = Arm::kGraph;  // the arm the doors amount to
+  // Multi-line: one line per door with its value and where it came from
+  // (default, --arm, env), then a line per override or implied change.
+  std::string banner;
+};
+
+// An environment: the value of a variable, or nullopt when it is unset. An empty
+// value counts as unset.
+using EnvLookup = std::function<std::optional<std::string>(std::string_view name)>;
+
+// The process environment (getenv).
+EnvLookup ProcessEnv();
+
+// Doors from the --arm flag (nullopt: not given) and the environment. Pure.
+// Errors name the variable and the values it takes ("MOEGRAPH_GRAPH='yes' must
+// be 0 or 1"), or the two variables that contradict each other when both are set
+// in the environment (MOEGRAPH_RESIDENCY=host with MOEGRAPH_GRAPH=1 or with
+// MOEGRAPH_MOE_CACHE=0). Where a set variable contradicts --arm, the variable
+// wins and the banner says so.
+absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const EnvLookup& env);
+
+}  // namespace moegraph

@@ -1,0 +1,110 @@
+// The CUDA engine: dense weights on the device, routed experts in pinned, mapped
+// host memory (an ExpertStore), a fixed slot pool per size class on the device,
+// and the decode step as one walk (capture/walk.h) run eagerly or replayed as a
+// CUDA graph. Routing, hit/miss decisions and slot-table rewrites are kernels;
+// nothing in a step reads back to the host but the final token copy (the host
+// arm reads the selection back on purpose: it is the baseline).
+//
+// Options and counters mirror reference/cpu_backend.h; the arm comes from the
+// doors (capture/doors.h). Each token is one T=1 step, the prompt included:
+// begin_step reads the next token from a device array of prompt ids while the
+// device step counter is inside the prompt, then the previous step's argmax.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "capture/doors.h"
+#include "capture/graph.h"
+#include "capture/walk.h"
+#include "kernels/kernels.h"
+#include "loader/model_config.h"
+#include "loader/placement.h"
+#include "reference/cpu_backend.h"
+#include "reference/oracle.h"
+#include "residency/cache.h"
+
+namespace moegraph {
+
+// Devices the CUDA runtime sees; 0 when there is none or no driver.
+int CudaDeviceCount();
+
+struct CudaEngineOptions {
+  int max_ctx = 0;  // KV cache positions (steps per Generate)
+  // Slots over all size classes; 0: auto (the budget decides). Classes share
+  // them in proportion to their layer counts, as on the CPU backend.
+  int32_t n_slots = 0;
+  PoolMode pool_mode = PoolMode::kGlobal;
+  Doors doors;  // arm, policy, protected share, split passes
+  // S: steps captured in one graph (or run as one eager walk); the host waits
+  // once per S steps.
+  int steps_per_launch = 1;
+  // After every launch, copy the step's selection to the host (one more sync per
+  // step; steps_per_launch must be 1). For the table-equality gate.
+  bool record_routing = false;
+  uint64_t rail_bytes = uint64_t{512} << 20;  // GPU memory the budget leaves free
+};
+
+// The residency state of one size class's pool, as the device holds it (or the
+// host cache, in the host arm).
+struct ResidencySnapshot {
+  std::vector<int32_t> table;
+  std::vector<int32_t> owner;
+  std::vector<uint64_t> stamp;
+  std::vector<uint8_t> seg;
+  std::vector<int32_t> n_protected;  // per pool
+  std::vector<uint64_t> clock;       // per pool
+};
+
+class CudaEngine {
+ public:
+  // model and its file must outlive the engine. Errors: no device, an expert type
+  // the kernels do not compute (names the tensor), too little GPU memory (names
+  // the shortfall), a bad --slots, --ctx or --steps-per-launch, contradictory doors.
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(
+      const Model& model, const CudaEngineOptions& options,
+      const LoadProgressFn& progress = nullptr);
+  ~CudaEngine();
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  // Greedy decode from position 0: the prompt as T=1 steps, then n_predict
+  // argmax tokens, each fed back but the last, as Oracle::Generate. Residency
+  // state and counters carry over from earlier calls; the KV cache restarts.
+  absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
+                                                GenerateStats* stats = nullptr);
+
+  // Logits of the last step run (one readback, outside any walk).
+  absl::StatusOr<std::vector<float>> LastLogits();
+  // The kernels' counters (one readback).
+  absl::StatusOr<DeviceCounters> ReadDeviceCounters();
+  // The expert path's counters as the CPU backend reports them. Policy arms:
+  // from the residency kernel (the host arm: from its host steps); stage: every
+  // computed expert was staged; resident: every computed expert was a hit.
+  absl::StatusOr<EngineCounters> ReadCounters();
+  const HostCounters& host_counters() const;
+  // A size class's residency state; an error in the resident and stage arms.
+  absl::StatusOr<ResidencySnapshot> ReadResidency(int size_class);
+
+  Arm arm() const;
+  // One per size class, indexed like the store's size_classes().
+  const std::vector<SlotPoolInfo>& pools() const;
+  // Lines for the start-up banner: the device, the arm and the slot arithmetic.
+  const std::string& banner() const;
+  // With record_routing: k ids in router rank order per (step, layer), at
+  // [(step * n_layer + layer) * k, ... + k), over every Generate so far.
+  const std::vector<int32_t>& routing() const;
+  // The walk of one step as the engine runs it (S = 1).
+  StepWalk Walk() const;
+
+ private:
+  struct Impl;
+  explicit CudaEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moegraph

@@ -1,0 +1,56 @@
+// Host-side engagement counters, CUDA errors as absl::Status, and a walk
+// captured once as a CUDA graph and replayed per launch.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "capture/walk.h"
+
+namespace moegraph {
+
+// Incremented where the host does the work; a gate compares snapshots.
+struct HostCounters {
+  uint64_t graph_launches = 0;  // cudaGraphLaunch calls
+  uint64_t captures = 0;        // walks captured and instantiated
+  uint64_t eager_steps = 0;     // steps run as eager walks
+  uint64_t host_syncs = 0;      // stream or event synchronizations, blocking copies
+  uint64_t h2d_memcpys = 0;     // host-to-device copy calls (uploads, the host arm's misses)
+};
+
+// OK for cudaSuccess; otherwise an error naming `what` and the CUDA error
+// (ResourceExhausted for cudaErrorMemoryAllocation, Internal for the rest).
+absl::Status CudaStatus(cudaError_t err, std::string_view what);
+
+// One walk captured on `main` (the copy stream joins through the walk's fork
+// events) and instantiated. Move-only; destroys the graph with it.
+class StepGraph {
+ public:
+  // Captures in thread-local mode, so other threads' CUDA calls are not
+  // affected. Errors name the entry whose enqueue failed.
+  static absl::StatusOr<StepGraph> Capture(const StepWalk& walk, cudaStream_t main,
+                                           HostCounters& counters);
+  StepGraph(StepGraph&& other) noexcept;
+  StepGraph& operator=(StepGraph&& other) noexcept;
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+  ~StepGraph();
+
+  // Enqueues one replay on main (no wait).
+  absl::Status Launch(cudaStream_t main, HostCounters& counters) const;
+  int steps() const { return steps_; }
+
+ private:
+  StepGraph() = default;
+  void Release();
+
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  int steps_ = 0;
+};
+
+}  // namespace moegraph

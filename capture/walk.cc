@@ -1,0 +1,200 @@
+#include "capture/walk.h"
+
+#include "absl/strings/str_cat.h"
+#include "loader/check.h"
+#include "loader/status_util.h"
+
+namespace moegraph {
+namespace {
+
+struct OpInfo {
+  StepOp op;
+  std::string_view name;
+  EntryKind kind;
+  WalkStream stream;
+};
+
+constexpr OpInfo kOps[] = {
+    {StepOp::kBeginStep, "begin_step", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kEmbed, "embed", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kAttnNorm, "attn_norm", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kQ, "q", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kK, "k", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kV, "v", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kQNorm, "q_norm", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kKNorm, "k_norm", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kRopeQ, "rope_q", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kRopeK, "rope_k", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kKvAppend, "kv_append", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kAttention, "attention", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kAttnOut, "attn_out", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kAttnResidual, "attn_residual", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kFfnNorm, "ffn_norm", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kRouter, "router", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kRouterTopk, "router_topk", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kResidencyStep, "residency_step", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kResidentSlots, "resident_slots", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kStageAllSlots, "stage_all_slots", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kHostReadSelection, "host_read_selection", EntryKind::kMemcpyD2H,
+     WalkStream::kMain},
+    {StepOp::kHostWaitSelection, "host_wait_selection", EntryKind::kHostSync, WalkStream::kMain},
+    {StepOp::kHostPolicyStep, "host_policy_step", EntryKind::kHostWork, WalkStream::kMain},
+    {StepOp::kHostWriteSlots, "host_write_slots", EntryKind::kMemcpyH2D, WalkStream::kMain},
+    {StepOp::kForkRecord, "fork_record", EntryKind::kEventRecord, WalkStream::kMain},
+    {StepOp::kForkWait, "fork_wait", EntryKind::kEventWait, WalkStream::kCopy},
+    {StepOp::kStageCopy, "stage_copy", EntryKind::kKernel, WalkStream::kCopy},
+    {StepOp::kHostStageCopy, "host_stage_copy", EntryKind::kMemcpyH2D, WalkStream::kCopy},
+    {StepOp::kJoinRecord, "join_record", EntryKind::kEventRecord, WalkStream::kCopy},
+    {StepOp::kJoinWait, "join_wait", EntryKind::kEventWait, WalkStream::kMain},
+    {StepOp::kGateUpHits, "gate_up_hits", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kDownHits, "down_hits", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kGateUpMisses, "gate_up_misses", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kDownMisses, "down_misses", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kGateUpAll, "gate_up_all", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kDownAll, "down_all", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kShexpGate, "shexp_gate", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kShexpUp, "shexp_up", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kShexpSwiglu, "shexp_swiglu", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kShexpDown, "shexp_down", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kShexpLogit, "shexp_logit", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kCombine, "combine", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kFfnResidual, "ffn_residual", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kOutputNorm, "output_norm", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kLmHead, "lm_head", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kArgmax, "argmax", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kEndStep, "end_step", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kTokenCopy, "token_copy", EntryKind::kMemcpyD2H, WalkStream::kMain},
+};
+
+const OpInfo& Info(StepOp op) {
+  const OpInfo& info = kOps[static_cast<size_t>(op)];
+  MG_CHECK(info.op == op, "walk: kOps is out of order with StepOp");
+  return info;
+}
+
+// Appends entries of one step to a walk.
+class WalkWriter {
+ public:
+  WalkWriter(StepWalk& walk, const WalkBinder& bind) : walk_(walk), bind_(bind) {}
+
+  void Add(StepOp op, int step, int layer = -1) {
+    WalkEntry entry;
+    entry.op = op;
+    entry.kind = StepOpKind(op);
+    entry.stream = StepOpStream(op);
+    entry.step = step;
+    entry.layer = layer;
+    if (bind_) entry.enqueue = bind_(entry);
+    walk_.entries.push_back(std::move(entry));
+  }
+
+ private:
+  StepWalk& walk_;
+  const WalkBinder& bind_;
+};
+
+void AddAttention(const WalkConfig& c, WalkWriter& w, int step, int layer) {
+  for (StepOp op : {StepOp::kAttnNorm, StepOp::kQ, StepOp::kK, StepOp::kV}) w.Add(op, step, layer);
+  if (c.qk_norm) {
+    w.Add(StepOp::kQNorm, step, layer);
+    w.Add(StepOp::kKNorm, step, layer);
+  }
+  for (StepOp op : {StepOp::kRopeQ, StepOp::kRopeK, StepOp::kKvAppend, StepOp::kAttention,
+                    StepOp::kAttnOut, StepOp::kAttnResidual}) {
+    w.Add(op, step, layer);
+  }
+}
+
+void AddSharedExpert(const WalkConfig& c, WalkWriter& w, int step, int layer) {
+  if (!c.shared_expert) return;
+  for (StepOp op : {StepOp::kShexpGate, StepOp::kShexpUp, StepOp::kShexpSwiglu,
+                    StepOp::kShexpDown, StepOp::kShexpLogit}) {
+    w.Add(op, step, layer);
+  }
+}
+
+void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
+  for (StepOp op : {StepOp::kFfnNorm, StepOp::kRouter, StepOp::kRouterTopk}) {
+    w.Add(op, step, layer);
+  }
+  if (c.slot_mode == SlotMode::kResident) {
+    // Nothing to copy, so nothing to overlap: one pass over every rank.
+    w.Add(StepOp::kResidentSlots, step, layer);
+    AddSharedExpert(c, w, step, layer);
+    w.Add(StepOp::kGateUpAll, step, layer);
+    w.Add(StepOp::kDownAll, step, layer);
+  } else {
+    if (c.slot_mode == SlotMode::kHostPolicy) {
+      for (StepOp op : {StepOp::kHostReadSelection, StepOp::kHostWaitSelection,
+                        StepOp::kHostPolicyStep, StepOp::kHostWriteSlots}) {
+        w.Add(op, step, layer);
+      }
+    } else {
+      w.Add(c.slot_mode == SlotMode::kStageAll ? StepOp::kStageAllSlots : StepOp::kResidencyStep,
+            step, layer);
+    }
+    w.Add(StepOp::kForkRecord, step, layer);
+    w.Add(StepOp::kForkWait, step, layer);
+    w.Add(c.slot_mode == SlotMode::kHostPolicy ? StepOp::kHostStageCopy : StepOp::kStageCopy,
+          step, layer);
+    w.Add(StepOp::kJoinRecord, step, layer);
+    // Stage-all misses every rank: a hits pass would have nothing to do.
+    const bool split = c.split_passes && c.slot_mode != SlotMode::kStageAll;
+    if (split) {
+      w.Add(StepOp::kGateUpHits, step, layer);
+      w.Add(StepOp::kDownHits, step, layer);
+    }
+    AddSharedExpert(c, w, step, layer);
+    w.Add(StepOp::kJoinWait, step, layer);
+    w.Add(split ? StepOp::kGateUpMisses : StepOp::kGateUpAll, step, layer);
+    w.Add(split ? StepOp::kDownMisses : StepOp::kDownAll, step, layer);
+  }
+  w.Add(StepOp::kCombine, step, layer);
+  w.Add(StepOp::kFfnResidual, step, layer);
+}
+
+}  // namespace
+
+std::string_view StepOpName(StepOp op) { return Info(op).name; }
+EntryKind StepOpKind(StepOp op) { return Info(op).kind; }
+WalkStream StepOpStream(StepOp op) { return Info(op).stream; }
+
+std::string EntryLabel(const WalkEntry& entry) {
+  if (entry.layer < 0) return absl::StrCat("step ", entry.step, " ", Av(StepOpName(entry.op)));
+  return absl::StrCat("step ", entry.step, " layer ", entry.layer, " ", Av(StepOpName(entry.op)));
+}
+
+StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
+  MG_CHECK(config.n_layer > 0 && config.steps > 0, "BuildWalk: no layers or no steps");
+  StepWalk walk;
+  walk.config = config;
+  WalkWriter w(walk, bind);
+  for (int step = 0; step < config.steps; ++step) {
+    w.Add(StepOp::kBeginStep, step);
+    w.Add(StepOp::kEmbed, step);
+    for (int layer = 0; layer < config.n_layer; ++layer) {
+      AddAttention(config, w, step, layer);
+      AddMoe(config, w, step, layer);
+    }
+    for (StepOp op : {StepOp::kOutputNorm, StepOp::kLmHead, StepOp::kArgmax, StepOp::kEndStep}) {
+      w.Add(op, step);
+    }
+  }
+  w.Add(StepOp::kTokenCopy, config.steps - 1);
+  return walk;
+}
+
+cudaError_t RunWalk(const StepWalk& walk, size_t* failed_entry) {
+  for (size_t i = 0; i < walk.entries.size(); ++i) {
+    const WalkEntry& entry = walk.entries[i];
+    MG_CHECK(static_cast<bool>(entry.enqueue), "RunWalk: an entry without a callable");
+    const cudaError_t err = entry.enqueue();
+    if (err != cudaSuccess) {
+      if (failed_entry != nullptr) *failed_entry = i;
+      return err;
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace moegraph

@@ -1,0 +1,146 @@
+// The decode step as data: an ordered list of launches on two streams (main and
+// copy) with fork/join events, built once per configuration. Eager mode runs the
+// entries in order; graph mode runs the same entries inside a stream capture.
+// Nothing in an entry depends on the token: every per-step value lives in device
+// memory, so the list (and the graph captured from it) is never patched.
+//
+// Per MoE layer (device residency, split passes):
+//   main: attn_norm q k v [q_norm k_norm] rope_q rope_k kv_append attention attn_out
+//         attn_residual ffn_norm router router_topk residency_step fork_record
+//   copy:                                          fork_wait stage_copy join_record
+//   main: gate_up_hits down_hits [shexp_*] join_wait gate_up_misses down_misses
+//         combine ffn_residual
+// Arms change only the slot decision (resident_slots, stage_all_slots, or the
+// host arm's readback, host step and host copies) and which passes run.
+// Steps end with output_norm lm_head argmax end_step; after the last of S steps
+// the token leaves through one device-to-host copy.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+namespace moegraph {
+
+enum class WalkStream { kMain, kCopy };
+
+enum class EntryKind {
+  kKernel,       // a launcher of kernels/kernels.h
+  kEventRecord,  // cudaEventRecord
+  kEventWait,    // cudaStreamWaitEvent
+  kMemcpyD2H,    // device to pinned host
+  kMemcpyH2D,    // pinned host to device
+  kHostSync,     // the host waits for a stream
+  kHostWork,     // host code between launches (the host arm's policy step)
+};
+
+enum class StepOp {
+  kBeginStep,
+  kEmbed,
+  kAttnNorm,
+  kQ,
+  kK,
+  kV,
+  kQNorm,
+  kKNorm,
+  kRopeQ,
+  kRopeK,
+  kKvAppend,
+  kAttention,
+  kAttnOut,
+  kAttnResidual,
+  kFfnNorm,
+  kRouter,
+  kRouterTopk,
+  // The slot decision, one per arm.
+  kResidencyStep,
+  kResidentSlots,
+  kStageAllSlots,
+  kHostReadSelection,  // host arm: selection to pinned host memory
+  kHostWaitSelection,  // host arm: the per-layer sync
+  kHostPolicyStep,     // host arm: ResidencyCache::Step
+  kHostWriteSlots,     // host arm: slot_of_rank and missed to the device
+  // Misses, on the copy stream between the fork and the join.
+  kForkRecord,
+  kForkWait,
+  kStageCopy,
+  kHostStageCopy,  // host arm: cudaMemcpyAsync per missed block
+  kJoinRecord,
+  kJoinWait,
+  // Expert passes (the same two launchers for every pass).
+  kGateUpHits,
+  kDownHits,
+  kGateUpMisses,
+  kDownMisses,
+  kGateUpAll,
+  kDownAll,
+  // qwen2moe's shared expert, overlapping the copies.
+  kShexpGate,
+  kShexpUp,
+  kShexpSwiglu,
+  kShexpDown,
+  kShexpLogit,
+  kCombine,
+  kFfnResidual,
+  kOutputNorm,
+  kLmHead,
+  kArgmax,
+  kEndStep,
+  kTokenCopy,
+};
+
+std::string_view StepOpName(StepOp op);  // "router_topk", "stage_copy", ...
+EntryKind StepOpKind(StepOp op);
+WalkStream StepOpStream(StepOp op);
+
+// How the slots of a step's selection are decided.
+enum class SlotMode {
+  kDevicePolicy,  // residency_step on the device (graph and eager arms)
+  kResident,      // every expert resident: resident_slots, no copies
+  kStageAll,      // stage-every-token: k scratch slots, every expert copied
+  kHostPolicy,    // host arm: readback, host ResidencyCache, cudaMemcpyAsync
+};
+
+struct WalkConfig {
+  int n_layer = 0;
+  int steps = 1;  // S: consecutive steps in one walk (one host wait per walk)
+  SlotMode slot_mode = SlotMode::kDevicePolicy;
+  // Hits before the join, misses after it; false: one pass after the join.
+  bool split_passes = true;
+  bool qk_norm = false;        // q_norm / k_norm entries
+  bool shared_expert = false;  // qwen2moe
+};
+
+// One launch. `enqueue` is supplied by the engine; a walk built without a binder
+// (for tests of its shape) has none.
+struct WalkEntry {
+  StepOp op = StepOp::kBeginStep;
+  EntryKind kind = EntryKind::kKernel;
+  WalkStream stream = WalkStream::kMain;
+  int step = 0;    // 0 .. steps-1
+  int layer = -1;  // -1 outside the layers
+  std::function<cudaError_t()> enqueue;
+};
+
+// "step 1 layer 3 router_topk" (no layer part outside the layers).
+std::string EntryLabel(const WalkEntry& entry);
+
+// Makes the callable of one entry (its op, step and layer are set).
+using WalkBinder = std::function<std::function<cudaError_t()>(const WalkEntry& entry)>;
+
+struct StepWalk {
+  WalkConfig config;
+  std::vector<WalkEntry> entries;
+};
+
+// The walk of config, every entry bound by bind (null: no callables).
+StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind = nullptr);
+
+// Runs the entries in order; stops at the first error and reports it with the
+// entry's index through failed_entry (when not null).
+cudaError_t RunWalk(const StepWalk& walk, size_t* failed_entry = nullptr);
+
+}  // namespace moegraph

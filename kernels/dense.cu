@@ -1,0 +1,282 @@
+// Dense decode ops: embedding, RMSNorm, matvec, RoPE, KV append, split-K decode
+// attention, residual add, SwiGLU. Per-element math comes from the MG_HD headers
+// (loader/quant.h, kernels/dot_math.h, kernels/nn_math.h); this file holds the
+// indexing and launch geometry.
+//
+// Matvec is one warp per output row (lanes split the row by 32-element chunks,
+// see dot_math.h), so a warp streams one row's bytes and the x vector stays in L1.
+// Attention runs one block per (head, split of kAttnSplit positions); the grid
+// is sized by max_ctx at capture and splits past the live length (*pos + 1, read
+// on the device) write an empty softmax state and exit. A second kernel merges
+// the splits of each head.
+#include "kernels/dot_math.h"
+#include "kernels/kernels.h"
+#include "kernels/nn_math.h"
+#include "kernels/reduce.cuh"
+#include "loader/quant.h"
+
+namespace moegraph {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMatvecWarps = 8;  // output rows per block
+constexpr int kAttnSplit = 128;  // positions per attention block
+constexpr int kAttnThreads = 128;
+constexpr int kMaxHeadDim = 256;
+
+int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+
+int32_t attention_splits(int32_t max_ctx) { return ceil_div(max_ctx, kAttnSplit); }
+
+// Bytes of a row of cols elements of type (cols a multiple of its block size).
+size_t packed_row_bytes(GgmlType type, int64_t cols) {
+  return static_cast<size_t>(cols / quant_block_elems(type) * quant_block_bytes(type));
+}
+
+bool matrix_ok(const DeviceMatrix& m) {
+  return m.data != nullptr && m.rows > 0 && matvec_supports(m.type, m.cols) &&
+         m.row_bytes >= packed_row_bytes(m.type, m.cols);
+}
+
+// One thread per ggml block of the row: the same floats as the CPU's dequantize_row.
+__global__ void embed_kernel(const uint8_t* __restrict__ table, GgmlType type, int32_t rows,
+                             size_t row_bytes, int32_t n_blocks, const int32_t* __restrict__ token,
+                             float* __restrict__ out) {
+  const int32_t block = blockIdx.x * blockDim.x + threadIdx.x;
+  const int32_t t = *token;
+  if (block >= n_blocks || t < 0 || t >= rows) return;
+  const int64_t block_elems = quant_block_elems(type);
+  dequantize_block(type, table + t * row_bytes + block * quant_block_bytes(type),
+                   out + block * block_elems);
+}
+
+__global__ void rmsnorm_kernel(const float* x, const float* __restrict__ weight, float* out,
+                               int32_t row_len, float eps) {
+  __shared__ float scratch[32];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * row_len;
+  float* out_row = out + static_cast<int64_t>(blockIdx.x) * row_len;
+  float sum_sq = 0.0f;
+  for (int32_t i = threadIdx.x; i < row_len; i += blockDim.x) sum_sq += row[i] * row[i];
+  const float scale = rms_scale(block_sum(sum_sq, scratch), row_len, eps);
+  for (int32_t i = threadIdx.x; i < row_len; i += blockDim.x) {
+    out_row[i] = row[i] * scale * weight[i];
+  }
+}
+
+__global__ void matvec_kernel(const uint8_t* __restrict__ w, GgmlType type, int32_t cols,
+                              int32_t rows, size_t row_bytes, const float* __restrict__ x,
+                              const float* __restrict__ bias, float* __restrict__ out) {
+  const int32_t row = blockIdx.x * kMatvecWarps + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const float dot = warp_sum(row_dot_lane(type, w + row * row_bytes, x, cols, lane, 32));
+  if (lane == 0) out[row] = bias != nullptr ? dot + bias[row] : dot;
+}
+
+// One thread per rotated pair.
+__global__ void rope_kernel(float* x, int32_t n_head, int32_t head_dim,
+                            const int32_t* __restrict__ pos, float freq_base, int32_t rope_type) {
+  const int32_t half = head_dim / 2;
+  const int32_t pair = blockIdx.x * blockDim.x + threadIdx.x;
+  if (pair >= n_head * half) return;
+  const int32_t i = pair % half;
+  float* head = x + static_cast<int64_t>(pair / half) * head_dim;
+  int32_t a, b;
+  rope_pair_offsets(i, head_dim, rope_type, &a, &b);
+  rope_rotate(head + a, head + b, rope_theta(*pos, i, head_dim, freq_base));
+}
+
+__global__ void kv_append_kernel(const float* __restrict__ k, const float* __restrict__ v,
+                                 float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                 const int32_t* __restrict__ pos, int32_t kv_len) {
+  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= kv_len) return;
+  const int64_t row = static_cast<int64_t>(*pos) * kv_len;
+  k_cache[row + i] = k[i];
+  v_cache[row + i] = v[i];
+}
+
+// Partial of (head, split): [head_dim] acc, then max, then sum.
+__global__ void attention_split_kernel(const float* __restrict__ q,
+                                       const float* __restrict__ k_cache,
+                                       const float* __restrict__ v_cache,
+                                       const int32_t* __restrict__ pos, int32_t n_head,
+                                       int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
+                                       float scale, float* __restrict__ partial) {
+  __shared__ float q_head[kMaxHeadDim];
+  __shared__ float weights[kAttnSplit];
+  __shared__ float scratch[32];
+  const int32_t head = blockIdx.x;
+  const int32_t split = blockIdx.y;
+  float* out = partial + (static_cast<int64_t>(head) * gridDim.y + split) * (head_dim + 2);
+  const int32_t length = min(*pos + 1, max_ctx);
+  const int32_t begin = split * kAttnSplit;
+  if (begin >= length) {
+    const SoftmaxPartial empty = empty_softmax();
+    for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) out[d] = 0.0f;
+    if (threadIdx.x == 0) {
+      out[head_dim] = empty.max;
+      out[head_dim + 1] = empty.sum;
+    }
+    return;
+  }
+  const int32_t count = min(kAttnSplit, length - begin);
+  const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
+  const int64_t kv_offset = static_cast<int64_t>(head / (n_head / n_head_kv)) * head_dim;
+  for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    q_head[d] = q[static_cast<int64_t>(head) * head_dim + d];
+  }
+  __syncthreads();
+
+  // Scores: a warp per position, lanes over head_dim.
+  const int lane = threadIdx.x % 32;
+  const int n_warps = blockDim.x / 32;
+  for (int32_t t = threadIdx.x / 32; t < count; t += n_warps) {
+    const float* key = k_cache + (begin + t) * kv_len + kv_offset;
+    float dot = 0.0f;
+    for (int32_t d = lane; d < head_dim; d += 32) dot += q_head[d] * key[d];
+    dot = warp_sum(dot);
+    if (lane == 0) weights[t] = dot * scale;
+  }
+  __syncthreads();
+
+  float local_max = -INFINITY;
+  for (int32_t t = threadIdx.x; t < count; t += blockDim.x)
+    local_max = fmaxf(local_max, weights[t]);
+  const float max_score = block_max(local_max, scratch);
+  float local_sum = 0.0f;
+  for (int32_t t = threadIdx.x; t < count; t += blockDim.x) {
+    weights[t] = expf(weights[t] - max_score);
+    local_sum += weights[t];
+  }
+  const float sum = block_sum(local_sum, scratch);  // its barriers publish weights[]
+
+  // Weighted values: a thread per dimension, positions in order (coalesced rows).
+  for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    const float* value = v_cache + static_cast<int64_t>(begin) * kv_len + kv_offset + d;
+    float acc = 0.0f;
+    for (int32_t t = 0; t < count; ++t) acc += weights[t] * value[t * kv_len];
+    out[d] = acc;
+  }
+  if (threadIdx.x == 0) {
+    out[head_dim] = max_score;
+    out[head_dim + 1] = sum;
+  }
+}
+
+// One block per head, a thread per dimension: merges the splits in order.
+__global__ void attention_merge_kernel(const float* __restrict__ partial, int32_t head_dim,
+                                       int32_t n_splits, float* __restrict__ out) {
+  const int32_t head = blockIdx.x;
+  const float* head_partial = partial + static_cast<int64_t>(head) * n_splits * (head_dim + 2);
+  for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    SoftmaxPartial state = empty_softmax();
+    float acc = 0.0f;
+    for (int32_t s = 0; s < n_splits; ++s) {
+      const float* p = head_partial + static_cast<int64_t>(s) * (head_dim + 2);
+      float scale_state, scale_split;
+      state = softmax_merge(state, {p[head_dim], p[head_dim + 1]}, &scale_state, &scale_split);
+      acc = acc * scale_state + p[d] * scale_split;
+    }
+    out[static_cast<int64_t>(head) * head_dim + d] = acc / state.sum;
+  }
+}
+
+__global__ void add_kernel(float* x, const float* y, int32_t n) {
+  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+__global__ void swiglu_kernel(const float* gate, const float* up, float* out, int32_t n) {
+  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = silu(gate[i]) * up[i];
+}
+
+}  // namespace
+
+cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float* out,
+                         cudaStream_t stream) {
+  if (!matrix_ok(table) || token == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  const int32_t n_blocks = static_cast<int32_t>(table.cols / quant_block_elems(table.type));
+  embed_kernel<<<ceil_div(n_blocks, kThreads), kThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(table.data), table.type, table.rows, table.row_bytes, n_blocks,
+      token, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rmsnorm(const float* x, const float* weight, float* out, int32_t n_rows,
+                           int32_t row_len, float eps, cudaStream_t stream) {
+  if (x == nullptr || weight == nullptr || out == nullptr || n_rows <= 0 || row_len <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, weight, out, row_len, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const float* bias, float* out,
+                          cudaStream_t stream) {
+  if (!matrix_ok(w) || x == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  matvec_kernel<<<ceil_div(w.rows, kMatvecWarps), kMatvecWarps * 32, 0, stream>>>(
+      static_cast<const uint8_t*>(w.data), w.type, w.cols, w.rows, w.row_bytes, x, bias, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rope(float* x, int32_t n_head, int32_t head_dim, const int32_t* pos,
+                        float freq_base, int32_t rope_type, cudaStream_t stream) {
+  if (x == nullptr || pos == nullptr || n_head <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
+      (rope_type != kRopeNorm && rope_type != kRopeNeox)) {
+    return cudaErrorInvalidValue;
+  }
+  const int32_t pairs = n_head * head_dim / 2;
+  rope_kernel<<<ceil_div(pairs, kThreads), kThreads, 0, stream>>>(x, n_head, head_dim, pos,
+                                                                  freq_base, rope_type);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_kv_append(const float* k, const float* v, float* k_cache, float* v_cache,
+                             const int32_t* pos, int32_t kv_len, cudaStream_t stream) {
+  if (k == nullptr || v == nullptr || k_cache == nullptr || v_cache == nullptr || pos == nullptr ||
+      kv_len <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  kv_append_kernel<<<ceil_div(kv_len, kThreads), kThreads, 0, stream>>>(k, v, k_cache, v_cache, pos,
+                                                                        kv_len);
+  return cudaGetLastError();
+}
+
+size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx) {
+  return static_cast<size_t>(n_head) * attention_splits(max_ctx) * (head_dim + 2);
+}
+
+cudaError_t launch_attention_decode(const float* q, const float* k_cache, const float* v_cache,
+                                    const int32_t* pos, int32_t n_head, int32_t n_head_kv,
+                                    int32_t head_dim, int32_t max_ctx, float scale, float* partial,
+                                    float* out, cudaStream_t stream) {
+  if (q == nullptr || k_cache == nullptr || v_cache == nullptr || pos == nullptr ||
+      partial == nullptr || out == nullptr || n_head <= 0 || n_head_kv <= 0 ||
+      n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim || max_ctx <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int32_t n_splits = attention_splits(max_ctx);
+  attention_split_kernel<<<dim3(n_head, n_splits), kAttnThreads, 0, stream>>>(
+      q, k_cache, v_cache, pos, n_head, n_head_kv, head_dim, max_ctx, scale, partial);
+  attention_merge_kernel<<<n_head, kAttnThreads, 0, stream>>>(partial, head_dim, n_splits, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add(float* x, const float* y, int32_t n, cudaStream_t stream) {
+  if (x == nullptr || y == nullptr || n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  add_kernel<<<ceil_div(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_swiglu(const float* gate, const float* up, float* out, int32_t n,
+                          cudaStream_t stream) {
+  if (gate == nullptr || up == nullptr || out == nullptr || n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  swiglu_kernel<<<ceil_div(n, kThreads), kThreads, 0, stream>>>(gate, up, out, n);
+  return cudaGetLastError();
+}
+
+}  // namespace moegraph

@@ -1,0 +1,176 @@
+// Launchers of the decode-step kernels. Every per-step value (token, position,
+// selection, slot table, miss flags) is read from device memory, so a captured
+// graph replays them unchanged; grids depend only on the configuration (model
+// shape, max context, k, slots), never on per-token values.
+//
+// Each launcher enqueues on `stream`, checks its arguments (cudaErrorInvalidValue
+// for a bad one) and returns cudaGetLastError(). Light header: CUDA runtime API
+// and loader/*.h, residency/policy.h and the kernels' *_math.h only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/moe_math.h"
+#include "loader/ggml_type.h"
+#include "residency/policy.h"
+
+namespace moegraph {
+
+// A weight matrix in device memory (or inside a slot): `rows` rows of `cols`
+// elements, each row `row_bytes` bytes in the file's own quant layout.
+struct DeviceMatrix {
+  const void* data = nullptr;
+  GgmlType type = GgmlType::kF32;
+  int32_t cols = 0;
+  int32_t rows = 0;
+  size_t row_bytes = 0;
+};
+
+// The projections of one expert block (placement's ExpertBlockLayout, device side).
+struct DeviceBlockLayout {
+  GgmlType type[3];        // gate, up, down
+  size_t offset[3];        // byte offset of each projection inside the block
+  size_t row_bytes[3];
+  int32_t n_embd = 0;      // gate/up cols, down rows
+  int32_t n_ff = 0;        // gate/up rows, down cols
+  size_t block_bytes = 0;  // slot stride
+};
+
+// Counters incremented by the kernels that do the work (engagement counters).
+struct DeviceCounters {
+  unsigned long long hits;
+  unsigned long long misses;
+  unsigned long long evictions;
+  unsigned long long bytes_staged;
+  unsigned long long pass_a_experts;
+  unsigned long long pass_b_experts;
+  unsigned long long steps;
+};
+
+// ---- dense ops ----
+
+// out[n_embd] = dequantized row *token of table (bit for bit the CPU's
+// dequantize_row); a token outside [0, rows) writes nothing.
+cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float* out,
+                         cudaStream_t stream);
+
+// For each of n_rows rows of row_len: out = x / sqrt(mean(x^2) + eps) * weight.
+// Serves attn/ffn/output norms (n_rows 1), per-head QK-norm (n_rows = heads,
+// row_len = head_dim) and olmoe's full-width QK-norm. out may alias x.
+cudaError_t launch_rmsnorm(const float* x, const float* weight, float* out, int32_t n_rows,
+                           int32_t row_len, float eps, cudaStream_t stream);
+
+// out[rows] = W x (+ bias when not null). Any quant type of loader/quant.h;
+// cols a multiple of the type's block size. One warp per output row.
+cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const float* bias, float* out,
+                          cudaStream_t stream);
+
+// Rotates x ([n_head][head_dim]) in place at position *pos; rope_type 0 NORM
+// (adjacent pairs), 1 NEOX (halves), as ggml.
+cudaError_t launch_rope(float* x, int32_t n_head, int32_t head_dim, const int32_t* pos,
+                        float freq_base, int32_t rope_type, cudaStream_t stream);
+
+// k_cache/v_cache of one layer: [max_ctx][kv_len]; writes row *pos.
+cudaError_t launch_kv_append(const float* k, const float* v, float* k_cache, float* v_cache,
+                             const int32_t* pos, int32_t kv_len, cudaStream_t stream);
+
+// Split-K decode attention over positions 0..*pos with a grid fixed for max_ctx
+// (n_head x n_splits; splits past the live length exit early), then a merge.
+// partial: attention_partial_floats(...) floats of scratch. Head h reads KV head
+// h / (n_head / n_head_kv); head_dim <= 256.
+size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx);
+cudaError_t launch_attention_decode(const float* q, const float* k_cache, const float* v_cache,
+                                    const int32_t* pos, int32_t n_head, int32_t n_head_kv,
+                                    int32_t head_dim, int32_t max_ctx, float scale,
+                                    float* partial, float* out, cudaStream_t stream);
+
+// x += y.
+cudaError_t launch_add(float* x, const float* y, int32_t n, cudaStream_t stream);
+
+// out = silu(gate) * up.
+cudaError_t launch_swiglu(const float* gate, const float* up, float* out, int32_t n,
+                          cudaStream_t stream);
+
+// ---- MoE ----
+
+// Softmax over n_expert router logits, top-k (ties to the lower id), weights
+// renormalised to sum 1 when norm_topk. experts/weights: [k], rank order.
+// n_expert <= kMaxRouterExperts, k <= kMaxTopK (kernels/moe_math.h).
+cudaError_t launch_router_topk(const float* logits, int32_t n_expert, int32_t k, bool norm_topk,
+                               int32_t* experts, float* weights, cudaStream_t stream);
+
+// residency_step of residency/policy.h for one layer, in one block: thread 0
+// makes every state change in the policy's order, and the block finds each
+// victim (argmin of victim_rank) and each SLRU demotion (argmin of
+// demotion_rank, kernels/moe_math.h) by reductions, so the tables, stamps and
+// outputs equal the host step's bit for bit. Device pointers throughout
+// (pool.n_slots >= k); counts go to counters (hits, misses, evictions).
+cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPool& pool,
+                                  int32_t layer, const int32_t* experts, int32_t k,
+                                  int32_t* selected_keys, int32_t* slot_of_rank, uint8_t* missed,
+                                  int32_t* evicted_keys, DeviceCounters* counters,
+                                  cudaStream_t stream);
+
+// Arms without a policy: resident (slot = layer * n_expert + expert, never
+// missed) and stage-every-token (slot = scratch slot r, always missed).
+cudaError_t launch_resident_slots(int32_t layer, int32_t n_expert, const int32_t* experts,
+                                  int32_t k, int32_t* slot_of_rank, uint8_t* missed,
+                                  cudaStream_t stream);
+cudaError_t launch_stage_all_slots(int32_t k, int32_t* slot_of_rank, uint8_t* missed,
+                                   cudaStream_t stream);
+
+// SM-driven copy of every missed expert's block from mapped pinned host memory
+// (host_blocks: the device pointer of the layer's blocks, [n_expert][block_bytes])
+// into its slot, 16-byte accesses. Counts bytes_staged.
+cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayout& layout,
+                              const int32_t* experts, const int32_t* slot_of_rank,
+                              const uint8_t* missed, int32_t k, uint8_t* slots,
+                              DeviceCounters* counters, cudaStream_t stream);
+
+// act[r][n_ff] = silu(gate_r x) * (up_r x) for each rank r of the pass, weights
+// found through slot_of_rank. Full grid: blocks of other passes exit. Counts
+// pass_a_experts (kHits, and kAll: the single pass of an unsplit walk) or
+// pass_b_experts (kMisses), once per expert computed.
+cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
+                                  const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
+                                  ExpertPass pass, const float* x, float* act,
+                                  DeviceCounters* counters, cudaStream_t stream);
+// expert_out[r][n_embd] = down_r act[r] for each rank r of the pass.
+cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
+                               const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
+                               ExpertPass pass, const float* act, float* expert_out,
+                               cudaStream_t stream);
+
+// out = sum over r in rank order of weights[r] * expert_out[r]
+//       (+ sigmoid(*shexp_logit) * shexp_out when shexp_out is not null).
+cudaError_t launch_combine(const float* expert_out, const float* weights, int32_t k,
+                           int32_t n_embd, const float* shexp_out, const float* shexp_logit,
+                           float* out, cudaStream_t stream);
+
+// ---- tokens ----
+
+// token_out = argmax (ties to the lowest id).
+cudaError_t launch_argmax(const float* logits, int32_t n, int32_t* token_out,
+                          cudaStream_t stream);
+
+// Sampling with temperature and top-p; the random draw is Philox-4x32-10 keyed by
+// seed with counter *step, so a replay with the same seed draws the same tokens.
+// The decision is sample_token of kernels/sample_math.h; temperature 0 is the
+// argmax. Requires temperature >= 0 and 0 < top_p <= 1.
+cudaError_t launch_sample(const float* logits, int32_t n, float temperature, float top_p,
+                          uint64_t seed, const int32_t* step, int32_t* token_out,
+                          cudaStream_t stream);
+
+// Start of a step: *token = prompt[*step] while *step < n_prompt (teacher
+// forcing), else *sampled; *pos = *step.
+cudaError_t launch_begin_step(const int32_t* prompt, int32_t n_prompt, const int32_t* sampled,
+                              const int32_t* step, int32_t* token, int32_t* pos,
+                              cudaStream_t stream);
+// End of a step: out_tokens[*step] = *sampled, ++*step, ++counters->steps.
+cudaError_t launch_end_step(const int32_t* sampled, int32_t* step, int32_t* out_tokens,
+                            DeviceCounters* counters, cudaStream_t stream);
+
+}  // namespace moegraph

@@ -1,0 +1,392 @@
+// MoE kernels: router top-k, the residency step, slot assignment for the arms
+// without a policy, the stage copy of missed experts, the expert passes and the
+// combine. Decisions come from kernels/moe_math.h and residency/policy.h; this
+// file holds the indexing and launch geometry.
+//
+// Grids never depend on per-step values: the expert passes and the stage copy
+// launch a block row per rank (blockIdx.y = r) and a block whose rank is not in
+// its pass returns at once, so one captured graph serves every hit/miss pattern.
+#include "kernels/dot_math.h"
+#include "kernels/kernels.h"
+#include "kernels/moe_math.h"
+#include "kernels/nn_math.h"
+#include "kernels/reduce.cuh"
+
+namespace moegraph {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kResidencyThreads = 256;
+constexpr int kExpertWarps = 8;          // output rows per block of an expert pass
+constexpr int kStageCtasPerExpert = 32;  // enough loads in flight to fill PCIe
+constexpr int kStageUnroll = 4;
+
+int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+
+size_t packed_row_bytes(GgmlType type, int64_t cols) {
+  return static_cast<size_t>(cols / quant_block_elems(type) * quant_block_bytes(type));
+}
+
+// The three projections fit the block and can be read by the matvec.
+bool layout_ok(const DeviceBlockLayout& layout) {
+  if (layout.n_embd <= 0 || layout.n_ff <= 0 || layout.block_bytes % 16 != 0) return false;
+  for (int p = 0; p < 3; ++p) {
+    const int64_t cols = p < 2 ? layout.n_embd : layout.n_ff;
+    const int64_t rows = p < 2 ? layout.n_ff : layout.n_embd;
+    if (!matvec_supports(layout.type[p], cols) ||
+        layout.row_bytes[p] < packed_row_bytes(layout.type[p], cols) ||
+        layout.offset[p] + rows * layout.row_bytes[p] > layout.block_bytes) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// One warp: softmax in f64 as the oracle, then k rounds of a warp argmax in
+// top-k order over the experts not yet taken.
+__global__ void router_topk_kernel(const float* __restrict__ logits, int32_t n_expert, int32_t k,
+                                   bool norm_topk, int32_t* __restrict__ experts,
+                                   float* __restrict__ weights) {
+  __shared__ float probs[kMaxRouterExperts];
+  __shared__ uint8_t taken[kMaxRouterExperts];
+  __shared__ int32_t chosen[kMaxTopK];
+  const int lane = threadIdx.x;
+  float local_max = -INFINITY;
+  for (int32_t i = lane; i < n_expert; i += 32) local_max = fmaxf(local_max, logits[i]);
+  const double max_logit = warp_max(local_max);
+  double local_sum = 0.0;
+  for (int32_t i = lane; i < n_expert; i += 32) local_sum += router_exp(logits[i], max_logit);
+  const double sum = warp_sum(local_sum);
+  for (int32_t i = lane; i < n_expert; i += 32) {
+    probs[i] = router_prob(router_exp(logits[i], max_logit), sum);
+    taken[i] = 0;
+  }
+  __syncwarp();
+  for (int32_t t = 0; t < k; ++t) {
+    float best = -INFINITY;
+    int32_t best_index = INT32_MAX;
+    for (int32_t i = lane; i < n_expert; i += 32) {
+      if (!taken[i] && topk_precedes(probs[i], i, best, best_index)) {
+        best = probs[i];
+        best_index = i;
+      }
+    }
+    warp_best(&best, &best_index);
+    if (lane == 0) {
+      chosen[t] = best_index;
+      taken[best_index] = 1;
+    }
+    __syncwarp();
+  }
+  if (lane == 0) {
+    float chosen_weights[kMaxTopK];
+    topk_weights(probs, chosen, k, norm_topk, chosen_weights);
+    for (int32_t r = 0; r < k; ++r) {
+      experts[r] = chosen[r];
+      weights[r] = chosen_weights[r];
+    }
+  }
+}
+
+// One block. Thread 0 runs every state change in residency_step's order; the
+// block finds the slot argmins (demotion on a promotion overflow, victim per
+// miss) between barriers, so the result equals the sequential step exactly.
+__global__ void __launch_bounds__(kResidencyThreads)
+    residency_step_kernel(ResidencyState s, ResidencyPool pool, int32_t layer,
+                          const int32_t* __restrict__ experts, int32_t k,
+                          int32_t* __restrict__ selected_keys, int32_t* __restrict__ slot_of_rank,
+                          uint8_t* __restrict__ missed, int32_t* __restrict__ evicted_keys,
+                          DeviceCounters* counters) {
+  __shared__ int32_t keys[kMaxTopK];
+  __shared__ uint8_t rank_missed[kMaxTopK];
+  __shared__ bool demotion_due;
+  __shared__ StepOutcome outcome;
+  __shared__ unsigned long long rank_scratch[32];
+  __shared__ int32_t slot_scratch[32];
+  const int tid = threadIdx.x;
+  const int32_t slot_end = pool.slot_begin + pool.n_slots;
+  for (int32_t r = tid; r < k; r += blockDim.x) {
+    keys[r] = residency_key(layer, experts[r], s.n_expert);
+    selected_keys[r] = keys[r];
+  }
+  if (tid == 0) outcome = {0, 0, 0};
+  __syncthreads();
+
+  // 1. Hits, in rank order.
+  for (int32_t r = 0; r < k; ++r) {
+    if (tid == 0) {
+      const int32_t slot = s.table[keys[r]];
+      rank_missed[r] = slot == kNoSlot ? 1 : 0;
+      missed[r] = rank_missed[r];
+      slot_of_rank[r] = slot;
+      demotion_due = slot != kNoSlot && hit_refresh(s, pool, slot);
+      if (slot != kNoSlot) ++outcome.n_hits;
+    }
+    __syncthreads();
+    if (demotion_due) {
+      unsigned long long best = ~0ull;
+      int32_t best_slot = INT32_MAX;
+      for (int32_t slot = pool.slot_begin + tid; slot < slot_end; slot += blockDim.x) {
+        const unsigned long long rank = demotion_rank(s, slot);
+        if (rank < best) {
+          best = rank;
+          best_slot = slot;
+        }
+      }
+      block_argmin(&best, &best_slot, rank_scratch, slot_scratch);
+      if (tid == 0) demote(s, pool, best_slot);
+    }
+    // Every thread has read demotion_due before thread 0 writes the next rank's.
+    __syncthreads();
+  }
+
+  // 2. Misses, in rank order.
+  for (int32_t r = 0; r < k; ++r) {
+    if (!rank_missed[r]) continue;
+    unsigned long long best = ~0ull;
+    int32_t best_slot = INT32_MAX;
+    for (int32_t slot = pool.slot_begin + tid; slot < slot_end; slot += blockDim.x) {
+      const unsigned long long rank = victim_rank(s, slot, keys, k);
+      if (rank < best) {
+        best = rank;
+        best_slot = slot;
+      }
+    }
+    block_argmin(&best, &best_slot, rank_scratch, slot_scratch);
+    if (tid == 0) {
+      admit_miss(s, pool, best_slot, keys[r], evicted_keys, &outcome);
+      slot_of_rank[r] = best_slot;
+    }
+    __syncthreads();
+  }
+
+  if (tid == 0) {
+    atomicAdd(&counters->hits, static_cast<unsigned long long>(outcome.n_hits));
+    atomicAdd(&counters->misses, static_cast<unsigned long long>(outcome.n_misses));
+    atomicAdd(&counters->evictions, static_cast<unsigned long long>(outcome.n_evictions));
+  }
+}
+
+__global__ void resident_slots_kernel(int32_t layer, int32_t n_expert,
+                                      const int32_t* __restrict__ experts, int32_t k,
+                                      int32_t* __restrict__ slot_of_rank,
+                                      uint8_t* __restrict__ missed) {
+  const int32_t r = threadIdx.x;
+  if (r >= k) return;
+  slot_of_rank[r] = residency_key(layer, experts[r], n_expert);
+  missed[r] = 0;
+}
+
+__global__ void stage_all_slots_kernel(int32_t k, int32_t* __restrict__ slot_of_rank,
+                                       uint8_t* __restrict__ missed) {
+  const int32_t r = threadIdx.x;
+  if (r >= k) return;
+  slot_of_rank[r] = r;
+  missed[r] = 1;
+}
+
+// Grid (kStageCtasPerExpert, k): the CTAs of rank r stride over the block's
+// 16-byte chunks, kStageUnroll loads in flight per thread before the stores.
+__global__ void stage_copy_kernel(const uint4* __restrict__ host_blocks, size_t block_bytes,
+                                  const int32_t* __restrict__ experts,
+                                  const int32_t* __restrict__ slot_of_rank,
+                                  const uint8_t* __restrict__ missed, uint4* __restrict__ slots,
+                                  DeviceCounters* counters) {
+  const int32_t r = blockIdx.y;
+  if (!missed[r]) return;
+  const size_t n_chunks = block_bytes / 16;
+  const uint4* src = host_blocks + static_cast<size_t>(experts[r]) * n_chunks;
+  uint4* dst = slots + static_cast<size_t>(slot_of_rank[r]) * n_chunks;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t base = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n_chunks;
+       base += stride * kStageUnroll) {
+    uint4 chunk[kStageUnroll];
+#pragma unroll
+    for (int u = 0; u < kStageUnroll; ++u) {
+      const size_t i = base + u * stride;
+      if (i < n_chunks) chunk[u] = src[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kStageUnroll; ++u) {
+      const size_t i = base + u * stride;
+      if (i < n_chunks) dst[i] = chunk[u];
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    atomicAdd(&counters->bytes_staged, static_cast<unsigned long long>(block_bytes));
+  }
+}
+
+// Grid (rows / kExpertWarps, k): a warp per output row of rank blockIdx.y.
+// Returns the expert's weights of projection p, or null when the rank is not in
+// the pass.
+__device__ inline const uint8_t* pass_projection(const uint8_t* slots,
+                                                 const DeviceBlockLayout& layout,
+                                                 const int32_t* slot_of_rank, const uint8_t* missed,
+                                                 ExpertPass pass, int32_t r, int p) {
+  if (!rank_in_pass(pass, missed[r])) return nullptr;
+  return slots + static_cast<size_t>(slot_of_rank[r]) * layout.block_bytes + layout.offset[p];
+}
+
+__global__ void expert_gate_up_kernel(const uint8_t* __restrict__ slots, DeviceBlockLayout layout,
+                                      const int32_t* __restrict__ slot_of_rank,
+                                      const uint8_t* __restrict__ missed, ExpertPass pass,
+                                      const float* __restrict__ x, float* __restrict__ act,
+                                      DeviceCounters* counters) {
+  const int32_t r = blockIdx.y;
+  const uint8_t* gate = pass_projection(slots, layout, slot_of_rank, missed, pass, r, 0);
+  if (gate == nullptr) return;
+  const uint8_t* up = pass_projection(slots, layout, slot_of_rank, missed, pass, r, 1);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    // kAll is the single pass of the unsplit walk, so it counts as pass A.
+    atomicAdd(pass == ExpertPass::kMisses ? &counters->pass_b_experts : &counters->pass_a_experts,
+              1ull);
+  }
+  const int32_t row = blockIdx.x * kExpertWarps + threadIdx.x / 32;
+  if (row >= layout.n_ff) return;
+  const int lane = threadIdx.x % 32;
+  const float g = warp_sum(
+      row_dot_lane(layout.type[0], gate + row * layout.row_bytes[0], x, layout.n_embd, lane, 32));
+  const float u = warp_sum(
+      row_dot_lane(layout.type[1], up + row * layout.row_bytes[1], x, layout.n_embd, lane, 32));
+  if (lane == 0) act[static_cast<int64_t>(r) * layout.n_ff + row] = silu(g) * u;
+}
+
+__global__ void expert_down_kernel(const uint8_t* __restrict__ slots, DeviceBlockLayout layout,
+                                   const int32_t* __restrict__ slot_of_rank,
+                                   const uint8_t* __restrict__ missed, ExpertPass pass,
+                                   const float* __restrict__ act, float* __restrict__ expert_out) {
+  const int32_t r = blockIdx.y;
+  const uint8_t* down = pass_projection(slots, layout, slot_of_rank, missed, pass, r, 2);
+  if (down == nullptr) return;
+  const int32_t row = blockIdx.x * kExpertWarps + threadIdx.x / 32;
+  if (row >= layout.n_embd) return;
+  const int lane = threadIdx.x % 32;
+  const float* x = act + static_cast<int64_t>(r) * layout.n_ff;
+  const float y = warp_sum(
+      row_dot_lane(layout.type[2], down + row * layout.row_bytes[2], x, layout.n_ff, lane, 32));
+  if (lane == 0) expert_out[static_cast<int64_t>(r) * layout.n_embd + row] = y;
+}
+
+// A thread per element; ranks summed in order so the bits do not depend on
+// which pass produced each expert's output.
+__global__ void combine_kernel(const float* __restrict__ expert_out,
+                               const float* __restrict__ weights, int32_t k, int32_t n_embd,
+                               const float* __restrict__ shexp_out,
+                               const float* __restrict__ shexp_logit, float* __restrict__ out) {
+  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n_embd) return;
+  float acc = 0.0f;
+  for (int32_t r = 0; r < k; ++r)
+    acc += weights[r] * expert_out[static_cast<int64_t>(r) * n_embd + i];
+  if (shexp_out != nullptr) acc += sigmoid(*shexp_logit) * shexp_out[i];
+  out[i] = acc;
+}
+
+}  // namespace
+
+cudaError_t launch_router_topk(const float* logits, int32_t n_expert, int32_t k, bool norm_topk,
+                               int32_t* experts, float* weights, cudaStream_t stream) {
+  if (logits == nullptr || experts == nullptr || weights == nullptr || n_expert <= 0 ||
+      n_expert > kMaxRouterExperts || k <= 0 || k > kMaxTopK || k > n_expert) {
+    return cudaErrorInvalidValue;
+  }
+  router_topk_kernel<<<1, 32, 0, stream>>>(logits, n_expert, k, norm_topk, experts, weights);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPool& pool,
+                                  int32_t layer, const int32_t* experts, int32_t k,
+                                  int32_t* selected_keys, int32_t* slot_of_rank, uint8_t* missed,
+                                  int32_t* evicted_keys, DeviceCounters* counters,
+                                  cudaStream_t stream) {
+  if (state.table == nullptr || state.owner == nullptr || state.stamp == nullptr ||
+      state.seg == nullptr || state.n_expert <= 0 || pool.n_protected == nullptr ||
+      pool.clock == nullptr || pool.slot_begin < 0 || pool.n_slots < k || layer < 0 ||
+      experts == nullptr || k <= 0 || k > kMaxTopK || selected_keys == nullptr ||
+      slot_of_rank == nullptr || missed == nullptr || evicted_keys == nullptr ||
+      counters == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  residency_step_kernel<<<1, kResidencyThreads, 0, stream>>>(
+      state, pool, layer, experts, k, selected_keys, slot_of_rank, missed, evicted_keys, counters);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_resident_slots(int32_t layer, int32_t n_expert, const int32_t* experts,
+                                  int32_t k, int32_t* slot_of_rank, uint8_t* missed,
+                                  cudaStream_t stream) {
+  if (layer < 0 || n_expert <= 0 || experts == nullptr || k <= 0 || k > kMaxTopK ||
+      slot_of_rank == nullptr || missed == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  resident_slots_kernel<<<1, kMaxTopK, 0, stream>>>(layer, n_expert, experts, k, slot_of_rank,
+                                                    missed);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_stage_all_slots(int32_t k, int32_t* slot_of_rank, uint8_t* missed,
+                                   cudaStream_t stream) {
+  if (k <= 0 || k > kMaxTopK || slot_of_rank == nullptr || missed == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  stage_all_slots_kernel<<<1, kMaxTopK, 0, stream>>>(k, slot_of_rank, missed);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayout& layout,
+                              const int32_t* experts, const int32_t* slot_of_rank,
+                              const uint8_t* missed, int32_t k, uint8_t* slots,
+                              DeviceCounters* counters, cudaStream_t stream) {
+  if (host_blocks == nullptr || layout.block_bytes == 0 || layout.block_bytes % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(host_blocks) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(slots) % 16 != 0 || experts == nullptr ||
+      slot_of_rank == nullptr || missed == nullptr || k <= 0 || k > kMaxTopK || slots == nullptr ||
+      counters == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  stage_copy_kernel<<<dim3(kStageCtasPerExpert, k), kThreads, 0, stream>>>(
+      reinterpret_cast<const uint4*>(host_blocks), layout.block_bytes, experts, slot_of_rank,
+      missed, reinterpret_cast<uint4*>(slots), counters);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
+                                  const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
+                                  ExpertPass pass, const float* x, float* act,
+                                  DeviceCounters* counters, cudaStream_t stream) {
+  if (slots == nullptr || !layout_ok(layout) || slot_of_rank == nullptr || missed == nullptr ||
+      k <= 0 || k > kMaxTopK || x == nullptr || act == nullptr || counters == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  expert_gate_up_kernel<<<dim3(ceil_div(layout.n_ff, kExpertWarps), k), kExpertWarps * 32, 0,
+                          stream>>>(slots, layout, slot_of_rank, missed, pass, x, act, counters);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
+                               const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
+                               ExpertPass pass, const float* act, float* expert_out,
+                               cudaStream_t stream) {
+  if (slots == nullptr || !layout_ok(layout) || slot_of_rank == nullptr || missed == nullptr ||
+      k <= 0 || k > kMaxTopK || act == nullptr || expert_out == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  expert_down_kernel<<<dim3(ceil_div(layout.n_embd, kExpertWarps), k), kExpertWarps * 32, 0,
+                       stream>>>(slots, layout, slot_of_rank, missed, pass, act, expert_out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_combine(const float* expert_out, const float* weights, int32_t k, int32_t n_embd,
+                           const float* shexp_out, const float* shexp_logit, float* out,
+                           cudaStream_t stream) {
+  if (expert_out == nullptr || weights == nullptr || out == nullptr || k <= 0 || n_embd <= 0 ||
+      (shexp_out != nullptr && shexp_logit == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  combine_kernel<<<ceil_div(n_embd, kThreads), kThreads, 0, stream>>>(
+      expert_out, weights, k, n_embd, shexp_out, shexp_logit, out);
+  return cudaGetLastError();
+}
+
+}  // namespace moegraph

@@ -1,0 +1,129 @@
+// Decisions of the MoE kernels: router softmax and top-k, which ranks an expert
+// pass computes, and the residency step split into the pieces the one-block
+// residency kernel runs (thread 0 mutates, the block finds argmins). Shared by
+// the kernels and the CPU tests. Light: .cu files include it.
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "loader/host_device.h"
+#include "residency/policy.h"
+
+namespace moegraph {
+
+// Largest k and n_expert the router and expert kernels accept (shared-memory sizes).
+inline constexpr int32_t kMaxTopK = 64;
+inline constexpr int32_t kMaxRouterExperts = 1024;
+
+// Which experts an expert pass computes.
+enum class ExpertPass : int32_t { kHits = 0, kMisses = 1, kAll = 2 };
+
+// Whether the pass computes a rank whose expert was (missed = 1) or was not
+// (missed = 0) staged this step.
+MG_HD inline bool rank_in_pass(ExpertPass pass, uint8_t missed) {
+  switch (pass) {
+    case ExpertPass::kHits:
+      return missed == 0;
+    case ExpertPass::kMisses:
+      return missed != 0;
+    default:
+      return true;
+  }
+}
+
+// ---- router ----
+
+// Softmax as the oracle computes it: f64 exp of (logit - max), f64 sum, then
+// each probability rounded to f32; so the GPU's probabilities, and the top-k
+// they decide, match the oracle's.
+MG_HD inline double router_exp(float logit, double max_logit) {
+  return exp(static_cast<double>(logit) - max_logit);
+}
+MG_HD inline float router_prob(double e, double sum) { return static_cast<float>(e / sum); }
+
+MG_HD inline void router_softmax(const float* logits, int32_t n, float* probs) {
+  double max_logit = logits[0];
+  for (int32_t i = 1; i < n; ++i) max_logit = fmax(max_logit, static_cast<double>(logits[i]));
+  double sum = 0.0;
+  for (int32_t i = 0; i < n; ++i) sum += router_exp(logits[i], max_logit);
+  for (int32_t i = 0; i < n; ++i) probs[i] = router_prob(router_exp(logits[i], max_logit), sum);
+}
+
+// Top-k order: a larger value first, equal values by the lower index (a stable
+// descending sort). A total order, so a parallel argmax finds the same element.
+MG_HD inline bool topk_precedes(float a, int32_t index_a, float b, int32_t index_b) {
+  return a > b || (a == b && index_a < index_b);
+}
+
+// The k best of values[0..n) in top-k order (k rounds of argmax over the rest).
+MG_HD inline void select_topk(const float* values, int32_t n, int32_t k, int32_t* chosen) {
+  for (int32_t t = 0; t < k; ++t) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; ++i) {
+      bool taken = false;
+      for (int32_t u = 0; u < t; ++u) taken = taken || chosen[u] == i;
+      if (taken) continue;
+      if (best < 0 || topk_precedes(values[i], i, values[best], best)) best = i;
+    }
+    chosen[t] = best;
+  }
+}
+
+// The router weights of the chosen experts: their probabilities, divided by
+// their f64 sum when norm_topk (llama.cpp's norm_w).
+MG_HD inline void topk_weights(const float* probs, const int32_t* chosen, int32_t k, bool norm_topk,
+                               float* weights) {
+  double sum = 0.0;
+  for (int32_t r = 0; r < k; ++r) sum += probs[chosen[r]];
+  for (int32_t r = 0; r < k; ++r) {
+    weights[r] = norm_topk ? static_cast<float>(probs[chosen[r]] / sum) : probs[chosen[r]];
+  }
+}
+
+// ---- residency step, in pieces ----
+// residency_step (residency/policy.h) is: keys; for each rank, table lookup and
+// touch_hit on a hit; for each miss, find_victim then evict/admit. The kernel runs
+// touch_hit as hit_refresh + (when it returns true) demote of the argmin of
+// demotion_rank, and each miss as the argmin of victim_rank + admit_miss, so the
+// two slot scans are block-wide reductions instead of one thread's loops.
+
+// touch_hit up to its demotion: stamps slot and promotes it; true when the
+// protected segment overflowed, so the oldest protected slot must be demoted.
+MG_HD inline bool hit_refresh(const ResidencyState& s, const ResidencyPool& pool, int32_t slot) {
+  s.stamp[slot] = (*pool.clock)++;
+  if (s.seg[slot] == kProtected) return false;
+  s.seg[slot] = kProtected;
+  return ++*pool.n_protected > pool.protected_cap;
+}
+
+// The argmin over the pool is oldest_protected(): protected slots by stamp (unique).
+MG_HD inline uint64_t demotion_rank(const ResidencyState& s, int32_t slot) {
+  return s.owner[slot] != kNoKey && s.seg[slot] == kProtected ? s.stamp[slot] : kNotAVictim;
+}
+
+MG_HD inline void demote(const ResidencyState& s, const ResidencyPool& pool, int32_t slot) {
+  s.seg[slot] = kProbation;
+  s.stamp[slot] = (*pool.clock)++;
+  --*pool.n_protected;
+}
+
+// The miss branch of residency_step for victim (find_victim's slot): evicts its
+// owner (appending it to evicted_keys) and admits key to probation. Updates out.
+MG_HD inline void admit_miss(const ResidencyState& s, const ResidencyPool& pool, int32_t victim,
+                             int32_t key, int32_t* evicted_keys, StepOutcome* out) {
+  const int32_t old_key = s.owner[victim];
+  if (old_key != kNoKey) {
+    s.table[old_key] = kNoSlot;
+    if (s.seg[victim] == kProtected) --*pool.n_protected;
+    evicted_keys[out->n_evictions++] = old_key;
+  }
+  s.owner[victim] = key;
+  s.table[key] = victim;
+  s.seg[victim] = kProbation;
+  s.stamp[victim] = (*pool.clock)++;
+  ++out->n_misses;
+}
+
+}  // namespace moegraph

@@ -1,0 +1,248 @@
+// The "hazard" residency policy in array form: victims by predicted reuse, for
+// a pool shared by every layer of a layer-cyclic decode (docs/POLICY.md).
+//
+// A decode step visits layers 0..L-1 in order, so a key (layer, expert) can only
+// be used again at its layer's next visit. For every key the policy keeps how
+// many visits of its layer passed since it was last selected (recency) and an
+// EWMA of its selections (frequency). A 12 x 10 table of (recency row, frequency
+// column) cells learns online, from every key of a layer at every visit, the
+// chance h that a key in that cell is selected at the next visit (an empty cell
+// predicts the base rate k / E). The table is projected to be non-increasing in
+// recency and non-decreasing in frequency, so recency and frequency can only
+// help (this is what keeps LRU's behaviour where
+// LRU is right). A resident key's expected steps to its next use are
+//   d + L * (1 - h) / h,  d = steps until its layer's next visit (1..L),
+// the mean of a geometric wait; the victim is the slot that maximises it (Belady
+// with a prediction), found as an argmin of a packed 64-bit rank. On the GPU the
+// observation is one thread per expert (atomicAdd on the cell counters), the
+// table rebuild one thread, the victim search a block-wide min (or atomicMin).
+//
+// Integer state and round-to-nearest float ops only (no contraction-prone
+// multiply-add), so the CPU and the device pick the same victims; the kernel must
+// not be built with fast math. Light on purpose: .cu files include it.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "loader/host_device.h"
+#include "residency/policy.h"
+
+namespace moegraph {
+
+inline constexpr int32_t kHazardRecencyRows = 12;
+inline constexpr int32_t kHazardFrequencyCols = 10;
+inline constexpr int32_t kHazardCells = kHazardRecencyRows * kHazardFrequencyCols;
+// Frequency is Q16 fixed point: 1 << 16 is "selected at every visit".
+inline constexpr uint32_t kHazardFrequencyOne = 1u << 16;
+// A cell's counts are halved when its trials reach this, so the table follows
+// drift over about a million observations per cell and never overflows.
+inline constexpr uint32_t kHazardCountCap = 1u << 20;
+// The rank packs the slot index into 15 bits: 32768 slots, more than any
+// current MoE has keys (Kimi K2: 60 x 384 = 23040).
+inline constexpr int32_t kHazardMaxSlots = 1 << 15;
+
+// State shared by every pool. Pointers, so host or device memory can back it.
+struct HazardState {
+  int32_t* table;         // [n_layer * n_expert]: slot holding the key, or kNoSlot
+  int32_t* owner;         // [n_slots]: key held, or kNoKey
+  int32_t* last_visit;    // [n_layer * n_expert]: visit of its layer that last selected it, or -1
+  uint32_t* frequency;    // [n_layer * n_expert]: EWMA of selection, Q16
+  int32_t* visits;        // [n_layer]: visits of each layer so far
+  uint32_t* cell_hits;    // [kHazardCells]: observations selected at the visit
+  uint32_t* cell_trials;  // [kHazardCells]: observations
+  float* cell_cost;       // [kHazardCells]: L * (1 - h) / h, the expected extra wait
+  int32_t n_layer;
+  int32_t n_expert;
+  int32_t k;  // experts selected per layer visit
+};
+
+// Slots [slot_begin, slot_begin + n_slots): every slot for one global pool, or
+// one layer's share when pools are per layer.
+struct HazardPool {
+  int32_t slot_begin;
+  int32_t n_slots;
+};
+
+// Recency row of a key whose layer had `visits_since` visits since its last
+// selection (>= 1), or -1 when never selected. Rows: 1, 2, 3, 4, 5-6, 7-9,
+// 10-15, 16-30, 31-60, 61-120, 121-250, then "longer or never": fine where
+// reuse is likely, coarse (about doubling) where it is rare.
+MG_HD inline int32_t hazard_recency_row(int32_t visits_since) {
+  constexpr int32_t kUpper[kHazardRecencyRows - 1] = {1, 2, 3, 4, 6, 9, 15, 30, 60, 120, 250};
+  if (visits_since < 0) return kHazardRecencyRows - 1;
+  for (int32_t row = 0; row < kHazardRecencyRows - 1; ++row) {
+    if (visits_since <= kUpper[row]) return row;
+  }
+  return kHazardRecencyRows - 1;
+}
+
+// Frequency column: Q16 upper bounds 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.45, 0.65.
+MG_HD inline int32_t hazard_frequency_col(uint32_t frequency) {
+  constexpr uint32_t kBelow[kHazardFrequencyCols - 1] = {655,   1966,  3932,  6554, 9830,
+                                                         13107, 19661, 29491, 42598};
+  for (int32_t col = 0; col < kHazardFrequencyCols - 1; ++col) {
+    if (frequency < kBelow[col]) return col;
+  }
+  return kHazardFrequencyCols - 1;
+}
+
+// EWMA with weight 1/20 on the newest visit (a memory of about 20 tokens).
+MG_HD inline uint32_t hazard_next_frequency(uint32_t frequency, bool selected) {
+  constexpr uint32_t kStep = (kHazardFrequencyOne + 10) / 20;
+  return frequency - frequency / 20 + (selected ? kStep : 0u);
+}
+
+// The cell whose hazard predicts the key's next visit.
+MG_HD inline int32_t hazard_cell(const HazardState& s, int32_t key) {
+  const int32_t layer = key / s.n_expert;
+  const int32_t last = s.last_visit[key];
+  const int32_t row = hazard_recency_row(last < 0 ? -1 : s.visits[layer] - last);
+  return row * kHazardFrequencyCols + hazard_frequency_col(s.frequency[key]);
+}
+
+// One key at its layer's visit: returns the cell the outcome counts in (add 1
+// to its trials, and to its hits when selected), then advances the key's state.
+// Call for every expert of the layer, then hazard_end_visit.
+MG_HD inline int32_t hazard_observe_key(const HazardState& s, int32_t key, bool selected) {
+  const int32_t cell = hazard_cell(s, key);
+  s.frequency[key] = hazard_next_frequency(s.frequency[key], selected);
+  if (selected) s.last_visit[key] = s.visits[key / s.n_expert];
+  return cell;
+}
+
+// Halves full cells, projects the hazards to be monotone and writes the costs.
+MG_HD inline void hazard_rebuild_costs(const HazardState& s) {
+  const float base_rate_twice = static_cast<float>(2 * s.k) / static_cast<float>(s.n_expert);
+  for (int32_t c = 0; c < kHazardCells; ++c) {
+    if (s.cell_trials[c] >= kHazardCountCap) {
+      s.cell_trials[c] /= 2;
+      s.cell_hits[c] /= 2;
+    }
+    // A prior of two observations at the base rate k / E: an empty cell predicts
+    // the average expert, and no cell predicts 0 or 1.
+    s.cell_cost[c] = (static_cast<float>(s.cell_hits[c]) + base_rate_twice) /
+                     static_cast<float>(s.cell_trials[c] + 2);
+  }
+  constexpr int32_t kCols = kHazardFrequencyCols;
+  // Non-increasing down the recency rows, then non-decreasing along frequency.
+  for (int32_t row = 1; row < kHazardRecencyRows; ++row) {
+    for (int32_t col = 0; col < kCols; ++col) {
+      float& h = s.cell_cost[row * kCols + col];
+      const float above = s.cell_cost[(row - 1) * kCols + col];
+      if (above < h) h = above;
+    }
+  }
+  for (int32_t row = 0; row < kHazardRecencyRows; ++row) {
+    for (int32_t col = 1; col < kCols; ++col) {
+      float& h = s.cell_cost[row * kCols + col];
+      const float left = s.cell_cost[row * kCols + col - 1];
+      if (left > h) h = left;
+    }
+  }
+  const float n_layer = static_cast<float>(s.n_layer);
+  for (int32_t c = 0; c < kHazardCells; ++c) {
+    const float h = s.cell_cost[c];
+    const float wait = n_layer * (1.0f - h);
+    s.cell_cost[c] = wait / h;
+  }
+}
+
+// The whole observation of one layer's visit, sequentially.
+MG_HD inline void hazard_observe_layer(const HazardState& s, int32_t layer,
+                                       const int32_t* selected_keys, int32_t k) {
+  for (int32_t e = 0; e < s.n_expert; ++e) {
+    const int32_t key = residency_key(layer, e, s.n_expert);
+    const bool selected = key_in_selection(key, selected_keys, k);
+    const int32_t cell = hazard_observe_key(s, key, selected);
+    ++s.cell_trials[cell];
+    if (selected) ++s.cell_hits[cell];
+  }
+  ++s.visits[layer];
+  hazard_rebuild_costs(s);
+}
+
+// Expected steps from the visit of `current_layer` to the key's next use.
+MG_HD inline float hazard_expected_wait(const HazardState& s, int32_t key,
+                                        int32_t current_layer) {
+  const int32_t layer = key / s.n_expert;
+  const int32_t steps_to_visit = (layer - current_layer - 1 + s.n_layer) % s.n_layer + 1;
+  return static_cast<float>(steps_to_visit) + s.cell_cost[hazard_cell(s, key)];
+}
+
+// Eviction order for the current selection, unique per slot: empty slots first
+// (lowest index first); then occupied slots by expected wait, longest first, then
+// by frequency byte, lowest first, then by visits since the last selection,
+// most first, then by slot index; a slot holding a key of the selection is never
+// a victim. Bits: 62 class, 31..61 inverted wait (a positive float's bits order
+// like its value), 23..30 frequency, 15..22 inverted age, 0..14 slot.
+MG_HD inline uint64_t hazard_victim_rank(const HazardState& s, int32_t slot,
+                                         int32_t current_layer, const int32_t* selected_keys,
+                                         int32_t k) {
+  const int32_t key = s.owner[slot];
+  if (key == kNoKey) return static_cast<uint64_t>(slot);
+  if (key_in_selection(key, selected_keys, k)) return kNotAVictim;
+  const float wait = hazard_expected_wait(s, key, current_layer);
+  uint32_t wait_bits;
+  memcpy(&wait_bits, &wait, sizeof(wait_bits));
+  const uint32_t frequency = s.frequency[key] >> 8;
+  const uint32_t frequency_byte = frequency < 255u ? frequency : 255u;
+  // A resident key was selected when it was admitted, so last_visit is set.
+  const int32_t age = s.visits[key / s.n_expert] - s.last_visit[key];
+  const uint32_t age_byte = age < 255 ? static_cast<uint32_t>(age) : 255u;
+  return (uint64_t{1} << 62) | (static_cast<uint64_t>(0x7fffffffu - wait_bits) << 31) |
+         (static_cast<uint64_t>(frequency_byte) << 23) |
+         (static_cast<uint64_t>(255u - age_byte) << 15) | static_cast<uint64_t>(slot);
+}
+
+MG_HD inline int32_t hazard_find_victim(const HazardState& s, const HazardPool& pool,
+                                        int32_t current_layer, const int32_t* selected_keys,
+                                        int32_t k) {
+  int32_t best = kNoSlot;
+  uint64_t best_rank = kNotAVictim;
+  for (int32_t slot = pool.slot_begin; slot < pool.slot_begin + pool.n_slots; ++slot) {
+    const uint64_t rank = hazard_victim_rank(s, slot, current_layer, selected_keys, k);
+    if (rank < best_rank) {
+      best_rank = rank;
+      best = slot;
+    }
+  }
+  return best;
+}
+
+// One layer's step, with the outputs of residency_step: per rank r,
+// slot_of_rank[r] and missed[r] (admitted now, to be staged), and the evicted
+// keys. First-miss admit: a miss always takes a slot, so the engine needs no
+// bypass area. Requires pool.n_slots >= k and pool.n_slots <= kHazardMaxSlots.
+MG_HD inline StepOutcome hazard_step(const HazardState& s, const HazardPool& pool, int32_t layer,
+                                     const int32_t* experts, int32_t k, int32_t* selected_keys,
+                                     int32_t* slot_of_rank, uint8_t* missed,
+                                     int32_t* evicted_keys) {
+  StepOutcome out = {0, 0, 0};
+  for (int32_t r = 0; r < k; ++r) selected_keys[r] = residency_key(layer, experts[r], s.n_expert);
+  hazard_observe_layer(s, layer, selected_keys, k);
+  for (int32_t r = 0; r < k; ++r) {
+    const int32_t slot = s.table[selected_keys[r]];
+    missed[r] = slot == kNoSlot ? 1 : 0;
+    slot_of_rank[r] = slot;
+    if (slot != kNoSlot) ++out.n_hits;
+  }
+  // Ranks do not change within a step, so these victims are the lowest ranks
+  // of the step: one top-m pass on the GPU.
+  for (int32_t r = 0; r < k; ++r) {
+    if (!missed[r]) continue;
+    const int32_t victim = hazard_find_victim(s, pool, layer, selected_keys, k);
+    const int32_t old_key = s.owner[victim];
+    if (old_key != kNoKey) {
+      s.table[old_key] = kNoSlot;
+      evicted_keys[out.n_evictions++] = old_key;
+    }
+    s.owner[victim] = selected_keys[r];
+    s.table[selected_keys[r]] = victim;
+    slot_of_rank[r] = victim;
+    ++out.n_misses;
+  }
+  return out;
+}
+
+}  // namespace moegraph

@@ -1,0 +1,335 @@
+// The CUDA engine on a device (every test skips without one): logits against
+// the CPU oracle by NMSE, greedy tokens equal to the oracle's on f32 fixtures,
+// identical tokens and logits across the arms (resident, graph, eager, host,
+// stage), device residency tables equal to a host ResidencyCache fed the routing
+// the engine recorded, and host synchronizations per token in each mode.
+#include "capture/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "loader/fixture.h"
+#include "reference/oracle.h"
+#include "residency/cache.h"
+#include "tests/test_util.h"
+
+namespace moegraph {
+namespace {
+
+using testing_util::BitEqual;
+using testing_util::LoadedModel;
+using testing_util::LoadFixture;
+using testing_util::MessageHas;
+
+#define SKIP_WITHOUT_DEVICE()                                                        \
+  do {                                                                               \
+    if (CudaDeviceCount() == 0) {                                                    \
+      GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount reports none): the engine " \
+                      "tests need a GPU";                                            \
+    }                                                                                \
+  } while (0)
+
+const std::vector<int32_t> kPrompt = {3, 17, 101, 42, 42, 0, 127, 64};
+
+double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0;
+  double ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    err += d * d;
+    ref += static_cast<double>(want[i]) * want[i];
+  }
+  return ref > 0 ? err / ref : err;
+}
+
+Doors DoorsOf(Arm arm) {
+  Doors d;
+  d.graph = arm != Arm::kEager && arm != Arm::kHost;
+  d.moe_cache = arm != Arm::kStage;
+  d.residency = arm == Arm::kHost ? ResidencyMode::kHost : ResidencyMode::kDevice;
+  d.resident = arm == Arm::kResident;
+  return d;
+}
+
+std::unique_ptr<CudaEngine> MakeEngine(const Model& model, Arm arm, int32_t slots,
+                                       int steps_per_launch = 1, bool record_routing = false) {
+  CudaEngineOptions options;
+  options.max_ctx = 64;
+  options.n_slots = slots;
+  options.doors = DoorsOf(arm);
+  options.steps_per_launch = steps_per_launch;
+  options.record_routing = record_routing;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine = CudaEngine::Create(model, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return nullptr;
+  EXPECT_EQ((*engine)->arm(), arm);
+  return std::move(*engine);
+}
+
+struct OracleCase {
+  Arch arch;
+  GgmlType expert_type;
+  bool legacy = false;
+};
+
+void PrintTo(const OracleCase& c, std::ostream* os) {
+  *os << arch_gguf_name(c.arch) << " " << ggml_type_name(static_cast<uint32_t>(c.expert_type))
+      << (c.legacy ? " legacy" : "");
+}
+
+class EngineOracleTest : public ::testing::TestWithParam<OracleCase> {};
+
+TEST_P(EngineOracleTest, LogitsMatchTheOracleAndF32TokensAreEqual) {
+  SKIP_WITHOUT_DEVICE();
+  const OracleCase c = GetParam();
+  FixtureSpec spec;
+  spec.arch = c.arch;
+  spec.expert_type = c.expert_type;
+  spec.legacy_experts = c.legacy;
+  // K-quants need rows of 256.
+  spec.n_embd = 256;
+  spec.n_ff_exp = 256;
+  spec.n_head = 4;
+  spec.n_head_kv = c.arch == Arch::kOlmoe ? 4 : 2;
+  spec.n_expert = 8;
+  spec.n_expert_used = 2;
+  spec.router_skew = 1.0f;
+  spec.seed = 7;
+  absl::StatusOr<std::unique_ptr<LoadedModel>> loaded = LoadFixture(spec);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Model& model = (*loaded)->model;
+
+  absl::StatusOr<std::unique_ptr<Oracle>> oracle = Oracle::Create(model, 64);
+  ASSERT_TRUE(oracle.ok()) << oracle.status();
+  // Tight slots so the expert path both hits and misses.
+  std::unique_ptr<CudaEngine> engine = MakeEngine(model, Arm::kGraph, 3);
+  ASSERT_NE(engine, nullptr);
+
+  for (size_t n = 1; n <= kPrompt.size(); n += 3) {
+    const absl::Span<const int32_t> prompt = absl::MakeConstSpan(kPrompt).subspan(0, n);
+    (*oracle)->Reset();
+    absl::StatusOr<std::vector<float>> want = (*oracle)->Forward(prompt);
+    ASSERT_TRUE(want.ok()) << want.status();
+    const std::vector<float> last(want->end() - model.config.n_vocab, want->end());
+    ASSERT_TRUE(engine->Generate(prompt, 1).ok());
+    absl::StatusOr<std::vector<float>> got = engine->LastLogits();
+    ASSERT_TRUE(got.ok()) << got.status();
+    const double bound = c.expert_type == GgmlType::kF32 ? 1e-6 : 5e-4;
+    EXPECT_LT(Nmse(*got, last), bound) << "prompt length " << n;
+  }
+
+  if (c.expert_type == GgmlType::kF32) {
+    (*oracle)->Reset();
+    absl::StatusOr<std::vector<int32_t>> want = (*oracle)->Generate(kPrompt, 12);
+    ASSERT_TRUE(want.ok()) << want.status();
+    absl::StatusOr<std::vector<int32_t>> got = engine->Generate(kPrompt, 12);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *want);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, EngineOracleTest,
+    ::testing::Values(OracleCase{Arch::kQwen3Moe, GgmlType::kF32},
+                      OracleCase{Arch::kQwen3Moe, GgmlType::kQ4_K},
+                      OracleCase{Arch::kOlmoe, GgmlType::kQ8_0},
+                      OracleCase{Arch::kQwen2Moe, GgmlType::kF32},
+                      OracleCase{Arch::kQwen2Moe, GgmlType::kQ6_K},
+                      OracleCase{Arch::kMixtral, GgmlType::kQ5_K, /*legacy=*/true},
+                      OracleCase{Arch::kMixtral, GgmlType::kF16}),
+    [](const ::testing::TestParamInfo<OracleCase>& info) {
+      return absl::StrFormat("%s_%s%s", arch_gguf_name(info.param.arch),
+                             ggml_type_name(static_cast<uint32_t>(info.param.expert_type)),
+                             info.param.legacy ? "_legacy" : "");
+    });
+
+class EngineArmsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_DEVICE();
+    FixtureSpec spec;
+    spec.arch = Arch::kQwen2Moe;  // the shared expert too
+    spec.n_layer = 3;
+    spec.n_expert = 16;
+    spec.n_expert_used = 4;
+    spec.expert_type = GgmlType::kQ8_0;
+    spec.router_skew = 0.8f;
+    spec.seed = 11;
+    absl::StatusOr<std::unique_ptr<LoadedModel>> loaded = LoadFixture(spec);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    loaded_ = std::move(*loaded);
+  }
+  const Model& model() const { return loaded_->model; }
+
+  std::unique_ptr<LoadedModel> loaded_;
+};
+
+TEST_F(EngineArmsTest, EveryArmGivesTheSameTokensAndLogits) {
+  constexpr int kPredict = 16;
+  std::vector<int32_t> want_tokens;
+  std::vector<float> want_logits;
+  for (Arm arm : {Arm::kGraph, Arm::kEager, Arm::kHost, Arm::kStage, Arm::kResident}) {
+    // Slots = k: heavy eviction wherever a policy runs.
+    std::unique_ptr<CudaEngine> engine = MakeEngine(model(), arm, 4);
+    ASSERT_NE(engine, nullptr) << ArmName(arm);
+    absl::StatusOr<std::vector<int32_t>> tokens = engine->Generate(kPrompt, kPredict);
+    ASSERT_TRUE(tokens.ok()) << ArmName(arm) << ": " << tokens.status();
+    absl::StatusOr<std::vector<float>> logits = engine->LastLogits();
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    absl::StatusOr<EngineCounters> counters = engine->ReadCounters();
+    ASSERT_TRUE(counters.ok()) << counters.status();
+    const uint64_t steps = kPrompt.size() + kPredict - 1;
+    EXPECT_EQ(counters->steps, steps) << ArmName(arm);
+    const uint64_t selected = steps * 3 * 4;
+    EXPECT_EQ(counters->hits + counters->misses, selected) << ArmName(arm);
+    if (arm == Arm::kResident) {
+      EXPECT_EQ(counters->bytes_staged, 0u);
+    } else {
+      EXPECT_GT(counters->bytes_staged, 0u) << ArmName(arm);
+    }
+    if (arm == Arm::kStage) {
+      EXPECT_EQ(counters->misses, selected);
+    }
+    if (want_tokens.empty()) {
+      want_tokens = *tokens;
+      want_logits = *logits;
+      continue;
+    }
+    EXPECT_EQ(*tokens, want_tokens) << ArmName(arm);
+    EXPECT_TRUE(BitEqual(*logits, want_logits)) << ArmName(arm);
+  }
+}
+
+TEST_F(EngineArmsTest, OneExpertPassGivesTheSameBits) {
+  std::unique_ptr<CudaEngine> split = MakeEngine(model(), Arm::kGraph, 5);
+  CudaEngineOptions options;
+  options.max_ctx = 64;
+  options.n_slots = 5;
+  options.doors.split_passes = false;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> single = CudaEngine::Create(model(), options);
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_NE(split, nullptr);
+  absl::StatusOr<std::vector<int32_t>> a = split->Generate(kPrompt, 8);
+  absl::StatusOr<std::vector<int32_t>> b = (*single)->Generate(kPrompt, 8);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+  absl::StatusOr<std::vector<float>> la = split->LastLogits();
+  absl::StatusOr<std::vector<float>> lb = (*single)->LastLogits();
+  ASSERT_TRUE(la.ok() && lb.ok());
+  EXPECT_TRUE(BitEqual(*la, *lb));
+}
+
+TEST_F(EngineArmsTest, DeviceTablesEqualAHostCacheFedTheRecordedRouting) {
+  for (Arm arm : {Arm::kEager, Arm::kGraph}) {
+    std::unique_ptr<CudaEngine> engine = MakeEngine(model(), arm, 6, 1, /*record_routing=*/true);
+    ASSERT_NE(engine, nullptr);
+    ASSERT_TRUE(engine->Generate(kPrompt, 12).ok());
+    ASSERT_TRUE(engine->Generate({5, 6, 7}, 6).ok());  // state carries over
+    ASSERT_EQ(engine->pools().size(), 1u);
+
+    CacheConfig config;
+    config.n_layer = model().config.n_layer;
+    config.n_expert = model().config.n_expert;
+    config.k = model().config.n_expert_used;
+    config.n_slots = 6;
+    config.protected_frac = Doors().protected_frac;
+    absl::StatusOr<ResidencyCache> cache = ResidencyCache::Create(config);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    const std::vector<int32_t>& routing = engine->routing();
+    const size_t per_step = static_cast<size_t>(config.n_layer * config.k);
+    ASSERT_EQ(routing.size(), (kPrompt.size() + 11 + 3 + 5) * per_step);
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    for (size_t at = 0; at < routing.size(); at += static_cast<size_t>(config.k)) {
+      const int32_t layer = static_cast<int32_t>((at % per_step) / config.k);
+      const LayerStep& step = cache->Step(layer, routing.data() + at);
+      hits += static_cast<uint64_t>(step.outcome.n_hits);
+      misses += static_cast<uint64_t>(step.outcome.n_misses);
+    }
+    absl::StatusOr<ResidencySnapshot> device = engine->ReadResidency(0);
+    ASSERT_TRUE(device.ok()) << device.status();
+    EXPECT_EQ(device->table, cache->table()) << ArmName(arm);
+    EXPECT_EQ(device->owner, cache->owner()) << ArmName(arm);
+    EXPECT_EQ(device->stamp, cache->stamp()) << ArmName(arm);
+    EXPECT_EQ(device->seg, cache->seg()) << ArmName(arm);
+    EXPECT_EQ(device->clock, std::vector<uint64_t>{*cache->pools()[0].clock});
+    EXPECT_EQ(device->n_protected, std::vector<int32_t>{*cache->pools()[0].n_protected});
+    absl::StatusOr<EngineCounters> counters = engine->ReadCounters();
+    ASSERT_TRUE(counters.ok());
+    EXPECT_EQ(counters->hits, hits);
+    EXPECT_EQ(counters->misses, misses);
+    EXPECT_GT(counters->evictions, 0u);
+  }
+}
+
+TEST_F(EngineArmsTest, HostSyncsPerTokenAreOnePerLaunchInGraphMode) {
+  constexpr int kDecode = 8;  // a multiple of every S below
+  for (int s : {1, 4}) {
+    std::unique_ptr<CudaEngine> engine = MakeEngine(model(), Arm::kGraph, 6, s);
+    ASSERT_NE(engine, nullptr);
+    const HostCounters before = engine->host_counters();
+    ASSERT_TRUE(engine->Generate(kPrompt, kDecode + 1).ok());
+    const HostCounters after = engine->host_counters();
+    const uint64_t prompt_launches = (kPrompt.size() + s - 1) / s;
+    const uint64_t decode_launches = kDecode / s;
+    EXPECT_EQ(after.graph_launches - before.graph_launches, prompt_launches + decode_launches)
+        << "S=" << s;
+    // One wait per launch, plus the one readback of the generated tokens.
+    EXPECT_EQ(after.host_syncs - before.host_syncs, prompt_launches + decode_launches + 1)
+        << "S=" << s;
+    EXPECT_EQ(after.eager_steps, before.eager_steps);
+    EXPECT_GE(after.captures - before.captures, 1u);
+    EXPECT_LE(after.captures - before.captures, 2u);  // S steps, and a shorter remainder
+    // A second run with the same prompt length captures nothing new.
+    const HostCounters again = engine->host_counters();
+    ASSERT_TRUE(engine->Generate(kPrompt, kDecode + 1).ok());
+    EXPECT_EQ(engine->host_counters().captures, again.captures);
+  }
+}
+
+TEST_F(EngineArmsTest, TheHostArmSyncsOncePerMoeLayerAndOncePerToken) {
+  std::unique_ptr<CudaEngine> engine = MakeEngine(model(), Arm::kHost, 6);
+  ASSERT_NE(engine, nullptr);
+  const HostCounters before = engine->host_counters();
+  ASSERT_TRUE(engine->Generate(kPrompt, 5).ok());
+  const HostCounters after = engine->host_counters();
+  const uint64_t steps = kPrompt.size() + 4;
+  const uint64_t n_layer = static_cast<uint64_t>(model().config.n_layer);
+  EXPECT_EQ(after.host_syncs - before.host_syncs, steps * (n_layer + 1) + 1);
+  EXPECT_EQ(after.eager_steps - before.eager_steps, steps);
+  EXPECT_EQ(after.graph_launches, before.graph_launches);
+  // Two table copies per layer step, plus the prompt and each missed block.
+  EXPECT_GT(after.h2d_memcpys - before.h2d_memcpys, steps * n_layer * 2);
+}
+
+TEST_F(EngineArmsTest, BadOptionsAreErrorsNamingTheFlag) {
+  CudaEngineOptions options;
+  options.max_ctx = 64;
+  options.n_slots = 2;  // below top-k 4
+  absl::StatusOr<std::unique_ptr<CudaEngine>> below = CudaEngine::Create(model(), options);
+  ASSERT_FALSE(below.ok());
+  EXPECT_TRUE(MessageHas(below.status(), "--slots")) << below.status();
+
+  options.n_slots = 0;
+  options.steps_per_launch = 0;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> steps = CudaEngine::Create(model(), options);
+  ASSERT_FALSE(steps.ok());
+  EXPECT_TRUE(MessageHas(steps.status(), "--steps-per-launch")) << steps.status();
+
+  options.steps_per_launch = 1;
+  options.max_ctx = 4;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> small = CudaEngine::Create(model(), options);
+  ASSERT_TRUE(small.ok()) << small.status();
+  absl::StatusOr<std::vector<int32_t>> over = (*small)->Generate(kPrompt, 2);
+  ASSERT_FALSE(over.ok());
+  EXPECT_TRUE(MessageHas(over.status(), "--ctx")) << over.status();
+}
+
+}  // namespace
+}  // namespace moegraph

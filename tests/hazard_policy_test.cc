@@ -1,0 +1,309 @@
+// The hazard residency policy: its invariants on random traces, hand-worked
+// cases (cyclic scans, a hot key among cold ones, the learned table, the rank),
+// and that it beats global and per-layer LRU on the real and a synthetic trace.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "residency/cache.h"
+#include "residency/hazard_cache.h"
+#include "residency/hazard_policy.h"
+#include "residency/simulator.h"
+#include "residency/trace.h"
+#include "residency/trace_synth.h"
+
+namespace moegraph {
+namespace {
+
+CacheConfig Config(int32_t n_layer, int32_t n_expert, int32_t k, int32_t n_slots,
+                   PoolMode pool = PoolMode::kGlobal) {
+  CacheConfig config;
+  config.n_layer = n_layer;
+  config.n_expert = n_expert;
+  config.k = k;
+  config.n_slots = n_slots;
+  config.pool_mode = pool;
+  return config;
+}
+
+HazardCache MakeHazard(const CacheConfig& config) {
+  absl::StatusOr<HazardCache> cache = HazardCache::Create(config);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return *std::move(cache);
+}
+
+int64_t Hits(const SimTrace& trace, const std::string& policy, int32_t n_slots,
+             PoolMode pool = PoolMode::kGlobal) {
+  SimConfig config;
+  config.policy = policy;
+  config.n_slots = n_slots;
+  config.pool_mode = pool;
+  const absl::StatusOr<SimResult> result = Simulate(trace, config);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? result->hits : -1;
+}
+
+TEST(HazardPolicyTest, RefusesFewerSlotsThanTopK) {
+  const absl::StatusOr<HazardCache> cache = HazardCache::Create(Config(4, 8, 3, 2));
+  ASSERT_FALSE(cache.ok());
+  EXPECT_NE(cache.status().message().find("--slots 2"), std::string::npos) << cache.status();
+  EXPECT_TRUE(HazardCache::Create(Config(4, 8, 3, 3)).ok());
+}
+
+// Every step of random traces, global and per-layer pools, from k slots to all
+// keys: the outcome matches the table before the step, no selected key is
+// evicted, evictions happen only once the pool is full, and the maps stay inverse.
+TEST(HazardPolicyTest, StepsKeepTheInvariantsOnRandomTraces) {
+  struct Geometry {
+    int32_t n_layer, n_expert, k;
+  };
+  for (const Geometry g : {Geometry{4, 16, 3}, Geometry{3, 8, 2}, Geometry{6, 4, 1}}) {
+    const int32_t n_keys = g.n_layer * g.n_expert;
+    for (const PoolMode pool : {PoolMode::kGlobal, PoolMode::kPerLayer}) {
+      const int32_t fewest = pool == PoolMode::kGlobal ? g.k : g.k * g.n_layer;
+      for (const int32_t n_slots : {fewest, fewest + 5, n_keys / 2, n_keys}) {
+        SCOPED_TRACE(testing::Message() << g.n_layer << "x" << g.n_expert << " k " << g.k
+                                        << " pool " << PoolModeName(pool) << " slots "
+                                        << n_slots);
+        HazardCache cache = MakeHazard(Config(g.n_layer, g.n_expert, g.k, n_slots, pool));
+        std::mt19937 rng(static_cast<uint32_t>(n_slots * 7 + g.k));
+        std::vector<int32_t> experts(g.k);
+        int32_t occupied = 0;
+        for (int32_t step = 0; step < 120; ++step) {
+          for (int32_t layer = 0; layer < g.n_layer; ++layer) {
+            // Skewed selections: the minimum of two draws favours the low ids.
+            for (int32_t r = 0; r < g.k; ++r) {
+              int32_t e;
+              do {
+                e = static_cast<int32_t>(std::min(rng() % g.n_expert, rng() % g.n_expert));
+              } while (std::find(experts.begin(), experts.begin() + r, e) != experts.begin() + r);
+              experts[r] = e;
+            }
+            const std::vector<int32_t> table_before = cache.table();
+            const LayerStep& out = cache.Step(layer, experts.data());
+            ASSERT_EQ(out.outcome.n_hits + out.outcome.n_misses, g.k);
+            for (int32_t r = 0; r < g.k; ++r) {
+              const int32_t key = residency_key(layer, experts[r], g.n_expert);
+              EXPECT_EQ(out.missed[r] == 1, table_before[key] == kNoSlot);
+              ASSERT_GE(out.slot_of_rank[r], 0);
+              EXPECT_EQ(cache.owner()[out.slot_of_rank[r]], key);
+              if (!out.missed[r]) {
+                EXPECT_EQ(out.slot_of_rank[r], table_before[key]);
+              }
+            }
+            for (const int32_t evicted : out.evicted_keys) {
+              EXPECT_NE(table_before[evicted], kNoSlot);
+              EXPECT_EQ(cache.table()[evicted], kNoSlot);
+              const bool was_selected =
+                  evicted / g.n_expert == layer &&
+                  std::find(experts.begin(), experts.end(), evicted % g.n_expert) != experts.end();
+              EXPECT_FALSE(was_selected) << "evicted selected key " << evicted;
+            }
+            const int32_t filled = out.outcome.n_misses - out.outcome.n_evictions;
+            occupied += filled;
+            if (out.outcome.n_evictions > 0 && pool == PoolMode::kGlobal) {
+              EXPECT_EQ(occupied, cache.config().n_slots);
+            }
+            ASSERT_TRUE(cache.CheckInvariants().ok()) << cache.CheckInvariants();
+          }
+        }
+        uint64_t trials = 0;
+        for (const uint32_t t : cache.cell_trials()) trials += t;
+        EXPECT_EQ(trials, uint64_t{120} * n_keys);
+      }
+    }
+  }
+}
+
+// Four layers select expert 0 at every step; two slots. LRU always evicts the
+// key needed next and never hits. The hazard policy evicts the key whose layer
+// comes last (most recently used), which is what OPT does on a cycle.
+TEST(HazardPolicyTest, ACyclicScanHitsAsOftenAsOpt) {
+  RoutingTrace routing;
+  routing.n_layer = 4;
+  routing.n_expert = 2;
+  routing.k = 1;
+  routing.n_steps = 50;
+  routing.ids.assign(routing.row_offset(routing.n_steps, 0), 0);
+  absl::StatusOr<SimTrace> trace = SimTrace::Create(routing);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(Hits(*trace, "lru", 2), 0);
+  const int64_t opt = Hits(*trace, "opt", 2);
+  EXPECT_GT(opt, 50);
+  EXPECT_EQ(Hits(*trace, "hazard", 2), opt);
+}
+
+// One layer, two slots: expert 0, then two experts never seen before, again and
+// again. LRU loses expert 0 to every pair; the hazard policy keeps it.
+TEST(HazardPolicyTest, AHotKeySurvivesColdOnes) {
+  const CacheConfig config = Config(1, 64, 1, 2);
+  HazardCache hazard = MakeHazard(config);
+  absl::StatusOr<ResidencyCache> lru = ResidencyCache::Create(config);
+  ASSERT_TRUE(lru.ok()) << lru.status();
+  int32_t hazard_hits = 0, lru_hits = 0, rounds = 0;
+  for (int32_t cold = 1; cold + 1 < 64; cold += 2, ++rounds) {
+    for (const int32_t expert : {0, cold, cold + 1}) {
+      hazard_hits += hazard.Step(0, &expert).outcome.n_hits;
+      lru_hits += lru->Step(0, &expert).outcome.n_hits;
+    }
+  }
+  EXPECT_EQ(lru_hits, 0);
+  // Every round hits expert 0 once the table has seen one round of cold keys.
+  EXPECT_GE(hazard_hits, rounds - 2);
+}
+
+int32_t Cell(int32_t row, int32_t col) { return row * kHazardFrequencyCols + col; }
+
+// Counts set by hand: the table is projected monotone (a later recency row never
+// predicts more than an earlier one, a higher frequency never less) and the
+// costs follow L * (1 - h) / h with a prior at the base rate k / E.
+TEST(HazardPolicyTest, CostsAreMonotoneProjections) {
+  HazardCache cache = MakeHazard(Config(32, 8, 2, 16));
+  HazardState s = cache.state();
+  s.cell_hits[Cell(0, 0)] = 1;  // h = (1 + 2 * 2/8) / (8 + 2) with the base-rate prior
+  s.cell_trials[Cell(0, 0)] = 8;
+  s.cell_hits[Cell(1, 0)] = 7;  // h = 7.5 / 10, above the row before it
+  s.cell_trials[Cell(1, 0)] = 8;
+  s.cell_hits[Cell(2, 5)] = kHazardCountCap - 2;  // full: halved on rebuild
+  s.cell_trials[Cell(2, 5)] = kHazardCountCap;
+  hazard_rebuild_costs(s);
+  const float h = 1.5f / 10.0f;
+  const float cost = 32.0f * (1.0f - h) / h;
+  EXPECT_EQ(s.cell_cost[Cell(0, 0)], cost);
+  EXPECT_EQ(s.cell_cost[Cell(1, 0)], cost);     // clipped to the row above
+  EXPECT_EQ(s.cell_cost[Cell(0, 1)], 96.0f);    // no data: h = k / E = 1/4
+  EXPECT_EQ(s.cell_trials[Cell(2, 5)], kHazardCountCap / 2);
+  EXPECT_EQ(s.cell_hits[Cell(2, 5)], kHazardCountCap / 2 - 1);
+  for (int32_t row = 0; row < kHazardRecencyRows; ++row) {
+    for (int32_t col = 0; col < kHazardFrequencyCols; ++col) {
+      if (row > 0) {
+        EXPECT_GE(s.cell_cost[Cell(row, col)], s.cell_cost[Cell(row - 1, col)]);
+      }
+      if (col > 0) {
+        EXPECT_LE(s.cell_cost[Cell(row, col)], s.cell_cost[Cell(row, col - 1)]);
+      }
+    }
+  }
+}
+
+TEST(HazardPolicyTest, RowsAndColumnsFollowTheirEdges) {
+  EXPECT_EQ(hazard_recency_row(1), 0);
+  EXPECT_EQ(hazard_recency_row(4), 3);
+  EXPECT_EQ(hazard_recency_row(5), 4);
+  EXPECT_EQ(hazard_recency_row(30), 7);
+  EXPECT_EQ(hazard_recency_row(31), 8);
+  EXPECT_EQ(hazard_recency_row(250), 10);
+  EXPECT_EQ(hazard_recency_row(251), 11);
+  EXPECT_EQ(hazard_recency_row(-1), 11);
+  EXPECT_EQ(hazard_frequency_col(0), 0);
+  EXPECT_EQ(hazard_frequency_col(655), 1);
+  EXPECT_EQ(hazard_frequency_col(kHazardFrequencyOne), 9);
+  // Selected at every visit, the EWMA climbs to the top column and stays there.
+  uint32_t frequency = 0;
+  for (int32_t visit = 0; visit < 200; ++visit) frequency = hazard_next_frequency(frequency, true);
+  EXPECT_EQ(hazard_frequency_col(frequency), 9);
+  for (int32_t visit = 0; visit < 200; ++visit) frequency = hazard_next_frequency(frequency, false);
+  EXPECT_EQ(hazard_frequency_col(frequency), 0);
+}
+
+// Four layers, two experts, fresh table (every key in the same cell): from
+// layer 1's visit, layer 0's keys wait 3 steps for their next visit and layer
+// 2's 1 step, so layer 0's key goes first; empty slots before any occupied one;
+// equal waits fall to the lower frequency; the selection is never a victim.
+TEST(HazardPolicyTest, VictimRankOrdersEmptyThenWaitThenFrequency) {
+  HazardCache cache = MakeHazard(Config(4, 2, 1, 5));
+  HazardState s = cache.state();
+  const int32_t layer0_key = residency_key(0, 0, 2);
+  const int32_t layer2_key = residency_key(2, 0, 2);
+  const int32_t layer3_cold = residency_key(3, 0, 2);
+  const int32_t layer3_warm = residency_key(3, 1, 2);
+  const int32_t selected = residency_key(1, 0, 2);
+  const int32_t owners[5] = {layer2_key, layer0_key, kNoKey, layer3_warm, layer3_cold};
+  for (int32_t slot = 0; slot < 5; ++slot) {
+    s.owner[slot] = owners[slot];
+    if (owners[slot] != kNoKey) s.table[owners[slot]] = slot;
+  }
+  s.owner[2] = kNoKey;
+  s.frequency[layer3_warm] = 3000;  // same column as 0, a higher tie-break byte
+  s.frequency[layer3_cold] = 1000;
+  EXPECT_EQ(hazard_expected_wait(s, layer0_key, 1), 3.0f + 4.0f);
+  EXPECT_EQ(hazard_expected_wait(s, layer2_key, 1), 1.0f + 4.0f);
+  const uint64_t empty = hazard_victim_rank(s, 2, 1, &selected, 1);
+  const uint64_t far = hazard_victim_rank(s, 1, 1, &selected, 1);
+  const uint64_t near = hazard_victim_rank(s, 0, 1, &selected, 1);
+  const uint64_t cold = hazard_victim_rank(s, 4, 1, &selected, 1);
+  const uint64_t warm = hazard_victim_rank(s, 3, 1, &selected, 1);
+  EXPECT_LT(empty, cold);
+  EXPECT_LT(cold, warm);  // layer 3 waits 2 steps: after layer 0, before layer 2
+  EXPECT_LT(far, cold);
+  EXPECT_LT(warm, near);
+  EXPECT_EQ(hazard_find_victim(s, HazardPool{0, 5}, 1, &selected, 1), 2);
+  s.owner[2] = selected;
+  s.table[selected] = 2;
+  EXPECT_EQ(hazard_victim_rank(s, 2, 1, &selected, 1), kNotAVictim);
+  EXPECT_EQ(hazard_find_victim(s, HazardPool{0, 5}, 1, &selected, 1), 1);
+}
+
+std::string SharedDir() {
+  const char* env = std::getenv("MOEGRAPH_SHARED");
+  return env != nullptr ? env : "/work/shared";
+}
+
+// The hazard policy's hits against the better of global LRU and per-layer LRU
+// (where every layer gets at least k slots) at each budget. `slack`: hits it
+// may fall short by at budgets from `slack_from` slots up.
+void ExpectAtLeastBothLrus(const RoutingTrace& routing, const std::vector<int32_t>& budgets,
+                           int32_t slack_from = 0, int64_t slack = 0) {
+  absl::StatusOr<SimTrace> trace = SimTrace::Create(routing);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  for (const int32_t n_slots : budgets) {
+    int64_t best_lru = Hits(*trace, "lru", n_slots);
+    if (n_slots / routing.n_layer >= routing.k) {
+      best_lru = std::max(best_lru, Hits(*trace, "lru", n_slots, PoolMode::kPerLayer));
+    }
+    const int64_t hazard = Hits(*trace, "hazard", n_slots);
+    const int64_t allowed = slack_from > 0 && n_slots >= slack_from ? slack : 0;
+    EXPECT_GE(hazard, best_lru - allowed) << n_slots << " slots";
+    EXPECT_LE(hazard, Hits(*trace, "opt", n_slots)) << n_slots << " slots";
+  }
+}
+
+TEST(HazardPolicyTest, BeatsBothLrusOnTheRealTrace) {
+  TraceReadOptions options;
+  options.n_expert_hint = 8;
+  const absl::StatusOr<RoutingTrace> routing =
+      ReadTraceJsonl(SharedDir() + "/traces/mixtral-8x7b-humaneval.jsonl", options);
+  ASSERT_TRUE(routing.ok()) << routing.status();
+  ExpectAtLeastBothLrus(*routing, {16, 32, 64, 128, 192});
+}
+
+// Qwen3-30B-A3B geometry (48 layers, 128 experts, top-8) at 10, 25, 50 and 75%
+// of the 6144 keys, on two corners of the popularity/reuse range. At 75% every
+// policy is within 3% of OPT and per-layer LRU can lead by a few hits
+// (docs/POLICY.md): there the bound is 0.02% of the accesses.
+TEST(HazardPolicyTest, BeatsBothLrusOnSyntheticQwen3Traces) {
+  struct Variant {
+    double zipf_s, reuse;
+  };
+  for (const Variant v : {Variant{1.0, 0.45}, Variant{0.6, 0.2}}) {
+    SCOPED_TRACE(testing::Message() << "zipf " << v.zipf_s << " reuse " << v.reuse);
+    SynthSpec spec;
+    spec.n_steps = 200;
+    spec.zipf_s = v.zipf_s;
+    spec.reuse = v.reuse;
+    spec.drift_period = 20;
+    spec.seed = 1;
+    const absl::StatusOr<RoutingTrace> routing = SynthesizeTrace(spec);
+    ASSERT_TRUE(routing.ok()) << routing.status();
+    const int64_t accesses = spec.n_steps * spec.n_layer * spec.k;
+    ExpectAtLeastBothLrus(*routing, {614, 1536, 3072, 4608}, 4608, accesses / 5000);
+  }
+}
+
+}  // namespace
+}  // namespace moegraph

@@ -1,0 +1,480 @@
+// The kernels' MG_HD math and decisions, run on the CPU against the oracle's ops
+// (reference/ops.h), the quant code (loader/quant.h) and the residency policy.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/dot_math.h"
+#include "kernels/moe_math.h"
+#include "kernels/nn_math.h"
+#include "kernels/sample_math.h"
+#include "loader/ggml_type.h"
+#include "loader/quant.h"
+#include "loader/quantize.h"
+#include "reference/ops.h"
+#include "residency/policy.h"
+
+namespace moegraph {
+namespace {
+
+const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
+                           GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+std::vector<float> Gaussian(std::mt19937& rng, size_t n, float sd = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Dequantize-then-dot in f64, and the sum of |w_i x_i| the float error scales with.
+void ReferenceDot(GgmlType type, const uint8_t* row, const float* x, int64_t n, double* dot,
+                  double* magnitude) {
+  std::vector<float> w(n);
+  ASSERT_TRUE(dequantize_row(type, row, w.data(), n));
+  *dot = 0.0;
+  *magnitude = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    *dot += static_cast<double>(w[i]) * x[i];
+    *magnitude += std::fabs(static_cast<double>(w[i]) * x[i]);
+  }
+}
+
+TEST(DotMathTest, BlockDotMatchesDequantizeThenDot) {
+  std::mt19937 rng(1);
+  for (GgmlType type : kTypes) {
+    SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)));
+    const int64_t n = quant_block_elems(type);
+    for (int trial = 0; trial < 200; ++trial) {
+      const std::vector<float> w = Gaussian(rng, n);
+      const std::vector<float> x = Gaussian(rng, n);
+      std::vector<uint8_t> block(ggml_row_size(type, n));
+      quantize_row(type, w.data(), block.data(), n);
+      double expected, magnitude;
+      ReferenceDot(type, block.data(), x.data(), n, &expected, &magnitude);
+      EXPECT_NEAR(block_dot(type, block.data(), x.data()), expected, 1e-6 * magnitude + 1e-30)
+          << "trial " << trial;
+    }
+  }
+}
+
+TEST(DotMathTest, LaneSplitSumsToTheRowDot) {
+  std::mt19937 rng(2);
+  for (GgmlType type : kTypes) {
+    SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)));
+    // Rows shorter than, equal to and longer than 32 chunks; element types also
+    // at a length that is not a multiple of 32.
+    std::vector<int64_t> lengths = {256, 1024, 2560};
+    if (is_element_type(type)) lengths.push_back(77);
+    for (int64_t n : lengths) {
+      const std::vector<float> w = Gaussian(rng, n);
+      const std::vector<float> x = Gaussian(rng, n);
+      std::vector<uint8_t> row(ggml_row_size(type, n));
+      quantize_row(type, w.data(), row.data(), n);
+      double expected, magnitude;
+      ReferenceDot(type, row.data(), x.data(), n, &expected, &magnitude);
+      const float whole = row_dot(type, row.data(), x.data(), n);
+      double lanes = 0.0;
+      for (int lane = 0; lane < 32; ++lane) {
+        lanes += row_dot_lane(type, row.data(), x.data(), n, lane, 32);
+      }
+      EXPECT_NEAR(whole, expected, 1e-6 * magnitude) << "n=" << n;
+      EXPECT_NEAR(lanes, expected, 1e-6 * magnitude) << "n=" << n;
+    }
+  }
+}
+
+TEST(DotMathTest, MatvecSupportsOnlyWholeBlocks) {
+  EXPECT_TRUE(matvec_supports(GgmlType::kF32, 77));
+  EXPECT_TRUE(matvec_supports(GgmlType::kQ4_K, 512));
+  EXPECT_FALSE(matvec_supports(GgmlType::kQ4_K, 288));
+  EXPECT_FALSE(matvec_supports(GgmlType::kQ8_0, 48));
+  EXPECT_FALSE(matvec_supports(GgmlType::kQ2_K, 256));
+  EXPECT_FALSE(matvec_supports(GgmlType::kF16, 0));
+}
+
+TEST(NnMathTest, RopeMatchesReference) {
+  std::mt19937 rng(3);
+  const int n_head = 3;
+  for (RopeType type : {RopeType::kNorm, RopeType::kNeox}) {
+    for (int head_dim : {64, 128}) {
+      for (int32_t pos : {0, 1, 17, 4095, 32767}) {
+        for (float base : {10000.0f, 1000000.0f}) {
+          std::vector<float> x = Gaussian(rng, n_head * head_dim);
+          std::vector<float> expected = x;
+          const int32_t positions[] = {pos};
+          Rope(absl::MakeSpan(expected), n_head, head_dim, positions, base, type);
+          const int32_t rope_type = type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
+          for (int h = 0; h < n_head; ++h) {
+            float* head = x.data() + h * head_dim;
+            for (int i = 0; i < head_dim / 2; ++i) {
+              int32_t a, b;
+              rope_pair_offsets(i, head_dim, rope_type, &a, &b);
+              rope_rotate(head + a, head + b, rope_theta(pos, i, head_dim, base));
+            }
+          }
+          for (size_t i = 0; i < x.size(); ++i) {
+            ASSERT_NEAR(x[i], expected[i], 1e-6 * std::max(1.0f, std::fabs(expected[i])))
+                << "pos " << pos << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(NnMathTest, RmsScaleMatchesReference) {
+  std::mt19937 rng(4);
+  for (int n : {1, 128, 4096}) {
+    const std::vector<float> x = Gaussian(rng, n, 3.0f);
+    const std::vector<float> weight = Gaussian(rng, n);
+    std::vector<float> expected(n);
+    RmsNorm(x, weight, 1e-6f, absl::MakeSpan(expected));
+    float sum_sq = 0.0f;
+    for (float v : x) sum_sq += v * v;
+    const float scale = rms_scale(sum_sq, n, 1e-6f);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_NEAR(x[i] * scale * weight[i], expected[i], 2e-6 * std::fabs(expected[i]) + 1e-12);
+    }
+  }
+}
+
+TEST(NnMathTest, ActivationsMatchReference) {
+  for (float x = -30.0f; x <= 30.0f; x += 0.37f) {
+    EXPECT_NEAR(silu(x), Silu(x), 1e-6 * std::max(1.0f, std::fabs(x))) << x;
+    EXPECT_NEAR(sigmoid(x), Sigmoid(x), 1e-7) << x;
+  }
+  EXPECT_EQ(sigmoid(0.0f), 0.5f);
+  EXPECT_EQ(silu(0.0f), 0.0f);
+}
+
+// Softmax of scores, weighted sum of values (dim floats per score), in f64.
+std::vector<double> OnePassAttention(const std::vector<float>& scores,
+                                     const std::vector<float>& values, int dim) {
+  const double max = *std::max_element(scores.begin(), scores.end());
+  double sum = 0.0;
+  std::vector<double> acc(dim, 0.0);
+  for (size_t j = 0; j < scores.size(); ++j) {
+    const double e = std::exp(scores[j] - max);
+    sum += e;
+    for (int d = 0; d < dim; ++d) acc[d] += e * values[j * dim + d];
+  }
+  for (double& a : acc) a /= sum;
+  return acc;
+}
+
+TEST(NnMathTest, MergedSplitsEqualOnePassSoftmax) {
+  std::mt19937 rng(5);
+  const int dim = 8;
+  for (int n : {1, 5, 128, 1000}) {
+    for (int split : {1, 7, 128, 4096}) {
+      const std::vector<float> scores = Gaussian(rng, n, 4.0f);
+      const std::vector<float> values = Gaussian(rng, n * dim);
+      // Splits as the attention kernel makes them, plus empty splits past the end.
+      const int n_splits = (n + split - 1) / split + 2;
+      SoftmaxPartial state = empty_softmax();
+      std::vector<float> acc(dim, 0.0f);
+      for (int s = 0; s < n_splits; ++s) {
+        const int begin = s * split;
+        const int end = std::min(n, begin + split);
+        SoftmaxPartial part = empty_softmax();
+        std::vector<float> part_acc(dim, 0.0f);
+        if (begin < end) {
+          part.max = *std::max_element(scores.begin() + begin, scores.begin() + end);
+          part.sum = 0.0f;
+          for (int j = begin; j < end; ++j) {
+            const float e = std::exp(scores[j] - part.max);
+            part.sum += e;
+            for (int d = 0; d < dim; ++d) part_acc[d] += e * values[j * dim + d];
+          }
+        }
+        float scale_state, scale_part;
+        state = softmax_merge(state, part, &scale_state, &scale_part);
+        for (int d = 0; d < dim; ++d) acc[d] = acc[d] * scale_state + part_acc[d] * scale_part;
+      }
+      const std::vector<double> expected = OnePassAttention(scores, values, dim);
+      for (int d = 0; d < dim; ++d) {
+        EXPECT_NEAR(acc[d] / state.sum, expected[d], 1e-5) << "n=" << n << " split=" << split;
+      }
+    }
+  }
+}
+
+TEST(NnMathTest, EmptySoftmaxStateIsTheMergeIdentity) {
+  const SoftmaxPartial a = {2.5f, 3.25f};
+  float scale_a, scale_b;
+  SoftmaxPartial merged = softmax_merge(a, empty_softmax(), &scale_a, &scale_b);
+  EXPECT_EQ(merged.max, a.max);
+  EXPECT_EQ(merged.sum, a.sum);
+  EXPECT_EQ(scale_a, 1.0f);
+  EXPECT_EQ(scale_b, 0.0f);
+  merged = softmax_merge(empty_softmax(), empty_softmax(), &scale_a, &scale_b);
+  EXPECT_EQ(merged.max, -INFINITY);
+  EXPECT_EQ(merged.sum, 0.0f);
+  EXPECT_EQ(scale_a, 0.0f);
+  EXPECT_EQ(scale_b, 0.0f);
+}
+
+TEST(MoeMathTest, RouterSoftmaxEqualsReferenceBitForBit) {
+  std::mt19937 rng(6);
+  for (int n : {8, 60, 128}) {
+    std::vector<float> logits = Gaussian(rng, n, 2.0f);
+    std::vector<float> expected = logits;
+    Softmax(n, absl::MakeSpan(expected));
+    std::vector<float> probs(n);
+    router_softmax(logits.data(), n, probs.data());
+    for (int i = 0; i < n; ++i) EXPECT_EQ(f32_to_bits(probs[i]), f32_to_bits(expected[i])) << i;
+  }
+}
+
+TEST(MoeMathTest, TopKEqualsReferenceOnRandomAndTiedInputs) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> level(0, 3);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 4 + trial % 125;
+    const int k = 1 + trial % std::min(n, 8);
+    std::vector<float> probs(n);
+    if (trial % 2 == 0) {
+      std::vector<float> logits = Gaussian(rng, n);
+      router_softmax(logits.data(), n, probs.data());
+    } else {
+      for (float& p : probs) p = 0.125f * level(rng);  // heavy ties
+    }
+    const std::vector<int32_t> expected = TopK(probs, k);
+    std::vector<int32_t> chosen(k);
+    select_topk(probs.data(), n, k, chosen.data());
+    EXPECT_EQ(chosen, expected) << "trial " << trial;
+  }
+}
+
+TEST(MoeMathTest, TopKWeightsRenormalise) {
+  const float probs[] = {0.1f, 0.4f, 0.2f, 0.3f};
+  const int32_t chosen[] = {1, 3};
+  float weights[2];
+  topk_weights(probs, chosen, 2, false, weights);
+  EXPECT_EQ(weights[0], 0.4f);
+  EXPECT_EQ(weights[1], 0.3f);
+  topk_weights(probs, chosen, 2, true, weights);
+  EXPECT_FLOAT_EQ(weights[0], 0.4f / 0.7f);
+  EXPECT_FLOAT_EQ(weights[1], 0.3f / 0.7f);
+  EXPECT_NEAR(weights[0] + weights[1], 1.0f, 1e-7);
+}
+
+TEST(MoeMathTest, PassPredicateSplitsRanksIntoHitsAndMisses) {
+  for (uint8_t missed : {uint8_t{0}, uint8_t{1}}) {
+    EXPECT_EQ(rank_in_pass(ExpertPass::kHits, missed), missed == 0);
+    EXPECT_EQ(rank_in_pass(ExpertPass::kMisses, missed), missed == 1);
+    EXPECT_TRUE(rank_in_pass(ExpertPass::kAll, missed));
+    // Every rank is computed by exactly one of the two split passes.
+    EXPECT_NE(rank_in_pass(ExpertPass::kHits, missed), rank_in_pass(ExpertPass::kMisses, missed));
+  }
+}
+
+// Residency state in host vectors for one pool over every slot.
+struct HostResidency {
+  HostResidency(int n_layer, int n_expert, int n_slots, int protected_cap)
+      : table(n_layer * n_expert, kNoSlot),
+        owner(n_slots, kNoKey),
+        stamp(n_slots, 0),
+        seg(n_slots, kProbation) {
+    state = {table.data(), owner.data(), stamp.data(), seg.data(), n_expert};
+    pool = {0, n_slots, protected_cap, &n_protected, &clock};
+  }
+  bool operator==(const HostResidency& o) const {
+    return table == o.table && owner == o.owner && stamp == o.stamp && seg == o.seg &&
+           n_protected == o.n_protected && clock == o.clock;
+  }
+  std::vector<int32_t> table, owner;
+  std::vector<uint64_t> stamp;
+  std::vector<uint8_t> seg;
+  int32_t n_protected = 0;
+  uint64_t clock = 0;
+  ResidencyState state;
+  ResidencyPool pool;
+};
+
+// The residency kernel's decomposition, with its argmins as loops.
+StepOutcome SplitStep(HostResidency& h, int32_t layer, const int32_t* experts, int32_t k,
+                      int32_t* keys, int32_t* slot_of_rank, uint8_t* missed, int32_t* evicted) {
+  const ResidencyState& s = h.state;
+  const ResidencyPool& pool = h.pool;
+  StepOutcome out = {0, 0, 0};
+  for (int32_t r = 0; r < k; ++r) keys[r] = residency_key(layer, experts[r], s.n_expert);
+  auto argmin = [&](auto rank_of) {
+    int32_t best = kNoSlot;
+    uint64_t best_rank = ~uint64_t{0};
+    for (int32_t slot = pool.slot_begin; slot < pool.slot_begin + pool.n_slots; ++slot) {
+      if (rank_of(slot) < best_rank) {
+        best_rank = rank_of(slot);
+        best = slot;
+      }
+    }
+    return best;
+  };
+  for (int32_t r = 0; r < k; ++r) {
+    const int32_t slot = s.table[keys[r]];
+    missed[r] = slot == kNoSlot ? 1 : 0;
+    slot_of_rank[r] = slot;
+    if (slot == kNoSlot) continue;
+    ++out.n_hits;
+    if (hit_refresh(s, pool, slot)) {
+      demote(s, pool, argmin([&](int32_t i) { return demotion_rank(s, i); }));
+    }
+  }
+  for (int32_t r = 0; r < k; ++r) {
+    if (!missed[r]) continue;
+    const int32_t victim = argmin([&](int32_t i) { return victim_rank(s, i, keys, k); });
+    admit_miss(s, pool, victim, keys[r], evicted, &out);
+    slot_of_rank[r] = victim;
+  }
+  return out;
+}
+
+TEST(MoeMathTest, SplitResidencyStepEqualsPolicyStep) {
+  const int n_layer = 3, n_expert = 16, k = 4;
+  for (int n_slots : {4, 9, 30}) {
+    for (int protected_cap : {0, n_slots / 2, n_slots - 1}) {
+      SCOPED_TRACE("slots " + std::to_string(n_slots) + " P " + std::to_string(protected_cap));
+      HostResidency policy(n_layer, n_expert, n_slots, protected_cap);
+      HostResidency split(n_layer, n_expert, n_slots, protected_cap);
+      std::mt19937 rng(n_slots * 100 + protected_cap);
+      // Skewed routing: low ids more often, so hits, promotions and evictions all occur.
+      std::geometric_distribution<int> skew(0.25);
+      for (int step = 0; step < 400; ++step) {
+        const int32_t layer = step % n_layer;
+        std::vector<int32_t> experts;
+        while (static_cast<int>(experts.size()) < k) {
+          const int32_t e = std::min(skew(rng), n_expert - 1);
+          if (std::find(experts.begin(), experts.end(), e) == experts.end()) experts.push_back(e);
+        }
+        int32_t keys_a[k], keys_b[k], slots_a[k], slots_b[k], evicted_a[k], evicted_b[k];
+        uint8_t missed_a[k], missed_b[k];
+        const StepOutcome a = residency_step(policy.state, policy.pool, layer, experts.data(), k,
+                                             keys_a, slots_a, missed_a, evicted_a);
+        const StepOutcome b =
+            SplitStep(split, layer, experts.data(), k, keys_b, slots_b, missed_b, evicted_b);
+        ASSERT_TRUE(policy == split) << "step " << step;
+        ASSERT_EQ(a.n_hits, b.n_hits);
+        ASSERT_EQ(a.n_misses, b.n_misses);
+        ASSERT_EQ(a.n_evictions, b.n_evictions);
+        for (int r = 0; r < k; ++r) {
+          ASSERT_EQ(keys_a[r], keys_b[r]);
+          ASSERT_EQ(slots_a[r], slots_b[r]);
+          ASSERT_EQ(missed_a[r], missed_b[r]);
+        }
+        for (int e = 0; e < a.n_evictions; ++e) ASSERT_EQ(evicted_a[e], evicted_b[e]);
+      }
+      EXPECT_GT(policy.clock, 400u);  // the sequence really ran the policy
+    }
+  }
+}
+
+TEST(SampleMathTest, PhiloxKnownAnswers) {
+  // Random123's kat_vectors for philox4x32_10.
+  const uint32_t zero_counter[4] = {0, 0, 0, 0};
+  const uint32_t zero_key[2] = {0, 0};
+  uint32_t out[4];
+  philox4x32_10(zero_counter, zero_key, out);
+  EXPECT_EQ(out[0], 0x6627e8d5u);
+  EXPECT_EQ(out[1], 0xe169c58du);
+  EXPECT_EQ(out[2], 0xbc57ac4cu);
+  EXPECT_EQ(out[3], 0x9b00dbd8u);
+  const uint32_t ones_counter[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
+  const uint32_t ones_key[2] = {0xffffffffu, 0xffffffffu};
+  philox4x32_10(ones_counter, ones_key, out);
+  EXPECT_EQ(out[0], 0x408f276du);
+  EXPECT_EQ(out[1], 0x41c83b0eu);
+  EXPECT_EQ(out[2], 0xa20bc7c6u);
+  EXPECT_EQ(out[3], 0x6d5451fdu);
+}
+
+TEST(SampleMathTest, UniformDrawsStayInUnitIntervalAndDependOnSeedAndStep) {
+  EXPECT_EQ(uniform_from_bits(0u), 0.0f);
+  EXPECT_LT(uniform_from_bits(0xffffffffu), 1.0f);
+  EXPECT_EQ(sample_uniform(42, 7), sample_uniform(42, 7));
+  EXPECT_NE(sample_uniform(42, 7), sample_uniform(42, 8));
+  EXPECT_NE(sample_uniform(42, 7), sample_uniform(43, 7));
+  double mean = 0.0;
+  for (int32_t step = 0; step < 10000; ++step) mean += sample_uniform(1234, step);
+  EXPECT_NEAR(mean / 10000, 0.5, 0.02);
+}
+
+TEST(SampleMathTest, NearZeroTemperatureIsArgmax) {
+  std::mt19937 rng(8);
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::vector<float> logits = Gaussian(rng, 1000, 3.0f);
+    const int32_t argmax = ArgMax(logits);
+    for (float u : {0.0f, 0.3f, 0.999f}) {
+      EXPECT_EQ(sample_token(logits.data(), 1000, 1e-4f, 1.0f, u), argmax);
+      EXPECT_EQ(sample_token(logits.data(), 1000, 1e-4f, 0.9f, u), argmax);
+    }
+  }
+  EXPECT_TRUE(sample_is_greedy(0.0f));
+  EXPECT_FALSE(sample_is_greedy(1e-4f));
+}
+
+TEST(SampleMathTest, SmallTopPKeepsOnlyTheTopToken) {
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::vector<float> logits = Gaussian(rng, 500);
+    const int32_t argmax = ArgMax(logits);
+    for (float u : {0.0f, 0.5f, 0.9999f}) {
+      EXPECT_EQ(sample_token(logits.data(), 500, 1.0f, 1e-6f, u), argmax);
+    }
+  }
+}
+
+// With probabilities 0.5, 0.3, 0.15, 0.05 (temperature 1), counts over an even
+// grid of draws follow the nucleus's renormalised probabilities.
+TEST(SampleMathTest, DrawsFollowTheNucleusDistribution) {
+  const float probs[] = {0.15f, 0.5f, 0.05f, 0.3f};
+  float logits[4];
+  for (int i = 0; i < 4; ++i) logits[i] = std::log(probs[i]);
+  struct Case {
+    float top_p;
+    float expected[4];
+  };
+  const Case cases[] = {
+      {1.0f, {0.15f, 0.5f, 0.05f, 0.3f}},
+      {0.9f, {0.15f / 0.95f, 0.5f / 0.95f, 0.0f, 0.3f / 0.95f}},  // 0.95 >= 0.9 > 0.8
+      {0.7f, {0.0f, 0.5f / 0.8f, 0.0f, 0.3f / 0.8f}},
+      {0.45f, {0.0f, 1.0f, 0.0f, 0.0f}},
+  };
+  const int n_draws = 20000;
+  for (const Case& c : cases) {
+    int counts[4] = {0, 0, 0, 0};
+    for (int d = 0; d < n_draws; ++d) {
+      const float u = (d + 0.5f) / n_draws;
+      const int32_t token = sample_token(logits, 4, 1.0f, c.top_p, u);
+      ASSERT_GE(token, 0);
+      ASSERT_LT(token, 4);
+      ++counts[token];
+    }
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(counts[i] / static_cast<double>(n_draws), c.expected[i], 2e-4)
+          << "top_p " << c.top_p << " token " << i;
+    }
+  }
+}
+
+TEST(SampleMathTest, TemperatureFlattensTheDistribution) {
+  const float logits[] = {0.0f, 1.0f};
+  // P(token 1) = sigmoid(1 / T): 0.731 at T = 1, 0.5498 at T = 5.
+  for (float temperature : {1.0f, 5.0f}) {
+    const double p1 = 1.0 / (1.0 + std::exp(-1.0 / temperature));
+    int ones = 0;
+    const int n_draws = 10000;
+    for (int d = 0; d < n_draws; ++d) {
+      ones += sample_token(logits, 2, temperature, 1.0f, (d + 0.5f) / n_draws) == 1;
+    }
+    EXPECT_NEAR(ones / static_cast<double>(n_draws), p1, 2e-4) << temperature;
+  }
+}
+
+}  // namespace
+}  // namespace moegraph

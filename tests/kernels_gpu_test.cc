@@ -1,0 +1,670 @@
+// Every decode-step kernel against the CPU: the oracle's ops (reference/ops.h),
+// the quant code and the residency policy run on the host with the same inputs.
+// Inputs are random, never zeros. Without a CUDA device every test skips.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/sample_math.h"
+#include "loader/ggml_type.h"
+#include "loader/model_config.h"
+#include "loader/quant.h"
+#include "loader/quantize.h"
+#include "reference/ops.h"
+#include "residency/policy.h"
+
+namespace moegraph {
+namespace {
+
+const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
+                           GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+std::string TypeName(GgmlType type) { return ggml_type_name(static_cast<uint32_t>(type)); }
+
+// A device array that frees itself; copies are synchronous (the tests sync the
+// kernels' stream before reading back).
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&ptr_), std::max<size_t>(n, 1) * sizeof(T)),
+              cudaSuccess);
+  }
+  explicit DeviceArray(const std::vector<T>& values) : DeviceArray(values.size()) {
+    Upload(values);
+  }
+  ~DeviceArray() { cudaFree(ptr_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  void Upload(const std::vector<T>& values) {
+    ASSERT_EQ(values.size(), n_);
+    EXPECT_EQ(cudaMemcpy(ptr_, values.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> Download() const {
+    std::vector<T> values(n_);
+    EXPECT_EQ(cudaMemcpy(values.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return values;
+  }
+  T* get() const { return ptr_; }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_;
+};
+
+std::vector<float> Gaussian(std::mt19937& rng, size_t n, float sd = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Normalised mean squared error of actual against expected (test-backend-ops' NMSE).
+double Nmse(const std::vector<float>& actual, const std::vector<float>& expected) {
+  EXPECT_EQ(actual.size(), expected.size());
+  double err = 0.0, norm = 0.0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double d = static_cast<double>(actual[i]) - expected[i];
+    err += d * d;
+    norm += static_cast<double>(expected[i]) * expected[i];
+  }
+  return err / norm;
+}
+
+// rows x cols of type, quantized from Gaussian values.
+std::vector<uint8_t> RandomMatrix(std::mt19937& rng, GgmlType type, int64_t rows, int64_t cols) {
+  const size_t row_bytes = ggml_row_size(type, cols);
+  std::vector<uint8_t> bytes(rows * row_bytes);
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> values = Gaussian(rng, cols, 0.5f);
+    quantize_row(type, values.data(), bytes.data() + r * row_bytes, cols);
+  }
+  return bytes;
+}
+
+WeightView HostView(const uint8_t* data, GgmlType type, int64_t rows, int64_t cols) {
+  return WeightView{data, type, cols, rows, ggml_row_size(type, cols)};
+}
+
+DeviceMatrix DeviceView(const uint8_t* data, GgmlType type, int32_t rows, int32_t cols) {
+  return DeviceMatrix{data, type, cols, rows, ggml_row_size(type, cols)};
+}
+
+class KernelsGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount returned " << cudaGetErrorString(err)
+                   << ", " << count << " devices";
+    }
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  void Sync() { ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess); }
+
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST_F(KernelsGpuTest, EmbedEqualsDequantizedRowBitForBit) {
+  std::mt19937 rng(1);
+  const int32_t rows = 7, cols = 512;
+  for (GgmlType type : kTypes) {
+    SCOPED_TRACE(TypeName(type));
+    const std::vector<uint8_t> table = RandomMatrix(rng, type, rows, cols);
+    DeviceArray<uint8_t> d_table(table);
+    for (int32_t token : {0, 5, rows - 1}) {
+      DeviceArray<int32_t> d_token(std::vector<int32_t>{token});
+      DeviceArray<float> d_out(cols);
+      ASSERT_EQ(launch_embed(DeviceView(d_table.get(), type, rows, cols), d_token.get(),
+                             d_out.get(), stream_),
+                cudaSuccess);
+      Sync();
+      std::vector<float> expected(cols);
+      DequantizeRow(HostView(table.data(), type, rows, cols), token, expected.data());
+      const std::vector<float> out = d_out.Download();
+      for (int32_t i = 0; i < cols; ++i) {
+        ASSERT_EQ(f32_to_bits(out[i]), f32_to_bits(expected[i])) << "token " << token << " i " << i;
+      }
+    }
+  }
+}
+
+TEST_F(KernelsGpuTest, RmsNormMatchesReference) {
+  std::mt19937 rng(2);
+  struct Shape {
+    int32_t n_rows, row_len;
+  };
+  for (Shape shape : {Shape{1, 2048}, Shape{1, 100}, Shape{32, 128}, Shape{4, 1000}}) {
+    SCOPED_TRACE(std::to_string(shape.n_rows) + "x" + std::to_string(shape.row_len));
+    const std::vector<float> x = Gaussian(rng, shape.n_rows * shape.row_len, 2.0f);
+    const std::vector<float> weight = Gaussian(rng, shape.row_len);
+    std::vector<float> expected(x.size());
+    RmsNorm(x, weight, 1e-6f, absl::MakeSpan(expected));
+    DeviceArray<float> d_x(x), d_weight(weight), d_out(x.size());
+    ASSERT_EQ(launch_rmsnorm(d_x.get(), d_weight.get(), d_out.get(), shape.n_rows, shape.row_len,
+                             1e-6f, stream_),
+              cudaSuccess);
+    Sync();
+    EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
+    // In place (out aliases x), as the launcher allows.
+    ASSERT_EQ(launch_rmsnorm(d_x.get(), d_weight.get(), d_x.get(), shape.n_rows, shape.row_len,
+                             1e-6f, stream_),
+              cudaSuccess);
+    Sync();
+    EXPECT_LT(Nmse(d_x.Download(), expected), 1e-7);
+  }
+}
+
+// The reference dequantizes the same quantized rows, so every type is held to
+// the f32 bound (1e-7), tighter than test-backend-ops' 5e-4 for quantized inputs.
+TEST_F(KernelsGpuTest, MatvecMatchesReferenceForEveryType) {
+  std::mt19937 rng(3);
+  struct Shape {
+    int32_t rows, cols;
+  };
+  for (GgmlType type : kTypes) {
+    for (Shape shape : {Shape{300, 512}, Shape{7, 2048}, Shape{1000, 256}}) {
+      SCOPED_TRACE(TypeName(type) + " " + std::to_string(shape.rows) + "x" +
+                   std::to_string(shape.cols));
+      const std::vector<uint8_t> w = RandomMatrix(rng, type, shape.rows, shape.cols);
+      const std::vector<float> x = Gaussian(rng, shape.cols);
+      const std::vector<float> bias = Gaussian(rng, shape.rows);
+      std::vector<float> expected(shape.rows);
+      MatMul(HostView(w.data(), type, shape.rows, shape.cols), x, absl::MakeSpan(expected));
+      DeviceArray<uint8_t> d_w(w);
+      DeviceArray<float> d_x(x), d_bias(bias), d_out(shape.rows);
+      const DeviceMatrix view = DeviceView(d_w.get(), type, shape.rows, shape.cols);
+      ASSERT_EQ(launch_matvec(view, d_x.get(), nullptr, d_out.get(), stream_), cudaSuccess);
+      Sync();
+      EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
+      AddBias(bias, absl::MakeSpan(expected));
+      ASSERT_EQ(launch_matvec(view, d_x.get(), d_bias.get(), d_out.get(), stream_), cudaSuccess);
+      Sync();
+      EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
+    }
+  }
+}
+
+TEST_F(KernelsGpuTest, RopeMatchesReference) {
+  std::mt19937 rng(4);
+  const int32_t n_head = 6;
+  for (RopeType type : {RopeType::kNorm, RopeType::kNeox}) {
+    for (int32_t head_dim : {64, 128}) {
+      for (int32_t pos : {0, 3, 1000, 32767}) {
+        std::vector<float> x = Gaussian(rng, n_head * head_dim);
+        DeviceArray<float> d_x(x);
+        DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos});
+        const int32_t positions[] = {pos};
+        Rope(absl::MakeSpan(x), n_head, head_dim, positions, 1e6f, type);
+        ASSERT_EQ(launch_rope(d_x.get(), n_head, head_dim, d_pos.get(), 1e6f,
+                              type == RopeType::kNorm ? 0 : 1, stream_),
+                  cudaSuccess);
+        Sync();
+        EXPECT_LT(Nmse(d_x.Download(), x), 1e-12) << "pos " << pos;
+      }
+    }
+  }
+}
+
+TEST_F(KernelsGpuTest, KvAppendWritesOnlyRowPos) {
+  std::mt19937 rng(5);
+  const int32_t kv_len = 96, max_ctx = 10, pos = 6;
+  const std::vector<float> k = Gaussian(rng, kv_len), v = Gaussian(rng, kv_len);
+  std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
+  std::vector<float> v_cache = Gaussian(rng, max_ctx * kv_len);
+  DeviceArray<float> d_k(k), d_v(v), d_k_cache(k_cache), d_v_cache(v_cache);
+  DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos});
+  ASSERT_EQ(launch_kv_append(d_k.get(), d_v.get(), d_k_cache.get(), d_v_cache.get(), d_pos.get(),
+                             kv_len, stream_),
+            cudaSuccess);
+  Sync();
+  std::copy(k.begin(), k.end(), k_cache.begin() + pos * kv_len);
+  std::copy(v.begin(), v.end(), v_cache.begin() + pos * kv_len);
+  EXPECT_EQ(d_k_cache.Download(), k_cache);
+  EXPECT_EQ(d_v_cache.Download(), v_cache);
+}
+
+TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
+  std::mt19937 rng(6);
+  const int32_t n_head = 8, n_head_kv = 2, head_dim = 64, max_ctx = 300;
+  const int32_t kv_len = n_head_kv * head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
+  const std::vector<float> v_cache = Gaussian(rng, max_ctx * kv_len);
+  DeviceArray<float> d_k_cache(k_cache), d_v_cache(v_cache);
+  DeviceArray<float> d_partial(attention_partial_floats(n_head, head_dim, max_ctx));
+  DeviceArray<float> d_out(n_head * head_dim);
+  // 1, a split boundary and one past it, the middle of a split, and max_ctx.
+  for (int32_t length : {1, 2, 128, 129, 200, max_ctx}) {
+    SCOPED_TRACE("length " + std::to_string(length));
+    const std::vector<float> q = Gaussian(rng, n_head * head_dim, 2.0f);
+    DeviceArray<float> d_q(q);
+    DeviceArray<int32_t> d_pos(std::vector<int32_t>{length - 1});
+    ASSERT_EQ(launch_attention_decode(d_q.get(), d_k_cache.get(), d_v_cache.get(), d_pos.get(),
+                                      n_head, n_head_kv, head_dim, max_ctx, scale, d_partial.get(),
+                                      d_out.get(), stream_),
+              cudaSuccess);
+    Sync();
+    std::vector<float> expected(q.size());
+    const int32_t q_pos[] = {length - 1};
+    Attention(q, q_pos, k_cache, v_cache, n_head, n_head_kv, head_dim, scale,
+              absl::MakeSpan(expected));
+    EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
+  }
+}
+
+TEST_F(KernelsGpuTest, AddAndSwigluMatchReference) {
+  std::mt19937 rng(7);
+  const int32_t n = 3000;
+  std::vector<float> a = Gaussian(rng, n), b = Gaussian(rng, n, 3.0f);
+  DeviceArray<float> d_a(a), d_b(b), d_out(n);
+  ASSERT_EQ(launch_swiglu(d_b.get(), d_a.get(), d_out.get(), n, stream_), cudaSuccess);
+  ASSERT_EQ(launch_add(d_a.get(), d_b.get(), n, stream_), cudaSuccess);
+  Sync();
+  std::vector<float> expected(n);
+  Swiglu(b, a, absl::MakeSpan(expected));
+  EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
+  AddInPlace(b, absl::MakeSpan(a));
+  EXPECT_EQ(d_a.Download(), a);
+}
+
+TEST_F(KernelsGpuTest, RouterTopKMatchesReference) {
+  std::mt19937 rng(8);
+  struct Case {
+    int32_t n_expert, k;
+    bool norm;
+  };
+  for (Case c : {Case{128, 8, true}, Case{128, 8, false}, Case{60, 4, true}, Case{8, 2, true}}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      SCOPED_TRACE("n_expert " + std::to_string(c.n_expert) + " trial " + std::to_string(trial));
+      std::vector<float> logits = Gaussian(rng, c.n_expert, 2.0f);
+      if (trial % 4 == 3) logits[c.n_expert / 2] = logits[1];  // a tie in the logits
+      DeviceArray<float> d_logits(logits), d_weights(c.k);
+      DeviceArray<int32_t> d_experts(c.k);
+      ASSERT_EQ(launch_router_topk(d_logits.get(), c.n_expert, c.k, c.norm, d_experts.get(),
+                                   d_weights.get(), stream_),
+                cudaSuccess);
+      Sync();
+      std::vector<float> probs = logits;
+      Softmax(c.n_expert, absl::MakeSpan(probs));
+      const std::vector<int32_t> expected = TopK(probs, c.k);
+      EXPECT_EQ(d_experts.Download(), expected);
+      double sum = 0.0;
+      for (int32_t e : expected) sum += probs[e];
+      const std::vector<float> weights = d_weights.Download();
+      for (int32_t r = 0; r < c.k; ++r) {
+        const double w = c.norm ? probs[expected[r]] / sum : probs[expected[r]];
+        EXPECT_NEAR(weights[r], w, 1e-6 * w) << "rank " << r;
+      }
+    }
+  }
+}
+
+// Residency state on the host (for residency_step) and its copy on the device.
+struct ResidencyFixture {
+  ResidencyFixture(int n_layer, int n_expert, int n_slots)
+      : table(n_layer * n_expert, kNoSlot),
+        owner(n_slots, kNoKey),
+        stamp(n_slots, 0),
+        seg(n_slots, kProbation),
+        d_table(table),
+        d_owner(owner),
+        d_stamp(stamp),
+        d_seg(seg) {
+    host = {table.data(), owner.data(), stamp.data(), seg.data(), n_expert};
+    device = {d_table.get(), d_owner.get(), d_stamp.get(), d_seg.get(), n_expert};
+  }
+  std::vector<int32_t> table, owner;
+  std::vector<uint64_t> stamp;
+  std::vector<uint8_t> seg;
+  DeviceArray<int32_t> d_table, d_owner;
+  DeviceArray<uint64_t> d_stamp;
+  DeviceArray<uint8_t> d_seg;
+  ResidencyState host, device;
+};
+
+// Pools: one global pool over every slot, or one pool per layer (each with its
+// own protected count and clock). The kernel must leave every array, count and
+// clock as the host's residency_step does, step by step.
+TEST_F(KernelsGpuTest, ResidencyStepEqualsHostStepBitForBit) {
+  const int32_t n_layer = 4, n_expert = 32, k = 4;
+  for (bool per_layer : {false, true}) {
+    for (double protected_frac : {0.0, 0.5}) {
+      SCOPED_TRACE(std::string(per_layer ? "per-layer" : "global") + " pools, frac " +
+                   std::to_string(protected_frac));
+      const int32_t slots_per_pool = per_layer ? 9 : 40;
+      const int32_t n_pools = per_layer ? n_layer : 1;
+      const int32_t n_slots = slots_per_pool * n_pools;
+      ResidencyFixture fx(n_layer, n_expert, n_slots);
+      std::vector<int32_t> n_protected(n_pools, 0);
+      std::vector<uint64_t> clock(n_pools, 0);
+      DeviceArray<int32_t> d_n_protected(n_protected);
+      DeviceArray<uint64_t> d_clock(clock);
+      DeviceArray<int32_t> d_experts(k), d_keys(k), d_slots(k), d_evicted(k);
+      DeviceArray<uint8_t> d_missed(k);
+      DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
+      const int32_t cap = static_cast<int32_t>(slots_per_pool * protected_frac);
+      std::mt19937 rng(per_layer * 10 + static_cast<int>(protected_frac * 4));
+      std::geometric_distribution<int> skew(0.12);
+      StepOutcome total = {0, 0, 0};
+      for (int step = 0; step < 300; ++step) {
+        const int32_t layer = step % n_layer;
+        const int32_t p = per_layer ? layer : 0;
+        std::vector<int32_t> experts;
+        while (static_cast<int32_t>(experts.size()) < k) {
+          const int32_t e = std::min(skew(rng), n_expert - 1);
+          if (std::find(experts.begin(), experts.end(), e) == experts.end()) experts.push_back(e);
+        }
+        const ResidencyPool host_pool = {p * slots_per_pool, slots_per_pool, cap, &n_protected[p],
+                                         &clock[p]};
+        const ResidencyPool device_pool = {p * slots_per_pool, slots_per_pool, cap,
+                                           d_n_protected.get() + p, d_clock.get() + p};
+        int32_t keys[k], slots[k], evicted[k];
+        uint8_t missed[k];
+        const StepOutcome out = residency_step(fx.host, host_pool, layer, experts.data(), k, keys,
+                                               slots, missed, evicted);
+        total.n_hits += out.n_hits;
+        total.n_misses += out.n_misses;
+        total.n_evictions += out.n_evictions;
+        d_experts.Upload(experts);
+        ASSERT_EQ(launch_residency_step(fx.device, device_pool, layer, d_experts.get(), k,
+                                        d_keys.get(), d_slots.get(), d_missed.get(),
+                                        d_evicted.get(), d_counters.get(), stream_),
+                  cudaSuccess);
+        Sync();
+        ASSERT_EQ(fx.d_table.Download(), fx.table) << "step " << step;
+        ASSERT_EQ(fx.d_owner.Download(), fx.owner) << "step " << step;
+        ASSERT_EQ(fx.d_stamp.Download(), fx.stamp) << "step " << step;
+        ASSERT_EQ(fx.d_seg.Download(), fx.seg) << "step " << step;
+        ASSERT_EQ(d_n_protected.Download(), n_protected) << "step " << step;
+        ASSERT_EQ(d_clock.Download(), clock) << "step " << step;
+        ASSERT_EQ(d_keys.Download(), std::vector<int32_t>(keys, keys + k));
+        ASSERT_EQ(d_slots.Download(), std::vector<int32_t>(slots, slots + k));
+        ASSERT_EQ(d_missed.Download(), std::vector<uint8_t>(missed, missed + k));
+        const std::vector<int32_t> d_evicted_keys = d_evicted.Download();
+        for (int32_t e = 0; e < out.n_evictions; ++e) ASSERT_EQ(d_evicted_keys[e], evicted[e]);
+      }
+      const DeviceCounters counters = d_counters.Download()[0];
+      EXPECT_EQ(counters.hits, static_cast<unsigned long long>(total.n_hits));
+      EXPECT_EQ(counters.misses, static_cast<unsigned long long>(total.n_misses));
+      EXPECT_EQ(counters.evictions, static_cast<unsigned long long>(total.n_evictions));
+      // The sequence exercised every branch the kernel has.
+      EXPECT_GT(total.n_hits, 0);
+      EXPECT_GT(total.n_evictions, 0);
+    }
+  }
+}
+
+TEST_F(KernelsGpuTest, ResidentAndStageAllSlots) {
+  const std::vector<int32_t> experts = {7, 2, 30};
+  const int32_t k = 3;
+  DeviceArray<int32_t> d_experts(experts), d_slots(k);
+  DeviceArray<uint8_t> d_missed(std::vector<uint8_t>{9, 9, 9});
+  ASSERT_EQ(
+      launch_resident_slots(2, 32, d_experts.get(), k, d_slots.get(), d_missed.get(), stream_),
+      cudaSuccess);
+  Sync();
+  EXPECT_EQ(d_slots.Download(), (std::vector<int32_t>{71, 66, 94}));
+  EXPECT_EQ(d_missed.Download(), (std::vector<uint8_t>{0, 0, 0}));
+  ASSERT_EQ(launch_stage_all_slots(k, d_slots.get(), d_missed.get(), stream_), cudaSuccess);
+  Sync();
+  EXPECT_EQ(d_slots.Download(), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(d_missed.Download(), (std::vector<uint8_t>{1, 1, 1}));
+}
+
+TEST_F(KernelsGpuTest, StageCopyCopiesExactlyTheMissedBlocks) {
+  std::mt19937 rng(9);
+  const int32_t n_expert = 6, n_slots = 5, k = 3;
+  DeviceBlockLayout layout{};
+  layout.block_bytes = 300 * 1024 + 256;  // not a multiple of the grid's stride
+  uint8_t* host_blocks = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&host_blocks), n_expert * layout.block_bytes,
+                          cudaHostAllocMapped),
+            cudaSuccess);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (size_t i = 0; i < n_expert * layout.block_bytes; ++i) host_blocks[i] = byte(rng);
+  uint8_t* device_view = nullptr;
+  ASSERT_EQ(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_view), host_blocks, 0),
+            cudaSuccess);
+  const std::vector<uint8_t> sentinel(n_slots * layout.block_bytes, 0xab);
+  DeviceArray<uint8_t> d_slots(sentinel);
+  DeviceArray<int32_t> d_experts(std::vector<int32_t>{4, 1, 5});
+  DeviceArray<int32_t> d_slot_of_rank(std::vector<int32_t>{2, 0, 4});
+  DeviceArray<uint8_t> d_missed(std::vector<uint8_t>{1, 0, 1});
+  DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
+  ASSERT_EQ(launch_stage_copy(device_view, layout, d_experts.get(), d_slot_of_rank.get(),
+                              d_missed.get(), k, d_slots.get(), d_counters.get(), stream_),
+            cudaSuccess);
+  Sync();
+  std::vector<uint8_t> expected = sentinel;
+  std::memcpy(expected.data() + 2 * layout.block_bytes, host_blocks + 4 * layout.block_bytes,
+              layout.block_bytes);
+  std::memcpy(expected.data() + 4 * layout.block_bytes, host_blocks + 5 * layout.block_bytes,
+              layout.block_bytes);
+  EXPECT_TRUE(d_slots.Download() == expected);
+  EXPECT_EQ(d_counters.Download()[0].bytes_staged, 2 * layout.block_bytes);
+  cudaFreeHost(host_blocks);
+}
+
+// Expert blocks in slots, passes A (hits) + B (misses) against one kAll pass and
+// against the reference SwiGLU FFN of each expert; then combine.
+TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit) {
+  struct Types {
+    GgmlType gate_up, down;
+  };
+  for (Types types :
+       {Types{GgmlType::kQ4_K, GgmlType::kQ6_K}, Types{GgmlType::kQ8_0, GgmlType::kQ8_0},
+        Types{GgmlType::kF32, GgmlType::kBF16}}) {
+    SCOPED_TRACE(TypeName(types.gate_up) + "/" + TypeName(types.down));
+    std::mt19937 rng(10);
+    const int32_t n_embd = 256, n_ff = 512, n_slots = 6, k = 4;
+    DeviceBlockLayout layout{};
+    layout.type[0] = layout.type[1] = types.gate_up;
+    layout.type[2] = types.down;
+    layout.row_bytes[0] = layout.row_bytes[1] = ggml_row_size(types.gate_up, n_embd);
+    layout.row_bytes[2] = ggml_row_size(types.down, n_ff);
+    layout.n_embd = n_embd;
+    layout.n_ff = n_ff;
+    size_t offset = 0;
+    for (int p = 0; p < 3; ++p) {
+      layout.offset[p] = offset;
+      const size_t bytes = layout.row_bytes[p] * (p < 2 ? n_ff : n_embd);
+      offset += (bytes + 255) / 256 * 256;
+    }
+    layout.block_bytes = offset;
+    std::vector<uint8_t> slots(n_slots * layout.block_bytes, 0);
+    for (int32_t s = 0; s < n_slots; ++s) {
+      for (int p = 0; p < 3; ++p) {
+        const std::vector<uint8_t> w =
+            RandomMatrix(rng, layout.type[p], p < 2 ? n_ff : n_embd, p < 2 ? n_embd : n_ff);
+        std::copy(w.begin(), w.end(), slots.begin() + s * layout.block_bytes + layout.offset[p]);
+      }
+    }
+    const std::vector<int32_t> slot_of_rank = {3, 0, 5, 1};
+    const std::vector<uint8_t> missed = {0, 1, 1, 0};
+    const std::vector<float> x = Gaussian(rng, n_embd);
+    const std::vector<float> weights = {0.4f, 0.3f, 0.2f, 0.1f};
+    const std::vector<float> shexp = Gaussian(rng, n_embd);
+    DeviceArray<uint8_t> d_slots(slots);
+    DeviceArray<int32_t> d_slot_of_rank(slot_of_rank);
+    DeviceArray<uint8_t> d_missed(missed);
+    DeviceArray<float> d_x(x), d_weights(weights), d_shexp(shexp);
+    DeviceArray<float> d_logit(std::vector<float>{0.7f});
+    DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
+    const std::vector<float> unwritten(k * n_embd, -12345.0f);
+    DeviceArray<float> d_act_split(k * n_ff), d_act_all(k * n_ff);
+    DeviceArray<float> d_out_split(unwritten), d_out_all(k * n_embd);
+    DeviceArray<float> d_sum_split(n_embd), d_sum_all(n_embd);
+
+    // Pass A alone computes the hits and leaves the misses' outputs alone.
+    ASSERT_EQ(launch_expert_gate_up(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
+                                    ExpertPass::kHits, d_x.get(), d_act_split.get(),
+                                    d_counters.get(), stream_),
+              cudaSuccess);
+    ASSERT_EQ(launch_expert_down(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
+                                 ExpertPass::kHits, d_act_split.get(), d_out_split.get(), stream_),
+              cudaSuccess);
+    Sync();
+    const std::vector<float> after_a = d_out_split.Download();
+    for (int32_t r = 0; r < k; ++r) {
+      EXPECT_EQ(after_a[r * n_embd] == -12345.0f, missed[r] == 1) << "rank " << r;
+    }
+    ASSERT_EQ(launch_expert_gate_up(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
+                                    ExpertPass::kMisses, d_x.get(), d_act_split.get(),
+                                    d_counters.get(), stream_),
+              cudaSuccess);
+    ASSERT_EQ(
+        launch_expert_down(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
+                           ExpertPass::kMisses, d_act_split.get(), d_out_split.get(), stream_),
+        cudaSuccess);
+    ASSERT_EQ(launch_expert_gate_up(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
+                                    ExpertPass::kAll, d_x.get(), d_act_all.get(), d_counters.get(),
+                                    stream_),
+              cudaSuccess);
+    ASSERT_EQ(launch_expert_down(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
+                                 ExpertPass::kAll, d_act_all.get(), d_out_all.get(), stream_),
+              cudaSuccess);
+    ASSERT_EQ(launch_combine(d_out_split.get(), d_weights.get(), k, n_embd, d_shexp.get(),
+                             d_logit.get(), d_sum_split.get(), stream_),
+              cudaSuccess);
+    ASSERT_EQ(launch_combine(d_out_all.get(), d_weights.get(), k, n_embd, d_shexp.get(),
+                             d_logit.get(), d_sum_all.get(), stream_),
+              cudaSuccess);
+    Sync();
+
+    const std::vector<float> out_split = d_out_split.Download();
+    const std::vector<float> sum_split = d_sum_split.Download();
+    EXPECT_EQ(out_split, d_out_all.Download());
+    EXPECT_EQ(sum_split, d_sum_all.Download());
+    const DeviceCounters counters = d_counters.Download()[0];
+    EXPECT_EQ(counters.pass_a_experts, 2u + 4u);  // two hits, then the kAll pass
+    EXPECT_EQ(counters.pass_b_experts, 2u);
+
+    // Each rank's output against the reference SwiGLU FFN of its slot's weights.
+    std::vector<float> expected(k * n_embd);
+    for (int32_t r = 0; r < k; ++r) {
+      const uint8_t* block = slots.data() + slot_of_rank[r] * layout.block_bytes;
+      std::vector<float> g(n_ff), u(n_ff);
+      MatMul(HostView(block + layout.offset[0], layout.type[0], n_ff, n_embd), x,
+             absl::MakeSpan(g));
+      MatMul(HostView(block + layout.offset[1], layout.type[1], n_ff, n_embd), x,
+             absl::MakeSpan(u));
+      Swiglu(g, u, absl::MakeSpan(g));
+      MatMul(HostView(block + layout.offset[2], layout.type[2], n_embd, n_ff), g,
+             absl::MakeSpan(expected).subspan(r * n_embd, n_embd));
+    }
+    EXPECT_LT(Nmse(out_split, expected), 1e-7);
+    std::vector<float> expected_sum(n_embd);
+    const double shared_scale = Sigmoid(0.7f);
+    for (int32_t i = 0; i < n_embd; ++i) {
+      double acc = shared_scale * shexp[i];
+      for (int32_t r = 0; r < k; ++r)
+        acc += static_cast<double>(weights[r]) * expected[r * n_embd + i];
+      expected_sum[i] = static_cast<float>(acc);
+    }
+    EXPECT_LT(Nmse(sum_split, expected_sum), 1e-7);
+  }
+}
+
+TEST_F(KernelsGpuTest, ArgmaxTiesGoToTheLowestId) {
+  std::mt19937 rng(11);
+  const int32_t n = 151936;
+  std::vector<float> logits = Gaussian(rng, n);
+  for (int32_t i : {90000, 70001, 151935}) logits[i] = 9.0f;
+  DeviceArray<float> d_logits(logits);
+  DeviceArray<int32_t> d_token(1);
+  ASSERT_EQ(launch_argmax(d_logits.get(), n, d_token.get(), stream_), cudaSuccess);
+  Sync();
+  EXPECT_EQ(d_token.Download()[0], 70001);
+  EXPECT_EQ(ArgMax(logits), 70001);
+}
+
+TEST_F(KernelsGpuTest, SamplingMatchesTheHostDecision) {
+  std::mt19937 rng(12);
+  const uint64_t seed = 0x1234567887654321ull;
+  DeviceArray<int32_t> d_step(1), d_token(1), d_argmax(1);
+  // Peaked logits (as a model's are), so a draw landing within float rounding of
+  // a boundary between tokens, where the two sums may differ, is very unlikely.
+  for (int32_t step = 0; step < 12; ++step) {
+    const int32_t n = step % 2 == 0 ? 1000 : 151936;
+    SCOPED_TRACE("step " + std::to_string(step) + " n " + std::to_string(n));
+    const std::vector<float> logits = Gaussian(rng, n, 4.0f);
+    DeviceArray<float> d_logits(logits);
+    d_step.Upload({step});
+    ASSERT_EQ(launch_argmax(d_logits.get(), n, d_argmax.get(), stream_), cudaSuccess);
+    ASSERT_EQ(
+        launch_sample(d_logits.get(), n, 0.0f, 0.9f, seed, d_step.get(), d_token.get(), stream_),
+        cudaSuccess);
+    Sync();
+    EXPECT_EQ(d_token.Download()[0], d_argmax.Download()[0]);
+    // The same draw on the host picks the same token (the sums differ only in order).
+    for (float top_p : {1.0f, 0.9f, 0.3f}) {
+      ASSERT_EQ(
+          launch_sample(d_logits.get(), n, 0.7f, top_p, seed, d_step.get(), d_token.get(), stream_),
+          cudaSuccess);
+      Sync();
+      const float u = sample_uniform(seed, step);
+      EXPECT_EQ(d_token.Download()[0], sample_token(logits.data(), n, 0.7f, top_p, u))
+          << "top_p " << top_p;
+    }
+  }
+}
+
+TEST_F(KernelsGpuTest, StepBookkeepingTeacherForcesThePromptThenFeedsSamples) {
+  const std::vector<int32_t> prompt = {11, 22, 33};
+  DeviceArray<int32_t> d_prompt(prompt), d_sampled(1), d_step(std::vector<int32_t>{0});
+  DeviceArray<int32_t> d_token(1), d_pos(1), d_out(6);
+  DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
+  for (int32_t s = 0; s < 6; ++s) {
+    d_sampled.Upload({100 + s});
+    ASSERT_EQ(launch_begin_step(d_prompt.get(), 3, d_sampled.get(), d_step.get(), d_token.get(),
+                                d_pos.get(), stream_),
+              cudaSuccess);
+    Sync();
+    EXPECT_EQ(d_token.Download()[0], s < 3 ? prompt[s] : 100 + s) << s;
+    EXPECT_EQ(d_pos.Download()[0], s);
+    ASSERT_EQ(
+        launch_end_step(d_sampled.get(), d_step.get(), d_out.get(), d_counters.get(), stream_),
+        cudaSuccess);
+    Sync();
+    EXPECT_EQ(d_step.Download()[0], s + 1);
+  }
+  EXPECT_EQ(d_out.Download(), (std::vector<int32_t>{100, 101, 102, 103, 104, 105}));
+  EXPECT_EQ(d_counters.Download()[0].steps, 6u);
+}
+
+TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
+  DeviceArray<float> d_x(512);
+  DeviceArray<int32_t> d_i(8);
+  const DeviceMatrix q2k{d_x.get(), GgmlType::kQ2_K, 256, 1, 84};
+  EXPECT_EQ(launch_matvec(q2k, d_x.get(), nullptr, d_x.get(), stream_), cudaErrorInvalidValue);
+  const DeviceMatrix partial_block{d_x.get(), GgmlType::kQ4_K, 300, 1, 1000};
+  EXPECT_EQ(launch_matvec(partial_block, d_x.get(), nullptr, d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_rope(d_x.get(), 2, 63, d_i.get(), 1e4f, 0, stream_), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 6, 4, 64, 16, 1.0f,
+                                    d_x.get(), d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_router_topk(d_x.get(), 8, 9, true, d_i.get(), d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_sample(d_x.get(), 10, 1.0f, 0.0f, 1, d_i.get(), d_i.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_sample(d_x.get(), 10, NAN, 0.5f, 1, d_i.get(), d_i.get(), stream_),
+            cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace moegraph

@@ -1,0 +1,141 @@
+#include "tests/test_util.h"
+
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <utility>
+
+namespace moegraph::testing_util {
+
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadFixture(const FixtureSpec& spec) {
+  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes("fixture", *bytes);
+  if (!file.ok()) return file.status();
+  auto loaded = std::make_unique<LoadedModel>();
+  loaded->file = std::move(*file);
+  absl::StatusOr<Model> model = LoadModel(*loaded->file);
+  if (!model.ok()) return model.status();
+  loaded->model = std::move(*model);
+  return loaded;
+}
+
+std::unique_ptr<GgufFile> ParseOrFail(const std::vector<uint8_t>& bytes, const std::string& name) {
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes(name, bytes);
+  EXPECT_TRUE(file.ok()) << file.status();
+  return file.ok() ? std::move(*file) : nullptr;
+}
+
+std::unique_ptr<GgufFile> FixtureFileOrFail(const FixtureSpec& spec) {
+  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.ok() ? ParseOrFail(*bytes, "fixture.gguf") : nullptr;
+}
+
+::testing::AssertionResult Contains(absl::string_view text, absl::string_view part) {
+  if (text.find(part) != absl::string_view::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
+}
+
+bool MessageHas(const absl::Status& status, const std::string& text) {
+  return std::string(status.message()).find(text) != std::string::npos;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+namespace {
+
+int ExitCode(int wait_status) { return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1; }
+
+}  // namespace
+
+CommandResult RunCommand(const std::string& shell_command) {
+  CommandResult result;
+  FILE* pipe = popen(shell_command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  result.exit_code = ExitCode(pclose(pipe));
+  return result;
+}
+
+ProcessResult RunProcess(const std::vector<std::string>& argv) {
+  ProcessResult result;
+  if (argv.empty()) return result;
+  int out_pipe[2];
+  int err_pipe[2];
+  if (::pipe(out_pipe) != 0) return result;
+  if (::pipe(err_pipe) != 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    return result;
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    for (const int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
+    std::vector<char*> args;
+    for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  // Both pipes are drained together: a child that fills one while we block on
+  // the other would never exit.
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  int open_pipes = pid > 0 ? 2 : 0;
+  while (open_pipes > 0) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buffer[4096];
+      const ssize_t n = ::read(fds[i].fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        sinks[i]->append(buffer, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_pipes;
+      }
+    }
+  }
+  for (const pollfd& fd : fds) {
+    if (fd.fd >= 0) ::close(fd.fd);
+  }
+  int status = 0;
+  if (pid > 0 && ::waitpid(pid, &status, 0) == pid) result.exit_code = ExitCode(status);
+  return result;
+}
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "moegraph_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string SharedPath(const std::string& relative) {
+  const char* shared = std::getenv("MOEGRAPH_SHARED");
+  return std::string(shared != nullptr ? shared : "/work/shared") + "/" + relative;
+}
+
+}  // namespace moegraph::testing_util

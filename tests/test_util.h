@@ -1,0 +1,77 @@
+// Helpers the test binaries share: fixtures parsed in memory, status and text
+// matchers, subprocesses, temp files and the shared data folder. Depends only on
+// the loader libraries and gtest, so the sanitizer tree can build it too.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "loader/fixture.h"
+#include "loader/gguf.h"
+#include "loader/model_config.h"
+
+namespace moegraph::testing_util {
+
+// A fixture model and the file its weight views point into.
+struct LoadedModel {
+  std::unique_ptr<GgufFile> file;
+  Model model;
+};
+
+// FixtureBytes(spec) parsed as "fixture" and bound with LoadModel.
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadFixture(const FixtureSpec& spec);
+
+// The bytes parsed as a GgufFile named `name`; a test failure and nullptr when
+// they do not parse.
+std::unique_ptr<GgufFile> ParseOrFail(const std::vector<uint8_t>& bytes, const std::string& name);
+
+// FixtureBytes(spec) parsed as "fixture.gguf"; a test failure and nullptr on error.
+std::unique_ptr<GgufFile> FixtureFileOrFail(const FixtureSpec& spec);
+
+// Passes when text contains part; the failure prints both (tests link gtest
+// without gmock, so there is no HasSubstr).
+::testing::AssertionResult Contains(absl::string_view text, absl::string_view part);
+
+// True when the status message contains text.
+bool MessageHas(const absl::Status& status, const std::string& text);
+
+// Same length and the same bits in every element (NaNs and signed zeros included).
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b);
+
+struct CommandResult {
+  int exit_code = -1;  // -1 when the command did not exit normally (a crash)
+  std::string output;  // stdout, and stderr too where the command line redirects it there
+};
+
+// Runs a shell command line (popen) and returns its exit code and stdout.
+CommandResult RunCommand(const std::string& shell_command);
+
+struct ProcessResult {
+  int exit_code = -1;  // -1 when the process did not exit normally (a crash)
+  std::string out;
+  std::string err;
+};
+
+// Runs argv[0] (a path, no shell) with argv and returns its exit code, stdout and
+// stderr apart.
+ProcessResult RunProcess(const std::vector<std::string>& argv);
+
+// A path in the test temp folder, the same for the same name within one test
+// process and distinct between processes.
+std::string TempPath(const std::string& name);
+
+// The whole file; empty when it cannot be read.
+std::string ReadFileToString(const std::string& path);
+
+// A path under the shared data folder: $MOEGRAPH_SHARED (set by ctest), else
+// /work/shared.
+std::string SharedPath(const std::string& relative);
+
+}  // namespace moegraph::testing_util

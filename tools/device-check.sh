@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# One prepared check on a GPU machine (written for an H200, sm_90): build or reuse a
+# build, run the GPU tests, decode a synthetic qwen3moe fixture in every arm, and end
+# in one markdown table (check | result | detail). Finishes inside 8 minutes: every
+# step has a timeout, and steps are skipped once the overall budget is spent. Reads
+# the device only; never changes clocks or any setting.
+#
+# Usage: tools/device-check.sh [BUILD_DIR]   (run from the repository root)
+#   BUILD_DIR: a build folder whose binaries to use; default build-sm90/ or build/
+#   when they hold the binaries, else build-sm90/ is configured and built here.
+# The table also goes to $OUT/device-check.md when OUT is set.
+set -u
+
+readonly BUDGET_S=450  # leaves headroom under 8 minutes
+readonly START=$SECONDS
+ROWS=()
+
+row() { ROWS+=("| $1 | $2 | $3 |"); }
+left() { echo $((BUDGET_S - (SECONDS - START))); }
+
+# run_step LIMIT_S LOG CMD...: runs CMD with a timeout capped by the budget left.
+run_step() {
+  local limit=$1 log=$2
+  shift 2
+  local remaining
+  remaining=$(left)
+  if ((remaining < 10)); then
+    echo "budget spent" >"$log"
+    return 124
+  fi
+  ((limit > remaining)) && limit=$remaining
+  timeout --kill-after=5 "$limit" "$@" >"$log" 2>&1
+}
+
+# "N passed, N failed, N skipped" from a gtest log.
+gtest_counts() {
+  local log=$1 passed failed skipped
+  passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+  failed=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | tail -1)
+  skipped=$(grep -oE '\[  SKIPPED \] [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+  echo "${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped"
+}
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+echo "== device"
+if nvidia-smi -L >"$WORK/smi.log" 2>&1; then
+  cat "$WORK/smi.log"
+  row "device" "ok" "$(head -1 "$WORK/smi.log" | sed 's/ (UUID.*//')"
+else
+  cat "$WORK/smi.log"
+  row "device" "FAIL" "nvidia-smi -L failed"
+fi
+
+echo "== build"
+BUILD=${1:-}
+if [[ -z $BUILD ]]; then
+  for candidate in build-sm90 build; do
+    if [[ -x $candidate/tools/moegraph && -x $candidate/tests/engine_gpu_test ]]; then
+      BUILD=$candidate
+      break
+    fi
+  done
+fi
+if [[ -n $BUILD && -x $BUILD/tools/moegraph ]]; then
+  row "build" "ok" "carried $BUILD/"
+else
+  BUILD=${BUILD:-build-sm90}
+  if run_step 60 "$WORK/configure.log" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
+      -DMOEGRAPH_CUDA_ARCHS=90 &&
+    run_step 300 "$WORK/build.log" cmake --build "$BUILD" -j "$(nproc)" \
+      --target moegraph kernels_test engine_gpu_test; then
+    row "build" "ok" "configured and built $BUILD/ for sm_90 in $((SECONDS - START)) s"
+  else
+    tail -20 "$WORK/configure.log" "$WORK/build.log" 2>/dev/null
+    row "build" "FAIL" "see the log above"
+  fi
+fi
+MOEGRAPH=$BUILD/tools/moegraph
+
+# The fixture is CPU work: make it while the GPU tests run.
+FIXTURE=$WORK/qwen3moe-8x64-q4k.gguf
+FIXTURE_PID=""
+if [[ -x $MOEGRAPH ]]; then
+  timeout --kill-after=5 150 "$MOEGRAPH" make-fixture --arch qwen3moe --layers 8 --experts 64 \
+    --top-k 4 --embd 1024 --ff 512 --heads 16 --vocab 4096 --quant q8_0,expert=q4_K \
+    --router-skew 1 --seed 3 -o "$FIXTURE" >"$WORK/fixture.log" 2>&1 &
+  FIXTURE_PID=$!
+fi
+
+for test in kernels_test engine_gpu_test; do
+  echo "== $test"
+  binary=$BUILD/tests/$test
+  if [[ ! -x $binary ]]; then
+    row "$test" "FAIL" "not built"
+    continue
+  fi
+  run_step 150 "$WORK/$test.log" env MOEGRAPH_SHARED="${MOEGRAPH_SHARED:-$PWD/../shared}" \
+    "$binary" --gtest_brief=1
+  rc=$?
+  grep -E 'FAILED|Failure|Skipped|^\S+\.cc:[0-9]+' "$WORK/$test.log" | head -40
+  counts=$(gtest_counts "$WORK/$test.log")
+  if ((rc == 124 || rc == 137)); then
+    row "$test" "FAIL" "timed out ($counts)"
+  elif ((rc != 0)); then
+    row "$test" "FAIL" "exit $rc: $counts"
+  elif [[ $counts == *", 0 skipped" ]]; then
+    row "$test" "ok" "$counts"
+  else
+    row "$test" "SKIPPED" "$counts"
+  fi
+done
+
+echo "== fixture"
+if [[ -n $FIXTURE_PID ]] && wait "$FIXTURE_PID"; then
+  row "fixture" "ok" "qwen3moe 8 layers, 64 experts, top-4, embd 1024, ff 512, q4_K experts"
+else
+  cat "$WORK/fixture.log" 2>/dev/null
+  rm -f "$FIXTURE"
+  row "fixture" "FAIL" "make-fixture failed or timed out"
+fi
+
+# Decode runs: 512 experts in all; 128 slots make the policy arms miss.
+readonly TOKENS=1,2,3,4,5,6,7,8
+readonly N=64
+declare -A ARGS=(
+  [resident]="--arm resident"
+  [graph]="--arm graph --slots 128"
+  [graph-s4]="--arm graph --slots 128 --steps-per-launch 4"
+  [eager]="--arm eager --slots 128"
+  [host]="--arm host --slots 128"
+  [stage]="--arm stage"
+)
+REFERENCE=""
+for arm in resident graph graph-s4 eager host stage; do
+  echo "== run $arm"
+  log=$WORK/run-$arm.log
+  if [[ ! -f $FIXTURE ]]; then
+    row "run $arm" "FAIL" "no fixture"
+    continue
+  fi
+  # shellcheck disable=SC2086  # ARGS holds several flags
+  run_step 45 "$log" "$MOEGRAPH" run --backend cuda -m "$FIXTURE" --tokens "$TOKENS" -n "$N" \
+    ${ARGS[$arm]}
+  rc=$?
+  cat "$log"
+  summary=$(grep -E '^backend cuda \(arm' "$log" | tail -1)
+  generated=$(grep -E '^generated:' "$log" | tail -1)
+  if ((rc != 0)) || [[ -z $summary ]]; then
+    row "run $arm" "FAIL" "exit $rc: $(tail -1 "$log")"
+    continue
+  fi
+  rate=$(sed -nE 's/.* generated, ([0-9.]+ tok\/s).*/\1/p' <<<"$summary")
+  hit=$(sed -nE 's/.*; (hit [0-9.]+%, [0-9]+ misses).*/\1/p' <<<"$summary")
+  if [[ -z $REFERENCE ]]; then
+    REFERENCE=$generated
+    row "run $arm" "ok" "${rate:-n/a} decode, $hit"
+  elif [[ $generated == "$REFERENCE" ]]; then
+    row "run $arm" "ok" "${rate:-n/a} decode, $hit, tokens equal resident's"
+  else
+    row "run $arm" "FAIL" "${rate:-n/a} decode, tokens differ from resident's"
+  fi
+done
+
+TABLE=$(
+  echo "device check, $(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - START)) s"
+  echo
+  echo "| check | result | detail |"
+  echo "| --- | --- | --- |"
+  printf '%s\n' "${ROWS[@]}"
+)
+echo
+echo "$TABLE"
+if [[ -n ${OUT:-} && -d $OUT ]]; then echo "$TABLE" >"$OUT/device-check.md"; fi
