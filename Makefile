@@ -26,8 +26,9 @@ fixture: build
 	  --embd 256 --ff 256 --heads 8 --kv-heads 4 --vocab 512 --quant q8_0,expert=q4_K \
 	  --router-skew 2 --seed 1 -o $(FIXTURE)
 
+# The replay benchmark on the fixture: CUDA when a device exists, else the CPU backend.
 run: fixture
-	$(MOEGRAPH) run -m $(FIXTURE) --tokens 1,2,3,4 -n 32 --backend cpu
+	$(MOEGRAPH) bench -m $(FIXTURE) --arms resident,graph,host,stage --slots 16,32 -n 32 -r 2
 
 # Release tests, then the sanitizer tree: the GGUF reader's tests under
 # ASan+UBSan and the libFuzzer target for FUZZ_SECONDS.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "loader/check.h"
+#include "loader/quant.h"
 #include "loader/status_util.h"
 #include "reference/ops.h"
 #include "residency/budget.h"
@@ -212,6 +213,7 @@ struct CudaEngine::Impl {
                          uint64_t scratch_bytes);
   absl::Status AllocatePools();
   absl::Status AllocateState();
+  absl::Status AllocateRouting();
   absl::Status Upload(void* dst, const void* src, size_t bytes, std::string_view what);
   absl::Status Download(void* dst, const void* src, size_t bytes, std::string_view what);
 
@@ -279,6 +281,10 @@ struct CudaEngine::Impl {
   DeviceCounters* counters = nullptr;
   float* partial = nullptr;
   std::vector<LayerExperts> layer_experts;
+  // Routing replay and record: the trace ([n_steps][n_layer][k] ids, -1 for a
+  // missing row; f32 weights or none), the record buffer and their step cursor.
+  CudaBuffer trace_ids, trace_weights, routing_record;
+  int64_t* routing_cursor = nullptr;
 
   // Pinned host memory: the token copy and the host arm's per-layer staging.
   CudaBuffer token_host;
@@ -589,6 +595,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_sel = s.Add(n_layer * kk * 4), o_w = s.Add(n_layer * kk * f);
   const size_t o_keys = s.Add(n_layer * kk * 4), o_sor = s.Add(n_layer * kk * 4);
   const size_t o_missed = s.Add(n_layer * kk), o_evicted = s.Add(n_layer * kk * 4);
+  const size_t o_cursor = s.Add(8);
 
   MG_ASSIGN_OR_RETURN(state_buffer, CudaBuffer::Device(s.total, "the decode state"));
   MG_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(state_buffer.as<void>(), 0, s.total, main),
@@ -618,6 +625,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   shexp_logit = reinterpret_cast<float*>(at(o_slogit));
   logits = reinterpret_cast<float*>(at(o_logits));
   counters = reinterpret_cast<DeviceCounters*>(at(o_counters));
+  routing_cursor = reinterpret_cast<int64_t*>(at(o_cursor));
 
   const size_t cache_floats = max_ctx * kv_len;
   MG_ASSIGN_OR_RETURN(kv_buffer,
@@ -645,6 +653,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
     layer_experts.push_back(e);
   }
 
+  MG_RETURN_IF_ERROR(AllocateRouting());
   MG_ASSIGN_OR_RETURN(token_host, CudaBuffer::Pinned(4, "the token copy"));
   if (slot_mode == SlotMode::kHostPolicy) {
     MG_ASSIGN_OR_RETURN(selection_host, CudaBuffer::Pinned(n_layer * kk * 4, "host selection"));
@@ -654,7 +663,45 @@ absl::Status CudaEngine::Impl::AllocateState() {
   return absl::OkStatus();
 }
 
+absl::Status CudaEngine::Impl::AllocateRouting() {
+  const size_t row = static_cast<size_t>(cfg.n_layer) * static_cast<size_t>(cfg.n_expert_used);
+  if (options.routing_trace != nullptr) {
+    const RoutingTrace& trace = *options.routing_trace;
+    std::vector<int32_t> ids(trace.ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = trace.ids[i] == kMissingExpert ? -1 : static_cast<int32_t>(trace.ids[i]);
+    }
+    MG_ASSIGN_OR_RETURN(trace_ids, CudaBuffer::Device(ids.size() * 4, "the routing trace"));
+    MG_RETURN_IF_ERROR(Upload(trace_ids.as<void>(), ids.data(), ids.size() * 4, "routing trace"));
+    if (!trace.weights.empty()) {
+      std::vector<float> weights(trace.weights.size());
+      for (size_t i = 0; i < weights.size(); ++i) weights[i] = f16_to_f32(trace.weights[i]);
+      MG_ASSIGN_OR_RETURN(trace_weights,
+                          CudaBuffer::Device(weights.size() * 4, "the routing trace's weights"));
+      MG_RETURN_IF_ERROR(Upload(trace_weights.as<void>(), weights.data(), weights.size() * 4,
+                                "routing trace weights"));
+    }
+  }
+  if (options.routing_record_steps > 0) {
+    MG_ASSIGN_OR_RETURN(
+        routing_record,
+        CudaBuffer::Device(static_cast<size_t>(options.routing_record_steps) * row * 4,
+                           "the routing record"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
+
+// Device bytes of the routing trace and the routing record.
+uint64_t RoutingBytes(const CudaEngineOptions& options, const ModelConfig& cfg) {
+  uint64_t bytes = 0;
+  if (options.routing_trace != nullptr) {
+    bytes += options.routing_trace->ids.size() * 4 + options.routing_trace->weights.size() * 4;
+  }
+  return bytes + static_cast<uint64_t>(std::max<int64_t>(options.routing_record_steps, 0)) *
+                     static_cast<uint64_t>(cfg.n_layer) * cfg.n_expert_used * 4;
+}
 
 // Scratch bytes the budget sets aside: the decode state, attention partials and
 // the slack of 256-byte alignment, as AllocateState lays them out.
@@ -695,6 +742,13 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
     return absl::InvalidArgumentError(absl::StrFormat(
         "recording the routing reads it back after every step: --steps-per-launch %d must be 1",
         options.steps_per_launch));
+  }
+  if (options.routing_record_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "routing record of %d steps must not be negative", options.routing_record_steps));
+  }
+  if (options.routing_trace != nullptr) {
+    MG_RETURN_IF_ERROR(CheckRoutingTrace(*options.routing_trace, cfg));
   }
   const Doors& d = options.doors;
   if (d.residency == ResidencyMode::kHost && d.graph) {
@@ -785,7 +839,8 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
                                : absl::StrFormat("slru (protected %.2f)", d.protected_frac),
                            d.split_passes ? "" : ", one expert pass", options.steps_per_launch);
   MG_RETURN_IF_ERROR(
-      PlanPools(free_bytes, DenseBytes(m), kv_bytes, ScratchBytes(cfg, options.max_ctx)));
+      PlanPools(free_bytes, DenseBytes(m), kv_bytes,
+                ScratchBytes(cfg, options.max_ctx) + RoutingBytes(options, cfg)));
   MG_RETURN_IF_ERROR(UploadDense());
   MG_RETURN_IF_ERROR(AllocatePools());
   MG_RETURN_IF_ERROR(AllocateState());
@@ -808,6 +863,8 @@ WalkConfig CudaEngine::Impl::MakeWalkConfig(int steps) const {
   c.split_passes = options.doors.split_passes;
   c.qk_norm = cfg.qk_norm || cfg.qk_norm_full;
   c.shared_expert = cfg.n_ff_shexp > 0;
+  c.trace_routing = options.routing_trace != nullptr;
+  c.routing_step_end = c.trace_routing || options.routing_record_steps > 0;
   return c;
 }
 
@@ -930,6 +987,12 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
         return launch_router_topk(router_logits, cfg.n_expert, top_k, cfg.norm_topk_prob,
                                   e->selection, e->weights, ms);
       };
+    case StepOp::kTraceRouting:
+      return [=, this, n_steps = options.routing_trace->n_steps] {
+        return launch_trace_routing(trace_ids.as<int32_t>(), trace_weights.as<float>(), n_steps,
+                                    cfg.n_layer, l, top_k, routing_cursor, e->selection,
+                                    e->weights, ms);
+      };
     case StepOp::kResidencyStep: {
       const ResidencyPool rp = pool->pools[static_cast<size_t>(
           pool->pool_of_local_layer[static_cast<size_t>(e->local_layer)])];
@@ -1018,6 +1081,12 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       return [=, this] { return launch_matvec(output, h, nullptr, logits, ms); };
     case StepOp::kArgmax:
       return [=, this] { return launch_argmax(logits, cfg.n_vocab, sampled, ms); };
+    case StepOp::kRoutingStepEnd:
+      return [=, this] {
+        return launch_routing_step_end(layer_experts[0].selection, cfg.n_layer * top_k,
+                                       routing_record.as<int32_t>(), options.routing_record_steps,
+                                       routing_cursor, ms);
+      };
     case StepOp::kEndStep:
       return [=, this] { return launch_end_step(sampled, step, out_tokens, counters, ms); };
     case StepOp::kTokenCopy:
@@ -1228,6 +1297,24 @@ Arm CudaEngine::arm() const { return impl_->arm; }
 const std::vector<SlotPoolInfo>& CudaEngine::pools() const { return impl_->pool_infos; }
 const std::string& CudaEngine::banner() const { return impl_->banner; }
 const std::vector<int32_t>& CudaEngine::routing() const { return impl_->routing; }
+absl::StatusOr<std::vector<int32_t>> CudaEngine::ReadRoutingRecord() {
+  Impl& s = *impl_;
+  int64_t steps = 0;
+  MG_RETURN_IF_ERROR(s.Download(&steps, s.routing_cursor, sizeof(steps), "the routing cursor"));
+  if (steps > s.options.routing_record_steps) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the routing record holds %d steps but %d ran",
+                        s.options.routing_record_steps, steps));
+  }
+  std::vector<int32_t> out(static_cast<size_t>(steps) * static_cast<size_t>(s.cfg.n_layer) *
+                           static_cast<size_t>(s.cfg.n_expert_used));
+  if (!out.empty()) {
+    MG_RETURN_IF_ERROR(s.Download(out.data(), s.routing_record.as<void>(), out.size() * 4,
+                                  "the routing record"));
+  }
+  return out;
+}
+
 StepWalk CudaEngine::Walk() const { return BuildWalk(impl_->MakeWalkConfig(1)); }
 
 }  // namespace moegraph

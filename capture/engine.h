@@ -46,6 +46,14 @@ struct CudaEngineOptions {
   // After every launch, copy the step's selection to the host (one more sync per
   // step; steps_per_launch must be 1). For the table-equality gate.
   bool record_routing = false;
+  // Routing replay (moegraph bench --routing-trace): the trace goes to device
+  // memory once and trace_routing (kernels/kernels.h) puts its row over each
+  // layer's selection, no readback; steps past its end wrap around. Null: the
+  // router decides. Checked with CheckRoutingTrace; must outlive the engine.
+  const RoutingTrace* routing_trace = nullptr;
+  // > 0: every step's selection is written on the device into a buffer of this
+  // many steps, copied to the host once by ReadRoutingRecord.
+  int64_t routing_record_steps = 0;
   uint64_t rail_bytes = uint64_t{512} << 20;  // GPU memory the budget leaves free
 };
 
@@ -98,6 +106,9 @@ class CudaEngine {
   // With record_routing: k ids in router rank order per (step, layer), at
   // [(step * n_layer + layer) * k, ... + k), over every Generate so far.
   const std::vector<int32_t>& routing() const;
+  // With routing_record_steps: every step run so far, laid out as routing(), in
+  // one readback. An error when more steps ran than the buffer holds.
+  absl::StatusOr<std::vector<int32_t>> ReadRoutingRecord();
   // The walk of one step as the engine runs it (S = 1).
   StepWalk Walk() const;
 

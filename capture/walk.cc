@@ -32,6 +32,7 @@ constexpr OpInfo kOps[] = {
     {StepOp::kFfnNorm, "ffn_norm", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRouter, "router", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRouterTopk, "router_topk", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kTraceRouting, "trace_routing", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kResidencyStep, "residency_step", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kResidentSlots, "resident_slots", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kStageAllSlots, "stage_all_slots", EntryKind::kKernel, WalkStream::kMain},
@@ -62,6 +63,7 @@ constexpr OpInfo kOps[] = {
     {StepOp::kOutputNorm, "output_norm", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kLmHead, "lm_head", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kArgmax, "argmax", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kRoutingStepEnd, "routing_step_end", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kEndStep, "end_step", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kTokenCopy, "token_copy", EntryKind::kMemcpyD2H, WalkStream::kMain},
 };
@@ -117,6 +119,7 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
   for (StepOp op : {StepOp::kFfnNorm, StepOp::kRouter, StepOp::kRouterTopk}) {
     w.Add(op, step, layer);
   }
+  if (c.trace_routing) w.Add(StepOp::kTraceRouting, step, layer);
   if (c.slot_mode == SlotMode::kResident) {
     // Nothing to copy, so nothing to overlap: one pass over every rank.
     w.Add(StepOp::kResidentSlots, step, layer);
@@ -176,9 +179,9 @@ StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
       AddAttention(config, w, step, layer);
       AddMoe(config, w, step, layer);
     }
-    for (StepOp op : {StepOp::kOutputNorm, StepOp::kLmHead, StepOp::kArgmax, StepOp::kEndStep}) {
-      w.Add(op, step);
-    }
+    for (StepOp op : {StepOp::kOutputNorm, StepOp::kLmHead, StepOp::kArgmax}) w.Add(op, step);
+    if (config.routing_step_end) w.Add(StepOp::kRoutingStepEnd, step);
+    w.Add(StepOp::kEndStep, step);
   }
   w.Add(StepOp::kTokenCopy, config.steps - 1);
   return walk;

@@ -10,6 +10,8 @@
 //   copy:                                          fork_wait stage_copy join_record
 //   main: gate_up_hits down_hits [shexp_*] join_wait gate_up_misses down_misses
 //         combine ffn_residual
+// (Routing replay adds trace_routing after router_topk; replay or record adds
+// routing_step_end before end_step.)
 // Arms change only the slot decision (resident_slots, stage_all_slots, or the
 // host arm's readback, host step and host copies) and which passes run.
 // Steps end with output_norm lm_head argmax end_step; after the last of S steps
@@ -55,6 +57,7 @@ enum class StepOp {
   kFfnNorm,
   kRouter,
   kRouterTopk,
+  kTraceRouting,  // routing replay: the trace's selection over the router's
   // The slot decision, one per arm.
   kResidencyStep,
   kResidentSlots,
@@ -88,6 +91,7 @@ enum class StepOp {
   kOutputNorm,
   kLmHead,
   kArgmax,
+  kRoutingStepEnd,  // routing replay or record: record the step's selection, advance the cursor
   kEndStep,
   kTokenCopy,
 };
@@ -112,6 +116,10 @@ struct WalkConfig {
   bool split_passes = true;
   bool qk_norm = false;        // q_norm / k_norm entries
   bool shared_expert = false;  // qwen2moe
+  // Routing replay and record (moegraph bench): trace_routing after each
+  // router_topk; routing_step_end before each end_step.
+  bool trace_routing = false;
+  bool routing_step_end = false;
 };
 
 // One launch. `enqueue` is supplied by the engine; a walk built without a binder

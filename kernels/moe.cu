@@ -1,7 +1,8 @@
-// MoE kernels: router top-k, the residency step, slot assignment for the arms
-// without a policy, the stage copy of missed experts, the expert passes and the
-// combine. Decisions come from kernels/moe_math.h and residency/policy.h; this
-// file holds the indexing and launch geometry.
+// MoE kernels: router top-k, routing replay from a trace, the residency step,
+// slot assignment for the arms without a policy, the stage copy of missed
+// experts, the expert passes and the combine. Decisions come from
+// kernels/moe_math.h and residency/policy.h; this file holds the indexing and
+// launch geometry.
 //
 // Grids never depend on per-step values: the expert passes and the stage copy
 // launch a block row per rank (blockIdx.y = r) and a block whose rank is not in
@@ -86,6 +87,33 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, int32_t n_e
       weights[r] = chosen_weights[r];
     }
   }
+}
+
+// A thread per rank; a missing row (first id < 0) leaves the router's selection.
+__global__ void trace_routing_kernel(const int32_t* __restrict__ ids,
+                                     const float* __restrict__ trace_weights, int64_t n_steps,
+                                     int32_t n_layer, int32_t layer, int32_t k,
+                                     const int64_t* __restrict__ cursor,
+                                     int32_t* __restrict__ experts, float* __restrict__ weights) {
+  const int32_t r = threadIdx.x;
+  if (r >= k) return;
+  const int64_t row = ((*cursor % n_steps) * n_layer + layer) * k;
+  if (ids[row] < 0) return;
+  experts[r] = ids[row + r];
+  weights[r] = trace_weights != nullptr ? trace_weights[row + r] : 1.0f / static_cast<float>(k);
+}
+
+// One block striding over the step's selection; thread 0 advances the cursor
+// after the block has read it.
+__global__ void routing_step_end_kernel(const int32_t* __restrict__ selection, int32_t n,
+                                        int32_t* __restrict__ record, int64_t record_steps,
+                                        int64_t* cursor) {
+  const int64_t step = *cursor;
+  if (record != nullptr && step < record_steps) {
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) record[step * n + i] = selection[i];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *cursor = step + 1;
 }
 
 // One block. Thread 0 runs every state change in residency_step's order; the
@@ -292,6 +320,28 @@ cudaError_t launch_router_topk(const float* logits, int32_t n_expert, int32_t k,
     return cudaErrorInvalidValue;
   }
   router_topk_kernel<<<1, 32, 0, stream>>>(logits, n_expert, k, norm_topk, experts, weights);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_trace_routing(const int32_t* ids, const float* trace_weights, int64_t n_steps,
+                                 int32_t n_layer, int32_t layer, int32_t k, const int64_t* cursor,
+                                 int32_t* experts, float* weights, cudaStream_t stream) {
+  if (ids == nullptr || n_steps <= 0 || n_layer <= 0 || layer < 0 || layer >= n_layer || k <= 0 ||
+      k > kMaxTopK || cursor == nullptr || experts == nullptr || weights == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  trace_routing_kernel<<<1, kMaxTopK, 0, stream>>>(ids, trace_weights, n_steps, n_layer, layer, k,
+                                                   cursor, experts, weights);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_routing_step_end(const int32_t* selection, int32_t n, int32_t* record,
+                                    int64_t record_steps, int64_t* cursor, cudaStream_t stream) {
+  if (selection == nullptr || n <= 0 || record_steps < 0 || cursor == nullptr ||
+      (record == nullptr && record_steps > 0)) {
+    return cudaErrorInvalidValue;
+  }
+  routing_step_end_kernel<<<1, kThreads, 0, stream>>>(selection, n, record, record_steps, cursor);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 #include "reference/cpu_backend.h"
 
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -8,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "loader/check.h"
+#include "loader/quant.h"
 #include "loader/status_util.h"
 #include "reference/ops.h"
 
@@ -41,6 +43,28 @@ std::vector<int32_t> SplitSlots(int32_t n_slots, const std::vector<SizeClass>& c
 
 }  // namespace
 
+absl::Status CheckRoutingTrace(const RoutingTrace& trace, const ModelConfig& config) {
+  if (trace.n_layer != config.n_layer) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the trace has %d layers, the model %d", trace.n_layer, config.n_layer));
+  }
+  if (trace.k != config.n_expert_used) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the trace selects top-%d, the model top-%d", trace.k, config.n_expert_used));
+  }
+  if (trace.n_steps < 1) return absl::InvalidArgumentError("the trace has no steps");
+  for (size_t i = 0; i < trace.ids.size(); ++i) {
+    if (trace.ids[i] != kMissingExpert && trace.ids[i] >= config.n_expert) {
+      const size_t row = i / static_cast<size_t>(trace.k);
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "step %d layer %d selects expert %d, but the model has %d experts",
+          row / static_cast<size_t>(trace.n_layer), row % static_cast<size_t>(trace.n_layer),
+          trace.ids[i], config.n_expert));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The expert provider of the forward pass: the residency step, the stage copies
 // and the slot views, one size class pool each.
 class CpuBackend::SlotExperts final : public ExpertProvider {
@@ -56,7 +80,8 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     }
   };
 
-  SlotExperts(const ExpertStore& store, int k) : store_(store), k_(k) {
+  SlotExperts(const ExpertStore& store, int k, const RoutingTrace* routing_trace)
+      : store_(store), k_(k), routing_trace_(routing_trace) {
     local_layer_.resize(static_cast<size_t>(store.n_layer()));
   }
 
@@ -130,6 +155,20 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     }
   }
 
+  // Routing replay: the step being computed is the count of steps done so far.
+  void Route(int layer, absl::Span<int32_t> experts, absl::Span<double> weights) override {
+    if (routing_trace_ == nullptr) return;
+    const RoutingTrace& trace = *routing_trace_;
+    const int64_t step =
+        static_cast<int64_t>(counters_.steps % static_cast<uint64_t>(trace.n_steps));
+    if (!trace.present(step, layer)) return;
+    const size_t row = trace.row_offset(step, layer);
+    for (int r = 0; r < k_; ++r) {
+      experts[r] = trace.ids[row + r];
+      weights[r] = trace.weights.empty() ? 1.0 / k_ : f16_to_f32(trace.weights[row + r]);
+    }
+  }
+
   void CountStep() { ++counters_.steps; }
   const EngineCounters& counters() const { return counters_; }
   const std::vector<Pool>& pools() const { return pools_; }
@@ -137,7 +176,11 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
 
  private:
   void Stage(Pool& pool, int32_t slot, int layer, int32_t expert) {
+    const auto start = std::chrono::steady_clock::now();
     std::memcpy(pool.slot(slot), store_.block(layer, expert), pool.info.block_bytes);
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    counters_.stage_ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
     ++counters_.misses;
     counters_.bytes_staged += pool.info.block_bytes;
   }
@@ -152,6 +195,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
 
   const ExpertStore& store_;
   const int k_;
+  const RoutingTrace* routing_trace_;
   std::vector<int32_t> local_layer_;  // model layer -> its number in its class's cache
   std::vector<Pool> pools_;
   EngineCounters counters_;
@@ -168,10 +212,14 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Model& mode
         "--slots %d must be auto (0) or at least --top-k %d", options.n_slots,
         model.config.n_expert_used));
   }
+  if (options.routing_trace != nullptr) {
+    MG_RETURN_IF_ERROR(CheckRoutingTrace(*options.routing_trace, model.config));
+  }
   std::unique_ptr<CpuBackend> backend(new CpuBackend());
   backend->model_ = &model;
   backend->max_ctx_ = options.max_ctx;
-  backend->experts_ = std::make_unique<SlotExperts>(store, model.config.n_expert_used);
+  backend->experts_ = std::make_unique<SlotExperts>(store, model.config.n_expert_used,
+                                                   options.routing_trace);
   MG_RETURN_IF_ERROR(backend->experts_->AddPools(options));
   for (const SlotExperts::Pool& pool : backend->experts_->pools()) {
     backend->pools_.push_back(pool.info);

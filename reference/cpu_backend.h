@@ -21,6 +21,7 @@
 #include "loader/placement.h"
 #include "reference/oracle.h"
 #include "residency/cache.h"
+#include "residency/trace.h"
 
 namespace moegraph {
 
@@ -37,7 +38,17 @@ struct CpuBackendOptions {
   // false: MOEGRAPH_MOE_CACHE=0, every selected expert is staged each step into
   // k scratch slots of its class, and no residency state is kept.
   bool cache = true;
+  // Routing replay (moegraph bench --routing-trace): step s, layer l takes the
+  // trace's row (s mod n_steps, l) instead of the router's selection, with the
+  // trace's weights (uniform 1/k when it has none); a row the trace lacks keeps
+  // the router's. Null: the router decides. Must outlive the backend.
+  const RoutingTrace* routing_trace = nullptr;
 };
+
+// A trace that can stand in for the model's router: n_layer and k equal the
+// model's, at least one step, every present id below the model's n_expert.
+// Errors name the field and both values.
+absl::Status CheckRoutingTrace(const RoutingTrace& trace, const ModelConfig& config);
 
 // The expert path's engagement counters, incremented where the work happens
 // (the GPU engine keeps the same set in device memory).
@@ -47,6 +58,7 @@ struct EngineCounters {
   uint64_t misses = 0;        // selected experts staged (copied) into a slot
   uint64_t evictions = 0;     // resident experts displaced by a miss
   uint64_t bytes_staged = 0;  // block bytes copied into slots
+  uint64_t stage_ns = 0;      // CPU backend: wall time inside the stage copies (memcpy)
 };
 
 // The slot pool of one size class.

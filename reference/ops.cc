@@ -268,6 +268,8 @@ void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<c
     if (cfg.norm_topk_prob) {
       for (int i = 0; i < k; ++i) weight[t * k + i] /= sum;
     }
+    experts.Route(layer, absl::MakeSpan(chosen).subspan(t * k, k),
+                  absl::MakeSpan(weight).subspan(t * k, k));
   }
 
   // Row by row, each selected expert runs on the row; outputs land per (row,

@@ -89,6 +89,11 @@ class ExpertProvider {
   virtual ~ExpertProvider() = default;
   virtual void Provide(int layer, absl::Span<const int32_t> experts,
                        absl::Span<ExpertWeights> weights) = 0;
+  // Routing replay: called once per (row, layer) after the router and before
+  // Provide, with the row's selection (k ids, rank order) and combine weights; an
+  // override rewrites both. The default keeps the router's choice.
+  virtual void Route(int /*layer*/, absl::Span<int32_t> /*experts*/,
+                     absl::Span<double> /*weights*/) {}
 };
 
 // The model's own slices (Model::expert).

@@ -18,6 +18,7 @@
 namespace moegraph {
 namespace {
 
+using testing_util::JsonChecker;
 using testing_util::ProcessResult;
 using testing_util::ReadFileToString;
 using testing_util::RunProcess;
@@ -37,76 +38,6 @@ ProcessResult RunMoegraph(const std::string& subcommand, const std::string& args
 ProcessResult MoegraphTrace(const std::string& args) { return RunMoegraph("trace", args); }
 
 std::string SharedTrace() { return SharedPath("traces/mixtral-8x7b-humaneval.jsonl"); }
-
-// Accepts exactly one RFC 8259 JSON value (whitespace around it allowed).
-class JsonChecker {
- public:
-  explicit JsonChecker(std::string_view text) : text_(text) {}
-  bool Valid() {
-    Space();
-    if (!Value(0)) return false;
-    Space();
-    return pos_ == text_.size();
-  }
-
- private:
-  void Space() {
-    while (pos_ < text_.size() && std::string_view(" \t\r\n").find(text_[pos_]) != npos) ++pos_;
-  }
-  bool Eat(char c) {
-    Space();
-    if (pos_ < text_.size() && text_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-  bool Digits() {
-    const size_t start = pos_;
-    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
-    return pos_ > start;
-  }
-  bool String() {
-    if (!Eat('"')) return false;
-    while (pos_ < text_.size() && text_[pos_] != '"') pos_ += text_[pos_] == '\\' ? 2 : 1;
-    return pos_++ < text_.size();
-  }
-  bool Value(int depth) {
-    Space();
-    if (depth > 32 || pos_ >= text_.size()) return false;
-    const char c = text_[pos_];
-    if (c == '{' || c == '[') {
-      ++pos_;
-      const char close = c == '{' ? '}' : ']';
-      if (Eat(close)) return true;
-      do {
-        if (c == '{' && (!String() || !Eat(':'))) return false;
-        if (!Value(depth + 1)) return false;
-      } while (Eat(','));
-      return Eat(close);
-    }
-    if (c == '"') return String();
-    for (std::string_view word : {"true", "false", "null"}) {
-      if (text_.substr(pos_, word.size()) == word) {
-        pos_ += word.size();
-        return true;
-      }
-    }
-    if (c == '-') ++pos_;
-    if (!Digits()) return false;
-    if (pos_ < text_.size() && text_[pos_] == '.' && (++pos_, !Digits())) return false;
-    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      ++pos_;
-      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
-      if (!Digits()) return false;
-    }
-    return true;
-  }
-
-  static constexpr size_t npos = std::string_view::npos;
-  std::string_view text_;
-  size_t pos_ = 0;
-};
 
 TEST(CliTrace, StatsMarkdownOnTheSharedTrace) {
   const ProcessResult r = MoegraphTrace("stats " + SharedTrace());

@@ -138,4 +138,71 @@ std::string SharedPath(const std::string& relative) {
   return std::string(shared != nullptr ? shared : "/work/shared") + "/" + relative;
 }
 
+bool JsonChecker::Valid() {
+  Space();
+  if (!Value(0)) return false;
+  Space();
+  return pos_ == text_.size();
+}
+
+void JsonChecker::Space() {
+  while (pos_ < text_.size() && std::string_view(" \t\r\n").find(text_[pos_]) !=
+                                    std::string_view::npos) {
+    ++pos_;
+  }
+}
+
+bool JsonChecker::Eat(char c) {
+  Space();
+  if (pos_ < text_.size() && text_[pos_] == c) {
+    ++pos_;
+    return true;
+  }
+  return false;
+}
+
+bool JsonChecker::Digits() {
+  const size_t start = pos_;
+  while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
+  return pos_ > start;
+}
+
+bool JsonChecker::String() {
+  if (!Eat('"')) return false;
+  while (pos_ < text_.size() && text_[pos_] != '"') pos_ += text_[pos_] == '\\' ? 2 : 1;
+  return pos_++ < text_.size();
+}
+
+bool JsonChecker::Value(int depth) {
+  Space();
+  if (depth > 32 || pos_ >= text_.size()) return false;
+  const char c = text_[pos_];
+  if (c == '{' || c == '[') {
+    ++pos_;
+    const char close = c == '{' ? '}' : ']';
+    if (Eat(close)) return true;
+    do {
+      if (c == '{' && (!String() || !Eat(':'))) return false;
+      if (!Value(depth + 1)) return false;
+    } while (Eat(','));
+    return Eat(close);
+  }
+  if (c == '"') return String();
+  for (std::string_view word : {"true", "false", "null"}) {
+    if (text_.substr(pos_, word.size()) == word) {
+      pos_ += word.size();
+      return true;
+    }
+  }
+  if (c == '-') ++pos_;
+  if (!Digits()) return false;
+  if (pos_ < text_.size() && text_[pos_] == '.' && (++pos_, !Digits())) return false;
+  if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
+    ++pos_;
+    if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
+    if (!Digits()) return false;
+  }
+  return true;
+}
+
 }  // namespace moegraph::testing_util

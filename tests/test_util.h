@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -73,5 +74,22 @@ std::string ReadFileToString(const std::string& path);
 // A path under the shared data folder: $MOEGRAPH_SHARED (set by ctest), else
 // /work/shared.
 std::string SharedPath(const std::string& relative);
+
+// Accepts exactly one RFC 8259 JSON value (whitespace around it allowed).
+class JsonChecker {
+ public:
+  explicit JsonChecker(std::string_view text) : text_(text) {}
+  bool Valid();
+
+ private:
+  void Space();
+  bool Eat(char c);
+  bool Digits();
+  bool String();
+  bool Value(int depth);
+
+  std::string_view text_;
+  size_t pos_ = 0;
+};
 
 }  // namespace moegraph::testing_util

@@ -35,7 +35,8 @@
 // Shared with simulate (a list there); run takes one count or auto.
 
 ABSL_FLAG(std::string, tokens, "", "run: prompt token ids, comma-separated (e.g. 1,2,3)");
-ABSL_FLAG(int32_t, n, 16, "run: number of tokens to generate");
+ABSL_FLAG(int32_t, n, moegraph::kDefaultTokensFlag,
+          "tokens to generate (default: run 16, bench 128)");
 ABSL_FLAG(std::string, backend, "auto",
           "run: cpu | cuda | auto (auto: cuda when a device exists, else cpu)");
 ABSL_FLAG(std::string, arm, "",
@@ -199,7 +200,8 @@ absl::Status Run() {
   if (path.empty()) return absl::InvalidArgumentError("-m FILE is required");
   absl::StatusOr<std::vector<int32_t>> prompt = ParseTokens(absl::GetFlag(FLAGS_tokens));
   if (!prompt.ok()) return prompt.status();
-  const int n_predict = absl::GetFlag(FLAGS_n);
+  const int n_flag = absl::GetFlag(FLAGS_n);
+  const int n_predict = n_flag == kDefaultTokensFlag ? kRunDefaultTokens : n_flag;
   if (n_predict < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("-n %d must not be negative", n_predict));
   }

@@ -18,10 +18,15 @@ ABSL_DECLARE_FLAG(int32_t, ctx);    // context size
 ABSL_DECLARE_FLAG(int32_t, layers);
 ABSL_DECLARE_FLAG(int32_t, experts);
 ABSL_DECLARE_FLAG(int32_t, top_k);
+// Shared by run and bench: tokens to generate; kDefaultTokensFlag means the command's default.
+ABSL_DECLARE_FLAG(int32_t, n);
 // Shared by simulate (a list) and run (N or auto); empty means the command's default.
 ABSL_DECLARE_FLAG(std::string, slots);
 
 namespace moegraph {
+
+inline constexpr int32_t kDefaultTokensFlag = -1;
+inline constexpr int32_t kRunDefaultTokens = 16;
 
 // A shared numeric flag whose 0 stands for the command's own default.
 template <typename T>
@@ -35,5 +40,6 @@ int RunMakeFixture(const std::vector<std::string>& args);
 int RunRun(const std::vector<std::string>& args);
 int RunTrace(const std::vector<std::string>& args);
 int RunSimulate(const std::vector<std::string>& args);
+int RunBench(const std::vector<std::string>& args);
 
 }  // namespace moegraph

@@ -70,7 +70,7 @@ else
   if run_step 60 "$WORK/configure.log" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
       -DMOEGRAPH_CUDA_ARCHS=90 &&
     run_step 300 "$WORK/build.log" cmake --build "$BUILD" -j "$(nproc)" \
-      --target moegraph kernels_test engine_gpu_test; then
+      --target moegraph moegraph-gates kernels_test engine_gpu_test; then
     row "build" "ok" "configured and built $BUILD/ for sm_90 in $((SECONDS - START)) s"
   else
     tail -20 "$WORK/configure.log" "$WORK/build.log" 2>/dev/null
@@ -111,6 +111,22 @@ for test in kernels_test engine_gpu_test; do
     row "$test" "SKIPPED" "$counts"
   fi
 done
+
+echo "== gates"
+GATES=$BUILD/gates/moegraph-gates
+if [[ -x $GATES ]]; then
+  run_step 120 "$WORK/gates.log" "$GATES" --backend cuda
+  rc=$?
+  cat "$WORK/gates.log"
+  summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$WORK/gates.log" | tail -1)
+  if ((rc == 0)) && [[ -n $summary ]]; then
+    row "gates" "ok" "$summary"
+  else
+    row "gates" "FAIL" "exit $rc: ${summary:-no summary line}"
+  fi
+else
+  row "gates" "FAIL" "not built"
+fi
 
 echo "== fixture"
 if [[ -n $FIXTURE_PID ]] && wait "$FIXTURE_PID"; then

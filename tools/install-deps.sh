@@ -4,7 +4,7 @@
 # The CUDA toolkit itself is a precondition (nvcc in /usr/local/cuda or on PATH).
 set -euo pipefail
 
-packages=(cmake make g++ clang libclang-rt-14-dev libabsl-dev libgtest-dev libbenchmark-dev)
+packages=(cmake make g++ clang libclang-rt-14-dev libabsl-dev libgtest-dev libbenchmark-dev gnuplot-nox)
 
 missing=()
 for p in "${packages[@]}"; do

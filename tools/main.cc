@@ -31,6 +31,9 @@ constexpr Command kCommands[] = {
      moegraph::RunMakeFixture},
     {"run", "-m FILE --tokens 1,2,3 -n N: greedy decode, prints token ids and tok/s",
      moegraph::RunRun},
+    {"bench", "-m FILE [--arms ...] [--slots 16,32|auto] [-n 128] [-r 5]: arms side by side, "
+              "llama-bench style",
+     moegraph::RunBench},
     {"trace", "stats FILE | synth -o FILE | convert IN OUT: routing traces (JSONL or binary)",
      moegraph::RunTrace},
     {"simulate", "--trace F --policy lru,slru,default,opt --slots 16,32,64: hit rates and cost model",

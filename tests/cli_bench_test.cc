@@ -1,0 +1,261 @@
+// `moegraph bench` as a user runs it: the binary in a subprocess on a fixture
+// file (the CPU backend: the test machine may have no device), its table and
+// JSON parsed, its routing record read back and replayed.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "loader/fixture.h"
+#include "residency/trace.h"
+#include "tests/test_util.h"
+
+namespace moegraph {
+namespace {
+
+using testing_util::JsonChecker;
+using testing_util::ProcessResult;
+using testing_util::ReadFileToString;
+using testing_util::RunProcess;
+using testing_util::TempPath;
+
+constexpr int kLayers = 2;
+constexpr int kExperts = 8;
+constexpr int kTopK = 2;
+
+// `moegraph bench -m FIXTURE --backend cpu ARGS` (ARGS split at spaces).
+ProcessResult Bench(const std::string& fixture, const std::string& args) {
+  std::vector<std::string> argv = {MOEGRAPH_BIN, "bench", "-m", fixture, "--backend", "cpu"};
+  const std::vector<std::string> words = absl::StrSplit(args, ' ', absl::SkipEmpty());
+  argv.insert(argv.end(), words.begin(), words.end());
+  return RunProcess(argv);
+}
+
+// The table rows (not the header or its separator), each split into trimmed cells.
+std::vector<std::vector<std::string>> TableRows(const std::string& out) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| ", 0) != 0 || line.rfind("| model", 0) == 0 || line.rfind("| -", 0) == 0) {
+      continue;
+    }
+    std::vector<std::string> cells;
+    for (absl::string_view cell : absl::StrSplit(line, '|')) {
+      cells.emplace_back(absl::StripAsciiWhitespace(cell));
+    }
+    // Leading and trailing '|' leave empty cells at both ends.
+    rows.emplace_back(cells.begin() + 1, cells.end() - 1);
+  }
+  return rows;
+}
+
+// The objects of bench's JSON array, one per line, as field -> raw value text.
+std::vector<std::map<std::string, std::string>> JsonRows(const std::string& out) {
+  std::vector<std::map<std::string, std::string>> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t open = line.find('{');
+    if (open == std::string::npos) continue;
+    std::map<std::string, std::string> fields;
+    size_t pos = open + 1;
+    while ((pos = line.find('"', pos)) != std::string::npos) {
+      const size_t key_end = line.find('"', pos + 1);
+      const std::string key = line.substr(pos + 1, key_end - pos - 1);
+      size_t value_start = line.find(':', key_end) + 1;
+      while (line[value_start] == ' ') ++value_start;
+      size_t value_end = value_start;
+      if (line[value_start] == '[') {
+        value_end = line.find(']', value_start) + 1;
+      } else if (line[value_start] == '"') {
+        value_end = line.find('"', value_start + 1) + 1;
+      } else {
+        value_end = line.find_first_of(",}", value_start);
+      }
+      fields[key] = line.substr(value_start, value_end - value_start);
+      pos = value_end;
+      if (line[pos] == '}') break;
+      pos = line.find('"', pos);
+    }
+    rows.push_back(fields);
+  }
+  return rows;
+}
+
+class CliBenchTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    path_ = new std::string(TempPath("cli_bench.gguf"));
+    FixtureSpec spec;
+    spec.n_layer = kLayers;
+    spec.n_expert = kExperts;
+    spec.n_expert_used = kTopK;
+    spec.router_skew = 1.0f;
+    spec.seed = 5;
+    status_ = new absl::Status(WriteFixture(spec, *path_));
+  }
+  static void TearDownTestSuite() {
+    std::remove(path_->c_str());
+    delete path_;
+    delete status_;
+  }
+  void SetUp() override { ASSERT_TRUE(status_->ok()) << *status_; }
+
+  static std::string* path_;
+  static absl::Status* status_;
+};
+
+std::string* CliBenchTest::path_ = nullptr;
+absl::Status* CliBenchTest::status_ = nullptr;
+
+TEST_F(CliBenchTest, MarkdownHasOneRowPerArmSlotsAndTest) {
+  const ProcessResult r =
+      Bench(*path_, "--arms resident,graph,host,stage --slots 4,8 -p 3 -n 5 -r 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(testing_util::Contains(r.out, "note: backend cpu"));
+  // resident and stage ignore --slots (they hold every expert and k scratch slots).
+  const std::vector<std::string> expected = {
+      "resident 16 pp3", "resident 16 tg5", "graph 4 pp3", "graph 4 tg5", "graph 8 pp3",
+      "graph 8 tg5",     "host 4 pp3",      "host 4 tg5",  "host 8 pp3",  "host 8 tg5",
+      "stage 2 pp3",     "stage 2 tg5"};
+  const std::vector<std::vector<std::string>> rows = TableRows(r.out);
+  ASSERT_EQ(rows.size(), expected.size()) << r.out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_EQ(rows[i].size(), 13u) << r.out;
+    EXPECT_EQ(rows[i][3], "cpu");
+    EXPECT_EQ(rows[i][4] + " " + rows[i][5] + " " + rows[i][6], expected[i]) << r.out;
+    // The CPU backend makes no host syncs and no launches.
+    EXPECT_EQ(rows[i][11], "0.00");
+    EXPECT_EQ(rows[i][12], "0.00");
+  }
+}
+
+TEST_F(CliBenchTest, JsonParsesWithEveryFieldAndOneSamplePerRepetition) {
+  constexpr int kReps = 3;
+  const ProcessResult r =
+      Bench(*path_, "--arms graph,stage --slots 4,auto -n 4 -o json -r " + std::to_string(kReps));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(JsonChecker(r.out).Valid()) << r.out;
+  const std::vector<std::map<std::string, std::string>> rows = JsonRows(r.out);
+  ASSERT_EQ(rows.size(), 3u) << r.out;  // graph at 4 and auto, stage once
+  for (const auto& row : rows) {
+    for (const char* key : {"arm", "slots", "test", "samples_ts", "avg_ts", "stddev_ts", "hit_rate",
+                            "mib_staged_per_token", "host_syncs_per_token", "backend"}) {
+      EXPECT_EQ(row.count(key), 1u) << key << " missing in " << r.out;
+    }
+    EXPECT_EQ(row.at("backend"), "\"cpu\"");
+    EXPECT_EQ(row.at("test"), "\"tg4\"");
+    const std::string samples = row.at("samples_ts");
+    const std::vector<std::string> values =
+        absl::StrSplit(samples.substr(1, samples.size() - 2), ',', absl::SkipEmpty());
+    ASSERT_EQ(values.size(), static_cast<size_t>(kReps)) << samples;
+    for (const std::string& v : values) {
+      double ts = 0;
+      ASSERT_TRUE(absl::SimpleAtod(v, &ts)) << v;
+      EXPECT_GT(ts, 0.0);
+    }
+  }
+  EXPECT_EQ(rows[0].at("slots"), "4");
+  // auto on the CPU backend: every expert.
+  EXPECT_EQ(rows[1].at("slots"), std::to_string(kLayers * kExperts));
+  EXPECT_EQ(rows[2].at("arm"), "\"stage\"");
+  // Stage-every-token stages every selected expert and hits none.
+  EXPECT_EQ(rows[2].at("hit_rate"), "0");
+  EXPECT_EQ(rows[2].at("hits"), "0");
+}
+
+TEST_F(CliBenchTest, BadFlagsExitNonZeroNamingTheFlag) {
+  struct Case {
+    std::string args;
+    std::string named;
+  };
+  const std::vector<Case> cases = {{"--arms graph,warp", "--arms"},
+                                   {"--arms graph,graph", "--arms"},
+                                   {"--slots 4,x", "--slots"},
+                                   {"--slots 0", "--slots"},
+                                   {"--slots 1 --arms graph", "--slots"},
+                                   {"-r 0", "-r"},
+                                   {"-o csv", "-o"},
+                                   {"-p 0 -n 0", "-n"},
+                                   {"--routing-trace /nonexistent/t.mgtr", "/nonexistent/t.mgtr"}};
+  for (const Case& c : cases) {
+    // Defaults first, so that the case's own -n or -r wins.
+    const ProcessResult r = Bench(*path_, "-n 2 -r 1 " + c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_TRUE(testing_util::Contains(r.err, c.named)) << c.args;
+  }
+}
+
+TEST_F(CliBenchTest, TraceOfAnotherGeometryIsAnErrorNamingTheFile) {
+  RoutingTrace wrong;
+  wrong.n_layer = kLayers + 1;
+  wrong.n_expert = kExperts;
+  wrong.k = kTopK;
+  wrong.n_steps = 1;
+  wrong.ids.assign(static_cast<size_t>(wrong.n_layer * wrong.k), 0);
+  for (size_t i = 0; i < wrong.ids.size(); ++i) wrong.ids[i] = static_cast<uint16_t>(i % 2);
+  const std::string path = TempPath("wrong_layers.mgtr");
+  ASSERT_TRUE(WriteTraceBinary(wrong, path).ok());
+  ProcessResult r = Bench(*path_, "--routing-trace " + path + " -n 2 -r 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(testing_util::Contains(r.err, path));
+  EXPECT_TRUE(testing_util::Contains(r.err, "layers"));
+
+  // Right layers and k, but an id past the model's experts.
+  RoutingTrace wide = wrong;
+  wide.n_layer = kLayers;
+  wide.n_expert = kExperts * 2;
+  wide.ids = {0, kExperts, 1, 2};
+  ASSERT_TRUE(WriteTraceBinary(wide, path).ok());
+  r = Bench(*path_, "--routing-trace " + path + " -n 2 -r 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(testing_util::Contains(r.err, path));
+  EXPECT_TRUE(testing_util::Contains(r.err, "selects expert 8"));
+  std::remove(path.c_str());
+}
+
+TEST_F(CliBenchTest, RecordedRoutingReplaysToTheSameHitsAndMisses) {
+  // 6 slots for 2 layers x 8 experts, top-2: a mix of hits and misses.
+  const std::string flags = "--arms graph,eager --slots 6 -n 6 -r 2 -o json";
+  const std::string first = TempPath("routing_a.mgtr");
+  const std::string again = TempPath("routing_b.mgtr");
+  const std::string replayed = TempPath("routing_c.jsonl");
+  const ProcessResult a = Bench(*path_, flags + " --record-routing " + first);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  const ProcessResult b = Bench(*path_, flags + " --record-routing " + again);
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  // Recording is bit-stable: the same run writes the same bytes.
+  const std::string recorded = ReadFileToString(first);
+  ASSERT_FALSE(recorded.empty());
+  EXPECT_EQ(recorded, ReadFileToString(again));
+
+  const ProcessResult c =
+      Bench(*path_, flags + " --routing-trace " + first + " --record-routing " + replayed);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const auto original = JsonRows(a.out);
+  const auto replay = JsonRows(c.out);
+  ASSERT_EQ(original.size(), 2u) << a.out;
+  ASSERT_EQ(replay.size(), original.size()) << c.out;
+  for (size_t i = 0; i < original.size(); ++i) {
+    EXPECT_NE(original[i].at("hits"), "0") << a.out;
+    EXPECT_NE(original[i].at("misses"), "0") << a.out;
+    EXPECT_EQ(replay[i].at("hits"), original[i].at("hits"));
+    EXPECT_EQ(replay[i].at("misses"), original[i].at("misses"));
+  }
+  // The replay used exactly the recorded routing (written here as JSONL).
+  absl::StatusOr<RoutingTrace> from_binary = ReadTrace(first);
+  absl::StatusOr<RoutingTrace> from_replay = ReadTrace(replayed);
+  ASSERT_TRUE(from_binary.ok()) << from_binary.status();
+  ASSERT_TRUE(from_replay.ok()) << from_replay.status();
+  // The first engine's steps: one untimed and r = 2 timed runs of tg6.
+  EXPECT_EQ(from_binary->n_steps, (1 + 2) * 6);
+  EXPECT_EQ(from_binary->ids, from_replay->ids);
+  for (const std::string& p : {first, again, replayed}) std::remove(p.c_str());
+}
+
+}  // namespace
+}  // namespace moegraph

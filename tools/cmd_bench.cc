@@ -1,0 +1,658 @@
+// moegraph bench: every arm side by side in one run, like llama-bench. One
+// engine per (arm, slots); the arms of one slot count live together and their
+// repetitions interleave (A B A B ...), so drift hits every arm alike. Arms that
+// ignore --slots (resident holds every expert, stage has k scratch slots) run
+// once, with the first slot count's group.
+//
+// Tests: pp<p> feeds p prompt tokens (one T=1 step each, as decode does) and
+// times them; tg<n> feeds one token and generates n, timing all n steps. Each
+// (engine, test) runs once untimed first (graph capture, cache warm-up).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "capture/doors.h"
+#include "capture/engine.h"
+#include "loader/ggml_type.h"
+#include "loader/gguf.h"
+#include "loader/model_config.h"
+#include "loader/placement.h"
+#include "loader/status_util.h"
+#include "reference/cpu_backend.h"
+#include "residency/trace.h"
+#include "tools/commands.h"
+
+// Defined by run (tools/cmd_run.cc).
+ABSL_DECLARE_FLAG(std::string, backend);
+ABSL_DECLARE_FLAG(int32_t, steps_per_launch);
+
+ABSL_FLAG(int32_t, p, 0, "bench: prompt tokens of the pp test (0: no pp test)");
+ABSL_FLAG(std::string, arms, "resident,graph,eager,host,stage",
+          "bench: arms to compare, comma-separated (resident, graph, eager, host, stage)");
+ABSL_FLAG(int32_t, r, 5, "bench: timed repetitions of every test");
+ABSL_FLAG(std::string, routing_trace, "",
+          "bench: routing trace (JSONL or binary) whose selections replace the router's");
+ABSL_FLAG(std::string, record_routing, "",
+          "bench: write the routing the run used here (.jsonl: JSONL, else binary)");
+
+namespace moegraph {
+namespace {
+
+constexpr int kDefaultGenerate = 128;  // -n when not given (run's default is 16)
+
+double Mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+struct BenchTest {
+  std::string name;  // pp<p> | tg<n>
+  int prompt = 0;    // tokens fed
+  int generate = 0;  // n_predict
+  bool decode = false;
+  int steps() const { return decode ? generate : prompt; }
+};
+
+// One timed run of a test: the time and the counters' deltas.
+struct Sample {
+  double seconds = 0;
+  uint64_t steps = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t bytes_staged = 0;
+  uint64_t stage_ns = 0;
+  uint64_t host_syncs = 0;
+  uint64_t launches = 0;
+};
+
+// One engine of one arm at one slot count.
+class Target {
+ public:
+  virtual ~Target() = default;
+  virtual absl::StatusOr<Sample> Run(const BenchTest& test) = 0;
+  virtual int32_t slots() const = 0;  // as allocated, over all size classes
+  // Every step's selection so far, [(step * n_layer + layer) * k + rank].
+  virtual absl::StatusOr<std::vector<int32_t>> Routing() = 0;
+};
+
+std::vector<int32_t> Prompt(const BenchTest& test, int n_vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(test.prompt));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = 1 + static_cast<int32_t>(i % static_cast<size_t>(std::max(n_vocab - 1, 1)));
+  }
+  return ids;
+}
+
+double TimedSeconds(const BenchTest& test, const GenerateStats& stats) {
+  return test.decode ? stats.prompt_seconds + stats.decode_seconds : stats.prompt_seconds;
+}
+
+void AddCounters(const EngineCounters& before, const EngineCounters& after, Sample& s) {
+  s.steps = after.steps - before.steps;
+  s.hits = after.hits - before.hits;
+  s.misses = after.misses - before.misses;
+  s.bytes_staged = after.bytes_staged - before.bytes_staged;
+  s.stage_ns = after.stage_ns - before.stage_ns;
+}
+
+// The CPU backend with the arms mapped as `moegraph run` maps them.
+class CpuTarget final : public Target {
+ public:
+  static absl::StatusOr<std::unique_ptr<Target>> Create(const Model& model,
+                                                        const ExpertStore& store,
+                                                        const Doors& doors, Arm arm,
+                                                        int32_t slots, int ctx,
+                                                        const RoutingTrace* trace) {
+    CpuBackendOptions options;
+    options.max_ctx = ctx;
+    options.n_slots = arm == Arm::kResident ? 0 : slots;
+    options.policy = doors.policy == DoorPolicy::kLru ? CachePolicy::kLru : CachePolicy::kSlru;
+    options.protected_frac = doors.protected_frac;
+    options.cache = doors.moe_cache;
+    options.routing_trace = trace;
+    auto target = std::unique_ptr<CpuTarget>(new CpuTarget());
+    target->n_vocab_ = model.config.n_vocab;
+    MG_ASSIGN_OR_RETURN(target->backend_, CpuBackend::Create(model, store, options));
+    return std::unique_ptr<Target>(std::move(target));
+  }
+
+  absl::StatusOr<Sample> Run(const BenchTest& test) override {
+    backend_->Reset();
+    const EngineCounters before = backend_->counters();
+    GenerateStats stats;
+    MG_RETURN_IF_ERROR(
+        backend_->Generate(Prompt(test, n_vocab_), test.generate, &stats).status());
+    Sample s;
+    AddCounters(before, backend_->counters(), s);
+    s.seconds = TimedSeconds(test, stats);
+    return s;
+  }
+
+  int32_t slots() const override {
+    int32_t n = 0;
+    for (const SlotPoolInfo& pool : backend_->pools()) n += pool.n_slots;
+    return n;
+  }
+
+  absl::StatusOr<std::vector<int32_t>> Routing() override { return backend_->routing(); }
+
+ private:
+  CpuTarget() = default;
+  int n_vocab_ = 0;
+  std::unique_ptr<CpuBackend> backend_;
+};
+
+// Work the host submits per step of an eager walk: kernels and copies, the host
+// arm's two slot-table writes counted as two; its per-miss copies come from the
+// miss count instead.
+uint64_t EagerLaunchesPerStep(const StepWalk& walk) {
+  uint64_t n = 0;
+  for (const WalkEntry& e : walk.entries) {
+    if (e.op == StepOp::kHostStageCopy) continue;
+    if (e.op == StepOp::kHostWriteSlots) {
+      n += 2;
+    } else if (e.kind == EntryKind::kKernel || e.kind == EntryKind::kMemcpyD2H ||
+               e.kind == EntryKind::kMemcpyH2D) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+class CudaTarget final : public Target {
+ public:
+  static absl::StatusOr<std::unique_ptr<Target>> Create(const Model& model, const Doors& doors,
+                                                        int32_t slots, int ctx,
+                                                        const RoutingTrace* trace,
+                                                        int64_t record_steps) {
+    CudaEngineOptions options;
+    options.max_ctx = ctx;
+    options.n_slots = slots;
+    options.doors = doors;
+    options.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
+    options.routing_trace = trace;
+    options.routing_record_steps = record_steps;
+    auto target = std::unique_ptr<CudaTarget>(new CudaTarget());
+    target->n_vocab_ = model.config.n_vocab;
+    MG_ASSIGN_OR_RETURN(target->engine_, CudaEngine::Create(model, options));
+    target->eager_launches_per_step_ = EagerLaunchesPerStep(target->engine_->Walk());
+    return std::unique_ptr<Target>(std::move(target));
+  }
+
+  absl::StatusOr<Sample> Run(const BenchTest& test) override {
+    // Counter readbacks sync the host: outside the host-counter window.
+    MG_ASSIGN_OR_RETURN(const EngineCounters before, engine_->ReadCounters());
+    const HostCounters host_before = engine_->host_counters();
+    GenerateStats stats;
+    MG_RETURN_IF_ERROR(engine_->Generate(Prompt(test, n_vocab_), test.generate, &stats).status());
+    const HostCounters host_after = engine_->host_counters();
+    MG_ASSIGN_OR_RETURN(const EngineCounters after, engine_->ReadCounters());
+    Sample s;
+    AddCounters(before, after, s);
+    s.seconds = TimedSeconds(test, stats);
+    s.host_syncs = host_after.host_syncs - host_before.host_syncs;
+    s.launches = (host_after.graph_launches - host_before.graph_launches) +
+                 (host_after.eager_steps - host_before.eager_steps) * eager_launches_per_step_ +
+                 (engine_->arm() == Arm::kHost ? s.misses : 0);
+    return s;
+  }
+
+  int32_t slots() const override {
+    int32_t n = 0;
+    for (const SlotPoolInfo& pool : engine_->pools()) n += pool.n_slots;
+    return n;
+  }
+
+  absl::StatusOr<std::vector<int32_t>> Routing() override { return engine_->ReadRoutingRecord(); }
+
+ private:
+  CudaTarget() = default;
+  int n_vocab_ = 0;
+  uint64_t eager_launches_per_step_ = 0;
+  std::unique_ptr<CudaEngine> engine_;
+};
+
+// ---- flags ----
+
+absl::StatusOr<std::vector<Arm>> ParseArms(const std::string& text) {
+  std::vector<Arm> arms;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    const std::string name(absl::StripAsciiWhitespace(part));
+    absl::StatusOr<Arm> arm = ParseArm(name);
+    if (!arm.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--arms '%s': '%s' is not an arm (resident, graph, eager, host, stage)", text, name));
+    }
+    if (std::find(arms.begin(), arms.end(), *arm) != arms.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--arms '%s': '%s' is listed twice", text, name));
+    }
+    arms.push_back(*arm);
+  }
+  return arms;
+}
+
+// --slots 16,32,64 | auto; auto is 0.
+absl::StatusOr<std::vector<int32_t>> ParseSlotList(const std::string& text) {
+  std::vector<int32_t> slots;
+  if (absl::StripAsciiWhitespace(text).empty()) return std::vector<int32_t>{0};
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    const absl::string_view word = absl::StripAsciiWhitespace(part);
+    int32_t n = 0;
+    if (word == "auto") {
+      n = 0;
+    } else if (!absl::SimpleAtoi(word, &n) || n < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--slots '%s': '%s' is not a positive slot count or auto", text, std::string(word)));
+    }
+    if (std::find(slots.begin(), slots.end(), n) != slots.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--slots '%s': '%s' is listed twice", text, std::string(word)));
+    }
+    slots.push_back(n);
+  }
+  return slots;
+}
+
+bool UsesSlots(Arm arm) { return arm != Arm::kResident && arm != Arm::kStage; }
+
+// The same status with "prefix: " before its message.
+absl::Status Prefixed(const absl::Status& status, const std::string& prefix) {
+  return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
+}
+
+// ---- results ----
+
+struct Row {
+  Arm arm = Arm::kGraph;
+  int32_t slots = 0;            // as allocated
+  int32_t slots_requested = 0;  // 0: auto; -1: an arm that ignores --slots
+  size_t test = 0;              // index into the tests
+  std::vector<Sample> samples;
+};
+
+struct RowStats {
+  std::vector<double> ts;
+  double avg_ts = 0;
+  double stddev_ts = 0;
+  uint64_t steps = 0, hits = 0, misses = 0, bytes = 0, stage_ns = 0, syncs = 0, launches = 0;
+  double seconds = 0;
+
+  double hit_rate() const {
+    return hits + misses > 0 ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0;
+  }
+  double per_step(uint64_t v) const {
+    return steps > 0 ? static_cast<double>(v) / static_cast<double>(steps) : 0;
+  }
+  double mib_per_token() const { return steps > 0 ? Mib(bytes) / static_cast<double>(steps) : 0; }
+  // CPU: bytes over the time inside the stage memcpys; CUDA: over the timed wall
+  // time (the copies overlap expert compute, so a lower bound on the link's rate).
+  double stage_gbps(bool cpu) const {
+    const double ns = cpu ? static_cast<double>(stage_ns) : seconds * 1e9;
+    return ns > 0 ? static_cast<double>(bytes) / ns : 0;
+  }
+};
+
+RowStats Summarize(const Row& row, const BenchTest& test) {
+  RowStats s;
+  for (const Sample& x : row.samples) {
+    s.ts.push_back(x.seconds > 0 ? test.steps() / x.seconds : 0);
+    s.steps += x.steps;
+    s.hits += x.hits;
+    s.misses += x.misses;
+    s.bytes += x.bytes_staged;
+    s.stage_ns += x.stage_ns;
+    s.syncs += x.host_syncs;
+    s.launches += x.launches;
+    s.seconds += x.seconds;
+  }
+  for (double t : s.ts) s.avg_ts += t / static_cast<double>(s.ts.size());
+  if (s.ts.size() > 1) {
+    double sq = 0;
+    for (double t : s.ts) sq += (t - s.avg_ts) * (t - s.avg_ts);
+    s.stddev_ts = std::sqrt(sq / static_cast<double>(s.ts.size() - 1));
+  }
+  return s;
+}
+
+struct ModelInfo {
+  std::string name;  // "qwen3moe 4L 16x top-4 q4_K"
+  uint64_t size_bytes = 0;
+  uint64_t params = 0;
+};
+
+ModelInfo DescribeModel(const Model& model) {
+  const ModelConfig& c = model.config;
+  ModelInfo info;
+  info.name = absl::StrFormat(
+      "%s %dL %dx top-%d %s", Av(arch_gguf_name(c.arch)), c.n_layer, c.n_expert, c.n_expert_used,
+      ggml_type_name(static_cast<uint32_t>(model.expert(0, ExpertProj::kGate, 0).type)));
+  info.size_bytes = model.file->file_size();
+  for (const GgufTensor& t : model.file->tensors()) {
+    info.params += static_cast<uint64_t>(t.n_elements());
+  }
+  return info;
+}
+
+std::string HumanSize(uint64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  return b >= 1073741824.0 ? absl::StrFormat("%.2f GiB", b / 1073741824.0)
+                           : absl::StrFormat("%.2f MiB", Mib(bytes));
+}
+
+std::string HumanCount(uint64_t n) {
+  const double v = static_cast<double>(n);
+  if (v >= 1e9) return absl::StrFormat("%.2f B", v / 1e9);
+  if (v >= 1e6) return absl::StrFormat("%.2f M", v / 1e6);
+  return absl::StrFormat("%.2f K", v / 1e3);
+}
+
+void PrintMarkdown(const ModelInfo& model, std::string_view backend,
+                   const std::vector<BenchTest>& tests, const std::vector<Row>& rows) {
+  const bool cpu = backend == "cpu";
+  absl::PrintF(
+      "| model | size | params | backend | arm | slots | test | t/s | hit %% | MiB/tok | "
+      "stage GB/s | syncs/tok | launches/tok |\n");
+  absl::PrintF(
+      "| ----- | ---: | -----: | ------- | --- | ----: | ---- | --: | ----: | ------: | "
+      "---------: | --------: | -----------: |\n");
+  for (const Row& row : rows) {
+    const BenchTest& test = tests[row.test];
+    const RowStats s = Summarize(row, test);
+    absl::PrintF("| %s | %s | %s | %s | %s | %d | %s | %.2f ± %.2f | %.1f | %.3f | %.2f | %.2f | "
+                 "%.2f |\n",
+                 model.name, HumanSize(model.size_bytes), HumanCount(model.params), Av(backend),
+                 Av(ArmName(row.arm)), row.slots, test.name, s.avg_ts, s.stddev_ts,
+                 100.0 * s.hit_rate(), s.mib_per_token(), s.stage_gbps(cpu), s.per_step(s.syncs),
+                 s.per_step(s.launches));
+  }
+}
+
+std::string JsonNumber(double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "0"; }
+
+void PrintJson(const ModelInfo& model, std::string_view backend,
+               const std::vector<BenchTest>& tests, const std::vector<Row>& rows) {
+  const bool cpu = backend == "cpu";
+  std::printf("[\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows[i];
+    const BenchTest& test = tests[row.test];
+    const RowStats s = Summarize(row, test);
+    std::vector<std::string> ts;
+    for (double t : s.ts) ts.push_back(JsonNumber(t));
+    absl::PrintF(
+        "  {\"model\": \"%s\", \"size_bytes\": %d, \"params\": %d, \"backend\": \"%s\", "
+        "\"arm\": \"%s\", \"slots\": %d, \"slots_requested\": %s, \"test\": \"%s\", "
+        "\"n_prompt\": %d, \"n_gen\": %d, \"steps_per_launch\": %d, \"samples_ts\": [%s], "
+        "\"avg_ts\": %s, \"stddev_ts\": %s, \"hits\": %d, \"misses\": %d, \"hit_rate\": %s, "
+        "\"mib_staged_per_token\": %s, \"stage_gbps\": %s, \"host_syncs_per_token\": %s, "
+        "\"launches_per_token\": %s}%s\n",
+        model.name, model.size_bytes, model.params, Av(backend), Av(ArmName(row.arm)), row.slots,
+        row.slots_requested > 0    ? absl::StrCat(row.slots_requested)
+        : row.slots_requested == 0 ? "\"auto\""
+                                   : "null",
+        test.name,
+        test.decode ? 1 : test.prompt, test.decode ? test.generate : 0,
+        absl::GetFlag(FLAGS_steps_per_launch), absl::StrJoin(ts, ", "), JsonNumber(s.avg_ts),
+        JsonNumber(s.stddev_ts), s.hits, s.misses, JsonNumber(s.hit_rate()),
+        JsonNumber(s.mib_per_token()), JsonNumber(s.stage_gbps(cpu)),
+        JsonNumber(s.per_step(s.syncs)), JsonNumber(s.per_step(s.launches)),
+        i + 1 < rows.size() ? "," : "");
+  }
+  std::printf("]\n");
+}
+
+// ---- the run ----
+
+struct Plan {
+  std::vector<Arm> arms;
+  std::vector<int32_t> slots;
+  std::vector<BenchTest> tests;
+  int reps = 0;
+  int ctx = 0;
+  bool json = false;
+  bool cuda = false;
+};
+
+absl::StatusOr<Plan> MakePlan() {
+  Plan plan;
+  MG_ASSIGN_OR_RETURN(plan.arms, ParseArms(absl::GetFlag(FLAGS_arms)));
+  MG_ASSIGN_OR_RETURN(plan.slots, ParseSlotList(absl::GetFlag(FLAGS_slots)));
+  const std::string format = absl::GetFlag(FLAGS_o);
+  if (!format.empty() && format != "md" && format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("-o '%s': bench prints md (the default) or json", format));
+  }
+  plan.json = format == "json";
+  plan.reps = absl::GetFlag(FLAGS_r);
+  if (plan.reps < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat("-r %d must be at least 1", plan.reps));
+  }
+  const int p = absl::GetFlag(FLAGS_p);
+  const int n = absl::GetFlag(FLAGS_n) == kDefaultTokensFlag ? kDefaultGenerate
+                                                             : absl::GetFlag(FLAGS_n);
+  if (p < 0) return absl::InvalidArgumentError(absl::StrFormat("-p %d must not be negative", p));
+  if (n < 0) return absl::InvalidArgumentError(absl::StrFormat("-n %d must not be negative", n));
+  if (p == 0 && n == 0) return absl::InvalidArgumentError("-p 0 and -n 0 leave no test to run");
+  if (p > 0) plan.tests.push_back({absl::StrCat("pp", p), p, 0, false});
+  if (n > 0) plan.tests.push_back({absl::StrCat("tg", n), 1, n, true});
+  const int needed = std::max(p, n);
+  plan.ctx = absl::GetFlag(FLAGS_ctx);
+  if (plan.ctx < 0 || (plan.ctx > 0 && plan.ctx < needed)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--ctx %d is too small: the tests need %d positions", plan.ctx, needed));
+  }
+  if (plan.ctx == 0) plan.ctx = needed;
+  if (absl::GetFlag(FLAGS_steps_per_launch) < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--steps-per-launch %d must be at least 1", absl::GetFlag(FLAGS_steps_per_launch)));
+  }
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend != "cpu" && backend != "cuda" && backend != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--backend '%s' is not one of cpu, cuda, auto", backend));
+  }
+  plan.cuda = backend != "cpu" && CudaDeviceCount() > 0;
+  if (backend == "cuda" && !plan.cuda) {
+    return absl::FailedPreconditionError(
+        "--backend cuda: no CUDA device is available (cudaGetDeviceCount reports none)");
+  }
+  return plan;
+}
+
+// The doors of an arm; a door in the environment that turns it into another arm
+// would mislabel its row, so that is an error.
+absl::StatusOr<Doors> ArmDoors(Arm arm) {
+  MG_ASSIGN_OR_RETURN(const ResolvedDoors resolved, ResolveDoors(arm, ProcessEnv()));
+  if (resolved.arm != arm) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--arms %s: the MOEGRAPH_* doors in the environment make it the %s arm; unset them to "
+        "benchmark the arms",
+        Av(ArmName(arm)), Av(ArmName(resolved.arm))));
+  }
+  return resolved.doors;
+}
+
+// Writes a backend's routing in the trace format of path's extension.
+absl::Status WriteRouting(const std::vector<int32_t>& routing, const ModelConfig& cfg,
+                          const std::string& path) {
+  RoutingTrace trace;
+  trace.n_layer = cfg.n_layer;
+  trace.n_expert = cfg.n_expert;
+  trace.k = cfg.n_expert_used;
+  const size_t row = static_cast<size_t>(cfg.n_layer) * static_cast<size_t>(cfg.n_expert_used);
+  trace.n_steps = static_cast<int64_t>(routing.size() / row);
+  trace.ids.assign(routing.begin(), routing.end());
+  const absl::Status status = WriteTrace(trace, path);
+  return status.ok() ? status : Prefixed(status, absl::StrCat("--record-routing ", path));
+}
+
+absl::Status Bench() {
+  const std::string path = absl::GetFlag(FLAGS_m);
+  if (path.empty()) return absl::InvalidArgumentError("-m FILE is required");
+  MG_ASSIGN_OR_RETURN(const Plan plan, MakePlan());
+  std::vector<Doors> doors;
+  for (Arm arm : plan.arms) {
+    MG_ASSIGN_OR_RETURN(Doors d, ArmDoors(arm));
+    doors.push_back(d);
+  }
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
+  const ModelConfig& cfg = model.config;
+
+  std::optional<RoutingTrace> trace;
+  if (const std::string trace_path = absl::GetFlag(FLAGS_routing_trace); !trace_path.empty()) {
+    absl::StatusOr<RoutingTrace> read = ReadTrace(trace_path);
+    // The reader's errors name the file already.
+    if (!read.ok()) return Prefixed(read.status(), "--routing-trace");
+    if (const absl::Status s = CheckRoutingTrace(*read, cfg); !s.ok()) {
+      return Prefixed(absl::Status(s.code(), absl::StrCat(s.message(), " (it must match ", path,
+                                                          ")")),
+                      absl::StrCat("--routing-trace ", trace_path));
+    }
+    trace = std::move(*read);
+  }
+  const std::string record_path = absl::GetFlag(FLAGS_record_routing);
+  int64_t steps_per_engine = 0;
+  for (const BenchTest& test : plan.tests) steps_per_engine += (1 + plan.reps) * test.steps();
+
+  const std::string backend = plan.cuda ? "cuda" : "cpu";
+  const ModelInfo info = DescribeModel(model);
+  std::FILE* notes = plan.json ? stderr : stdout;
+  if (!plan.cuda) {
+    std::fprintf(notes,
+                 "note: backend cpu: arms map as in `moegraph run`: resident holds every expert, "
+                 "stage turns the cache off, graph/eager/host run the CPU pipeline with the "
+                 "policy; no device, so host syncs and launches are 0\n");
+  }
+  std::fprintf(notes, "note: policy %s; stage GB/s is %s\n",
+               doors[0].policy == DoorPolicy::kLru
+                   ? "lru"
+                   : absl::StrFormat("slru (protected %.2f)", doors[0].protected_frac).c_str(),
+               plan.cuda ? "bytes staged / timed wall time (a lower bound on the copy path)"
+                         : "bytes staged / time inside the stage memcpys");
+  if (trace.has_value()) {
+    std::fprintf(notes, "note: routing from %s: %lld steps (they wrap around), %s\n",
+                 absl::GetFlag(FLAGS_routing_trace).c_str(),
+                 static_cast<long long>(trace->n_steps),
+                 trace->weights.empty() ? "weights 1/k" : "the trace's weights");
+  }
+
+  std::optional<ExpertStore> store;
+  if (!plan.cuda) {
+    MG_ASSIGN_OR_RETURN(ExpertStore s, ExpertStore::Create(model));
+    store.emplace(std::move(s));
+  }
+  const RoutingTrace* trace_ptr = trace.has_value() ? &*trace : nullptr;
+  const bool progress = isatty(STDERR_FILENO) != 0;
+
+  // Engines in output order (arm, then slot count); rows (engine, test). Engine
+  // g's group is its slot count's index; arms that ignore --slots join group 0.
+  struct Engine {
+    size_t arm = 0;
+    int32_t slots_requested = 0;  // 0: auto; -1: an arm that ignores --slots
+    size_t group = 0;
+  };
+  std::vector<Engine> engines;
+  for (size_t a = 0; a < plan.arms.size(); ++a) {
+    if (!UsesSlots(plan.arms[a])) {
+      engines.push_back({a, -1, 0});
+      continue;
+    }
+    for (size_t s = 0; s < plan.slots.size(); ++s) engines.push_back({a, plan.slots[s], s});
+  }
+  const size_t n_tests = plan.tests.size();
+  std::vector<Row> rows;
+  for (const Engine& e : engines) {
+    for (size_t t = 0; t < n_tests; ++t) {
+      rows.push_back({plan.arms[e.arm], 0, e.slots_requested, t, {}});
+    }
+  }
+
+  for (size_t group = 0; group < plan.slots.size(); ++group) {
+    std::vector<size_t> members;  // engine indices
+    std::vector<std::unique_ptr<Target>> targets;
+    for (size_t g = 0; g < engines.size(); ++g) {
+      if (engines[g].group != group) continue;
+      const Engine& e = engines[g];
+      // Engine 0 (always in group 0) is the one whose routing is recorded.
+      const int64_t record_steps = g == 0 && !record_path.empty() ? steps_per_engine : 0;
+      absl::StatusOr<std::unique_ptr<Target>> target =
+          plan.cuda ? CudaTarget::Create(model, doors[e.arm], std::max(e.slots_requested, 0),
+                                         plan.ctx, trace_ptr, record_steps)
+                    : CpuTarget::Create(model, *store, doors[e.arm], plan.arms[e.arm],
+                                        std::max(e.slots_requested, 0), plan.ctx, trace_ptr);
+      if (!target.ok()) {
+        return Prefixed(target.status(), absl::StrCat("arm ", Av(ArmName(plan.arms[e.arm]))));
+      }
+      members.push_back(g);
+      targets.push_back(std::move(*target));
+    }
+    for (size_t t = 0; t < n_tests; ++t) {
+      const BenchTest& test = plan.tests[t];
+      for (auto& target : targets) MG_RETURN_IF_ERROR(target->Run(test).status());
+      for (int rep = 0; rep < plan.reps; ++rep) {
+        for (size_t i = 0; i < targets.size(); ++i) {
+          Row& row = rows[members[i] * n_tests + t];
+          if (progress) {
+            std::fprintf(stderr, "\rbench: %s slots %d %s rep %d/%d        ",
+                         std::string(ArmName(row.arm)).c_str(), targets[i]->slots(),
+                         test.name.c_str(), rep + 1, plan.reps);
+          }
+          MG_ASSIGN_OR_RETURN(const Sample sample, targets[i]->Run(test));
+          row.slots = targets[i]->slots();
+          row.samples.push_back(sample);
+        }
+      }
+    }
+    if (group == 0 && !record_path.empty()) {
+      // Every arm computes the same outputs, so routes alike: engine 0's routing.
+      MG_ASSIGN_OR_RETURN(const std::vector<int32_t> routing, targets[0]->Routing());
+      MG_RETURN_IF_ERROR(WriteRouting(routing, cfg, record_path));
+    }
+  }
+  if (progress) std::fprintf(stderr, "\r%60s\r", "");
+  if (plan.json) {
+    PrintJson(info, backend, plan.tests, rows);
+  } else {
+    PrintMarkdown(info, backend, plan.tests, rows);
+  }
+  if (!record_path.empty()) {
+    std::fprintf(notes, "note: wrote the routing of %lld steps to %s\n",
+                 static_cast<long long>(steps_per_engine), record_path.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunBench(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "moegraph bench: unexpected argument '%s' (the model goes in -m FILE)\n",
+                 args[0].c_str());
+    return 1;
+  }
+  const absl::Status status = Bench();
+  if (!status.ok()) {
+    std::fprintf(stderr, "moegraph bench: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace moegraph
