@@ -1,10 +1,12 @@
 #include "loader/fixture.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -29,6 +31,9 @@ constexpr int32_t kTokenUnknown = 2;
 constexpr int32_t kTokenControl = 3;
 constexpr int32_t kTokenByte = 6;
 
+// A fill smaller than this many values per thread runs on the calling thread.
+constexpr int64_t kValuesPerThread = 1 << 18;
+
 // splitmix64: a fixed generator, so a seed gives the same bytes on every platform.
 class Rng {
  public:
@@ -41,6 +46,9 @@ class Rng {
     return z ^ (z >> 31);
   }
 
+  // As if Next() had been called n times: the state is a counter.
+  void Skip(uint64_t n) { state_ += n * 0x9e3779b97f4a7c15ull; }
+
   // Uniform in [0, 1) with 24 random bits.
   float Uniform() { return static_cast<float>(Next() >> 40) * 0x1.0p-24f; }
 
@@ -50,6 +58,8 @@ class Rng {
     const float sum = Uniform() + Uniform() + Uniform() + Uniform();
     return (sum - 2.0f) * 1.7320508f;
   }
+
+  static constexpr uint64_t kDrawsPerNormal = 4;  // Next() calls in one Normal()
 
  private:
   uint64_t state_;
@@ -88,24 +98,43 @@ std::string ExpertStreamKey(int layer, std::string_view proj, int expert) {
 }
 
 // Rows of `cols` values in `type`, each from make_row, quantized row by row.
-void FillRows(GgmlType type, int64_t cols, int64_t rows, uint8_t* dst,
-              const std::function<void(int64_t row, float* out)>& make_row) {
+// make_row draws exactly `cols` normals from the generator it is given, so row
+// r's generator is `stream` skipped past r * cols normals; large fills then split
+// their rows over threads and write the bytes one thread would (q4_K
+// quantization is most of the time a multi-GiB fixture takes).
+void FillRows(GgmlType type, int64_t cols, int64_t rows, uint8_t* dst, const Rng& stream,
+              const std::function<void(int64_t row, Rng* rng, float* out)>& make_row) {
   const size_t row_bytes = ggml_row_size(type, cols);
-  std::vector<float> row(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    make_row(r, row.data());
-    quantize_row(type, row.data(), dst + r * row_bytes, cols);
+  auto fill_range = [&](int64_t begin, int64_t end) {
+    std::vector<float> row(cols);
+    Rng rng = stream;
+    rng.Skip(static_cast<uint64_t>(begin * cols) * Rng::kDrawsPerNormal);
+    for (int64_t r = begin; r < end; ++r) {
+      make_row(r, &rng, row.data());
+      quantize_row(type, row.data(), dst + r * row_bytes, cols);
+    }
+  };
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t n_threads =
+      std::max<int64_t>(1, std::min({cores, rows, rows * cols / kValuesPerThread}));
+  if (n_threads == 1) {
+    fill_range(0, rows);
+    return;
   }
+  std::vector<std::thread> threads;
+  for (int64_t t = 0; t < n_threads; ++t) {
+    threads.emplace_back(fill_range, rows * t / n_threads, rows * (t + 1) / n_threads);
+  }
+  for (std::thread& thread : threads) thread.join();
 }
 
-// Fill functions copy their stream on each call, so a writer serialized twice
-// writes the same bytes twice.
+// Fill functions start from their stream on each call, so a writer serialized
+// twice writes the same bytes twice.
 GgufWriter::FillFn GaussianFill(GgmlType type, int64_t cols, int64_t rows, float stddev,
                                 Rng stream) {
   return [=](uint8_t* dst, size_t) {
-    Rng rng = stream;
-    FillRows(type, cols, rows, dst, [&](int64_t, float* out) {
-      for (int64_t i = 0; i < cols; ++i) out[i] = stddev * rng.Normal();
+    FillRows(type, cols, rows, dst, stream, [&](int64_t, Rng* rng, float* out) {
+      for (int64_t i = 0; i < cols; ++i) out[i] = stddev * rng->Normal();
     });
   };
 }
@@ -113,9 +142,8 @@ GgufWriter::FillFn GaussianFill(GgmlType type, int64_t cols, int64_t rows, float
 // Norm weights scatter around 1 as trained ones do; biases around 0.
 GgufWriter::FillFn VectorFill(int64_t n, float center, float spread, Rng stream) {
   return [=](uint8_t* dst, size_t) {
-    Rng rng = stream;
-    FillRows(GgmlType::kF32, n, 1, dst, [&](int64_t, float* out) {
-      for (int64_t i = 0; i < n; ++i) out[i] = center + spread * rng.Normal();
+    FillRows(GgmlType::kF32, n, 1, dst, stream, [&](int64_t, Rng* rng, float* out) {
+      for (int64_t i = 0; i < n; ++i) out[i] = center + spread * rng->Normal();
     });
   };
 }
@@ -301,11 +329,10 @@ class FixtureBuilder {
     const std::shared_ptr<const Skew> skew = skew_;
     const Rng stream = StreamRng(spec_.seed, "token_embd.weight");
     w->AddTensor("token_embd.weight", type, {cols, rows}, [=](uint8_t* dst, size_t) {
-      Rng rng = stream;
       const float lean = skew->strength > 0 ? std::sqrt(static_cast<float>(cols)) : 0.0f;
-      FillRows(type, cols, rows, dst, [&](int64_t, float* out) {
+      FillRows(type, cols, rows, dst, stream, [&](int64_t, Rng* rng, float* out) {
         for (int64_t i = 0; i < cols; ++i) {
-          out[i] = rng.Normal() + (lean != 0 ? lean * skew->direction[i] : 0.0f);
+          out[i] = rng->Normal() + (lean != 0 ? lean * skew->direction[i] : 0.0f);
         }
       });
     });
@@ -327,10 +354,9 @@ class FixtureBuilder {
     const std::shared_ptr<const Skew> skew = skew_;
     const Rng stream = StreamRng(spec_.seed, name);
     w->AddTensor(name, GgmlType::kF32, {cols, rows}, [=](uint8_t* dst, size_t) {
-      Rng rng = stream;
       const float stddev = 1.0f / std::sqrt(static_cast<float>(cols));
-      FillRows(GgmlType::kF32, cols, rows, dst, [&](int64_t e, float* out) {
-        for (int64_t i = 0; i < cols; ++i) out[i] = stddev * rng.Normal();
+      FillRows(GgmlType::kF32, cols, rows, dst, stream, [&](int64_t e, Rng* rng, float* out) {
+        for (int64_t i = 0; i < cols; ++i) out[i] = stddev * rng->Normal();
         if (skew->strength <= 0) return;
         double along = 0;
         for (int64_t i = 0; i < cols; ++i) along += double{out[i]} * skew->direction[i];
@@ -343,7 +369,9 @@ class FixtureBuilder {
   }
 
   // Routed experts. Merged tensors hold expert e's rows at slice e; each
-  // expert's values come from the stream its legacy tensor would use.
+  // expert's values come from the stream its legacy tensor would use. With
+  // expert_variants V > 0, expert e takes variant e % V's stream, and a merged
+  // tensor quantizes the V variants once and copies their bytes to the rest.
   void AddExperts(GgufWriter* w, int layer) const {
     const GgmlType type = spec_.expert_type;
     const float out_scale = 1.0f / std::sqrt(2.0f * spec_.n_layer);
@@ -359,13 +387,14 @@ class FixtureBuilder {
         {"ffn_down", "ffn_down_exps.weight", d_.ff, d_.embd, out_scale / std::sqrt(float(d_.ff))},
     };
     const int n_expert = spec_.n_expert;
+    const int n_distinct = spec_.expert_variants > 0 ? spec_.expert_variants : n_expert;
     for (const Proj& p : projs) {
       if (spec_.legacy_experts) {
         for (int e = 0; e < n_expert; ++e) {
+          const std::string key = ExpertStreamKey(layer, p.legacy, e % n_distinct);
           w->AddTensor(absl::StrCat(BlockName(layer, p.legacy), ".", e, ".weight"), type,
                        {p.cols, p.rows},
-                       GaussianFill(type, p.cols, p.rows, p.stddev,
-                                    StreamRng(spec_.seed, ExpertStreamKey(layer, p.legacy, e))));
+                       GaussianFill(type, p.cols, p.rows, p.stddev, StreamRng(spec_.seed, key)));
         }
         continue;
       }
@@ -374,10 +403,14 @@ class FixtureBuilder {
       w->AddTensor(BlockName(layer, p.merged), type, {p.cols, p.rows, n_expert},
                    [=](uint8_t* dst, size_t) {
                      const size_t expert_bytes = ggml_row_size(type, proj.cols) * proj.rows;
-                     for (int e = 0; e < n_expert; ++e) {
+                     for (int e = 0; e < n_distinct; ++e) {
                        Rng rng = StreamRng(seed, ExpertStreamKey(layer, proj.legacy, e));
                        GaussianFill(type, proj.cols, proj.rows, proj.stddev, rng)(
                            dst + e * expert_bytes, expert_bytes);
+                     }
+                     for (int e = n_distinct; e < n_expert; ++e) {
+                       std::memcpy(dst + e * expert_bytes, dst + (e % n_distinct) * expert_bytes,
+                                   expert_bytes);
                      }
                    });
     }
@@ -434,10 +467,9 @@ class FixtureBuilder {
     const std::shared_ptr<const Skew> skew = skew_;
     const Rng stream = StreamRng(spec_.seed, "output.weight");
     w->AddTensor("output.weight", type, {cols, rows}, [=](uint8_t* dst, size_t) {
-      Rng rng = stream;
       const float stddev = 1.0f / std::sqrt(static_cast<float>(cols));
-      FillRows(type, cols, rows, dst, [&](int64_t, float* out) {
-        for (int64_t i = 0; i < cols; ++i) out[i] = stddev * rng.Normal();
+      FillRows(type, cols, rows, dst, stream, [&](int64_t, Rng* rng, float* out) {
+        for (int64_t i = 0; i < cols; ++i) out[i] = stddev * rng->Normal();
         if (skew->strength <= 0) return;
         double along = 0;
         for (int64_t i = 0; i < cols; ++i) along += double{out[i]} * skew->direction[i];
@@ -493,6 +525,7 @@ absl::StatusOr<Dims> ValidateSpec(const FixtureSpec& s) {
         absl::StrCat("--top-k ", s.n_expert_used, " exceeds --experts ", s.n_expert));
   }
   MG_RETURN_IF_ERROR(CheckRange("--top-k", s.n_expert_used, 1, s.n_expert));
+  MG_RETURN_IF_ERROR(CheckRange("--expert-variants", s.expert_variants, 0, s.n_expert));
   MG_RETURN_IF_ERROR(CheckRange("--embd", s.n_embd, 1, kMaxDim));
   MG_RETURN_IF_ERROR(CheckRange("--ff", s.n_ff_exp, 1, kMaxDim));
   MG_RETURN_IF_ERROR(CheckRange("--shared-ff", s.n_ff_shexp, 0, kMaxDim));

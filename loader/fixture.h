@@ -32,6 +32,12 @@ struct FixtureSpec {
   bool legacy_experts = false;  // mixtral: per-expert ffn_gate.N.weight tensors
   bool tied_output = false;     // omit output.weight
   float router_skew = 0.0f;     // 0: uniform router; larger: a few experts dominate
+  // 0: every expert distinct. V > 0: expert e of each layer and projection holds
+  // the bytes of expert e % V (experts 0..V-1 are those of V = 0), so a large
+  // fixture quantizes V experts per layer and projection, not all. Meant for
+  // benchmarks whose routing comes from a trace, where what experts compute
+  // does not matter, only which bytes move.
+  int expert_variants = 0;
   uint64_t seed = 1;
 };
 

@@ -170,12 +170,19 @@ MG_HD inline float hazard_expected_wait(const HazardState& s, int32_t key,
   return static_cast<float>(steps_to_visit) + s.cell_cost[hazard_cell(s, key)];
 }
 
+// Mantissa bits of the expected wait the rank keeps: waits within about 0.4% of
+// each other tie. The table's cells are coarse in age (rows up to 130 visits
+// wide), so for a far key the d term is finer than the prediction it is added to;
+// such near-ties are better broken by frequency and age, the signals LRU uses.
+inline constexpr uint32_t kHazardWaitMantissaBits = 8;
+
 // Eviction order for the current selection, unique per slot: empty slots first
-// (lowest index first); then occupied slots by expected wait, longest first, then
-// by frequency byte, lowest first, then by visits since the last selection,
-// most first, then by slot index; a slot holding a key of the selection is never
-// a victim. Bits: 62 class, 31..61 inverted wait (a positive float's bits order
-// like its value), 23..30 frequency, 15..22 inverted age, 0..14 slot.
+// (lowest index first); then occupied slots by expected wait rounded down to
+// kHazardWaitMantissaBits, longest first, then by frequency byte, lowest first,
+// then by visits since the last selection, most first, then by slot index; a slot
+// holding a key of the selection is never a victim. Bits: 62 class, 31..46
+// inverted rounded wait (a positive float's bits order like its value), 23..30
+// frequency, 15..22 inverted age, 0..14 slot.
 MG_HD inline uint64_t hazard_victim_rank(const HazardState& s, int32_t slot,
                                          int32_t current_layer, const int32_t* selected_keys,
                                          int32_t k) {
@@ -190,7 +197,8 @@ MG_HD inline uint64_t hazard_victim_rank(const HazardState& s, int32_t slot,
   // A resident key was selected when it was admitted, so last_visit is set.
   const int32_t age = s.visits[key / s.n_expert] - s.last_visit[key];
   const uint32_t age_byte = age < 255 ? static_cast<uint32_t>(age) : 255u;
-  return (uint64_t{1} << 62) | (static_cast<uint64_t>(0x7fffffffu - wait_bits) << 31) |
+  const uint32_t rounded_wait = (0x7fffffffu - wait_bits) >> (23 - kHazardWaitMantissaBits);
+  return (uint64_t{1} << 62) | (static_cast<uint64_t>(rounded_wait) << 31) |
          (static_cast<uint64_t>(frequency_byte) << 23) |
          (static_cast<uint64_t>(255u - age_byte) << 15) | static_cast<uint64_t>(slot);
 }

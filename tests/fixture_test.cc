@@ -313,5 +313,98 @@ TEST(Fixture, WriteFixtureNamesAnUnwritablePath) {
   EXPECT_NE(s.message().find("/nonexistent-dir/x.gguf"), absl::string_view::npos) << s;
 }
 
+// FNV-1a 64 of the bytes: the hashes below were printed from the generator
+// before expert_variants existed.
+uint64_t Fnv1a(const std::vector<uint8_t>& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
+TEST(Fixture, NoExpertVariantsKeepsTheBytesOfBefore) {
+  struct Case {
+    FixtureSpec spec;
+    uint64_t fnv1a;
+  };
+  std::vector<Case> cases(4);
+  cases[0].spec.dense_type = GgmlType::kQ8_0;   // make-fixture --quant q8_0,expert=q4_K
+  cases[0].spec.expert_type = GgmlType::kQ4_K;  // --embd 256 --ff 256 --router-skew 2 --seed 42
+  cases[0].spec.n_embd = 256;
+  cases[0].spec.n_ff_exp = 256;
+  cases[0].spec.router_skew = 2.0f;
+  cases[0].spec.seed = 42;
+  cases[0].fnv1a = 0x8843ed0cd4138c34ull;
+  cases[1].spec.arch = Arch::kMixtral;  // --arch mixtral --legacy-experts --seed 5
+  cases[1].spec.legacy_experts = true;
+  cases[1].spec.seed = 5;
+  cases[1].fnv1a = 0x41db45ad49ccd2f4ull;
+  cases[2].fnv1a = 0xcadfef226872091dull;  // the defaults
+  // Large enough that token_embd, output and the experts fill on several threads.
+  cases[3].spec.dense_type = GgmlType::kQ8_0;
+  cases[3].spec.expert_type = GgmlType::kQ8_0;
+  cases[3].spec.n_vocab = 4096;
+  cases[3].spec.n_embd = 256;
+  cases[3].spec.n_ff_exp = 2048;
+  cases[3].spec.n_expert = 4;
+  cases[3].spec.router_skew = 1.0f;
+  cases[3].spec.seed = 7;
+  cases[3].fnv1a = 0x1878e7322041110full;
+  for (const Case& c : cases) {
+    absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(c.spec);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    EXPECT_EQ(Fnv1a(*bytes), c.fnv1a) << arch_gguf_name(c.spec.arch);
+  }
+}
+
+bool SameExpertBytes(const Model& a, int expert_a, const Model& b, int expert_b, int layer,
+                     ExpertProj proj) {
+  const WeightView x = a.expert(layer, proj, expert_a);
+  const WeightView y = b.expert(layer, proj, expert_b);
+  const size_t n = x.row_bytes * x.rows;
+  return n == y.row_bytes * y.rows && std::equal(x.data, x.data + n, y.data);
+}
+
+TEST(Fixture, ExpertVariantsRepeatTheFirstExperts) {
+  for (const bool legacy : {false, true}) {
+    FixtureSpec spec;
+    spec.arch = legacy ? Arch::kMixtral : Arch::kQwen3Moe;
+    spec.legacy_experts = legacy;
+    spec.expert_type = GgmlType::kQ4_K;
+    spec.n_embd = 256;
+    spec.n_ff_exp = 256;
+    spec.seed = 9;
+    absl::StatusOr<std::unique_ptr<testing_util::LoadedModel>> distinct =
+        testing_util::LoadFixture(spec);
+    constexpr int kVariants = 3;
+    spec.expert_variants = kVariants;
+    absl::StatusOr<std::unique_ptr<testing_util::LoadedModel>> variants =
+        testing_util::LoadFixture(spec);
+    ASSERT_TRUE(distinct.ok()) << distinct.status();
+    ASSERT_TRUE(variants.ok()) << variants.status();
+    const Model& d = (*distinct)->model;
+    const Model& v = (*variants)->model;
+    for (int layer = 0; layer < spec.n_layer; ++layer) {
+      for (const ExpertProj proj : {ExpertProj::kGate, ExpertProj::kUp, ExpertProj::kDown}) {
+        SCOPED_TRACE(
+            absl::StrCat("legacy ", legacy, " layer ", layer, " proj ", static_cast<int>(proj)));
+        for (int e = 0; e < spec.n_expert; ++e) {
+          // Expert e copies variant e % V, and the variants are the experts of V = 0.
+          EXPECT_TRUE(SameExpertBytes(v, e, d, e % kVariants, layer, proj)) << "expert " << e;
+          if (e + kVariants < spec.n_expert) {
+            EXPECT_TRUE(SameExpertBytes(v, e, v, e + kVariants, layer, proj)) << "expert " << e;
+          }
+        }
+        EXPECT_FALSE(SameExpertBytes(v, 0, v, 1, layer, proj));
+        EXPECT_FALSE(SameExpertBytes(d, 0, d, kVariants, layer, proj));
+      }
+    }
+  }
+  FixtureSpec bad;
+  bad.expert_variants = 9;  // 8 experts
+  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(bad);
+  ASSERT_FALSE(bytes.ok());
+  EXPECT_TRUE(testing_util::MessageHas(bytes.status(), "--expert-variants 9")) << bytes.status();
+}
+
 }  // namespace
 }  // namespace moegraph

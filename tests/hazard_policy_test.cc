@@ -249,6 +249,31 @@ TEST(HazardPolicyTest, VictimRankOrdersEmptyThenWaitThenFrequency) {
   EXPECT_EQ(hazard_find_victim(s, HazardPool{0, 5}, 1, &selected, 1), 1);
 }
 
+// Waits closer than the rank's rounding tie and fall to age. Fresh table, 4
+// layers x 256 experts, top-1: every cell costs 4 * 255 = 1020 steps, so from
+// layer 0's visit a layer-2 key waits 1022 and a layer-3 key 1023, both in
+// [1022, 1024), one rounding step (8 mantissa bits at 2^9). The older layer-2
+// key goes first, though the unrounded wait would keep it.
+TEST(HazardPolicyTest, NearTiedWaitsFallToAge) {
+  HazardCache cache = MakeHazard(Config(4, 256, 1, 2));
+  HazardState s = cache.state();
+  const int32_t older = residency_key(2, 0, 256);
+  const int32_t younger = residency_key(3, 0, 256);
+  const int32_t selected = residency_key(0, 0, 256);
+  s.visits[2] = 10;
+  s.visits[3] = 10;
+  s.last_visit[older] = 2;
+  s.last_visit[younger] = 5;
+  s.owner[0] = younger;
+  s.table[younger] = 0;
+  s.owner[1] = older;
+  s.table[older] = 1;
+  EXPECT_LT(hazard_expected_wait(s, older, 0), hazard_expected_wait(s, younger, 0));
+  EXPECT_EQ(hazard_find_victim(s, HazardPool{0, 2}, 0, &selected, 1), 1);
+  s.last_visit[older] = 7;  // now the younger one: the longer wait goes first
+  EXPECT_EQ(hazard_find_victim(s, HazardPool{0, 2}, 0, &selected, 1), 0);
+}
+
 std::string SharedDir() {
   const char* env = std::getenv("MOEGRAPH_SHARED");
   return env != nullptr ? env : "/work/shared";
@@ -283,9 +308,10 @@ TEST(HazardPolicyTest, BeatsBothLrusOnTheRealTrace) {
 }
 
 // Qwen3-30B-A3B geometry (48 layers, 128 experts, top-8) at 10, 25, 50 and 75%
-// of the 6144 keys, on two corners of the popularity/reuse range. At 75% every
-// policy is within 3% of OPT and per-layer LRU can lead by a few hits
-// (docs/POLICY.md): there the bound is 0.02% of the accesses.
+// of the 6144 keys, on two corners of the popularity/reuse range. The policy is
+// not strictly above both LRUs at 75% and more on every trace: on a 48-trace grid
+// (docs/POLICY.md) it trails on 4 of them by up to 31 hits in 192000 (0.017%).
+// So at 75% the bound is an allowed shortfall of 0.02% of the accesses.
 TEST(HazardPolicyTest, BeatsBothLrusOnSyntheticQwen3Traces) {
   struct Variant {
     double zipf_s, reuse;

@@ -42,6 +42,10 @@ ABSL_FLAG(double, router_skew, 0.0,
           "make-fixture: 0 routes tokens evenly; larger values make a few experts dominate");
 ABSL_FLAG(uint64_t, seed, 1,
           "make-fixture, trace synth: random seed (the same seed writes the same bytes)");
+ABSL_FLAG(int32_t, expert_variants, 0,
+          "make-fixture: 0: every routed expert distinct; V > 0: expert e is a byte copy of "
+          "expert e % V (fast for large fixtures; only for benchmarks whose routing comes from "
+          "--routing-trace, since identical experts compute identical outputs)");
 ABSL_FLAG(bool, legacy_experts, false,
           "make-fixture: mixtral only: per-expert ffn_gate.N tensors instead of merged ones");
 ABSL_FLAG(bool, tied_output, false,
@@ -121,6 +125,7 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   if (absl::Status s = ParseQuant(absl::GetFlag(FLAGS_quant), &spec); !s.ok()) return s;
   spec.router_skew = static_cast<float>(absl::GetFlag(FLAGS_router_skew));
   spec.seed = absl::GetFlag(FLAGS_seed);
+  spec.expert_variants = absl::GetFlag(FLAGS_expert_variants);
   spec.legacy_experts = absl::GetFlag(FLAGS_legacy_experts);
   spec.tied_output = absl::GetFlag(FLAGS_tied_output);
 

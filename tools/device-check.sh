@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # One prepared check on a GPU machine (written for an H200, sm_90): build or reuse a
-# build, run the GPU tests, decode a synthetic qwen3moe fixture in every arm, and end
-# in one markdown table (check | result | detail). Finishes inside 8 minutes: every
-# step has a timeout, and steps are skipped once the overall budget is spent. Reads
-# the device only; never changes clocks or any setting.
+# build, run the GPU tests, time the miss copy (stage copy kernel vs cudaMemcpyAsync),
+# decode a synthetic qwen3moe fixture in every arm, benchmark a Qwen3-30B-A3B-shaped
+# fixture (16 GiB of q4_K experts) at three slot counts, and end in one markdown
+# table (check | result | detail). Finishes inside 8 minutes: every step has a
+# timeout, and steps are skipped once the overall budget is spent. Reads the device
+# only; never changes clocks or any setting.
 #
 # Usage: tools/device-check.sh [BUILD_DIR]   (run from the repository root)
 #   BUILD_DIR: a build folder whose binaries to use; default build-sm90/ or build/
 #   when they hold the binaries, else build-sm90/ is configured and built here.
-# The table also goes to $OUT/device-check.md when OUT is set.
+# The table also goes to $OUT/device-check.md when OUT is set, the copy benchmark's
+# output (CSV) to $OUT/copy-bench.log and the Qwen3-shaped bench table to $OUT/qwen3-bench.md.
+#
+# Host memory of the Qwen3-shaped bench: every CUDA engine pins its own copy of the
+# expert store (16.1 GiB), and bench keeps one slot count's engines alive at a time:
+# 4 in the first group (resident, graph, host, stage: ~65 GiB pinned), 2 after.
+# GPU memory peaks in the 6144-slot group (two engines holding every expert, ~34
+# GiB). The fixture lives in $WORK (16.2 GiB on disk, or in RAM where /tmp is tmpfs).
 set -u
 
 readonly BUDGET_S=450  # leaves headroom under 8 minutes
@@ -41,8 +50,23 @@ gtest_counts() {
   echo "${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped"
 }
 
+# copy_gbps LOG PATH BLOCK_BYTES: 1e9 bytes per second of BM_Copy/PATH/8/BLOCK_BYTES
+# in moegraph_gpu_bench's CSV (name,iterations,real_time,cpu_time,time_unit,
+# bytes_per_second,items_per_second,label,error_occurred,...); empty when it failed.
+copy_gbps() {
+  awk -F, -v name="\"BM_Copy/$2/8/$3/manual_time\"" \
+    '$1 == name && $9 != "true" && $6 != "" { printf "%.1f", $6 / 1e9 }' "$1"
+}
+
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+BACKGROUND=()  # fixture writers still running at exit are stopped before $WORK goes
+cleanup() {
+  local pid
+  for pid in "${BACKGROUND[@]}"; do kill "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
 
 echo "== device"
 if nvidia-smi -L >"$WORK/smi.log" 2>&1; then
@@ -70,7 +94,7 @@ else
   if run_step 60 "$WORK/configure.log" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
       -DMOEGRAPH_CUDA_ARCHS=90 &&
     run_step 300 "$WORK/build.log" cmake --build "$BUILD" -j "$(nproc)" \
-      --target moegraph moegraph-gates kernels_test engine_gpu_test; then
+      --target moegraph moegraph-gates kernels_test engine_gpu_test moegraph_gpu_bench; then
     row "build" "ok" "configured and built $BUILD/ for sm_90 in $((SECONDS - START)) s"
   else
     tail -20 "$WORK/configure.log" "$WORK/build.log" 2>/dev/null
@@ -87,6 +111,20 @@ if [[ -x $MOEGRAPH ]]; then
     --top-k 4 --embd 1024 --ff 512 --heads 16 --vocab 4096 --quant q8_0,expert=q4_K \
     --router-skew 1 --seed 3 -o "$FIXTURE" >"$WORK/fixture.log" 2>&1 &
   FIXTURE_PID=$!
+  BACKGROUND+=("$FIXTURE_PID")
+fi
+# The Qwen3-30B-A3B-shaped fixture: 48 layers, 128 experts, top-8, q4_K experts.
+# Two expert variants per layer copied to all 128 (the bench's routing comes from
+# a trace, so equal weights do not matter) make it in well under a minute.
+QWEN3=$WORK/qwen3-30b-a3b-shape-q4k.gguf
+QWEN3_PID=""
+if [[ -x $MOEGRAPH ]]; then
+  timeout --kill-after=5 240 "$MOEGRAPH" make-fixture --arch qwen3moe --layers 48 \
+    --experts 128 --top-k 8 --embd 2048 --ff 768 --heads 32 --kv-heads 4 --head-dim 128 \
+    --vocab 4096 --quant q8_0,expert=q4_K --expert-variants 2 -o "$QWEN3" \
+    >"$WORK/qwen3-fixture.log" 2>&1 &
+  QWEN3_PID=$!
+  BACKGROUND+=("$QWEN3_PID")
 fi
 
 for test in kernels_test engine_gpu_test; do
@@ -111,6 +149,29 @@ for test in kernels_test engine_gpu_test; do
     row "$test" "SKIPPED" "$counts"
   fi
 done
+
+echo "== copy bench"
+# The same bytes both ways: 8 Qwen3 q4_K expert blocks (a layer that misses all
+# top-8), then 8 x 8 MiB. bytes_per_second is over CUDA-event time.
+COPY_BENCH=$BUILD/tools/moegraph_gpu_bench
+if [[ -x $COPY_BENCH ]]; then
+  run_step 60 "$WORK/copy-bench.log" "$COPY_BENCH" --benchmark_format=csv
+  rc=$?
+  cat "$WORK/copy-bench.log"
+  if [[ -n ${OUT:-} && -d $OUT ]]; then cp "$WORK/copy-bench.log" "$OUT/copy-bench.log"; fi
+  for size in 2654208 8388608; do
+    kernel=$(copy_gbps "$WORK/copy-bench.log" stage_copy_kernel "$size")
+    memcpy=$(copy_gbps "$WORK/copy-bench.log" cuda_memcpy_async "$size")
+    label="copy 8 x $(awk -v b="$size" 'BEGIN { printf "%.2f", b / 1048576 }') MiB"
+    if ((rc == 0)) && [[ -n $kernel && -n $memcpy ]]; then
+      row "$label" "ok" "stage copy kernel $kernel GB/s, cudaMemcpyAsync $memcpy GB/s"
+    else
+      row "$label" "FAIL" "exit $rc: kernel ${kernel:-n/a} GB/s, memcpy ${memcpy:-n/a} GB/s"
+    fi
+  done
+else
+  row "copy bench" "FAIL" "not built"
+fi
 
 echo "== gates"
 GATES=$BUILD/gates/moegraph-gates
@@ -178,6 +239,60 @@ for arm in resident graph graph-s4 eager host stage; do
     row "run $arm" "FAIL" "${rate:-n/a} decode, tokens differ from resident's"
   fi
 done
+
+echo "== qwen3 bench"
+# Waits for the fixture only while the budget lasts.
+while [[ -n $QWEN3_PID ]] && kill -0 "$QWEN3_PID" 2>/dev/null && (($(left) > 10)); do
+  sleep 1
+done
+if [[ -n $QWEN3_PID ]] && kill -0 "$QWEN3_PID" 2>/dev/null; then
+  kill "$QWEN3_PID" 2>/dev/null
+  QWEN3_OK=0
+elif [[ -n $QWEN3_PID ]] && wait "$QWEN3_PID"; then
+  QWEN3_OK=1
+else
+  QWEN3_OK=0
+fi
+cat "$WORK/qwen3-fixture.log" 2>/dev/null
+QWEN3_LOG=$WORK/qwen3-bench.md
+if ((QWEN3_OK == 0)); then
+  row "qwen3 bench" "FAIL" "make-fixture failed or timed out"
+elif ! run_step 30 "$WORK/qwen3-trace.log" "$MOEGRAPH" trace synth --layers 48 --experts 128 \
+  --top-k 8 --reuse 0.45 --steps 256 -o "$WORK/qwen3-trace.bin"; then
+  cat "$WORK/qwen3-trace.log"
+  row "qwen3 bench" "FAIL" "trace synth: $(tail -1 "$WORK/qwen3-trace.log")"
+else
+  cat "$WORK/qwen3-trace.log"
+  run_step 200 "$QWEN3_LOG" "$MOEGRAPH" bench --backend cuda -m "$QWEN3" \
+    --routing-trace "$WORK/qwen3-trace.bin" --arms resident,graph,host,stage \
+    --slots 1536,3072,6144 -p 0 -n 32 -r 2
+  rc=$?
+  cat "$QWEN3_LOG"
+  if [[ -n ${OUT:-} && -d $OUT ]]; then cp "$QWEN3_LOG" "$OUT/qwen3-bench.md"; fi
+  # Columns: | model | size | params | backend | arm | slots | test | t/s | ...; t/s
+  # is "mean ± sd". graph/host: the mean t/s of graph over host's at each slot count.
+  ratios=$(awk -F'|' '
+    $5 ~ /cuda/ {
+      arm = $6; slots = $7; ts = $9
+      gsub(/ /, "", arm); gsub(/ /, "", slots); split(ts, parts, " ")
+      if (arm == "graph") { graph[slots] = parts[1]; order[++n] = slots }
+      if (arm == "host") host[slots] = parts[1]
+    }
+    END {
+      for (i = 1; i <= n; ++i) {
+        s = order[i]
+        if (host[s] > 0) { printf "%s%s slots %.2fx", sep, s, graph[s] / host[s]; sep = ", " }
+      }
+    }' "$QWEN3_LOG")
+  if ((rc != 0)); then
+    row "qwen3 bench" "FAIL" "exit $rc: $(tail -1 "$QWEN3_LOG")"
+  elif [[ -z $ratios ]]; then
+    row "qwen3 bench" "FAIL" "no graph and host rows in the table"
+  else
+    row "qwen3 bench" "ok" "48L 128x top-8 q4_K, trace reuse 0.45; t/s graph/host: $ratios"
+  fi
+fi
+rm -f "$QWEN3"
 
 TABLE=$(
   echo "device check, $(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - START)) s"
