@@ -100,12 +100,34 @@ class CudaBuffer {
 void* PinnedMappedAlloc(size_t bytes, void*) {
   void* ptr = nullptr;
   if (cudaHostAlloc(&ptr, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();  // the store reports the failure; later launches must not see it
     return nullptr;
   }
   return ptr;
 }
 
 void PinnedMappedFree(void* ptr, size_t, void*) { cudaFreeHost(ptr); }
+
+// A store handed to an engine must hold this model's experts: the engine indexes
+// it by the model's layers and experts and computes its blocks with the model's
+// layouts.
+absl::Status CheckStoreFits(const ExpertStore& store, const Model& model) {
+  const ModelConfig& cfg = model.config;
+  if (store.n_layer() != cfg.n_layer || store.n_expert() != cfg.n_expert) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cuda engine: the shared expert store holds %d layers of %d experts, the model %d of %d",
+        store.n_layer(), store.n_expert(), cfg.n_layer, cfg.n_expert));
+  }
+  for (int layer = 0; layer < cfg.n_layer; ++layer) {
+    if (!(store.layout(layer) == ExpertLayoutOf(model, layer))) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cuda engine: the shared expert store lays out layer %d's experts unlike the model "
+          "(a store of another model)",
+          layer));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // The types launch_expert_gate_up / launch_expert_down compute.
 bool ExpertTypeSupported(GgmlType type) {
@@ -201,11 +223,14 @@ int CudaDeviceCount() {
   return count;
 }
 
+HostAllocator CudaPinnedAllocator() { return {&PinnedMappedAlloc, &PinnedMappedFree, nullptr}; }
+
 struct CudaEngine::Impl {
   ~Impl();
 
+  // experts: a shared store, or null to pin one of the engine's own.
   absl::Status Init(const Model& model, const CudaEngineOptions& options,
-                    const LoadProgressFn& progress);
+                    std::shared_ptr<const ExpertStore> experts, const LoadProgressFn& progress);
   absl::Status UploadDense();
   absl::StatusOr<DeviceMatrix> UploadMatrix(const GgufTensor* t);
   absl::StatusOr<const float*> UploadVector(const GgufTensor* t);
@@ -238,7 +263,7 @@ struct CudaEngine::Impl {
   cudaStream_t copy = nullptr;
   std::vector<cudaEvent_t> fork_events, join_events;  // per layer
 
-  std::optional<ExpertStore> store;
+  std::shared_ptr<const ExpertStore> store;  // maybe shared with other engines
   const uint8_t* store_device_base = nullptr;
 
   // Dense weights, each tensor once (a tied lm_head reuses token_embd).
@@ -722,6 +747,7 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
 }  // namespace
 
 absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opts,
+                                    std::shared_ptr<const ExpertStore> experts,
                                     const LoadProgressFn& progress) {
   model = &m;
   cfg = m.config;
@@ -792,6 +818,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
                               ggml_type_name(t->type)));
     }
   }
+  if (experts != nullptr) MG_RETURN_IF_ERROR(CheckStoreFits(*experts, m));
 
   const int count = CudaDeviceCount();
   if (count < 1) {
@@ -818,15 +845,19 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   size_t total_bytes = 0;
   MG_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
 
-  MG_ASSIGN_OR_RETURN(
-      ExpertStore s,
-      ExpertStore::Create(m, HostAllocator{&PinnedMappedAlloc, &PinnedMappedFree, nullptr},
-                          progress));
-  store.emplace(std::move(s));
+  if (experts == nullptr) {
+    MG_ASSIGN_OR_RETURN(experts, PinExperts(m, progress));
+  }
+  store = std::move(experts);
   void* device_base = nullptr;
-  MG_RETURN_IF_ERROR(CudaStatus(
-      cudaHostGetDevicePointer(&device_base, const_cast<uint8_t*>(store->block(0, 0)), 0),
-      "cudaHostGetDevicePointer of the expert store"));
+  const cudaError_t mapped =
+      cudaHostGetDevicePointer(&device_base, const_cast<uint8_t*>(store->block(0, 0)), 0);
+  if (mapped != cudaSuccess) {
+    cudaGetLastError();  // not sticky: keep it from failing the next kernel launch
+    return CudaStatus(mapped,
+                      "cudaHostGetDevicePointer of the expert store (it must be pinned, mapped "
+                      "host memory: CudaEngine::PinExperts)");
+  }
   store_device_base = static_cast<const uint8_t*>(device_base);
 
   const uint64_t kv_bytes = 2ull * static_cast<uint64_t>(cfg.n_layer) *
@@ -1146,8 +1177,29 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const Model& mode
                                                                const CudaEngineOptions& options,
                                                                const LoadProgressFn& progress) {
   auto impl = std::make_unique<Impl>();
-  MG_RETURN_IF_ERROR(impl->Init(model, options, progress));
+  MG_RETURN_IF_ERROR(impl->Init(model, options, nullptr, progress));
   return std::unique_ptr<CudaEngine>(new CudaEngine(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
+    const Model& model, std::shared_ptr<const ExpertStore> experts,
+    const CudaEngineOptions& options) {
+  MG_CHECK(experts != nullptr, "CudaEngine::Create: a shared expert store must not be null");
+  auto impl = std::make_unique<Impl>();
+  MG_RETURN_IF_ERROR(impl->Init(model, options, std::move(experts), nullptr));
+  return std::unique_ptr<CudaEngine>(new CudaEngine(std::move(impl)));
+}
+
+absl::StatusOr<std::shared_ptr<const ExpertStore>> CudaEngine::PinExperts(
+    const Model& model, const LoadProgressFn& progress) {
+  if (CudaDeviceCount() < 1) {
+    return absl::FailedPreconditionError("--backend cuda: no CUDA device is available");
+  }
+  // The device the engines run on, so the mapping is made in its context.
+  MG_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(0), "cudaSetDevice(0)"));
+  MG_ASSIGN_OR_RETURN(ExpertStore store,
+                      ExpertStore::Create(model, CudaPinnedAllocator(), progress));
+  return std::make_shared<const ExpertStore>(std::move(store));
 }
 
 absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32_t> prompt,
@@ -1294,6 +1346,7 @@ absl::StatusOr<ResidencySnapshot> CudaEngine::ReadResidency(int size_class) {
 }
 
 Arm CudaEngine::arm() const { return impl_->arm; }
+const ExpertStore& CudaEngine::experts() const { return *impl_->store; }
 const std::vector<SlotPoolInfo>& CudaEngine::pools() const { return impl_->pool_infos; }
 const std::string& CudaEngine::banner() const { return impl_->banner; }
 const std::vector<int32_t>& CudaEngine::routing() const { return impl_->routing; }

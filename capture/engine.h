@@ -33,6 +33,11 @@ namespace moegraph {
 // Devices the CUDA runtime sees; 0 when there is none or no driver.
 int CudaDeviceCount();
 
+// Pinned, mapped, portable host memory (cudaHostAlloc), the memory an engine's
+// expert store must live in: the stage copy kernel reads it through its device
+// address, from any context. alloc returns nullptr on failure (or without a device).
+HostAllocator CudaPinnedAllocator();
+
 struct CudaEngineOptions {
   int max_ctx = 0;  // KV cache positions (steps per Generate)
   // Slots over all size classes; 0: auto (the budget decides). Classes share
@@ -73,9 +78,22 @@ class CudaEngine {
   // model and its file must outlive the engine. Errors: no device, an expert type
   // the kernels do not compute (names the tensor), too little GPU memory (names
   // the shortfall), a bad --slots, --ctx or --steps-per-launch, contradictory doors.
+  // The engine pins a store of model's experts of its own.
   static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(
       const Model& model, const CudaEngineOptions& options,
       const LoadProgressFn& progress = nullptr);
+  // The same on experts pinned once for many engines (every arm of a bench, the
+  // gates of a run): each engine holds a reference, so the store lives as long
+  // as its last user. experts comes from PinExperts (or ExpertStore::Create with
+  // CudaPinnedAllocator) for this model; also an error: a store whose layers or
+  // block layouts differ from model's, or one not in pinned, mapped memory.
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(
+      const Model& model, std::shared_ptr<const ExpertStore> experts,
+      const CudaEngineOptions& options);
+  // Model's routed experts in pinned, mapped host memory, for Create above.
+  // Errors: no device, a failed allocation (names the size), as ExpertStore::Create.
+  static absl::StatusOr<std::shared_ptr<const ExpertStore>> PinExperts(
+      const Model& model, const LoadProgressFn& progress = nullptr);
   ~CudaEngine();
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
@@ -99,6 +117,8 @@ class CudaEngine {
   absl::StatusOr<ResidencySnapshot> ReadResidency(int size_class);
 
   Arm arm() const;
+  // The pinned store the engine reads its experts from (its own or shared).
+  const ExpertStore& experts() const;
   // One per size class, indexed like the store's size_classes().
   const std::vector<SlotPoolInfo>& pools() const;
   // Lines for the start-up banner: the device, the arm and the slot arithmetic.

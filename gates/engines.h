@@ -63,7 +63,8 @@ using EngineFactory = std::function<absl::StatusOr<std::unique_ptr<GateEngine>>(
 // CPU backends; the factory keeps one ExpertStore per model, so it must outlive
 // the engines it makes, and the models must outlive it.
 EngineFactory CpuEngineFactory();
-// CUDA engines (each with its own pinned store).
+// CUDA engines; the factory pins one ExpertStore per model and shares it among
+// them, so the models must outlive it (the engines keep their store alive).
 EngineFactory CudaEngineFactory();
 
 // The state arrays of a host cache, as ReadResidency returns the device's.

@@ -1,5 +1,6 @@
 // The CUDA engine behind GateEngine. Every logit row comes from a readback
 // outside the walk, so a gate that counts host syncs decodes with LogitRows::kNone.
+#include <map>
 #include <memory>
 #include <utility>
 
@@ -59,15 +60,24 @@ class CudaGateEngine final : public GateEngine {
 }  // namespace
 
 EngineFactory CudaEngineFactory() {
+  // The experts are pinned once per model for every engine of the run (each
+  // would otherwise pin a copy of its own); an engine keeps its store alive.
+  auto stores = std::make_shared<std::map<const Model*, std::shared_ptr<const ExpertStore>>>();
   return
-      [](const Model& model, const ArmSpec& spec) -> absl::StatusOr<std::unique_ptr<GateEngine>> {
+      [stores](const Model& model,
+               const ArmSpec& spec) -> absl::StatusOr<std::unique_ptr<GateEngine>> {
+        std::shared_ptr<const ExpertStore>& store = (*stores)[&model];
+        if (store == nullptr) {
+          MG_ASSIGN_OR_RETURN(store, CudaEngine::PinExperts(model));
+        }
         CudaEngineOptions options;
         options.max_ctx = spec.max_ctx;
         options.n_slots = spec.n_slots;
         options.doors = spec.doors;
         options.steps_per_launch = spec.steps_per_launch;
         options.record_routing = spec.record_routing;
-        MG_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine, CudaEngine::Create(model, options));
+        MG_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
+                            CudaEngine::Create(model, store, options));
         return std::make_unique<CudaGateEngine>(std::move(engine));
       };
 }

@@ -47,9 +47,8 @@ absl::Status ValidateShape(const CacheConfig& c) {
 
 }  // namespace
 
-absl::StatusOr<ResidencyCache> ResidencyCache::Create(const CacheConfig& config) {
+absl::StatusOr<SlotLayout> PartitionSlots(const CacheConfig& config) {
   MG_RETURN_IF_ERROR(ValidateShape(config));
-  const int32_t n_keys = config.n_layer * config.n_expert;
   const bool per_layer = config.pool_mode == PoolMode::kPerLayer;
   // A step needs a slot for each selected expert; the smallest per-layer pool is
   // the last layer's (the remainder goes to the first layers).
@@ -64,101 +63,126 @@ absl::StatusOr<ResidencyCache> ResidencyCache::Create(const CacheConfig& config)
         config.n_slots, config.n_layer - 1, config.n_slots / config.n_layer, config.k));
   }
 
-  ResidencyCache cache;
-  cache.config_ = config;
+  SlotLayout layout;
+  layout.config = config;
   // Past n_keys every expert already has a slot; more would stay empty forever.
-  cache.config_.n_slots = std::min(config.n_slots, n_keys);
-  const int32_t n_slots = cache.config_.n_slots;
+  layout.config.n_slots = std::min(config.n_slots, config.n_layer * config.n_expert);
+  const int32_t n_slots = layout.config.n_slots;
   const int32_t n_pools = per_layer ? config.n_layer : 1;
-
-  cache.table_.assign(n_keys, kNoSlot);
-  cache.owner_.assign(n_slots, kNoKey);
-  cache.stamp_.assign(n_slots, 0);
-  cache.seg_.assign(n_slots, kProbation);
-  cache.n_protected_.assign(n_pools, 0);
-  cache.clock_.assign(n_pools, 0);
-  cache.pools_.resize(n_pools);
   int32_t slot_begin = 0;
   for (int32_t p = 0; p < n_pools; ++p) {
     const int32_t pool_slots =
         per_layer ? n_slots / n_pools + (p < n_slots % n_pools ? 1 : 0) : n_slots;
-    ResidencyPool& pool = cache.pools_[p];
-    pool.slot_begin = slot_begin;
-    pool.n_slots = pool_slots;
-    pool.protected_cap = static_cast<int32_t>(std::floor(pool_slots * config.protected_frac));
-    pool.n_protected = &cache.n_protected_[p];
-    pool.clock = &cache.clock_[p];
+    layout.pools.push_back(SlotRange{slot_begin, pool_slots});
     slot_begin += pool_slots;
   }
-  cache.pool_of_layer_.resize(config.n_layer);
   for (int32_t layer = 0; layer < config.n_layer; ++layer) {
-    cache.pool_of_layer_[layer] = per_layer ? layer : 0;
+    layout.pool_of_layer.push_back(per_layer ? layer : 0);
   }
-
-  cache.selected_keys_.resize(config.k);
-  cache.widened_experts_.resize(config.k);
-  cache.step_.slot_of_rank.resize(config.k);
-  cache.step_.missed.resize(config.k);
-  cache.step_.evicted_keys.reserve(config.k);
-  return cache;
+  return layout;
 }
 
-ResidencyState ResidencyCache::state() {
-  return ResidencyState{table_.data(), owner_.data(), stamp_.data(), seg_.data(),
-                        config_.n_expert};
-}
-
-const LayerStep& ResidencyCache::Step(int32_t layer, const int32_t* experts) {
-  const int32_t k = config_.k;
-  MG_CHECK(layer >= 0 && layer < config_.n_layer, "residency step: layer out of range");
-  for (int32_t r = 0; r < k; ++r) {
-    MG_CHECK(experts[r] >= 0 && experts[r] < config_.n_expert,
+void CheckSelection(const CacheConfig& config, int32_t layer, const int32_t* experts) {
+  MG_CHECK(layer >= 0 && layer < config.n_layer, "residency step: layer out of range");
+  for (int32_t r = 0; r < config.k; ++r) {
+    MG_CHECK(experts[r] >= 0 && experts[r] < config.n_expert,
              "residency step: expert id out of range");
     for (int32_t q = 0; q < r; ++q) {
       MG_CHECK(experts[q] != experts[r], "residency step: repeated expert in one selection");
     }
   }
-  // Room for k evictions at most; within the reserved capacity, so no allocation.
-  step_.evicted_keys.resize(k);
-  step_.outcome = residency_step(state(), pools_[pool_of_layer_[layer]], layer, experts, k,
-                                 selected_keys_.data(), step_.slot_of_rank.data(),
-                                 step_.missed.data(), step_.evicted_keys.data());
-  step_.evicted_keys.resize(step_.outcome.n_evictions);
-  return step_;
 }
 
-const LayerStep& ResidencyCache::Step(int32_t layer, const uint16_t* experts) {
-  for (int32_t r = 0; r < config_.k; ++r) widened_experts_[r] = experts[r];
-  return Step(layer, widened_experts_.data());
-}
-
-absl::Status ResidencyCache::CheckInvariants() const {
-  for (int32_t key = 0; key < static_cast<int32_t>(table_.size()); ++key) {
-    const int32_t slot = table_[key];
+absl::Status CheckSlotMaps(const SlotLayout& layout, const std::vector<int32_t>& table,
+                           const std::vector<int32_t>& owner) {
+  const int32_t n_keys = static_cast<int32_t>(table.size());
+  const int32_t n_slots = static_cast<int32_t>(owner.size());
+  for (int32_t key = 0; key < n_keys; ++key) {
+    const int32_t slot = table[key];
     if (slot == kNoSlot) continue;
-    if (slot < 0 || slot >= static_cast<int32_t>(owner_.size()) || owner_[slot] != key) {
+    if (slot < 0 || slot >= n_slots || owner[slot] != key) {
       return absl::InternalError(
           absl::StrFormat("table[%d] = %d but that slot's owner is not key %d", key, slot, key));
     }
-    const ResidencyPool& pool = pools_[pool_of_layer_[key / config_.n_expert]];
+    const SlotRange& pool = layout.pools[layout.pool_of_layer[key / layout.config.n_expert]];
     if (slot < pool.slot_begin || slot >= pool.slot_begin + pool.n_slots) {
       return absl::InternalError(absl::StrFormat(
           "key %d sits in slot %d, outside its pool [%d, %d)", key, slot, pool.slot_begin,
           pool.slot_begin + pool.n_slots));
     }
   }
-  for (int32_t slot = 0; slot < static_cast<int32_t>(owner_.size()); ++slot) {
-    const int32_t key = owner_[slot];
-    if (key == kNoKey) {
-      if (seg_[slot] != kProbation) {
-        return absl::InternalError(absl::StrFormat("empty slot %d is marked protected", slot));
-      }
-      continue;
+  for (int32_t slot = 0; slot < n_slots; ++slot) {
+    const int32_t key = owner[slot];
+    if (key == kNoKey) continue;
+    if (key < 0 || key >= n_keys || table[key] != slot) {
+      return absl::InternalError(absl::StrFormat(
+          "owner[%d] = %d but table does not point back to slot %d", slot, key, slot));
     }
-    if (key < 0 || key >= static_cast<int32_t>(table_.size()) || table_[key] != slot) {
-      return absl::InternalError(
-          absl::StrFormat("owner[%d] = %d but table does not point back to slot %d", slot, key,
-                          slot));
+  }
+  return absl::OkStatus();
+}
+
+StepScratch::StepScratch(int32_t k) : selected_keys(k), widened_experts(k) {
+  step.slot_of_rank.resize(k);
+  step.missed.resize(k);
+  step.evicted_keys.reserve(k);
+}
+
+const int32_t* StepScratch::Widen(const uint16_t* experts) {
+  for (size_t r = 0; r < widened_experts.size(); ++r) widened_experts[r] = experts[r];
+  return widened_experts.data();
+}
+
+absl::StatusOr<ResidencyCache> ResidencyCache::Create(const CacheConfig& config) {
+  ResidencyCache cache;
+  MG_ASSIGN_OR_RETURN(cache.layout_, PartitionSlots(config));
+  const int32_t n_slots = cache.layout_.config.n_slots;
+  const int32_t n_pools = static_cast<int32_t>(cache.layout_.pools.size());
+
+  cache.table_.assign(config.n_layer * config.n_expert, kNoSlot);
+  cache.owner_.assign(n_slots, kNoKey);
+  cache.stamp_.assign(n_slots, 0);
+  cache.seg_.assign(n_slots, kProbation);
+  cache.n_protected_.assign(n_pools, 0);
+  cache.clock_.assign(n_pools, 0);
+  for (int32_t p = 0; p < n_pools; ++p) {
+    const SlotRange& range = cache.layout_.pools[p];
+    cache.pools_.push_back(ResidencyPool{
+        range.slot_begin, range.n_slots,
+        static_cast<int32_t>(std::floor(range.n_slots * config.protected_frac)),
+        &cache.n_protected_[p], &cache.clock_[p]});
+  }
+  cache.scratch_ = StepScratch(config.k);
+  return cache;
+}
+
+ResidencyState ResidencyCache::state() {
+  return ResidencyState{table_.data(), owner_.data(), stamp_.data(), seg_.data(),
+                        layout_.config.n_expert};
+}
+
+const LayerStep& ResidencyCache::Step(int32_t layer, const int32_t* experts) {
+  const int32_t k = layout_.config.k;
+  CheckSelection(layout_.config, layer, experts);
+  LayerStep& step = scratch_.step;
+  // Room for k evictions at most; within the reserved capacity, so no allocation.
+  step.evicted_keys.resize(k);
+  step.outcome = residency_step(state(), pools_[layout_.pool_of_layer[layer]], layer, experts,
+                                k, scratch_.selected_keys.data(), step.slot_of_rank.data(),
+                                step.missed.data(), step.evicted_keys.data());
+  step.evicted_keys.resize(step.outcome.n_evictions);
+  return step;
+}
+
+const LayerStep& ResidencyCache::Step(int32_t layer, const uint16_t* experts) {
+  return Step(layer, scratch_.Widen(experts));
+}
+
+absl::Status ResidencyCache::CheckInvariants() const {
+  MG_RETURN_IF_ERROR(CheckSlotMaps(layout_, table_, owner_));
+  for (int32_t slot = 0; slot < static_cast<int32_t>(owner_.size()); ++slot) {
+    if (owner_[slot] == kNoKey && seg_[slot] != kProbation) {
+      return absl::InternalError(absl::StrFormat("empty slot %d is marked protected", slot));
     }
   }
   std::vector<uint64_t> pool_stamps;

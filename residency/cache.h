@@ -32,6 +32,44 @@ struct LayerStep {
   std::vector<int32_t> evicted_keys;  // [outcome.n_evictions], in eviction order
 };
 
+// One pool's slots: [slot_begin, slot_begin + n_slots).
+struct SlotRange {
+  int32_t slot_begin = 0;
+  int32_t n_slots = 0;
+};
+
+// A configuration's slots split into pools, as ResidencyCache describes below.
+struct SlotLayout {
+  CacheConfig config;  // n_slots clamped to n_layer * n_expert
+  std::vector<SlotRange> pools;
+  std::vector<int32_t> pool_of_layer;  // [n_layer]
+};
+
+// The checks and the pool split every host cache shares: refuses what no cache
+// can run with ResidencyCache::Create's messages, else lays the slots out.
+absl::StatusOr<SlotLayout> PartitionSlots(const CacheConfig& config);
+
+// Aborts unless layer is one of config's and experts are k distinct ids in
+// [0, n_expert): the router never produces anything else.
+void CheckSelection(const CacheConfig& config, int32_t layer, const int32_t* experts);
+
+// Table and owner are inverse maps and every key sits in its layer's pool: a
+// message naming the first broken invariant, or OK.
+absl::Status CheckSlotMaps(const SlotLayout& layout, const std::vector<int32_t>& table,
+                           const std::vector<int32_t>& owner);
+
+// The buffers of one host-cache step, sized once for k: a step allocates nothing.
+struct StepScratch {
+  StepScratch() = default;
+  explicit StepScratch(int32_t k);
+  // Trace ids (uint16_t) widened into `widened_experts`.
+  const int32_t* Widen(const uint16_t* experts);
+
+  std::vector<int32_t> selected_keys;    // [k]
+  std::vector<int32_t> widened_experts;  // [k]
+  LayerStep step;
+};
+
 // Slots are laid out pool after pool. kGlobal: one pool of every slot, keyed by
 // (layer, expert). kPerLayer: pool l serves layer l; the N slots are split as
 // evenly as possible, the first N mod n_layer layers getting one more. Each pool
@@ -60,9 +98,9 @@ class ResidencyCache {
   // The same for ids as stored in a RoutingTrace row.
   const LayerStep& Step(int32_t layer, const uint16_t* experts);
 
-  const CacheConfig& config() const { return config_; }
+  const CacheConfig& config() const { return layout_.config; }
   const std::vector<ResidencyPool>& pools() const { return pools_; }
-  int32_t pool_of_layer(int32_t layer) const { return pool_of_layer_[layer]; }
+  int32_t pool_of_layer(int32_t layer) const { return layout_.pool_of_layer[layer]; }
   const std::vector<int32_t>& table() const { return table_; }
   const std::vector<int32_t>& owner() const { return owner_; }
   const std::vector<uint64_t>& stamp() const { return stamp_; }
@@ -79,18 +117,14 @@ class ResidencyCache {
   ResidencyCache() = default;
   ResidencyState state();
 
-  CacheConfig config_;
+  SlotLayout layout_;
   std::vector<ResidencyPool> pools_;
-  std::vector<int32_t> pool_of_layer_;
   std::vector<int32_t> table_, owner_;
   std::vector<uint64_t> stamp_;
   std::vector<uint8_t> seg_;
   std::vector<int32_t> n_protected_;
   std::vector<uint64_t> clock_;
-  // Per-step buffers, sized once by Create.
-  std::vector<int32_t> selected_keys_;
-  std::vector<int32_t> widened_experts_;
-  LayerStep step_;
+  StepScratch scratch_;
 };
 
 }  // namespace moegraph

@@ -33,7 +33,7 @@ class HazardCache {
   const LayerStep& Step(int32_t layer, const int32_t* experts);
   const LayerStep& Step(int32_t layer, const uint16_t* experts);
 
-  const CacheConfig& config() const { return config_; }
+  const CacheConfig& config() const { return layout_.config; }
   const std::vector<HazardPool>& pools() const { return pools_; }
   const std::vector<int32_t>& table() const { return table_; }
   const std::vector<int32_t>& owner() const { return owner_; }
@@ -52,16 +52,12 @@ class HazardCache {
  private:
   HazardCache() = default;
 
-  CacheConfig config_;
+  SlotLayout layout_;
   std::vector<HazardPool> pools_;
-  std::vector<int32_t> pool_of_layer_;
   std::vector<int32_t> table_, owner_, last_visit_, visits_;
   std::vector<uint32_t> frequency_, cell_hits_, cell_trials_;
   std::vector<float> cell_cost_;
-  // Per-step buffers, sized once by Create.
-  std::vector<int32_t> selected_keys_;
-  std::vector<int32_t> widened_experts_;
-  LayerStep step_;
+  StepScratch scratch_;
 };
 
 }  // namespace moegraph

@@ -21,7 +21,7 @@ namespace {
 using testing_util::JsonChecker;
 using testing_util::ProcessResult;
 using testing_util::ReadFileToString;
-using testing_util::RunProcess;
+using testing_util::RunProcessWithArgs;
 using testing_util::TempPath;
 
 constexpr int kLayers = 2;
@@ -30,10 +30,7 @@ constexpr int kTopK = 2;
 
 // `moegraph bench -m FIXTURE --backend cpu ARGS` (ARGS split at spaces).
 ProcessResult Bench(const std::string& fixture, const std::string& args) {
-  std::vector<std::string> argv = {MOEGRAPH_BIN, "bench", "-m", fixture, "--backend", "cpu"};
-  const std::vector<std::string> words = absl::StrSplit(args, ' ', absl::SkipEmpty());
-  argv.insert(argv.end(), words.begin(), words.end());
-  return RunProcess(argv);
+  return RunProcessWithArgs({MOEGRAPH_BIN, "bench", "-m", fixture, "--backend", "cpu"}, args);
 }
 
 // The table rows (not the header or its separator), each split into trimmed cells.
@@ -86,35 +83,22 @@ std::vector<std::map<std::string, std::string>> JsonRows(const std::string& out)
   return rows;
 }
 
-class CliBenchTest : public ::testing::Test {
+class CliBenchTest : public testing_util::FixtureFileTest {
  protected:
   static void SetUpTestSuite() {
-    path_ = new std::string(TempPath("cli_bench.gguf"));
     FixtureSpec spec;
     spec.n_layer = kLayers;
     spec.n_expert = kExperts;
     spec.n_expert_used = kTopK;
     spec.router_skew = 1.0f;
     spec.seed = 5;
-    status_ = new absl::Status(WriteFixture(spec, *path_));
+    WriteSuiteFixture(spec, "cli_bench.gguf");
   }
-  static void TearDownTestSuite() {
-    std::remove(path_->c_str());
-    delete path_;
-    delete status_;
-  }
-  void SetUp() override { ASSERT_TRUE(status_->ok()) << *status_; }
-
-  static std::string* path_;
-  static absl::Status* status_;
 };
-
-std::string* CliBenchTest::path_ = nullptr;
-absl::Status* CliBenchTest::status_ = nullptr;
 
 TEST_F(CliBenchTest, MarkdownHasOneRowPerArmSlotsAndTest) {
   const ProcessResult r =
-      Bench(*path_, "--arms resident,graph,host,stage --slots 4,8 -p 3 -n 5 -r 2");
+      Bench(fixture_path(), "--arms resident,graph,host,stage --slots 4,8 -p 3 -n 5 -r 2");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(testing_util::Contains(r.out, "note: backend cpu"));
   // resident and stage ignore --slots (they hold every expert and k scratch slots).
@@ -136,8 +120,8 @@ TEST_F(CliBenchTest, MarkdownHasOneRowPerArmSlotsAndTest) {
 
 TEST_F(CliBenchTest, JsonParsesWithEveryFieldAndOneSamplePerRepetition) {
   constexpr int kReps = 3;
-  const ProcessResult r =
-      Bench(*path_, "--arms graph,stage --slots 4,auto -n 4 -o json -r " + std::to_string(kReps));
+  const ProcessResult r = Bench(
+      fixture_path(), "--arms graph,stage --slots 4,auto -n 4 -o json -r " + std::to_string(kReps));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_TRUE(JsonChecker(r.out).Valid()) << r.out;
   const std::vector<std::map<std::string, std::string>> rows = JsonRows(r.out);
@@ -184,7 +168,7 @@ TEST_F(CliBenchTest, BadFlagsExitNonZeroNamingTheFlag) {
                                    {"--routing-trace /nonexistent/t.mgtr", "/nonexistent/t.mgtr"}};
   for (const Case& c : cases) {
     // Defaults first, so that the case's own -n or -r wins.
-    const ProcessResult r = Bench(*path_, "-n 2 -r 1 " + c.args);
+    const ProcessResult r = Bench(fixture_path(), "-n 2 -r 1 " + c.args);
     EXPECT_NE(r.exit_code, 0) << c.args;
     EXPECT_TRUE(testing_util::Contains(r.err, c.named)) << c.args;
   }
@@ -200,7 +184,7 @@ TEST_F(CliBenchTest, TraceOfAnotherGeometryIsAnErrorNamingTheFile) {
   for (size_t i = 0; i < wrong.ids.size(); ++i) wrong.ids[i] = static_cast<uint16_t>(i % 2);
   const std::string path = TempPath("wrong_layers.mgtr");
   ASSERT_TRUE(WriteTraceBinary(wrong, path).ok());
-  ProcessResult r = Bench(*path_, "--routing-trace " + path + " -n 2 -r 1");
+  ProcessResult r = Bench(fixture_path(), "--routing-trace " + path + " -n 2 -r 1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(testing_util::Contains(r.err, path));
   EXPECT_TRUE(testing_util::Contains(r.err, "layers"));
@@ -211,7 +195,7 @@ TEST_F(CliBenchTest, TraceOfAnotherGeometryIsAnErrorNamingTheFile) {
   wide.n_expert = kExperts * 2;
   wide.ids = {0, kExperts, 1, 2};
   ASSERT_TRUE(WriteTraceBinary(wide, path).ok());
-  r = Bench(*path_, "--routing-trace " + path + " -n 2 -r 1");
+  r = Bench(fixture_path(), "--routing-trace " + path + " -n 2 -r 1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(testing_util::Contains(r.err, path));
   EXPECT_TRUE(testing_util::Contains(r.err, "selects expert 8"));
@@ -224,9 +208,9 @@ TEST_F(CliBenchTest, RecordedRoutingReplaysToTheSameHitsAndMisses) {
   const std::string first = TempPath("routing_a.mgtr");
   const std::string again = TempPath("routing_b.mgtr");
   const std::string replayed = TempPath("routing_c.jsonl");
-  const ProcessResult a = Bench(*path_, flags + " --record-routing " + first);
+  const ProcessResult a = Bench(fixture_path(), flags + " --record-routing " + first);
   ASSERT_EQ(a.exit_code, 0) << a.err;
-  const ProcessResult b = Bench(*path_, flags + " --record-routing " + again);
+  const ProcessResult b = Bench(fixture_path(), flags + " --record-routing " + again);
   ASSERT_EQ(b.exit_code, 0) << b.err;
   // Recording is bit-stable: the same run writes the same bytes.
   const std::string recorded = ReadFileToString(first);
@@ -234,7 +218,7 @@ TEST_F(CliBenchTest, RecordedRoutingReplaysToTheSameHitsAndMisses) {
   EXPECT_EQ(recorded, ReadFileToString(again));
 
   const ProcessResult c =
-      Bench(*path_, flags + " --routing-trace " + first + " --record-routing " + replayed);
+      Bench(fixture_path(), flags + " --routing-trace " + first + " --record-routing " + replayed);
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const auto original = JsonRows(a.out);
   const auto replay = JsonRows(c.out);

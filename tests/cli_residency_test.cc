@@ -10,7 +10,6 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/str_split.h"
 #include "residency/simulator.h"
 #include "residency/trace.h"
 #include "tests/test_util.h"
@@ -21,7 +20,7 @@ namespace {
 using testing_util::JsonChecker;
 using testing_util::ProcessResult;
 using testing_util::ReadFileToString;
-using testing_util::RunProcess;
+using testing_util::RunProcessWithArgs;
 using testing_util::SharedPath;
 using testing_util::TempPath;
 
@@ -29,10 +28,7 @@ using testing_util::TempPath;
 
 // `moegraph SUBCOMMAND ARGS` (ARGS split at spaces) with stdout and stderr apart.
 ProcessResult RunMoegraph(const std::string& subcommand, const std::string& args) {
-  std::vector<std::string> argv = {MOEGRAPH_BIN, subcommand};
-  const std::vector<std::string> words = absl::StrSplit(args, ' ', absl::SkipEmpty());
-  argv.insert(argv.end(), words.begin(), words.end());
-  return RunProcess(argv);
+  return RunProcessWithArgs({MOEGRAPH_BIN, subcommand}, args);
 }
 
 ProcessResult MoegraphTrace(const std::string& args) { return RunMoegraph("trace", args); }

@@ -3,7 +3,6 @@
 // counts, and its banner and summary lines against the fixture's geometry.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -21,7 +20,6 @@ namespace {
 
 using testing_util::CommandResult;
 using testing_util::RunCommand;
-using testing_util::TempPath;
 
 // `moegraph run ARGS` with stdout only, or stdout and stderr together.
 CommandResult RunMoegraph(const std::string& args, bool with_stderr) {
@@ -44,34 +42,21 @@ std::vector<int32_t> IdsAfter(const std::string& output, const std::string& labe
   return {};
 }
 
-class CliRunTest : public ::testing::Test {
+class CliRunTest : public testing_util::FixtureFileTest {
  protected:
   static void SetUpTestSuite() {
-    path_ = new std::string(TempPath("cli_run.gguf"));
     FixtureSpec spec;
     spec.arch = Arch::kQwen3Moe;
     spec.router_skew = 1.0f;
     spec.seed = 21;
-    status_ = new absl::Status(WriteFixture(spec, *path_));
+    WriteSuiteFixture(spec, "cli_run.gguf");
   }
-  static void TearDownTestSuite() {
-    std::remove(path_->c_str());
-    delete path_;
-    delete status_;
-  }
-  void SetUp() override { ASSERT_TRUE(status_->ok()) << *status_; }
-
-  static std::string* path_;
-  static absl::Status* status_;
 };
-
-std::string* CliRunTest::path_ = nullptr;
-absl::Status* CliRunTest::status_ = nullptr;
 
 TEST_F(CliRunTest, GeneratedIdsEqualTheOracleInProcess) {
   const std::vector<int32_t> prompt = {1, 2, 3};
   constexpr int kPredict = 8;
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(*path_);
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(fixture_path());
   ASSERT_TRUE(file.ok()) << file.status();
   absl::StatusOr<Model> model = LoadModel(**file);
   ASSERT_TRUE(model.ok()) << model.status();
@@ -85,7 +70,7 @@ TEST_F(CliRunTest, GeneratedIdsEqualTheOracleInProcess) {
   for (const char* args : {"--backend auto", "--backend cpu", "--backend cpu --slots 2",
                            "--slots 5", "--slots auto"}) {
     const CommandResult run =
-        RunMoegraph("-m " + *path_ + " --tokens 1,2,3 -n 8 " + args, /*with_stderr=*/false);
+        RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 8 " + args, /*with_stderr=*/false);
     ASSERT_EQ(run.exit_code, 0) << args << "\n" << run.output;
     EXPECT_EQ(IdsAfter(run.output, "prompt"), prompt) << run.output;
     EXPECT_EQ(IdsAfter(run.output, "generated"), *want) << run.output;
@@ -110,7 +95,7 @@ double NumberBefore(const std::string& output, const std::string& label,
 
 TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
   // The fixture has 2 layers of 8 experts: auto gives 16 slots, nothing is evicted.
-  const CommandResult all = RunMoegraph("-m " + *path_ + " --tokens 1,2,3 -n 8", false);
+  const CommandResult all = RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 8", false);
   ASSERT_EQ(all.exit_code, 0) << all.output;
   EXPECT_EQ(NumberBefore(all.output, "backend cpu: slru", " slots (auto"), 16) << all.output;
   EXPECT_EQ(NumberBefore(all.output, "backend cpu: 10 tokens", " evictions"), 0) << all.output;
@@ -119,7 +104,8 @@ TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
   EXPECT_LE(all_misses, 16) << all.output;
 
   // 2 slots for 2 layers with top-k 2: every step of every layer misses.
-  const CommandResult tight = RunMoegraph("-m " + *path_ + " --tokens 1,2,3 -n 8 --slots 2", false);
+  const CommandResult tight =
+      RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 8 --slots 2", false);
   ASSERT_EQ(tight.exit_code, 0) << tight.output;
   EXPECT_EQ(NumberBefore(tight.output, "backend cpu: slru", " slots;"), 2) << tight.output;
   EXPECT_EQ(NumberBefore(tight.output, "backend cpu: 10 tokens", " misses"), 10 * 2 * 2)
@@ -130,18 +116,21 @@ TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
 }
 
 TEST_F(CliRunTest, BadSlotCountsNameTheFlag) {
-  const CommandResult below = RunMoegraph("-m " + *path_ + " --tokens 1 -n 2 --slots 1", true);
+  const CommandResult below =
+      RunMoegraph("-m " + fixture_path() + " --tokens 1 -n 2 --slots 1", true);
   EXPECT_EQ(below.exit_code, 1);
   EXPECT_NE(below.output.find("--slots 1 is below --top-k 2"), std::string::npos)
       << below.output;
-  const CommandResult word = RunMoegraph("-m " + *path_ + " --tokens 1 -n 2 --slots many", true);
+  const CommandResult word =
+      RunMoegraph("-m " + fixture_path() + " --tokens 1 -n 2 --slots many", true);
   EXPECT_EQ(word.exit_code, 1);
   EXPECT_NE(word.output.find("--slots 'many'"), std::string::npos) << word.output;
 }
 
 TEST_F(CliRunTest, AnExplicitContextGivesTheSameIds) {
-  const CommandResult fitted = RunMoegraph("-m " + *path_ + " --tokens 7,8 -n 4", false);
-  const CommandResult roomy = RunMoegraph("-m " + *path_ + " --tokens 7,8 -n 4 --ctx 64", false);
+  const CommandResult fitted = RunMoegraph("-m " + fixture_path() + " --tokens 7,8 -n 4", false);
+  const CommandResult roomy =
+      RunMoegraph("-m " + fixture_path() + " --tokens 7,8 -n 4 --ctx 64", false);
   ASSERT_EQ(fitted.exit_code, 0) << fitted.output;
   ASSERT_EQ(roomy.exit_code, 0) << roomy.output;
   EXPECT_EQ(IdsAfter(fitted.output, "generated").size(), 4u);
@@ -149,7 +138,7 @@ TEST_F(CliRunTest, AnExplicitContextGivesTheSameIds) {
 }
 
 TEST_F(CliRunTest, ABadTokenListExitsNonZeroNamingTokens) {
-  const CommandResult run = RunMoegraph("-m " + *path_ + " --tokens 1,x -n 2", true);
+  const CommandResult run = RunMoegraph("-m " + fixture_path() + " --tokens 1,x -n 2", true);
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("--tokens"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("'x'"), std::string::npos) << run.output;
@@ -157,13 +146,13 @@ TEST_F(CliRunTest, ABadTokenListExitsNonZeroNamingTokens) {
 
 TEST_F(CliRunTest, ATokenOutsideTheVocabularyExitsNonZero) {
   // The fixture's vocabulary is 256 ids.
-  const CommandResult run = RunMoegraph("-m " + *path_ + " --tokens 1,256 -n 2", true);
+  const CommandResult run = RunMoegraph("-m " + fixture_path() + " --tokens 1,256 -n 2", true);
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_NE(run.output.find("--tokens: token 256"), std::string::npos) << run.output;
 }
 
 TEST_F(CliRunTest, MissingTokensOrModelAreErrorsNamingTheFlag) {
-  const CommandResult no_tokens = RunMoegraph("-m " + *path_ + " -n 2", true);
+  const CommandResult no_tokens = RunMoegraph("-m " + fixture_path() + " -n 2", true);
   EXPECT_EQ(no_tokens.exit_code, 1);
   EXPECT_NE(no_tokens.output.find("--tokens"), std::string::npos) << no_tokens.output;
   const CommandResult no_model = RunMoegraph("--tokens 1 -n 2", true);
@@ -181,20 +170,24 @@ TEST_F(CliRunTest, AMissingFileIsAnErrorNamingIt) {
 // This test runs where CI does: without a GPU, where --backend cuda must refuse
 // with a message rather than fall back silently.
 TEST_F(CliRunTest, TheCudaBackendWithoutADeviceIsAnError) {
-  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present; the engine GPU tests cover it";
-  const CommandResult run = RunMoegraph("-m " + *path_ + " --tokens 1 -n 2 --backend cuda", true);
+  if (CudaDeviceCount() > 0)
+    GTEST_SKIP() << "a CUDA device is present; the engine GPU tests cover it";
+  const CommandResult run =
+      RunMoegraph("-m " + fixture_path() + " --tokens 1 -n 2 --backend cuda", true);
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_NE(run.output.find("no CUDA device is available"), std::string::npos) << run.output;
-  const CommandResult bad = RunMoegraph("-m " + *path_ + " --tokens 1 -n 2 --backend tpu", true);
+  const CommandResult bad =
+      RunMoegraph("-m " + fixture_path() + " --tokens 1 -n 2 --backend tpu", true);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("--backend 'tpu'"), std::string::npos) << bad.output;
 }
 
 TEST_F(CliRunTest, ATooSmallContextOrNegativeCountNamesTheFlag) {
-  const CommandResult ctx = RunMoegraph("-m " + *path_ + " --tokens 1,2,3 -n 4 --ctx 5", true);
+  const CommandResult ctx =
+      RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 4 --ctx 5", true);
   EXPECT_EQ(ctx.exit_code, 1);
   EXPECT_NE(ctx.output.find("--ctx 5"), std::string::npos) << ctx.output;
-  const CommandResult n = RunMoegraph("-m " + *path_ + " --tokens 1 -n=-3", true);
+  const CommandResult n = RunMoegraph("-m " + fixture_path() + " --tokens 1 -n=-3", true);
   EXPECT_EQ(n.exit_code, 1);
   EXPECT_NE(n.output.find("-n -3"), std::string::npos) << n.output;
 }

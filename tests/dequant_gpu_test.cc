@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -17,6 +16,8 @@
 #include "loader/ggml_type.h"
 #include "loader/quant.h"
 #include "loader/quantize.h"
+#include "tests/cuda_test_util.h"
+#include "tests/test_util.h"
 
 namespace moegraph {
 namespace {
@@ -32,26 +33,8 @@ const TypeCase kCases[] = {
     {GgmlType::kQ5_K, "q5_K"}, {GgmlType::kQ6_K, "q6_K"},
 };
 
-std::string GoldenPath(const std::string& file) {
-  const char* shared = std::getenv("MOEGRAPH_SHARED");
-  return std::string(shared != nullptr ? shared : "/work/shared") + "/golden/quant/" + file;
-}
-
-class DequantGpuTest : public ::testing::Test {
+class DequantGpuTest : public testing_util::CudaStreamTest {
  protected:
-  void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount returned " << cudaGetErrorString(err)
-                   << ", " << count << " devices";
-    }
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-
   // Dequantizes bytes (n elements of type) on the device.
   std::vector<float> DequantizeOnDevice(GgmlType type, const std::vector<uint8_t>& bytes,
                                         int64_t n) {
@@ -80,15 +63,14 @@ class DequantGpuTest : public ::testing::Test {
           << "element " << i << ": gpu " << gpu[i] << ", cpu " << cpu[i];
     }
   }
-
-  cudaStream_t stream_ = nullptr;
 };
 
 TEST_F(DequantGpuTest, GoldenBlocksMatchCpu) {
   for (const TypeCase& c : kCases) {
     if (c.type == GgmlType::kF32) continue;  // the golden set has no f32 file
     SCOPED_TRACE(c.name);
-    const std::string path = GoldenPath(std::string(c.name) + ".quant");
+    const std::string path = testing_util::SharedPath("golden/quant/" + std::string(c.name) +
+                                                      ".quant");
     std::ifstream in(path, std::ios::binary);
     ASSERT_TRUE(in) << "cannot open golden file " << path;
     const std::vector<uint8_t> bytes(std::istreambuf_iterator<char>(in), {});

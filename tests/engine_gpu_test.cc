@@ -331,5 +331,105 @@ TEST_F(EngineArmsTest, BadOptionsAreErrorsNamingTheFlag) {
   EXPECT_TRUE(MessageHas(over.status(), "--ctx")) << over.status();
 }
 
+// The CUDA pinned allocator, counting what passes through it.
+struct CountingPinnedAllocator {
+  HostAllocator inner = CudaPinnedAllocator();
+  int allocations = 0;
+  int frees = 0;
+
+  HostAllocator Hooks() {
+    HostAllocator a;
+    a.context = this;
+    a.alloc = [](size_t bytes, void* context) {
+      auto* self = static_cast<CountingPinnedAllocator*>(context);
+      ++self->allocations;
+      return self->inner.alloc(bytes, self->inner.context);
+    };
+    a.free = [](void* ptr, size_t bytes, void* context) {
+      auto* self = static_cast<CountingPinnedAllocator*>(context);
+      ++self->frees;
+      self->inner.free(ptr, bytes, self->inner.context);
+    };
+    return a;
+  }
+};
+
+std::unique_ptr<CudaEngine> MakeSharedEngine(const Model& model,
+                                             std::shared_ptr<const ExpertStore> experts, Arm arm,
+                                             int32_t slots) {
+  CudaEngineOptions options;
+  options.max_ctx = 64;
+  options.n_slots = slots;
+  options.doors = DoorsOf(arm);
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create(model, std::move(experts), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return nullptr;
+  EXPECT_EQ((*engine)->arm(), arm);
+  return std::move(*engine);
+}
+
+TEST_F(EngineArmsTest, EnginesOnOneSharedStoreDecodeAsEnginesWithTheirOwn) {
+  constexpr int kPredict = 12;
+  CountingPinnedAllocator counting;
+  std::shared_ptr<const ExpertStore> shared;
+  {
+    absl::StatusOr<ExpertStore> store = ExpertStore::Create(model(), counting.Hooks());
+    ASSERT_TRUE(store.ok()) << store.status();
+    shared = std::make_shared<const ExpertStore>(std::move(*store));
+  }
+  // Every way an arm reads the store: graph through its device mapping (stage
+  // copy kernel), host by cudaMemcpyAsync from its host address, resident by the
+  // upload at Create.
+  std::vector<std::unique_ptr<CudaEngine>> on_shared;
+  for (Arm arm : {Arm::kGraph, Arm::kHost, Arm::kResident}) {
+    std::unique_ptr<CudaEngine> own = MakeEngine(model(), arm, 4);
+    ASSERT_NE(own, nullptr) << ArmName(arm);
+    on_shared.push_back(MakeSharedEngine(model(), shared, arm, 4));
+    CudaEngine* engine = on_shared.back().get();
+    ASSERT_NE(engine, nullptr) << ArmName(arm);
+    EXPECT_EQ(&engine->experts(), shared.get()) << ArmName(arm);
+    EXPECT_NE(&own->experts(), shared.get()) << ArmName(arm);
+
+    absl::StatusOr<std::vector<int32_t>> want = own->Generate(kPrompt, kPredict);
+    ASSERT_TRUE(want.ok()) << ArmName(arm) << ": " << want.status();
+    absl::StatusOr<std::vector<int32_t>> got = engine->Generate(kPrompt, kPredict);
+    ASSERT_TRUE(got.ok()) << ArmName(arm) << ": " << got.status();
+    EXPECT_EQ(*got, *want) << ArmName(arm);
+    absl::StatusOr<std::vector<float>> want_logits = own->LastLogits();
+    absl::StatusOr<std::vector<float>> got_logits = engine->LastLogits();
+    ASSERT_TRUE(want_logits.ok() && got_logits.ok());
+    EXPECT_TRUE(BitEqual(*got_logits, *want_logits)) << ArmName(arm);
+  }
+  // One allocation for three engines; the last holder frees it, once.
+  EXPECT_EQ(counting.allocations, 1);
+  EXPECT_EQ(shared.use_count(), 4);
+  on_shared.clear();
+  EXPECT_EQ(counting.frees, 0);
+  shared.reset();
+  EXPECT_EQ(counting.frees, 1);
+}
+
+TEST_F(EngineArmsTest, AStoreOfAnotherModelIsAnErrorNamingTheStore) {
+  FixtureSpec spec;
+  spec.arch = Arch::kQwen2Moe;
+  spec.n_layer = 3;
+  spec.n_expert = 8;  // the fixture of the test holds 16
+  spec.n_expert_used = 4;
+  spec.expert_type = GgmlType::kQ8_0;
+  absl::StatusOr<std::unique_ptr<LoadedModel>> other = LoadFixture(spec);
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::StatusOr<std::shared_ptr<const ExpertStore>> store =
+      CudaEngine::PinExperts((*other)->model);
+  ASSERT_TRUE(store.ok()) << store.status();
+  CudaEngineOptions options;
+  options.max_ctx = 64;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create(model(), *store, options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_TRUE(MessageHas(engine.status(), "shared expert store")) << engine.status();
+  EXPECT_EQ(store->use_count(), 1);  // the failed engine holds no reference
+}
+
 }  // namespace
 }  // namespace moegraph

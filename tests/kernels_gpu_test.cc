@@ -20,6 +20,7 @@
 #include "loader/quantize.h"
 #include "reference/ops.h"
 #include "residency/policy.h"
+#include "tests/cuda_test_util.h"
 
 namespace moegraph {
 namespace {
@@ -99,24 +100,7 @@ DeviceMatrix DeviceView(const uint8_t* data, GgmlType type, int32_t rows, int32_
   return DeviceMatrix{data, type, cols, rows, ggml_row_size(type, cols)};
 }
 
-class KernelsGpuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount returned " << cudaGetErrorString(err)
-                   << ", " << count << " devices";
-    }
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  void Sync() { ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess); }
-
-  cudaStream_t stream_ = nullptr;
-};
+using KernelsGpuTest = testing_util::CudaStreamTest;
 
 TEST_F(KernelsGpuTest, EmbedEqualsDequantizedRowBitForBit) {
   std::mt19937 rng(1);

@@ -12,6 +12,8 @@
 #include <iterator>
 #include <utility>
 
+#include "absl/strings/str_split.h"
+
 namespace moegraph::testing_util {
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadFixture(const FixtureSpec& spec) {
@@ -124,6 +126,13 @@ ProcessResult RunProcess(const std::vector<std::string>& argv) {
   return result;
 }
 
+ProcessResult RunProcessWithArgs(std::vector<std::string> argv, const std::string& args) {
+  for (absl::string_view word : absl::StrSplit(args, ' ', absl::SkipEmpty())) {
+    argv.emplace_back(word);
+  }
+  return RunProcess(argv);
+}
+
 std::string TempPath(const std::string& name) {
   return ::testing::TempDir() + "moegraph_" + std::to_string(::getpid()) + "_" + name;
 }
@@ -137,6 +146,24 @@ std::string SharedPath(const std::string& relative) {
   const char* shared = std::getenv("MOEGRAPH_SHARED");
   return std::string(shared != nullptr ? shared : "/work/shared") + "/" + relative;
 }
+
+std::string* FixtureFileTest::path_ = nullptr;
+absl::Status* FixtureFileTest::status_ = nullptr;
+
+void FixtureFileTest::WriteSuiteFixture(const FixtureSpec& spec, const std::string& name) {
+  path_ = new std::string(TempPath(name));
+  status_ = new absl::Status(WriteFixture(spec, *path_));
+}
+
+void FixtureFileTest::TearDownTestSuite() {
+  std::remove(path_->c_str());
+  delete path_;
+  delete status_;
+  path_ = nullptr;
+  status_ = nullptr;
+}
+
+void FixtureFileTest::SetUp() { ASSERT_TRUE(status_->ok()) << *status_; }
 
 bool JsonChecker::Valid() {
   Space();

@@ -64,6 +64,9 @@ struct ProcessResult {
 // stderr apart.
 ProcessResult RunProcess(const std::vector<std::string>& argv);
 
+// Runs argv followed by the words of args (split at spaces), as RunProcess does.
+ProcessResult RunProcessWithArgs(std::vector<std::string> argv, const std::string& args);
+
 // A path in the test temp folder, the same for the same name within one test
 // process and distinct between processes.
 std::string TempPath(const std::string& name);
@@ -74,6 +77,23 @@ std::string ReadFileToString(const std::string& path);
 // A path under the shared data folder: $MOEGRAPH_SHARED (set by ctest), else
 // /work/shared.
 std::string SharedPath(const std::string& relative);
+
+// A suite whose tests share one fixture file: the subclass's SetUpTestSuite calls
+// WriteSuiteFixture, the file goes when the suite ends, and every test fails at
+// once when the write did.
+class FixtureFileTest : public ::testing::Test {
+ protected:
+  // Writes spec to TempPath(name).
+  static void WriteSuiteFixture(const FixtureSpec& spec, const std::string& name);
+  static void TearDownTestSuite();
+  void SetUp() override;
+
+  static const std::string& fixture_path() { return *path_; }
+
+ private:
+  static std::string* path_;
+  static absl::Status* status_;
+};
 
 // Accepts exactly one RFC 8259 JSON value (whitespace around it allowed).
 class JsonChecker {

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -176,10 +177,9 @@ uint64_t EagerLaunchesPerStep(const StepWalk& walk) {
 
 class CudaTarget final : public Target {
  public:
-  static absl::StatusOr<std::unique_ptr<Target>> Create(const Model& model, const Doors& doors,
-                                                        int32_t slots, int ctx,
-                                                        const RoutingTrace* trace,
-                                                        int64_t record_steps) {
+  static absl::StatusOr<std::unique_ptr<Target>> Create(
+      const Model& model, std::shared_ptr<const ExpertStore> experts, const Doors& doors,
+      int32_t slots, int ctx, const RoutingTrace* trace, int64_t record_steps) {
     CudaEngineOptions options;
     options.max_ctx = ctx;
     options.n_slots = slots;
@@ -189,7 +189,7 @@ class CudaTarget final : public Target {
     options.routing_record_steps = record_steps;
     auto target = std::unique_ptr<CudaTarget>(new CudaTarget());
     target->n_vocab_ = model.config.n_vocab;
-    MG_ASSIGN_OR_RETURN(target->engine_, CudaEngine::Create(model, options));
+    MG_ASSIGN_OR_RETURN(target->engine_, CudaEngine::Create(model, std::move(experts), options));
     target->eager_launches_per_step_ = EagerLaunchesPerStep(target->engine_->Walk());
     return std::unique_ptr<Target>(std::move(target));
   }
@@ -553,10 +553,13 @@ absl::Status Bench() {
                  trace->weights.empty() ? "weights 1/k" : "the trace's weights");
   }
 
-  std::optional<ExpertStore> store;
-  if (!plan.cuda) {
+  // One copy of the experts, pinned on CUDA, shared by every engine of the run.
+  std::shared_ptr<const ExpertStore> store;
+  if (plan.cuda) {
+    MG_ASSIGN_OR_RETURN(store, CudaEngine::PinExperts(model));
+  } else {
     MG_ASSIGN_OR_RETURN(ExpertStore s, ExpertStore::Create(model));
-    store.emplace(std::move(s));
+    store = std::make_shared<const ExpertStore>(std::move(s));
   }
   const RoutingTrace* trace_ptr = trace.has_value() ? &*trace : nullptr;
   const bool progress = isatty(STDERR_FILENO) != 0;
@@ -593,8 +596,9 @@ absl::Status Bench() {
       // Engine 0 (always in group 0) is the one whose routing is recorded.
       const int64_t record_steps = g == 0 && !record_path.empty() ? steps_per_engine : 0;
       absl::StatusOr<std::unique_ptr<Target>> target =
-          plan.cuda ? CudaTarget::Create(model, doors[e.arm], std::max(e.slots_requested, 0),
-                                         plan.ctx, trace_ptr, record_steps)
+          plan.cuda ? CudaTarget::Create(model, store, doors[e.arm],
+                                         std::max(e.slots_requested, 0), plan.ctx, trace_ptr,
+                                         record_steps)
                     : CpuTarget::Create(model, *store, doors[e.arm], plan.arms[e.arm],
                                         std::max(e.slots_requested, 0), plan.ctx, trace_ptr);
       if (!target.ok()) {
@@ -642,17 +646,7 @@ absl::Status Bench() {
 }  // namespace
 
 int RunBench(const std::vector<std::string>& args) {
-  if (!args.empty()) {
-    std::fprintf(stderr, "moegraph bench: unexpected argument '%s' (the model goes in -m FILE)\n",
-                 args[0].c_str());
-    return 1;
-  }
-  const absl::Status status = Bench();
-  if (!status.ok()) {
-    std::fprintf(stderr, "moegraph bench: %s\n", std::string(status.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return RunModelCommand("bench", args, Bench);
 }
 
 }  // namespace moegraph

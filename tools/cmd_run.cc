@@ -255,18 +255,6 @@ absl::Status Run() {
 
 }  // namespace
 
-int RunRun(const std::vector<std::string>& args) {
-  if (!args.empty()) {
-    std::fprintf(stderr, "moegraph run: unexpected argument '%s' (the model goes in -m FILE)\n",
-                 args[0].c_str());
-    return 1;
-  }
-  const absl::Status status = Run();
-  if (!status.ok()) {
-    std::fprintf(stderr, "moegraph run: %s\n", std::string(status.message()).c_str());
-    return 1;
-  }
-  return 0;
-}
+int RunRun(const std::vector<std::string>& args) { return RunModelCommand("run", args, Run); }
 
 }  // namespace moegraph

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
 
 ABSL_DECLARE_FLAG(std::string, m);  // model file
 ABSL_DECLARE_FLAG(std::string, o);  // output file or format
@@ -33,6 +35,24 @@ template <typename T>
 T FlagOr(const absl::Flag<T>& flag, T command_default) {
   const T value = absl::GetFlag(flag);
   return value != T{0} ? value : command_default;
+}
+
+// A command that reads its model from -m and everything else from flags:
+// exit status 1, with "moegraph NAME: " and the reason on stderr, for a
+// positional argument or a failed `run`; else 0.
+inline int RunModelCommand(const char* name, const std::vector<std::string>& args,
+                           absl::Status (*run)()) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "moegraph %s: unexpected argument '%s' (the model goes in -m FILE)\n",
+                 name, args[0].c_str());
+    return 1;
+  }
+  const absl::Status status = run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "moegraph %s: %s\n", name, std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
 }
 
 int RunInspect(const std::vector<std::string>& args);

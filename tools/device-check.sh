@@ -13,9 +13,8 @@
 # The table also goes to $OUT/device-check.md when OUT is set, the copy benchmark's
 # output (CSV) to $OUT/copy-bench.log and the Qwen3-shaped bench table to $OUT/qwen3-bench.md.
 #
-# Host memory of the Qwen3-shaped bench: every CUDA engine pins its own copy of the
-# expert store (16.1 GiB), and bench keeps one slot count's engines alive at a time:
-# 4 in the first group (resident, graph, host, stage: ~65 GiB pinned), 2 after.
+# Host memory of the Qwen3-shaped bench: bench pins the expert store (16.1 GiB) once
+# and every engine shares it; each resident engine also holds every expert on the GPU.
 # GPU memory peaks in the 6144-slot group (two engines holding every expert, ~34
 # GiB). The fixture lives in $WORK (16.2 GiB on disk, or in RAM where /tmp is tmpfs).
 set -u
