@@ -479,6 +479,11 @@ absl::Status CudaEngine::Impl::PlanPools(uint64_t free_bytes, uint64_t dense, ui
   in.k = top_k;
   std::vector<int32_t> split;
   if (slot_mode == SlotMode::kResident) {
+    // Every block is allocated at its own class's size: the mean block (rounded
+    // up) budgets the store's bytes exactly, where the largest would refuse a
+    // mixed-quant model that fits.
+    in.block_bytes = (store->total_bytes() + static_cast<uint64_t>(total_experts) - 1) /
+                     static_cast<uint64_t>(total_experts);
     in.requested_slots = total_experts;
     MG_ASSIGN_OR_RETURN(const SlotBudget budget, PlanSlots(in));
     if (budget.slots < total_experts) {

@@ -9,6 +9,10 @@ namespace moegraph {
 
 absl::Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
+  // A failed call also leaves its error as the thread's last error, which every
+  // launcher returns through cudaGetLastError: consumed here, so a non-sticky
+  // error (a failed allocation or capture) does not fail the next, good launch.
+  cudaGetLastError();
   const std::string message = absl::StrFormat("%s: %s (%s)", Av(what), cudaGetErrorName(err),
                                               cudaGetErrorString(err));
   if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);

@@ -23,7 +23,8 @@ struct HostCounters {
 };
 
 // OK for cudaSuccess; otherwise an error naming `what` and the CUDA error
-// (ResourceExhausted for cudaErrorMemoryAllocation, Internal for the rest).
+// (ResourceExhausted for cudaErrorMemoryAllocation, Internal for the rest), and
+// the thread's last CUDA error is cleared.
 absl::Status CudaStatus(cudaError_t err, std::string_view what);
 
 // One walk captured on `main` (the copy stream joins through the walk's fork

@@ -23,6 +23,7 @@ constexpr int kMatvecWarps = 8;  // output rows per block
 constexpr int kAttnSplit = 128;  // positions per attention block
 constexpr int kAttnThreads = 128;
 constexpr int kMaxHeadDim = 256;
+constexpr int32_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y (attention splits)
 
 int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
@@ -258,8 +259,12 @@ cudaError_t launch_attention_decode(const float* q, const float* k_cache, const 
     return cudaErrorInvalidValue;
   }
   const int32_t n_splits = attention_splits(max_ctx);
+  if (n_splits > kMaxGridY) return cudaErrorInvalidValue;
   attention_split_kernel<<<dim3(n_head, n_splits), kAttnThreads, 0, stream>>>(
       q, k_cache, v_cache, pos, n_head, n_head_kv, head_dim, max_ctx, scale, partial);
+  // A merge after a failed split launch would read stale partials.
+  const cudaError_t split_error = cudaGetLastError();
+  if (split_error != cudaSuccess) return split_error;
   attention_merge_kernel<<<n_head, kAttnThreads, 0, stream>>>(partial, head_dim, n_splits, out);
   return cudaGetLastError();
 }

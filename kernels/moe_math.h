@@ -36,8 +36,9 @@ MG_HD inline bool rank_in_pass(ExpertPass pass, uint8_t missed) {
 // ---- router ----
 
 // Softmax as the oracle computes it: f64 exp of (logit - max), f64 sum, then
-// each probability rounded to f32; so the GPU's probabilities, and the top-k
-// they decide, match the oracle's.
+// each probability rounded to f32. router_softmax sums in index order and equals
+// the oracle bit for bit; the kernel sums in a reduction order, so its f64 sum,
+// and rarely the last bit of a probability, can differ.
 MG_HD inline double router_exp(float logit, double max_logit) {
   return exp(static_cast<double>(logit) - max_logit);
 }
@@ -52,8 +53,12 @@ MG_HD inline void router_softmax(const float* logits, int32_t n, float* probs) {
 }
 
 // Top-k order: a larger value first, equal values by the lower index (a stable
-// descending sort). A total order, so a parallel argmax finds the same element.
+// descending sort). A NaN ranks as -inf, so the order stays total and a real
+// element always precedes a reduction's idle pair (-inf, INT32_MAX): a parallel
+// argmax finds the same element and never returns the idle index.
 MG_HD inline bool topk_precedes(float a, int32_t index_a, float b, int32_t index_b) {
+  if (isnan(a)) a = -INFINITY;
+  if (isnan(b)) b = -INFINITY;
   return a > b || (a == b && index_a < index_b);
 }
 

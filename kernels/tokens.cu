@@ -106,6 +106,8 @@ __global__ void __launch_bounds__(kTokenThreads)
       if (base + run_sums[t] > target) break;
       base += run_sums[t];
     }
+    // No kept token (every logit NaN): -1, as sample_token, not a stale token.
+    if (chosen_run < 0) *token_out = -1;
   }
   __syncthreads();
   if (static_cast<int32_t>(threadIdx.x) != chosen_run) return;

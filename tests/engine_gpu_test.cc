@@ -2,7 +2,8 @@
 // the CPU oracle by NMSE, greedy tokens equal to the oracle's on f32 fixtures,
 // identical tokens and logits across the arms (resident, graph, eager, host,
 // stage), device residency tables equal to a host ResidencyCache fed the routing
-// the engine recorded, and host synchronizations per token in each mode.
+// the engine recorded, host synchronizations per token in each mode, and no
+// error left behind by a failed CUDA call that CudaStatus reported.
 #include "capture/engine.h"
 
 #include <gtest/gtest.h>
@@ -36,6 +37,19 @@ using testing_util::MessageHas;
   } while (0)
 
 const std::vector<int32_t> kPrompt = {3, 17, 101, 42, 42, 0, 127, 64};
+
+// Launchers return cudaGetLastError(), so an error a failed call left behind
+// would fail the next launch, however good; CudaStatus consumes it.
+TEST(CudaStatusTest, AFailedCallsErrorDoesNotReachTheNextLaunch) {
+  SKIP_WITHOUT_DEVICE();
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, size_t{1} << 62);  // 4 EiB: no device has it
+  ASSERT_EQ(err, cudaErrorMemoryAllocation);
+  const absl::Status status = CudaStatus(err, "a test allocation");
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(MessageHas(status, "a test allocation")) << status;
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
 
 double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
   double err = 0;

@@ -252,6 +252,42 @@ TEST(MoeMathTest, TopKEqualsReferenceOnRandomAndTiedInputs) {
   }
 }
 
+// NaN probabilities (a model whose logits overflow) must still leave the order
+// total: the router kernel's warp argmax butterflies lanes against idle lanes'
+// (-inf, INT32_MAX) and indexes its shared arrays with the winner.
+TEST(MoeMathTest, TopKOrderStaysTotalWithNaN) {
+  const float nan = std::nanf("");
+  EXPECT_TRUE(topk_precedes(nan, 3, -INFINITY, INT32_MAX));
+  EXPECT_FALSE(topk_precedes(-INFINITY, INT32_MAX, nan, 3));
+  EXPECT_TRUE(topk_precedes(0.0f, 5, nan, 1));
+  EXPECT_NE(topk_precedes(nan, 1, nan, 2), topk_precedes(nan, 2, nan, 1));
+  // The kernel's butterfly over 32 lanes, lanes 0..n-1 holding (probs[i], i).
+  const float probs[] = {nan, 0.25f, nan, 0.75f, nan};
+  const int32_t n = 5;
+  float value[32];
+  int32_t index[32];
+  for (int lane = 0; lane < 32; ++lane) {
+    value[lane] = lane < n ? probs[lane] : -INFINITY;
+    index[lane] = lane < n ? lane : INT32_MAX;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    float next_value[32];
+    int32_t next_index[32];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int other = lane ^ offset;
+      const bool take = topk_precedes(value[other], index[other], value[lane], index[lane]);
+      next_value[lane] = take ? value[other] : value[lane];
+      next_index[lane] = take ? index[other] : index[lane];
+    }
+    std::copy(next_value, next_value + 32, value);
+    std::copy(next_index, next_index + 32, index);
+  }
+  for (int lane = 0; lane < 32; ++lane) EXPECT_EQ(index[lane], 3) << "lane " << lane;
+  int32_t chosen[n];
+  select_topk(probs, n, n, chosen);
+  EXPECT_EQ(std::vector<int32_t>(chosen, chosen + n), (std::vector<int32_t>{3, 1, 0, 2, 4}));
+}
+
 TEST(MoeMathTest, TopKWeightsRenormalise) {
   const float probs[] = {0.1f, 0.4f, 0.2f, 0.3f};
   const int32_t chosen[] = {1, 3};

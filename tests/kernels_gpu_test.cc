@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/moe_math.h"
 #include "kernels/sample_math.h"
 #include "loader/ggml_type.h"
 #include "loader/model_config.h"
@@ -295,6 +296,37 @@ TEST_F(KernelsGpuTest, RouterTopKMatchesReference) {
       }
     }
   }
+}
+
+// A NaN logit makes every probability NaN (the f64 sum is NaN). The router must
+// still pick k distinct valid experts, as select_topk does, and sampling must
+// give sample_token's -1 instead of leaving a stale token.
+TEST_F(KernelsGpuTest, NaNLogitsGiveTheHostDecision) {
+  std::mt19937 rng(13);
+  const int32_t n_expert = 60, k = 4;
+  std::vector<float> logits = Gaussian(rng, n_expert);
+  logits[17] = NAN;
+  DeviceArray<float> d_logits(logits), d_weights(k);
+  DeviceArray<int32_t> d_experts(k);
+  ASSERT_EQ(launch_router_topk(d_logits.get(), n_expert, k, true, d_experts.get(),
+                               d_weights.get(), stream_),
+            cudaSuccess);
+  Sync();
+  std::vector<float> probs(n_expert);
+  router_softmax(logits.data(), n_expert, probs.data());
+  std::vector<int32_t> expected(k);
+  select_topk(probs.data(), n_expert, k, expected.data());
+  EXPECT_EQ(d_experts.Download(), expected);
+
+  const std::vector<float> nan_logits(1000, NAN);
+  DeviceArray<float> d_nan_logits(nan_logits);
+  DeviceArray<int32_t> d_step(std::vector<int32_t>{0}), d_token(std::vector<int32_t>{7});
+  ASSERT_EQ(launch_sample(d_nan_logits.get(), 1000, 0.7f, 0.9f, 1, d_step.get(), d_token.get(),
+                          stream_),
+            cudaSuccess);
+  Sync();
+  EXPECT_EQ(d_token.Download()[0], sample_token(nan_logits.data(), 1000, 0.7f, 0.9f, 0.5f));
+  EXPECT_EQ(d_token.Download()[0], -1);
 }
 
 // Residency state on the host (for residency_step) and its copy on the device.
@@ -641,6 +673,10 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   EXPECT_EQ(launch_rope(d_x.get(), 2, 63, d_i.get(), 1e4f, 0, stream_), cudaErrorInvalidValue);
   EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 6, 4, 64, 16, 1.0f,
                                     d_x.get(), d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  // 65536 splits of 128 positions: past CUDA's gridDim.y limit.
+  EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 4, 4, 64,
+                                    65536 * 128, 1.0f, d_x.get(), d_x.get(), stream_),
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_router_topk(d_x.get(), 8, 9, true, d_i.get(), d_x.get(), stream_),
             cudaErrorInvalidValue);
