@@ -9,7 +9,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "loader/status_util.h"
-#include "residency/simulator.h"
 
 namespace moegraph {
 namespace {
@@ -119,9 +118,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   Door<bool> graph{true};
   Door<bool> moe_cache{true};
   Door<ResidencyMode> residency{ResidencyMode::kDevice};
-  // slru, not the simulator's kDefaultPolicy: that may name a policy (hazard)
-  // the device residency step does not run.
-  Door<DoorPolicy> policy{DoorPolicy::kSlru};
+  Door<ResidencyPolicy> policy{kDefaultResidencyPolicy};
   Door<double> protected_frac{kDefaultProtectedFrac};
   Door<bool> split_passes{true};
   Door<bool> resident{false};
@@ -156,11 +153,8 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
          kResidencyVar, *text);
   }
   if (const std::optional<std::string> text = env(kPolicyVar); text.has_value()) {
-    if (*text != "slru" && *text != "lru") {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s='%s' must be slru or lru", Av(kPolicyVar), *text));
-    }
-    take(policy, *text == "lru" ? DoorPolicy::kLru : DoorPolicy::kSlru, kPolicyVar, *text);
+    MG_ASSIGN_OR_RETURN(const ResidencyPolicy parsed, ParseResidencyPolicy(*text, kPolicyVar));
+    take(policy, parsed, kPolicyVar, *text);
   }
   if (const std::optional<std::string> text = env(kProtectedFracVar); text.has_value()) {
     double frac = 0;
@@ -236,7 +230,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
       absl::StrFormat("%s=%s (%s)", Av(kResidencyVar),
                       d.residency == ResidencyMode::kHost ? "host" : "device",
                       Av(SourceName(residency.source))),
-      absl::StrFormat("%s=%s (%s)", Av(kPolicyVar), d.policy == DoorPolicy::kLru ? "lru" : "slru",
+      absl::StrFormat("%s=%s (%s)", Av(kPolicyVar), Av(PolicyName(d.policy)),
                       Av(SourceName(policy.source))),
       absl::StrFormat("%s=%.2f (%s)", Av(kProtectedFracVar), d.protected_frac,
                       Av(SourceName(protected_frac.source))),

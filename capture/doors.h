@@ -5,7 +5,7 @@
 //   MOEGRAPH_GRAPH=0          eager walk (same launches, no graph)
 //   MOEGRAPH_MOE_CACHE=0      stage every selected expert every step (no residency)
 //   MOEGRAPH_RESIDENCY=host   host-readback arm: sync after the router, host policy
-//   MOEGRAPH_POLICY=slru|lru  the residency policy
+//   MOEGRAPH_POLICY=hazard|slru|lru  the residency policy
 //   MOEGRAPH_PROTECTED_FRAC   slru's protected share of the slots, in [0, 1)
 //   MOEGRAPH_SPLIT_PASSES=0   one expert pass over all ranks after the copies join
 #pragma once
@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "residency/policy_cache.h"
 
 namespace moegraph {
 
@@ -27,20 +28,19 @@ std::string_view ArmName(Arm arm);  // "resident" | "graph" | "eager" | "host" |
 absl::StatusOr<Arm> ParseArm(std::string_view text);
 
 enum class ResidencyMode { kDevice, kHost };
-enum class DoorPolicy { kLru, kSlru };
 
 struct Doors {
   bool graph = true;       // MOEGRAPH_GRAPH
   bool moe_cache = true;   // MOEGRAPH_MOE_CACHE
   ResidencyMode residency = ResidencyMode::kDevice;  // MOEGRAPH_RESIDENCY
-  DoorPolicy policy = DoorPolicy::kSlru;             // MOEGRAPH_POLICY
-  double protected_frac = 0.8;                       // MOEGRAPH_PROTECTED_FRAC
+  ResidencyPolicy policy = kDefaultResidencyPolicy;  // MOEGRAPH_POLICY
+  double protected_frac = kDefaultProtectedFrac;     // MOEGRAPH_PROTECTED_FRAC
   bool split_passes = true;                          // MOEGRAPH_SPLIT_PASSES
   bool resident = false;   // every expert on the device (--arm resident only)
 
   // The share of slots the policy protects: protected_frac for slru, 0 for lru.
   double effective_protected_frac() const {
-    return policy == DoorPolicy::kSlru ? protected_frac : 0.0;
+    return policy == ResidencyPolicy::kSlru ? protected_frac : 0.0;
   }
 };
 

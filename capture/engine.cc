@@ -200,16 +200,42 @@ struct LayerExperts {
   float* v_cache = nullptr;
 };
 
+// The device copy of a policy's state arrays, field for field a
+// ResidencySnapshot's (an array the policy does not keep stays unallocated),
+// plus the hazard table's costs, which the step rebuilds from the counts.
+struct DevicePolicyState {
+  CudaBuffer table, owner, stamp, seg, n_protected, clock, last_visit, frequency, visits,
+      cell_hits, cell_trials, cell_cost;
+};
+
+// Calls fn(host array, device buffer, what) for every array of a snapshot.
+template <typename Fn>
+absl::Status ForEachStateArray(ResidencySnapshot& host, DevicePolicyState& device, Fn&& fn) {
+  MG_RETURN_IF_ERROR(fn(host.table, device.table, "the slot table"));
+  MG_RETURN_IF_ERROR(fn(host.owner, device.owner, "the slot owners"));
+  MG_RETURN_IF_ERROR(fn(host.stamp, device.stamp, "the slot stamps"));
+  MG_RETURN_IF_ERROR(fn(host.seg, device.seg, "the slot segments"));
+  MG_RETURN_IF_ERROR(fn(host.n_protected, device.n_protected, "the pool counts"));
+  MG_RETURN_IF_ERROR(fn(host.clock, device.clock, "the pool clocks"));
+  MG_RETURN_IF_ERROR(fn(host.last_visit, device.last_visit, "the keys' last visits"));
+  MG_RETURN_IF_ERROR(fn(host.frequency, device.frequency, "the keys' frequencies"));
+  MG_RETURN_IF_ERROR(fn(host.visits, device.visits, "the layers' visits"));
+  MG_RETURN_IF_ERROR(fn(host.cell_hits, device.cell_hits, "the hazard cell hits"));
+  return fn(host.cell_trials, device.cell_trials, "the hazard cell trials");
+}
+
 struct DevicePool {
   SlotPoolInfo info;
   DeviceBlockLayout layout;
   CudaBuffer slots;
   // Policy arms only.
-  CudaBuffer table, owner, stamp, seg, n_protected, clock;
-  std::vector<ResidencyPool> pools;  // device pointers
+  DevicePolicyState policy_state;
+  std::vector<ResidencyPool> pools;      // lru, slru: device pointers
+  std::vector<HazardPool> hazard_pools;  // hazard
   std::vector<int32_t> pool_of_local_layer;
   ResidencyState state{};
-  std::optional<ResidencyCache> host_cache;  // the host arm's policy state
+  HazardState hazard{};
+  std::optional<PolicyCache> host_cache;  // the host arm's policy state
 };
 
 }  // namespace
@@ -532,9 +558,9 @@ absl::Status CudaEngine::Impl::PlanPools(uint64_t free_bytes, uint64_t dense, ui
       config.n_expert = n_expert;
       config.k = top_k;
       config.n_slots = split[c];
-      config.protected_frac = options.doors.effective_protected_frac();
+      config.protected_frac = options.doors.protected_frac;
       config.pool_mode = options.pool_mode;
-      MG_ASSIGN_OR_RETURN(ResidencyCache cache, ResidencyCache::Create(config));
+      MG_ASSIGN_OR_RETURN(PolicyCache cache, PolicyCache::Create(options.doors.policy, config));
       pool.info.n_slots = cache.config().n_slots;
       pool.host_cache.emplace(std::move(cache));
     }
@@ -559,37 +585,36 @@ absl::Status CudaEngine::Impl::AllocatePools() {
     }
     if (slot_mode != SlotMode::kDevicePolicy) continue;
     // The device policy state starts as the host cache's initial arrays.
-    const ResidencyCache& cache = *pool.host_cache;
-    const size_t n_pools = cache.pools().size();
-    MG_ASSIGN_OR_RETURN(pool.table, CudaBuffer::Device(cache.table().size() * 4, "slot table"));
-    MG_ASSIGN_OR_RETURN(pool.owner, CudaBuffer::Device(cache.owner().size() * 4, "slot owners"));
-    MG_ASSIGN_OR_RETURN(pool.stamp, CudaBuffer::Device(cache.stamp().size() * 8, "slot stamps"));
-    MG_ASSIGN_OR_RETURN(pool.seg, CudaBuffer::Device(cache.seg().size(), "slot segments"));
-    MG_ASSIGN_OR_RETURN(pool.n_protected, CudaBuffer::Device(n_pools * 4, "pool counts"));
-    MG_ASSIGN_OR_RETURN(pool.clock, CudaBuffer::Device(n_pools * 8, "pool clocks"));
-    MG_RETURN_IF_ERROR(Upload(pool.table.as<void>(), cache.table().data(), cache.table().size() * 4,
-                              "slot table"));
-    MG_RETURN_IF_ERROR(Upload(pool.owner.as<void>(), cache.owner().data(), cache.owner().size() * 4,
-                              "slot owners"));
-    MG_RETURN_IF_ERROR(Upload(pool.stamp.as<void>(), cache.stamp().data(), cache.stamp().size() * 8,
-                              "slot stamps"));
-    MG_RETURN_IF_ERROR(
-        Upload(pool.seg.as<void>(), cache.seg().data(), cache.seg().size(), "slot segments"));
-    std::vector<int32_t> n_protected;
-    std::vector<uint64_t> clock;
-    for (const ResidencyPool& p : cache.pools()) {
-      n_protected.push_back(*p.n_protected);
-      clock.push_back(*p.clock);
-    }
-    MG_RETURN_IF_ERROR(
-        Upload(pool.n_protected.as<void>(), n_protected.data(), n_pools * 4, "pool counts"));
-    MG_RETURN_IF_ERROR(Upload(pool.clock.as<void>(), clock.data(), n_pools * 8, "pool clocks"));
-    pool.state = {pool.table.as<int32_t>(), pool.owner.as<int32_t>(), pool.stamp.as<uint64_t>(),
-                  pool.seg.as<uint8_t>(), cfg.n_expert};
-    for (size_t i = 0; i < n_pools; ++i) {
-      const ResidencyPool& p = cache.pools()[i];
-      pool.pools.push_back({p.slot_begin, p.n_slots, p.protected_cap,
-                            pool.n_protected.as<int32_t>() + i, pool.clock.as<uint64_t>() + i});
+    const PolicyCache& cache = *pool.host_cache;
+    ResidencySnapshot initial = cache.Snapshot();
+    DevicePolicyState& d = pool.policy_state;
+    MG_RETURN_IF_ERROR(ForEachStateArray(
+        initial, d, [&](const auto& host, CudaBuffer& buffer, std::string_view what) {
+          if (host.empty()) return absl::OkStatus();
+          const size_t bytes = host.size() * sizeof(host[0]);
+          MG_ASSIGN_OR_RETURN(buffer, CudaBuffer::Device(bytes, what));
+          return Upload(buffer.as<void>(), host.data(), bytes, what);
+        }));
+    if (const ResidencyCache* slru = cache.slru_cache()) {
+      pool.state = {d.table.as<int32_t>(), d.owner.as<int32_t>(), d.stamp.as<uint64_t>(),
+                    d.seg.as<uint8_t>(), cfg.n_expert};
+      for (size_t i = 0; i < slru->pools().size(); ++i) {
+        const ResidencyPool& p = slru->pools()[i];
+        pool.pools.push_back({p.slot_begin, p.n_slots, p.protected_cap,
+                              d.n_protected.as<int32_t>() + i, d.clock.as<uint64_t>() + i});
+      }
+    } else if (const HazardCache* hazard = cache.hazard_cache()) {
+      const std::vector<float>& cost = hazard->cell_cost();
+      MG_ASSIGN_OR_RETURN(d.cell_cost, CudaBuffer::Device(cost.size() * 4, "the hazard costs"));
+      MG_RETURN_IF_ERROR(
+          Upload(d.cell_cost.as<void>(), cost.data(), cost.size() * 4, "the hazard costs"));
+      pool.hazard = {d.table.as<int32_t>(),      d.owner.as<int32_t>(),
+                     d.last_visit.as<int32_t>(), d.frequency.as<uint32_t>(),
+                     d.visits.as<int32_t>(),     d.cell_hits.as<uint32_t>(),
+                     d.cell_trials.as<uint32_t>(), d.cell_cost.as<float>(),
+                     cache.config().n_layer,     cfg.n_expert,
+                     cfg.n_expert_used};
+      pool.hazard_pools = hazard->pools();
     }
     for (size_t i = 0; i < pool.info.layers.size(); ++i) {
       pool.pool_of_local_layer.push_back(cache.pool_of_layer(static_cast<int32_t>(i)));
@@ -870,9 +895,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
                             sizeof(float);
   banner = absl::StrFormat("backend cuda: %s (%.1f GiB), arm %s, %s%s, steps per launch %d",
                            prop.name, total_bytes / 1073741824.0, Av(ArmName(arm)),
-                           d.policy == DoorPolicy::kLru
-                               ? std::string("lru")
-                               : absl::StrFormat("slru (protected %.2f)", d.protected_frac),
+                           DescribePolicy(d.policy, d.protected_frac),
                            d.split_passes ? "" : ", one expert pass", options.steps_per_launch);
   MG_RETURN_IF_ERROR(
       PlanPools(free_bytes, DenseBytes(m), kv_bytes,
@@ -1030,8 +1053,17 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
                                     e->weights, ms);
       };
     case StepOp::kResidencyStep: {
-      const ResidencyPool rp = pool->pools[static_cast<size_t>(
-          pool->pool_of_local_layer[static_cast<size_t>(e->local_layer)])];
+      const size_t pool_index =
+          static_cast<size_t>(pool->pool_of_local_layer[static_cast<size_t>(e->local_layer)]);
+      if (options.doors.policy == ResidencyPolicy::kHazard) {
+        const HazardPool hp = pool->hazard_pools[pool_index];
+        return [=, this] {
+          return launch_hazard_step(pool->hazard, hp, e->local_layer, e->selection, top_k,
+                                    e->selected_keys, e->slot_of_rank, e->missed, e->evicted,
+                                    counters, ms);
+        };
+      }
+      const ResidencyPool rp = pool->pools[pool_index];
       return [=, this] {
         return launch_residency_step(pool->state, rp, e->local_layer, e->selection, top_k,
                                      e->selected_keys, e->slot_of_rank, e->missed, e->evicted,
@@ -1312,41 +1344,18 @@ absl::StatusOr<ResidencySnapshot> CudaEngine::ReadResidency(int size_class) {
         absl::StrFormat("size class %d of %d", size_class, s.pools.size()));
   }
   DevicePool& pool = s.pools[static_cast<size_t>(size_class)];
-  ResidencySnapshot out;
-  if (pool.host_cache.has_value()) {
-    const ResidencyCache& cache = *pool.host_cache;
-    out.table = cache.table();
-    out.owner = cache.owner();
-    out.stamp = cache.stamp();
-    out.seg = cache.seg();
-    for (const ResidencyPool& p : cache.pools()) {
-      out.n_protected.push_back(*p.n_protected);
-      out.clock.push_back(*p.clock);
-    }
-    return out;
-  }
+  if (pool.host_cache.has_value()) return pool.host_cache->Snapshot();
   if (s.slot_mode != SlotMode::kDevicePolicy) {
     return absl::FailedPreconditionError(
         absl::StrFormat("the %s arm keeps no residency state", Av(ArmName(s.arm))));
   }
-  out.table.resize(pool.table.bytes() / 4);
-  out.owner.resize(pool.owner.bytes() / 4);
-  out.stamp.resize(pool.stamp.bytes() / 8);
-  out.seg.resize(pool.seg.bytes());
-  out.n_protected.resize(pool.pools.size());
-  out.clock.resize(pool.pools.size());
-  MG_RETURN_IF_ERROR(
-      s.Download(out.table.data(), pool.table.as<void>(), pool.table.bytes(), "the slot table"));
-  MG_RETURN_IF_ERROR(
-      s.Download(out.owner.data(), pool.owner.as<void>(), pool.owner.bytes(), "the slot owners"));
-  MG_RETURN_IF_ERROR(
-      s.Download(out.stamp.data(), pool.stamp.as<void>(), pool.stamp.bytes(), "the slot stamps"));
-  MG_RETURN_IF_ERROR(
-      s.Download(out.seg.data(), pool.seg.as<void>(), pool.seg.bytes(), "the slot segments"));
-  MG_RETURN_IF_ERROR(s.Download(out.n_protected.data(), pool.n_protected.as<void>(),
-                                out.n_protected.size() * 4, "the pool counts"));
-  MG_RETURN_IF_ERROR(
-      s.Download(out.clock.data(), pool.clock.as<void>(), out.clock.size() * 8, "the pool clocks"));
+  ResidencySnapshot out;
+  MG_RETURN_IF_ERROR(ForEachStateArray(
+      out, pool.policy_state, [&](auto& host, const CudaBuffer& buffer, std::string_view what) {
+        if (buffer.as<void>() == nullptr) return absl::OkStatus();
+        host.resize(buffer.bytes() / sizeof(host[0]));
+        return s.Download(host.data(), buffer.as<void>(), buffer.bytes(), what);
+      }));
   return out;
 }
 

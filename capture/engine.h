@@ -27,6 +27,7 @@
 #include "reference/cpu_backend.h"
 #include "reference/oracle.h"
 #include "residency/cache.h"
+#include "residency/policy_cache.h"
 
 namespace moegraph {
 
@@ -60,17 +61,6 @@ struct CudaEngineOptions {
   // many steps, copied to the host once by ReadRoutingRecord.
   int64_t routing_record_steps = 0;
   uint64_t rail_bytes = uint64_t{512} << 20;  // GPU memory the budget leaves free
-};
-
-// The residency state of one size class's pool, as the device holds it (or the
-// host cache, in the host arm).
-struct ResidencySnapshot {
-  std::vector<int32_t> table;
-  std::vector<int32_t> owner;
-  std::vector<uint64_t> stamp;
-  std::vector<uint8_t> seg;
-  std::vector<int32_t> n_protected;  // per pool
-  std::vector<uint64_t> clock;       // per pool
 };
 
 class CudaEngine {
@@ -113,7 +103,8 @@ class CudaEngine {
   // computed expert was staged; resident: every computed expert was a hit.
   absl::StatusOr<EngineCounters> ReadCounters();
   const HostCounters& host_counters() const;
-  // A size class's residency state; an error in the resident and stage arms.
+  // A size class's residency state (the device's arrays, or the host arm's
+  // cache); an error in the resident and stage arms.
   absl::StatusOr<ResidencySnapshot> ReadResidency(int size_class);
 
   Arm arm() const;

@@ -6,24 +6,11 @@
 
 namespace moegraph {
 
-ResidencySnapshot SnapshotOf(const ResidencyCache& cache) {
-  ResidencySnapshot out;
-  out.table = cache.table();
-  out.owner = cache.owner();
-  out.stamp = cache.stamp();
-  out.seg = cache.seg();
-  for (const ResidencyPool& pool : cache.pools()) {
-    out.n_protected.push_back(*pool.n_protected);
-    out.clock.push_back(*pool.clock);
-  }
-  return out;
-}
-
-absl::StatusOr<ResidencySnapshot> ReplayRouting(const CacheConfig& config,
+absl::StatusOr<ResidencySnapshot> ReplayRouting(ResidencyPolicy policy, const CacheConfig& config,
                                                 const std::vector<int>& class_layers, int n_layer,
                                                 const std::vector<int32_t>& routing, uint64_t* hits,
                                                 uint64_t* misses) {
-  MG_ASSIGN_OR_RETURN(ResidencyCache cache, ResidencyCache::Create(config));
+  MG_ASSIGN_OR_RETURN(PolicyCache cache, PolicyCache::Create(policy, config));
   std::vector<int32_t> local(static_cast<size_t>(n_layer), -1);
   for (size_t i = 0; i < class_layers.size(); ++i) {
     local[static_cast<size_t>(class_layers[i])] = static_cast<int32_t>(i);
@@ -42,7 +29,7 @@ absl::StatusOr<ResidencySnapshot> ReplayRouting(const CacheConfig& config,
     *hits += static_cast<uint64_t>(step.outcome.n_hits);
     *misses += static_cast<uint64_t>(step.outcome.n_misses);
   }
-  return SnapshotOf(cache);
+  return cache.Snapshot();
 }
 
 }  // namespace moegraph

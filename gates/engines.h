@@ -17,6 +17,7 @@
 #include "loader/model_config.h"
 #include "reference/cpu_backend.h"
 #include "residency/cache.h"
+#include "residency/policy_cache.h"
 
 namespace moegraph {
 
@@ -67,13 +68,10 @@ EngineFactory CpuEngineFactory();
 // them, so the models must outlive it (the engines keep their store alive).
 EngineFactory CudaEngineFactory();
 
-// The state arrays of a host cache, as ReadResidency returns the device's.
-ResidencySnapshot SnapshotOf(const ResidencyCache& cache);
-
-// The residency state of size class `size_class` after a fresh ResidencyCache of
+// The residency state of a size class after a fresh PolicyCache of `policy` and
 // `config` is fed that class's rows of `routing` (layers renumbered 0.. within
 // the class, as the engines key them). Also adds the replay's hits and misses.
-absl::StatusOr<ResidencySnapshot> ReplayRouting(const CacheConfig& config,
+absl::StatusOr<ResidencySnapshot> ReplayRouting(ResidencyPolicy policy, const CacheConfig& config,
                                                 const std::vector<int>& class_layers, int n_layer,
                                                 const std::vector<int32_t>& routing, uint64_t* hits,
                                                 uint64_t* misses);

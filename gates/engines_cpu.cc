@@ -50,12 +50,12 @@ class CpuGateEngine final : public GateEngine {
       return absl::OutOfRangeError(
           absl::StrFormat("size class %d of %d", size_class, backend_->pools().size()));
     }
-    const ResidencyCache* cache = backend_->cache(size_class);
+    const PolicyCache* cache = backend_->cache(size_class);
     if (cache == nullptr) {
       return absl::FailedPreconditionError(
           "backend cpu: no residency state with the cache off (MOEGRAPH_MOE_CACHE=0)");
     }
-    return SnapshotOf(*cache);
+    return cache->Snapshot();
   }
 
  private:
@@ -68,7 +68,7 @@ CpuBackendOptions OptionsOf(const ArmSpec& spec) {
   CpuBackendOptions options;
   options.max_ctx = spec.max_ctx;
   options.n_slots = spec.doors.resident ? 0 : spec.n_slots;
-  options.policy = spec.doors.policy == DoorPolicy::kLru ? CachePolicy::kLru : CachePolicy::kSlru;
+  options.policy = spec.doors.policy;
   options.protected_frac = spec.doors.protected_frac;
   options.cache = spec.doors.moe_cache;
   return options;

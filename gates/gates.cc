@@ -193,9 +193,11 @@ absl::StatusOr<GateResult> GraphEagerIdentity(GateContext& context) {
 
 // ---- policy-simulation ----
 
-absl::StatusOr<GateResult> PolicySimulation(GateContext& context) {
+// One policy's run: the engine's residency state against a fresh replay of the
+// routing it recorded. Returns the detail for the PASS line.
+absl::StatusOr<std::string> SimulatePolicy(GateContext& context, const Doors& doors) {
   const Model& model = *context.model.model;
-  MG_ASSIGN_OR_RETURN(const Doors doors, DoorsFromEnv({}));
+  const std::string arm = absl::StrCat("MOEGRAPH_POLICY=", Av(PolicyName(doors.policy)));
   const Workload first{PromptOf(model, 3), 24, LogitRows::kNone};
   const Workload second{PromptOf(model, 4), 16, LogitRows::kNone};
   ArmSpec spec = SpecOf(context, doors, kPromptLength + 24);
@@ -207,12 +209,13 @@ absl::StatusOr<GateResult> PolicySimulation(GateContext& context) {
   MG_RETURN_IF_ERROR(engine->Decode(second.prompt, second.n_predict, second.rows).status());
   MG_ASSIGN_OR_RETURN(const CounterSnapshot after, engine->Snapshot());
   MG_ASSIGN_OR_RETURN(const CounterValues delta, Delta(before, after));
-  MG_RETURN_IF_ERROR(ExpectMoved(delta, Counter::kEvictions, "default"));
+  MG_RETURN_IF_ERROR(ExpectMoved(delta, Counter::kEvictions, arm));
 
   const std::vector<int32_t>& routing = engine->routing();
   if (routing.size() != delta[Counter::kSteps] * SelectedPerStep(model)) {
-    return Fail(absl::StrFormat("the engine recorded %d routed ids for %d steps of %d",
-                                routing.size(), delta[Counter::kSteps], SelectedPerStep(model)));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s: the engine recorded %d routed ids for %d steps of %d", arm,
+                        routing.size(), delta[Counter::kSteps], SelectedPerStep(model)));
   }
   uint64_t hits = 0;
   uint64_t misses = 0;
@@ -223,22 +226,33 @@ absl::StatusOr<GateResult> PolicySimulation(GateContext& context) {
     config.n_expert = model.config.n_expert;
     config.k = model.config.n_expert_used;
     config.n_slots = pools[c].n_slots;
-    config.protected_frac = doors.effective_protected_frac();
+    config.protected_frac = doors.protected_frac;
     config.pool_mode = PoolMode::kGlobal;
-    MG_ASSIGN_OR_RETURN(
-        const ResidencySnapshot replay,
-        ReplayRouting(config, pools[c].layers, model.config.n_layer, routing, &hits, &misses));
+    MG_ASSIGN_OR_RETURN(const ResidencySnapshot replay,
+                        ReplayRouting(doors.policy, config, pools[c].layers,
+                                      model.config.n_layer, routing, &hits, &misses));
     MG_ASSIGN_OR_RETURN(const ResidencySnapshot state, engine->Residency(static_cast<int>(c)));
     if (absl::Status same = CompareResidency(state, replay); !same.ok()) {
-      return Fail(absl::StrFormat("size class %d: %s", c, same.message()));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s, size class %d: %s", arm, c, same.message()));
     }
   }
-  MG_RETURN_IF_ERROR(ExpectEq(delta, Counter::kHits, hits, "default (the replay's hits)"));
-  MG_RETURN_IF_ERROR(ExpectEq(delta, Counter::kMisses, misses, "default (the replay's misses)"));
-  return Pass(absl::StrFormat(
-      "%d size class(es): table, owner, stamp, seg, n_protected and clock equal a fresh "
-      "replay of %d recorded steps (%d hits, %d misses, %d evictions)",
-      pools.size(), delta[Counter::kSteps], hits, misses, delta[Counter::kEvictions]));
+  MG_RETURN_IF_ERROR(ExpectEq(delta, Counter::kHits, hits, arm + " (the replay's hits)"));
+  MG_RETURN_IF_ERROR(ExpectEq(delta, Counter::kMisses, misses, arm + " (the replay's misses)"));
+  return absl::StrFormat("%s: %d steps, %d hits, %d misses, %d evictions", PolicyName(doors.policy),
+                         delta[Counter::kSteps], hits, misses, delta[Counter::kEvictions]);
+}
+
+absl::StatusOr<GateResult> PolicySimulation(GateContext& context) {
+  std::vector<std::string> details;
+  for (const std::string_view policy : {"hazard", "slru"}) {
+    MG_ASSIGN_OR_RETURN(const Doors doors, DoorsFromEnv({{"MOEGRAPH_POLICY", std::string(policy)}}));
+    MG_ASSIGN_OR_RETURN(std::string detail, SimulatePolicy(context, doors));
+    details.push_back(std::move(detail));
+  }
+  return Pass(absl::StrCat("every size class's state arrays equal a fresh replay of the "
+                           "recorded routing; ",
+                           absl::StrJoin(details, "; ")));
 }
 
 // ---- readback-count ----
@@ -276,29 +290,34 @@ absl::StatusOr<GateResult> ReadbackCount(GateContext& context) {
 
 // ---- door-engagement ----
 
-// The protected slots over every size class's pool, against the cap
-// floor(slots * frac) of a protected share.
-struct ProtectedCount {
-  int64_t total = 0;
+// What a policy left in every size class's residency state: slru's protected
+// slots against the cap floor(slots * frac) of a protected share, and the
+// hazard table's observations.
+struct PolicyTally {
+  int64_t protected_slots = 0;
   bool any_protected_seg = false;
-  bool within_cap = true;  // every pool at most floor(its slots * frac)
-  bool above_cap = false;  // some pool above it
+  bool any_slru_state = false;  // stamps or segments kept
+  bool within_cap = true;       // every pool at most floor(its slots * frac)
+  bool above_cap = false;       // some pool above it
+  uint64_t hazard_trials = 0;
 };
 
-absl::StatusOr<ProtectedCount> CountProtected(GateEngine& engine, double frac) {
-  ProtectedCount out;
+absl::StatusOr<PolicyTally> TallyPolicy(GateEngine& engine, double frac) {
+  PolicyTally out;
   for (size_t c = 0; c < engine.pools().size(); ++c) {
     MG_ASSIGN_OR_RETURN(const ResidencySnapshot state, engine.Residency(static_cast<int>(c)));
     const int64_t cap =
         static_cast<int64_t>(std::floor(engine.pools()[c].n_slots * frac));  // one global pool
     for (const int32_t n : state.n_protected) {
-      out.total += n;
+      out.protected_slots += n;
       out.within_cap = out.within_cap && n <= cap;
       out.above_cap = out.above_cap || n > cap;
     }
     out.any_protected_seg =
         out.any_protected_seg ||
         std::any_of(state.seg.begin(), state.seg.end(), [](uint8_t seg) { return seg != 0; });
+    out.any_slru_state = out.any_slru_state || !state.stamp.empty() || !state.seg.empty();
+    for (const uint32_t trials : state.cell_trials) out.hazard_trials += trials;
   }
   return out;
 }
@@ -312,8 +331,10 @@ absl::StatusOr<GateResult> DoorEngagement(GateContext& context) {
   const std::string frac_text = absl::StrFormat("%.2f", kDoorFrac);
   MG_ASSIGN_OR_RETURN(const Doors defaults, DoorsFromEnv({}));
   MG_ASSIGN_OR_RETURN(const Doors stage, DoorsFromEnv({{"MOEGRAPH_MOE_CACHE", "0"}}));
+  MG_ASSIGN_OR_RETURN(const Doors slru, DoorsFromEnv({{"MOEGRAPH_POLICY", "slru"}}));
   MG_ASSIGN_OR_RETURN(const Doors lru, DoorsFromEnv({{"MOEGRAPH_POLICY", "lru"}}));
-  MG_ASSIGN_OR_RETURN(const Doors frac, DoorsFromEnv({{"MOEGRAPH_PROTECTED_FRAC", frac_text}}));
+  MG_ASSIGN_OR_RETURN(const Doors frac, DoorsFromEnv({{"MOEGRAPH_POLICY", "slru"},
+                                                      {"MOEGRAPH_PROTECTED_FRAC", frac_text}}));
   const bool cuda = context.backend == Backend::kCuda;
 
   MG_ASSIGN_OR_RETURN(ArmRun base,
@@ -337,43 +358,62 @@ absl::StatusOr<GateResult> DoorEngagement(GateContext& context) {
     return Fail("arm MOEGRAPH_MOE_CACHE=0: the engine reports a residency state");
   }
 
-  // MOEGRAPH_POLICY: slru protects slots (the residency state's n_protected), lru never does.
+  // MOEGRAPH_POLICY: hazard (the default) learns from every expert of every layer
+  // visit and keeps no stamps; slru protects slots, lru never does.
+  MG_ASSIGN_OR_RETURN(const ArmRun slru_run,
+                      RunArm(context, model, SpecOf(context, slru, max_ctx), work));
   MG_ASSIGN_OR_RETURN(const ArmRun lru_run,
                       RunArm(context, model, SpecOf(context, lru, max_ctx), work));
-  MG_ASSIGN_OR_RETURN(const ProtectedCount base_protected,
-                      CountProtected(*base.engine, defaults.protected_frac));
-  MG_ASSIGN_OR_RETURN(const ProtectedCount lru_protected, CountProtected(*lru_run.engine, 0.0));
-  if (base_protected.total == 0) return Fail("arm default (slru): no slot was ever protected");
-  if (lru_protected.total != 0 || lru_protected.any_protected_seg) {
+  MG_ASSIGN_OR_RETURN(const PolicyTally base_tally,
+                      TallyPolicy(*base.engine, defaults.protected_frac));
+  MG_ASSIGN_OR_RETURN(const PolicyTally slru_tally,
+                      TallyPolicy(*slru_run.engine, slru.protected_frac));
+  MG_ASSIGN_OR_RETURN(const PolicyTally lru_tally, TallyPolicy(*lru_run.engine, 0.0));
+  const uint64_t observations = base.delta[Counter::kSteps] *
+                                static_cast<uint64_t>(model.config.n_layer) *
+                                static_cast<uint64_t>(model.config.n_expert);
+  if (base_tally.hazard_trials != observations || base_tally.any_slru_state) {
+    return Fail(absl::StrFormat(
+        "arm default (hazard): %d cell observations and %s slru state; expected %d (steps x "
+        "layers x experts) and none",
+        base_tally.hazard_trials, base_tally.any_slru_state ? "some" : "no", observations));
+  }
+  if (slru_tally.protected_slots == 0 || slru_tally.hazard_trials != 0) {
+    return Fail(absl::StrFormat(
+        "arm MOEGRAPH_POLICY=slru: %d slots protected and %d cell observations; expected "
+        "some and none",
+        slru_tally.protected_slots, slru_tally.hazard_trials));
+  }
+  if (lru_tally.protected_slots != 0 || lru_tally.any_protected_seg) {
     return Fail(absl::StrFormat("arm MOEGRAPH_POLICY=lru: %d slots protected, expected none",
-                                lru_protected.total));
+                                lru_tally.protected_slots));
   }
 
-  // MOEGRAPH_PROTECTED_FRAC: a smaller share caps the protected slots below
+  // MOEGRAPH_PROTECTED_FRAC: a smaller share caps slru's protected slots below
   // what the default share reaches on the same routing.
   MG_ASSIGN_OR_RETURN(const ArmRun frac_run,
                       RunArm(context, model, SpecOf(context, frac, max_ctx), work));
-  MG_ASSIGN_OR_RETURN(const ProtectedCount frac_protected,
-                      CountProtected(*frac_run.engine, kDoorFrac));
-  MG_ASSIGN_OR_RETURN(const ProtectedCount base_at_frac, CountProtected(*base.engine, kDoorFrac));
-  if (!frac_protected.within_cap || frac_protected.total == 0) {
+  MG_ASSIGN_OR_RETURN(const PolicyTally frac_tally, TallyPolicy(*frac_run.engine, kDoorFrac));
+  MG_ASSIGN_OR_RETURN(const PolicyTally slru_at_frac, TallyPolicy(*slru_run.engine, kDoorFrac));
+  if (!frac_tally.within_cap || frac_tally.protected_slots == 0) {
     return Fail(absl::StrFormat(
         "arm MOEGRAPH_PROTECTED_FRAC=%s: %d slots protected, expected 1 .. floor(slots * %s)",
-        frac_text, frac_protected.total, frac_text));
+        frac_text, frac_tally.protected_slots, frac_text));
   }
-  if (!base_at_frac.above_cap) {
+  if (!slru_at_frac.above_cap) {
     return Fail(absl::StrFormat(
-        "arm default: %d slots protected, not above the %s cap, so the door shows nothing on "
-        "this workload",
-        base_protected.total, frac_text));
+        "arm MOEGRAPH_POLICY=slru: %d slots protected, not above the %s cap, so the door "
+        "shows nothing on this workload",
+        slru_tally.protected_slots, frac_text));
   }
   return Pass(absl::StrFormat(
       "MOEGRAPH_MOE_CACHE=0: 0 hits, 0 evictions, %d of %d staged (default: %d hits, %d "
-      "evictions); MOEGRAPH_POLICY=lru: 0 protected (slru: %d); MOEGRAPH_PROTECTED_FRAC=%s: %d "
-      "protected (0.80: %d)",
+      "evictions); MOEGRAPH_POLICY: hazard %d cell observations, slru %d protected, lru 0; "
+      "MOEGRAPH_PROTECTED_FRAC=%s: %d protected (%.2f: %d)",
       off.delta[Counter::kMisses], off.delta[Counter::kSteps] * SelectedPerStep(model),
-      base.delta[Counter::kHits], base.delta[Counter::kEvictions], base_protected.total, frac_text,
-      frac_protected.total, base_protected.total));
+      base.delta[Counter::kHits], base.delta[Counter::kEvictions], base_tally.hazard_trials,
+      slru_tally.protected_slots, frac_text, frac_tally.protected_slots, slru.protected_frac,
+      slru_tally.protected_slots));
 }
 
 // ---- door-engagement-cuda ----
@@ -600,7 +640,12 @@ absl::Status CompareResidency(const ResidencySnapshot& engine, const ResidencySn
   MG_RETURN_IF_ERROR(compare("stamp", engine.stamp, replay.stamp));
   MG_RETURN_IF_ERROR(compare("seg", engine.seg, replay.seg));
   MG_RETURN_IF_ERROR(compare("n_protected", engine.n_protected, replay.n_protected));
-  return compare("clock", engine.clock, replay.clock);
+  MG_RETURN_IF_ERROR(compare("clock", engine.clock, replay.clock));
+  MG_RETURN_IF_ERROR(compare("last_visit", engine.last_visit, replay.last_visit));
+  MG_RETURN_IF_ERROR(compare("frequency", engine.frequency, replay.frequency));
+  MG_RETURN_IF_ERROR(compare("visits", engine.visits, replay.visits));
+  MG_RETURN_IF_ERROR(compare("cell_hits", engine.cell_hits, replay.cell_hits));
+  return compare("cell_trials", engine.cell_trials, replay.cell_trials);
 }
 
 double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
@@ -625,8 +670,8 @@ std::vector<Gate> AllGates() {
                    "only on the graph arm, eager steps only on the eager arm",
                    true, Guarded(GraphEagerIdentity)});
   gates.push_back({"policy-simulation",
-                   "the engine's residency state equals a fresh ResidencyCache fed the routing "
-                   "the engine recorded",
+                   "for hazard and slru: the engine's residency state equals a fresh host "
+                   "cache of the policy fed the routing the engine recorded",
                    false, Guarded(PolicySimulation)});
   gates.push_back({"readback-count",
                    "host syncs per token: 1/S in graph mode (S = 1, 4), one per MoE layer plus "

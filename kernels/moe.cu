@@ -1,8 +1,8 @@
 // MoE kernels: router top-k, routing replay from a trace, the residency step,
 // slot assignment for the arms without a policy, the stage copy of missed
 // experts, the expert passes and the combine. Decisions come from
-// kernels/moe_math.h and residency/policy.h; this file holds the indexing and
-// launch geometry.
+// kernels/moe_math.h, residency/policy.h and residency/hazard_policy.h; this
+// file holds the indexing and launch geometry.
 //
 // Grids never depend on per-step values: the expert passes and the stage copy
 // launch a block row per rank (blockIdx.y = r) and a block whose rank is not in
@@ -195,6 +195,92 @@ __global__ void __launch_bounds__(kResidencyThreads)
   }
 }
 
+// One block. A thread per expert observes the visit, the table rebuild runs in
+// its phases (a thread per index), a thread per rank finds the hits, then each
+// miss in rank order takes the block's argmin of hazard_victim_rank.
+__global__ void __launch_bounds__(kResidencyThreads)
+    hazard_step_kernel(HazardState s, HazardPool pool, int32_t layer,
+                       const int32_t* __restrict__ experts, int32_t k,
+                       int32_t* __restrict__ selected_keys, int32_t* __restrict__ slot_of_rank,
+                       uint8_t* __restrict__ missed, int32_t* __restrict__ evicted_keys,
+                       DeviceCounters* counters) {
+  __shared__ int32_t keys[kMaxTopK];
+  __shared__ uint8_t rank_missed[kMaxTopK];
+  __shared__ StepOutcome outcome;
+  __shared__ unsigned long long rank_scratch[32];
+  __shared__ int32_t slot_scratch[32];
+  const int tid = threadIdx.x;
+  for (int32_t r = tid; r < k; r += blockDim.x) {
+    keys[r] = residency_key(layer, experts[r], s.n_expert);
+    selected_keys[r] = keys[r];
+  }
+  if (tid == 0) outcome = {0, 0, 0};
+  __syncthreads();
+
+  // Observe: every expert of the layer counts in its cell before its update.
+  for (int32_t e = tid; e < s.n_expert; e += blockDim.x) {
+    const int32_t key = residency_key(layer, e, s.n_expert);
+    const bool selected = key_in_selection(key, keys, k);
+    const int32_t cell = hazard_observe_key(s, key, selected);
+    atomicAdd(&s.cell_trials[cell], 1u);
+    if (selected) atomicAdd(&s.cell_hits[cell], 1u);
+  }
+  __syncthreads();
+  if (tid == 0) ++s.visits[layer];
+  for (int32_t cell = tid; cell < kHazardCells; cell += blockDim.x) hazard_cell_rate(s, cell);
+  __syncthreads();
+  if (tid < kHazardFrequencyCols) hazard_project_recency(s, tid);
+  __syncthreads();
+  if (tid < kHazardRecencyRows) hazard_project_frequency(s, tid);
+  __syncthreads();
+  for (int32_t cell = tid; cell < kHazardCells; cell += blockDim.x) hazard_rate_to_cost(s, cell);
+
+  // Hits change no state.
+  for (int32_t r = tid; r < k; r += blockDim.x) {
+    const int32_t slot = s.table[keys[r]];
+    rank_missed[r] = slot == kNoSlot ? 1 : 0;
+    missed[r] = rank_missed[r];
+    slot_of_rank[r] = slot;
+    if (slot != kNoSlot) atomicAdd(&outcome.n_hits, 1);
+  }
+  __syncthreads();
+
+  // Misses, in rank order. An admitted key joins the selection, so the ranks of
+  // the other slots stay as they were.
+  const int32_t slot_end = pool.slot_begin + pool.n_slots;
+  for (int32_t r = 0; r < k; ++r) {
+    if (!rank_missed[r]) continue;
+    unsigned long long best = ~0ull;
+    int32_t best_slot = INT32_MAX;
+    for (int32_t slot = pool.slot_begin + tid; slot < slot_end; slot += blockDim.x) {
+      const unsigned long long rank = hazard_victim_rank(s, slot, layer, keys, k);
+      if (rank < best) {
+        best = rank;
+        best_slot = slot;
+      }
+    }
+    block_argmin(&best, &best_slot, rank_scratch, slot_scratch);
+    if (tid == 0) {
+      const int32_t old_key = s.owner[best_slot];
+      if (old_key != kNoKey) {
+        s.table[old_key] = kNoSlot;
+        evicted_keys[outcome.n_evictions++] = old_key;
+      }
+      s.owner[best_slot] = keys[r];
+      s.table[keys[r]] = best_slot;
+      slot_of_rank[r] = best_slot;
+      ++outcome.n_misses;
+    }
+    __syncthreads();
+  }
+
+  if (tid == 0) {
+    atomicAdd(&counters->hits, static_cast<unsigned long long>(outcome.n_hits));
+    atomicAdd(&counters->misses, static_cast<unsigned long long>(outcome.n_misses));
+    atomicAdd(&counters->evictions, static_cast<unsigned long long>(outcome.n_evictions));
+  }
+}
+
 __global__ void resident_slots_kernel(int32_t layer, int32_t n_expert,
                                       const int32_t* __restrict__ experts, int32_t k,
                                       int32_t* __restrict__ slot_of_rank,
@@ -359,6 +445,24 @@ cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPo
     return cudaErrorInvalidValue;
   }
   residency_step_kernel<<<1, kResidencyThreads, 0, stream>>>(
+      state, pool, layer, experts, k, selected_keys, slot_of_rank, missed, evicted_keys, counters);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_hazard_step(const HazardState& state, const HazardPool& pool, int32_t layer,
+                               const int32_t* experts, int32_t k, int32_t* selected_keys,
+                               int32_t* slot_of_rank, uint8_t* missed, int32_t* evicted_keys,
+                               DeviceCounters* counters, cudaStream_t stream) {
+  if (state.table == nullptr || state.owner == nullptr || state.last_visit == nullptr ||
+      state.frequency == nullptr || state.visits == nullptr || state.cell_hits == nullptr ||
+      state.cell_trials == nullptr || state.cell_cost == nullptr || state.n_expert <= 0 ||
+      layer < 0 || layer >= state.n_layer || pool.slot_begin < 0 || pool.n_slots < k ||
+      pool.n_slots > kHazardMaxSlots || experts == nullptr || k <= 0 || k > kMaxTopK ||
+      selected_keys == nullptr || slot_of_rank == nullptr || missed == nullptr ||
+      evicted_keys == nullptr || counters == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  hazard_step_kernel<<<1, kResidencyThreads, 0, stream>>>(
       state, pool, layer, experts, k, selected_keys, slot_of_rank, missed, evicted_keys, counters);
   return cudaGetLastError();
 }

@@ -71,7 +71,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
  public:
   struct Pool {
     SlotPoolInfo info;
-    std::optional<ResidencyCache> cache;  // empty with the cache off
+    std::optional<PolicyCache> cache;  // empty with the cache off
     SlotBuffer slots;
 
     uint8_t* slot(int32_t index) const {
@@ -99,7 +99,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
         local_layer_[static_cast<size_t>(classes[c].layers[i])] = static_cast<int32_t>(i);
       }
       if (options.cache) {
-        // One class: ResidencyCache::Create names the shortfall itself.
+        // One class: PolicyCache::Create names the shortfall itself.
         if (classes.size() > 1 && split[c] < k_) {
           return absl::InvalidArgumentError(absl::StrFormat(
               "--slots %d leaves size class %d (%d of %d layers) %d slot(s), fewer than --top-k %d",
@@ -110,10 +110,9 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
         config.n_expert = store_.n_expert();
         config.k = k_;
         config.n_slots = split[c];
-        config.protected_frac =
-            options.policy == CachePolicy::kSlru ? options.protected_frac : 0.0;
+        config.protected_frac = options.protected_frac;
         config.pool_mode = options.pool_mode;
-        MG_ASSIGN_OR_RETURN(ResidencyCache cache, ResidencyCache::Create(config));
+        MG_ASSIGN_OR_RETURN(PolicyCache cache, PolicyCache::Create(options.policy, config));
         pool.info.n_slots = cache.config().n_slots;
         pool.cache.emplace(std::move(cache));
       } else {
@@ -266,7 +265,7 @@ const EngineCounters& CpuBackend::counters() const { return experts_->counters()
 
 const std::vector<SlotPoolInfo>& CpuBackend::pools() const { return pools_; }
 
-const ResidencyCache* CpuBackend::cache(int size_class) const {
+const PolicyCache* CpuBackend::cache(int size_class) const {
   const SlotExperts::Pool& pool = experts_->pools()[static_cast<size_t>(size_class)];
   return pool.cache.has_value() ? &*pool.cache : nullptr;
 }

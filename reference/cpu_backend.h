@@ -6,7 +6,7 @@
 // oracle's bit for bit whatever hit or missed.
 //
 // Slots: one pool per size class of the store (layers with identical block
-// layouts). ResidencyCache has one slot size, so each class gets its own cache,
+// layouts). A policy cache has one slot size, so each class gets its own cache,
 // keyed by the class's layers renumbered 0.. in ascending order; with a single
 // class (the usual case) local and model layer numbers coincide.
 #pragma once
@@ -21,19 +21,18 @@
 #include "loader/placement.h"
 #include "reference/oracle.h"
 #include "residency/cache.h"
+#include "residency/policy_cache.h"
 #include "residency/trace.h"
 
 namespace moegraph {
-
-enum class CachePolicy { kLru, kSlru };
 
 struct CpuBackendOptions {
   int max_ctx = 0;  // KV cache positions
   // Slots over all size classes; 0: every expert fits (n_layer * n_expert).
   // Classes share them in proportion to their layer counts.
   int32_t n_slots = 0;
-  CachePolicy policy = CachePolicy::kSlru;
-  double protected_frac = 0.8;  // slru only; lru protects nothing
+  ResidencyPolicy policy = kDefaultResidencyPolicy;
+  double protected_frac = kDefaultProtectedFrac;  // slru only
   PoolMode pool_mode = PoolMode::kGlobal;
   // false: MOEGRAPH_MOE_CACHE=0, every selected expert is staged each step into
   // k scratch slots of its class, and no residency state is kept.
@@ -89,7 +88,7 @@ class CpuBackend final : public Oracle {
   // One per size class, indexed like store.size_classes().
   const std::vector<SlotPoolInfo>& pools() const;
   // The residency state of a size class's pool; null with the cache off.
-  const ResidencyCache* cache(int size_class) const;
+  const PolicyCache* cache(int size_class) const;
   // The bytes in one slot of a size class's pool (pools()[size_class].block_bytes).
   const uint8_t* slot_block(int size_class, int32_t slot) const;
   // The routing every step saw: k ids in router rank order per (step, layer), at

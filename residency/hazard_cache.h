@@ -35,8 +35,11 @@ class HazardCache {
 
   const CacheConfig& config() const { return layout_.config; }
   const std::vector<HazardPool>& pools() const { return pools_; }
+  int32_t pool_of_layer(int32_t layer) const { return layout_.pool_of_layer[layer]; }
   const std::vector<int32_t>& table() const { return table_; }
   const std::vector<int32_t>& owner() const { return owner_; }
+  const std::vector<int32_t>& last_visit() const { return last_visit_; }
+  const std::vector<uint32_t>& frequency() const { return frequency_; }
   const std::vector<int32_t>& visits() const { return visits_; }
   const std::vector<uint32_t>& cell_trials() const { return cell_trials_; }
   const std::vector<uint32_t>& cell_hits() const { return cell_hits_; }

@@ -111,41 +111,54 @@ MG_HD inline int32_t hazard_observe_key(const HazardState& s, int32_t key, bool 
   return cell;
 }
 
+// The table rebuild in four phases. Each phase is independent across its
+// index, so a GPU block runs one thread per index with a barrier between phases
+// and gets the bits of the sequential hazard_rebuild_costs.
+
+// Phase 1, per cell: halves a full cell and writes its hazard to cell_cost, with
+// a prior of two observations at the base rate k / E: an empty cell predicts
+// the average expert, and no cell predicts 0 or 1.
+MG_HD inline void hazard_cell_rate(const HazardState& s, int32_t cell) {
+  if (s.cell_trials[cell] >= kHazardCountCap) {
+    s.cell_trials[cell] /= 2;
+    s.cell_hits[cell] /= 2;
+  }
+  const float base_rate_twice = static_cast<float>(2 * s.k) / static_cast<float>(s.n_expert);
+  s.cell_cost[cell] = (static_cast<float>(s.cell_hits[cell]) + base_rate_twice) /
+                      static_cast<float>(s.cell_trials[cell] + 2);
+}
+
+// Phase 2, per frequency column: hazards non-increasing down the recency rows.
+MG_HD inline void hazard_project_recency(const HazardState& s, int32_t col) {
+  for (int32_t row = 1; row < kHazardRecencyRows; ++row) {
+    float& h = s.cell_cost[row * kHazardFrequencyCols + col];
+    const float above = s.cell_cost[(row - 1) * kHazardFrequencyCols + col];
+    if (above < h) h = above;
+  }
+}
+
+// Phase 3, per recency row: hazards non-decreasing along frequency.
+MG_HD inline void hazard_project_frequency(const HazardState& s, int32_t row) {
+  for (int32_t col = 1; col < kHazardFrequencyCols; ++col) {
+    float& h = s.cell_cost[row * kHazardFrequencyCols + col];
+    const float left = s.cell_cost[row * kHazardFrequencyCols + col - 1];
+    if (left > h) h = left;
+  }
+}
+
+// Phase 4, per cell: the hazard h becomes the expected extra wait L * (1 - h) / h.
+MG_HD inline void hazard_rate_to_cost(const HazardState& s, int32_t cell) {
+  const float h = s.cell_cost[cell];
+  const float wait = static_cast<float>(s.n_layer) * (1.0f - h);
+  s.cell_cost[cell] = wait / h;
+}
+
 // Halves full cells, projects the hazards to be monotone and writes the costs.
 MG_HD inline void hazard_rebuild_costs(const HazardState& s) {
-  const float base_rate_twice = static_cast<float>(2 * s.k) / static_cast<float>(s.n_expert);
-  for (int32_t c = 0; c < kHazardCells; ++c) {
-    if (s.cell_trials[c] >= kHazardCountCap) {
-      s.cell_trials[c] /= 2;
-      s.cell_hits[c] /= 2;
-    }
-    // A prior of two observations at the base rate k / E: an empty cell predicts
-    // the average expert, and no cell predicts 0 or 1.
-    s.cell_cost[c] = (static_cast<float>(s.cell_hits[c]) + base_rate_twice) /
-                     static_cast<float>(s.cell_trials[c] + 2);
-  }
-  constexpr int32_t kCols = kHazardFrequencyCols;
-  // Non-increasing down the recency rows, then non-decreasing along frequency.
-  for (int32_t row = 1; row < kHazardRecencyRows; ++row) {
-    for (int32_t col = 0; col < kCols; ++col) {
-      float& h = s.cell_cost[row * kCols + col];
-      const float above = s.cell_cost[(row - 1) * kCols + col];
-      if (above < h) h = above;
-    }
-  }
-  for (int32_t row = 0; row < kHazardRecencyRows; ++row) {
-    for (int32_t col = 1; col < kCols; ++col) {
-      float& h = s.cell_cost[row * kCols + col];
-      const float left = s.cell_cost[row * kCols + col - 1];
-      if (left > h) h = left;
-    }
-  }
-  const float n_layer = static_cast<float>(s.n_layer);
-  for (int32_t c = 0; c < kHazardCells; ++c) {
-    const float h = s.cell_cost[c];
-    const float wait = n_layer * (1.0f - h);
-    s.cell_cost[c] = wait / h;
-  }
+  for (int32_t cell = 0; cell < kHazardCells; ++cell) hazard_cell_rate(s, cell);
+  for (int32_t col = 0; col < kHazardFrequencyCols; ++col) hazard_project_recency(s, col);
+  for (int32_t row = 0; row < kHazardRecencyRows; ++row) hazard_project_frequency(s, row);
+  for (int32_t cell = 0; cell < kHazardCells; ++cell) hazard_rate_to_cost(s, cell);
 }
 
 // The whole observation of one layer's visit, sequentially.

@@ -8,8 +8,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "loader/status_util.h"
-#include "residency/hazard_cache.h"
 #include "residency/policy.h"
+#include "residency/policy_cache.h"
 
 namespace moegraph {
 namespace {
@@ -17,13 +17,12 @@ namespace {
 constexpr double kBytesPerMib = 1024.0 * 1024.0;
 constexpr double kBytesPerGb = 1e9;
 
-// The device policy (residency/policy.h) stepped by the host cache.
-class CachePolicy final : public SimPolicy {
+// An online policy (lru, slru, hazard) stepped by its host cache.
+class OnlinePolicy final : public SimPolicy {
  public:
-  CachePolicy(std::string_view name, ResidencyCache cache)
-      : name_(name), cache_(std::move(cache)) {}
+  explicit OnlinePolicy(PolicyCache cache) : cache_(std::move(cache)) {}
 
-  std::string_view name() const override { return name_; }
+  std::string_view name() const override { return PolicyName(cache_.policy()); }
 
   StepCounts Step(int64_t, int32_t layer, const uint16_t* experts) override {
     const StepOutcome& outcome = cache_.Step(layer, experts).outcome;
@@ -31,24 +30,7 @@ class CachePolicy final : public SimPolicy {
   }
 
  private:
-  std::string_view name_;
-  ResidencyCache cache_;
-};
-
-// The hazard policy (residency/hazard_policy.h) stepped by its host cache.
-class HazardSimPolicy final : public SimPolicy {
- public:
-  explicit HazardSimPolicy(HazardCache cache) : cache_(std::move(cache)) {}
-
-  std::string_view name() const override { return "hazard"; }
-
-  StepCounts Step(int64_t, int32_t layer, const uint16_t* experts) override {
-    const StepOutcome& outcome = cache_.Step(layer, experts).outcome;
-    return {outcome.n_hits, outcome.n_misses, outcome.n_evictions};
-  }
-
- private:
-  HazardCache cache_;
+  PolicyCache cache_;
 };
 
 // Belady's OPT: on a miss, evict the slot whose key is used again farthest in the
@@ -158,24 +140,13 @@ CacheConfig CacheConfigFor(const RoutingTrace& trace, const SimConfig& config,
   return cache;
 }
 
-absl::StatusOr<std::unique_ptr<SimPolicy>> MakeLru(const SimTrace& trace, const SimConfig& config) {
-  MG_ASSIGN_OR_RETURN(ResidencyCache cache,
-                      ResidencyCache::Create(CacheConfigFor(trace.trace(), config, 0.0)));
-  return std::make_unique<CachePolicy>("lru", std::move(cache));
-}
-
-absl::StatusOr<std::unique_ptr<SimPolicy>> MakeSlru(const SimTrace& trace,
-                                                    const SimConfig& config) {
-  MG_ASSIGN_OR_RETURN(ResidencyCache cache, ResidencyCache::Create(CacheConfigFor(
-                                                trace.trace(), config, config.protected_frac)));
-  return std::make_unique<CachePolicy>("slru", std::move(cache));
-}
-
-absl::StatusOr<std::unique_ptr<SimPolicy>> MakeHazard(const SimTrace& trace,
+template <ResidencyPolicy kPolicy>
+absl::StatusOr<std::unique_ptr<SimPolicy>> MakeOnline(const SimTrace& trace,
                                                       const SimConfig& config) {
-  MG_ASSIGN_OR_RETURN(HazardCache cache,
-                      HazardCache::Create(CacheConfigFor(trace.trace(), config, 0.0)));
-  return std::make_unique<HazardSimPolicy>(std::move(cache));
+  MG_ASSIGN_OR_RETURN(PolicyCache cache,
+                      PolicyCache::Create(kPolicy, CacheConfigFor(trace.trace(), config,
+                                                                  config.protected_frac)));
+  return std::make_unique<OnlinePolicy>(std::move(cache));
 }
 
 absl::StatusOr<std::unique_ptr<SimPolicy>> MakeOpt(const SimTrace& trace, const SimConfig& config) {
@@ -195,9 +166,9 @@ struct PolicyEntry {
 
 // Every policy the simulator can run. A new policy: one row here.
 constexpr PolicyEntry kPolicies[] = {
-    {"lru", &MakeLru},
-    {"slru", &MakeSlru},
-    {"hazard", &MakeHazard},
+    {"lru", &MakeOnline<ResidencyPolicy::kLru>},
+    {"slru", &MakeOnline<ResidencyPolicy::kSlru>},
+    {"hazard", &MakeOnline<ResidencyPolicy::kHazard>},
     {"opt", &MakeOpt},
 };
 

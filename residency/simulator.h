@@ -2,11 +2,11 @@
 // host and counts hits, misses and evictions, then turns the misses into a
 // predicted decode speed with a simple cost model.
 //
-// Policies: "lru" and "slru" are the device policy (residency/policy.h) run by
-// ResidencyCache; "opt" is Belady's clairvoyant policy, the upper bound no online
-// policy can beat; "hazard" is the predictive policy of residency/hazard_policy.h;
-// "default" is whatever kDefaultPolicy names. A new policy is a
-// SimPolicy subclass plus one row in the registry table in simulator.cc.
+// Policies: the online ones of residency/policy_cache.h ("lru", "slru",
+// "hazard"), stepped by their host caches; "opt", Belady's clairvoyant policy,
+// the upper bound no online policy can beat; "default", the engine's default
+// (kDefaultResidencyPolicy). A new policy is a SimPolicy subclass plus one row in
+// the registry table in simulator.cc.
 #pragma once
 
 #include <cstdint>
@@ -19,13 +19,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "residency/cache.h"
+#include "residency/policy_cache.h"
 #include "residency/trace.h"
 
 namespace moegraph {
 
 // The policy "default" runs (the engine's default).
-inline constexpr std::string_view kDefaultPolicy = "hazard";
-inline constexpr double kDefaultProtectedFrac = 0.8;
+inline constexpr std::string_view kDefaultPolicy = PolicyName(kDefaultResidencyPolicy);
 
 struct StepCounts {
   int32_t hits = 0;

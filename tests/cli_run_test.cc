@@ -97,7 +97,7 @@ TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
   // The fixture has 2 layers of 8 experts: auto gives 16 slots, nothing is evicted.
   const CommandResult all = RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 8", false);
   ASSERT_EQ(all.exit_code, 0) << all.output;
-  EXPECT_EQ(NumberBefore(all.output, "backend cpu: slru", " slots (auto"), 16) << all.output;
+  EXPECT_EQ(NumberBefore(all.output, "backend cpu: hazard", " slots (auto"), 16) << all.output;
   EXPECT_EQ(NumberBefore(all.output, "backend cpu: 10 tokens", " evictions"), 0) << all.output;
   const double all_misses = NumberBefore(all.output, "backend cpu: 10 tokens", " misses");
   EXPECT_GT(all_misses, 0) << all.output;
@@ -107,7 +107,7 @@ TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
   const CommandResult tight =
       RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 8 --slots 2", false);
   ASSERT_EQ(tight.exit_code, 0) << tight.output;
-  EXPECT_EQ(NumberBefore(tight.output, "backend cpu: slru", " slots;"), 2) << tight.output;
+  EXPECT_EQ(NumberBefore(tight.output, "backend cpu: hazard", " slots;"), 2) << tight.output;
   EXPECT_EQ(NumberBefore(tight.output, "backend cpu: 10 tokens", " misses"), 10 * 2 * 2)
       << tight.output;
   EXPECT_EQ(NumberBefore(tight.output, "backend cpu: 10 tokens", "%"), 0) << tight.output;

@@ -1,7 +1,7 @@
 // The CUDA engine on a device (every test skips without one): logits against
 // the CPU oracle by NMSE, greedy tokens equal to the oracle's on f32 fixtures,
 // identical tokens and logits across the arms (resident, graph, eager, host,
-// stage), device residency tables equal to a host ResidencyCache fed the routing
+// stage), device residency tables equal to a host PolicyCache fed the routing
 // the engine recorded, host synchronizations per token in each mode, and no
 // error left behind by a failed CUDA call that CudaStatus reported.
 #include "capture/engine.h"
@@ -72,11 +72,13 @@ Doors DoorsOf(Arm arm) {
 }
 
 std::unique_ptr<CudaEngine> MakeEngine(const Model& model, Arm arm, int32_t slots,
-                                       int steps_per_launch = 1, bool record_routing = false) {
+                                       int steps_per_launch = 1, bool record_routing = false,
+                                       ResidencyPolicy policy = kDefaultResidencyPolicy) {
   CudaEngineOptions options;
   options.max_ctx = 64;
   options.n_slots = slots;
   options.doors = DoorsOf(arm);
+  options.doors.policy = policy;
   options.steps_per_launch = steps_per_launch;
   options.record_routing = record_routing;
   absl::StatusOr<std::unique_ptr<CudaEngine>> engine = CudaEngine::Create(model, options);
@@ -240,45 +242,55 @@ TEST_F(EngineArmsTest, OneExpertPassGivesTheSameBits) {
 }
 
 TEST_F(EngineArmsTest, DeviceTablesEqualAHostCacheFedTheRecordedRouting) {
-  for (Arm arm : {Arm::kEager, Arm::kGraph}) {
-    std::unique_ptr<CudaEngine> engine = MakeEngine(model(), arm, 6, 1, /*record_routing=*/true);
-    ASSERT_NE(engine, nullptr);
-    ASSERT_TRUE(engine->Generate(kPrompt, 12).ok());
-    ASSERT_TRUE(engine->Generate({5, 6, 7}, 6).ok());  // state carries over
-    ASSERT_EQ(engine->pools().size(), 1u);
+  for (const ResidencyPolicy policy : {ResidencyPolicy::kHazard, ResidencyPolicy::kSlru}) {
+    for (const Arm arm : {Arm::kEager, Arm::kGraph}) {
+      SCOPED_TRACE(testing::Message() << PolicyName(policy) << " " << ArmName(arm));
+      std::unique_ptr<CudaEngine> engine =
+          MakeEngine(model(), arm, 6, 1, /*record_routing=*/true, policy);
+      ASSERT_NE(engine, nullptr);
+      ASSERT_TRUE(engine->Generate(kPrompt, 12).ok());
+      ASSERT_TRUE(engine->Generate({5, 6, 7}, 6).ok());  // state carries over
+      ASSERT_EQ(engine->pools().size(), 1u);
 
-    CacheConfig config;
-    config.n_layer = model().config.n_layer;
-    config.n_expert = model().config.n_expert;
-    config.k = model().config.n_expert_used;
-    config.n_slots = 6;
-    config.protected_frac = Doors().protected_frac;
-    absl::StatusOr<ResidencyCache> cache = ResidencyCache::Create(config);
-    ASSERT_TRUE(cache.ok()) << cache.status();
-    const std::vector<int32_t>& routing = engine->routing();
-    const size_t per_step = static_cast<size_t>(config.n_layer * config.k);
-    ASSERT_EQ(routing.size(), (kPrompt.size() + 11 + 3 + 5) * per_step);
-    uint64_t hits = 0;
-    uint64_t misses = 0;
-    for (size_t at = 0; at < routing.size(); at += static_cast<size_t>(config.k)) {
-      const int32_t layer = static_cast<int32_t>((at % per_step) / config.k);
-      const LayerStep& step = cache->Step(layer, routing.data() + at);
-      hits += static_cast<uint64_t>(step.outcome.n_hits);
-      misses += static_cast<uint64_t>(step.outcome.n_misses);
+      CacheConfig config;
+      config.n_layer = model().config.n_layer;
+      config.n_expert = model().config.n_expert;
+      config.k = model().config.n_expert_used;
+      config.n_slots = 6;
+      config.protected_frac = Doors().protected_frac;
+      absl::StatusOr<PolicyCache> cache = PolicyCache::Create(policy, config);
+      ASSERT_TRUE(cache.ok()) << cache.status();
+      const std::vector<int32_t>& routing = engine->routing();
+      const size_t per_step = static_cast<size_t>(config.n_layer * config.k);
+      ASSERT_EQ(routing.size(), (kPrompt.size() + 11 + 3 + 5) * per_step);
+      uint64_t hits = 0;
+      uint64_t misses = 0;
+      for (size_t at = 0; at < routing.size(); at += static_cast<size_t>(config.k)) {
+        const int32_t layer = static_cast<int32_t>((at % per_step) / config.k);
+        const LayerStep& step = cache->Step(layer, routing.data() + at);
+        hits += static_cast<uint64_t>(step.outcome.n_hits);
+        misses += static_cast<uint64_t>(step.outcome.n_misses);
+      }
+      absl::StatusOr<ResidencySnapshot> device = engine->ReadResidency(0);
+      ASSERT_TRUE(device.ok()) << device.status();
+      const ResidencySnapshot host = cache->Snapshot();
+      EXPECT_EQ(device->table, host.table);
+      EXPECT_EQ(device->owner, host.owner);
+      EXPECT_EQ(device->stamp, host.stamp);
+      EXPECT_EQ(device->seg, host.seg);
+      EXPECT_EQ(device->clock, host.clock);
+      EXPECT_EQ(device->n_protected, host.n_protected);
+      EXPECT_EQ(device->last_visit, host.last_visit);
+      EXPECT_EQ(device->frequency, host.frequency);
+      EXPECT_EQ(device->visits, host.visits);
+      EXPECT_EQ(device->cell_hits, host.cell_hits);
+      EXPECT_EQ(device->cell_trials, host.cell_trials);
+      absl::StatusOr<EngineCounters> counters = engine->ReadCounters();
+      ASSERT_TRUE(counters.ok());
+      EXPECT_EQ(counters->hits, hits);
+      EXPECT_EQ(counters->misses, misses);
+      EXPECT_GT(counters->evictions, 0u);
     }
-    absl::StatusOr<ResidencySnapshot> device = engine->ReadResidency(0);
-    ASSERT_TRUE(device.ok()) << device.status();
-    EXPECT_EQ(device->table, cache->table()) << ArmName(arm);
-    EXPECT_EQ(device->owner, cache->owner()) << ArmName(arm);
-    EXPECT_EQ(device->stamp, cache->stamp()) << ArmName(arm);
-    EXPECT_EQ(device->seg, cache->seg()) << ArmName(arm);
-    EXPECT_EQ(device->clock, std::vector<uint64_t>{*cache->pools()[0].clock});
-    EXPECT_EQ(device->n_protected, std::vector<int32_t>{*cache->pools()[0].n_protected});
-    absl::StatusOr<EngineCounters> counters = engine->ReadCounters();
-    ASSERT_TRUE(counters.ok());
-    EXPECT_EQ(counters->hits, hits);
-    EXPECT_EQ(counters->misses, misses);
-    EXPECT_GT(counters->evictions, 0u);
   }
 }
 

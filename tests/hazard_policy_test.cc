@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -272,6 +273,115 @@ TEST(HazardPolicyTest, NearTiedWaitsFallToAge) {
   EXPECT_EQ(hazard_find_victim(s, HazardPool{0, 2}, 0, &selected, 1), 1);
   s.last_visit[older] = 7;  // now the younger one: the longer wait goes first
   EXPECT_EQ(hazard_find_victim(s, HazardPool{0, 2}, 0, &selected, 1), 0);
+}
+
+// The step as the CUDA kernel splits it (kernels/moe.cu): observation by
+// threads in any order with their counts added atomically, visits, the four
+// rebuild phases each over its indices in any order, the hits, then each miss
+// by an argmin of the victim rank. Here every "parallel" loop runs backwards.
+StepOutcome KernelOrderStep(const HazardState& s, const HazardPool& pool, int32_t layer,
+                            const int32_t* experts, int32_t k, int32_t* keys,
+                            int32_t* slot_of_rank, uint8_t* missed, int32_t* evicted) {
+  for (int32_t r = 0; r < k; ++r) keys[r] = residency_key(layer, experts[r], s.n_expert);
+  for (int32_t e = s.n_expert - 1; e >= 0; --e) {
+    const int32_t key = residency_key(layer, e, s.n_expert);
+    const bool selected = key_in_selection(key, keys, k);
+    const int32_t cell = hazard_observe_key(s, key, selected);
+    ++s.cell_trials[cell];
+    if (selected) ++s.cell_hits[cell];
+  }
+  ++s.visits[layer];
+  for (int32_t cell = kHazardCells - 1; cell >= 0; --cell) hazard_cell_rate(s, cell);
+  for (int32_t col = kHazardFrequencyCols - 1; col >= 0; --col) hazard_project_recency(s, col);
+  for (int32_t row = kHazardRecencyRows - 1; row >= 0; --row) hazard_project_frequency(s, row);
+  for (int32_t cell = kHazardCells - 1; cell >= 0; --cell) hazard_rate_to_cost(s, cell);
+  StepOutcome out = {0, 0, 0};
+  for (int32_t r = k - 1; r >= 0; --r) {
+    slot_of_rank[r] = s.table[keys[r]];
+    missed[r] = slot_of_rank[r] == kNoSlot ? 1 : 0;
+    if (!missed[r]) ++out.n_hits;
+  }
+  for (int32_t r = 0; r < k; ++r) {
+    if (!missed[r]) continue;
+    uint64_t best = kNotAVictim;
+    int32_t victim = kNoSlot;
+    for (int32_t slot = pool.slot_begin + pool.n_slots - 1; slot >= pool.slot_begin; --slot) {
+      const uint64_t rank = hazard_victim_rank(s, slot, layer, keys, k);
+      if (rank < best) {
+        best = rank;
+        victim = slot;
+      }
+    }
+    if (s.owner[victim] != kNoKey) {
+      s.table[s.owner[victim]] = kNoSlot;
+      evicted[out.n_evictions++] = s.owner[victim];
+    }
+    s.owner[victim] = keys[r];
+    s.table[keys[r]] = victim;
+    slot_of_rank[r] = victim;
+    ++out.n_misses;
+  }
+  return out;
+}
+
+// The kernel's decomposition gives the sequential step's bits: same outcomes,
+// slots and evictions every step, and the same state arrays (costs included)
+// after thousands of steps, with every other cell started near the count cap so
+// that halving happens on the way.
+TEST(HazardPolicyTest, TheKernelsPhasedStepEqualsTheSequentialStep) {
+  constexpr int32_t kLayers = 3, kExperts = 64, kTopK = 4, kSlots = 40;
+  HazardCache sequential = MakeHazard(Config(kLayers, kExperts, kTopK, kSlots));
+  HazardCache phased = MakeHazard(Config(kLayers, kExperts, kTopK, kSlots));
+  const HazardPool pool = phased.pools()[0];
+  for (HazardCache* cache : {&sequential, &phased}) {
+    const HazardState s = cache->state();
+    for (int32_t cell = 0; cell < kHazardCells; cell += 2) {
+      s.cell_trials[cell] = kHazardCountCap - 1 - static_cast<uint32_t>(cell) * 50;
+      s.cell_hits[cell] = s.cell_trials[cell] / 16;
+    }
+  }
+  std::mt19937 rng(5);
+  std::vector<int32_t> experts(kTopK), keys(kTopK), slots(kTopK), evicted(kTopK);
+  std::vector<uint8_t> missed(kTopK);
+  for (int32_t step = 0; step < 6000; ++step) {
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+      for (int32_t r = 0; r < kTopK; ++r) {
+        int32_t e;
+        do {
+          e = static_cast<int32_t>(std::min(rng() % kExperts, rng() % kExperts));
+        } while (std::find(experts.begin(), experts.begin() + r, e) != experts.begin() + r);
+        experts[r] = e;
+      }
+      const LayerStep& want = sequential.Step(layer, experts.data());
+      const StepOutcome got =
+          KernelOrderStep(phased.state(), pool, layer, experts.data(), kTopK, keys.data(),
+                          slots.data(), missed.data(), evicted.data());
+      ASSERT_EQ(got.n_hits, want.outcome.n_hits) << "step " << step << " layer " << layer;
+      ASSERT_EQ(got.n_misses, want.outcome.n_misses);
+      ASSERT_EQ(slots, want.slot_of_rank);
+      ASSERT_EQ(missed, want.missed);
+      ASSERT_EQ(std::vector<int32_t>(evicted.begin(), evicted.begin() + got.n_evictions),
+                want.evicted_keys);
+    }
+  }
+  EXPECT_EQ(phased.table(), sequential.table());
+  EXPECT_EQ(phased.owner(), sequential.owner());
+  EXPECT_EQ(phased.last_visit(), sequential.last_visit());
+  EXPECT_EQ(phased.frequency(), sequential.frequency());
+  EXPECT_EQ(phased.visits(), sequential.visits());
+  EXPECT_EQ(phased.cell_hits(), sequential.cell_hits());
+  EXPECT_EQ(phased.cell_trials(), sequential.cell_trials());
+  EXPECT_EQ(0, std::memcmp(phased.cell_cost().data(), sequential.cell_cost().data(),
+                           kHazardCells * sizeof(float)));
+  EXPECT_TRUE(phased.CheckInvariants().ok()) << phased.CheckInvariants();
+  // Counts only grow but by halving: some cell started near the cap was halved.
+  int32_t halved = 0;
+  for (int32_t cell = 0; cell < kHazardCells; cell += 2) {
+    if (phased.cell_trials()[cell] < kHazardCountCap - 1 - static_cast<uint32_t>(cell) * 50) {
+      ++halved;
+    }
+  }
+  EXPECT_GT(halved, 0);
 }
 
 std::string SharedDir() {

@@ -20,6 +20,7 @@
 #include "loader/quant.h"
 #include "loader/quantize.h"
 #include "reference/ops.h"
+#include "residency/hazard_cache.h"
 #include "residency/policy.h"
 #include "tests/cuda_test_util.h"
 
@@ -421,6 +422,81 @@ TEST_F(KernelsGpuTest, ResidencyStepEqualsHostStepBitForBit) {
       EXPECT_GT(total.n_hits, 0);
       EXPECT_GT(total.n_evictions, 0);
     }
+  }
+}
+
+// The hazard kernel against the host cache, step by step, global and per-layer
+// pools, 1000 experts per layer so the observation strides over the block: the
+// table, owners, every per-key and per-cell array, the costs and the outputs.
+TEST_F(KernelsGpuTest, HazardStepEqualsHostStepBitForBit) {
+  const int32_t n_layer = 3, n_expert = 1000, k = 6;
+  for (const PoolMode pool_mode : {PoolMode::kGlobal, PoolMode::kPerLayer}) {
+    SCOPED_TRACE(pool_mode == PoolMode::kGlobal ? "global pool" : "per-layer pools");
+    CacheConfig config;
+    config.n_layer = n_layer;
+    config.n_expert = n_expert;
+    config.k = k;
+    config.n_slots = 300;
+    config.pool_mode = pool_mode;
+    absl::StatusOr<HazardCache> cache = HazardCache::Create(config);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    DeviceArray<int32_t> d_table(cache->table()), d_owner(cache->owner()),
+        d_last_visit(cache->last_visit()), d_visits(cache->visits());
+    DeviceArray<uint32_t> d_frequency(cache->frequency()), d_cell_hits(cache->cell_hits()),
+        d_cell_trials(cache->cell_trials());
+    DeviceArray<float> d_cell_cost(cache->cell_cost());
+    const HazardState device = {d_table.get(),     d_owner.get(),       d_last_visit.get(),
+                                d_frequency.get(), d_visits.get(),      d_cell_hits.get(),
+                                d_cell_trials.get(), d_cell_cost.get(), n_layer,
+                                n_expert,          k};
+    DeviceArray<int32_t> d_experts(k), d_keys(k), d_slots(k), d_evicted(k);
+    DeviceArray<uint8_t> d_missed(k);
+    DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
+    std::mt19937 rng(pool_mode == PoolMode::kGlobal ? 3 : 4);
+    std::geometric_distribution<int> skew(0.05);
+    StepOutcome total = {0, 0, 0};
+    for (int step = 0; step < 240; ++step) {
+      const int32_t layer = step % n_layer;
+      std::vector<int32_t> experts;
+      while (static_cast<int32_t>(experts.size()) < k) {
+        const int32_t e = std::min(skew(rng), n_expert - 1);
+        if (std::find(experts.begin(), experts.end(), e) == experts.end()) experts.push_back(e);
+      }
+      const LayerStep& want = cache->Step(layer, experts.data());
+      total.n_hits += want.outcome.n_hits;
+      total.n_misses += want.outcome.n_misses;
+      total.n_evictions += want.outcome.n_evictions;
+      d_experts.Upload(experts);
+      ASSERT_EQ(launch_hazard_step(device, cache->pools()[cache->pool_of_layer(layer)], layer,
+                                   d_experts.get(), k, d_keys.get(), d_slots.get(),
+                                   d_missed.get(), d_evicted.get(), d_counters.get(), stream_),
+                cudaSuccess);
+      Sync();
+      ASSERT_EQ(d_table.Download(), cache->table()) << "step " << step;
+      ASSERT_EQ(d_owner.Download(), cache->owner()) << "step " << step;
+      ASSERT_EQ(d_last_visit.Download(), cache->last_visit()) << "step " << step;
+      ASSERT_EQ(d_frequency.Download(), cache->frequency()) << "step " << step;
+      ASSERT_EQ(d_visits.Download(), cache->visits()) << "step " << step;
+      ASSERT_EQ(d_cell_hits.Download(), cache->cell_hits()) << "step " << step;
+      ASSERT_EQ(d_cell_trials.Download(), cache->cell_trials()) << "step " << step;
+      const std::vector<float> cost = d_cell_cost.Download();
+      ASSERT_EQ(std::memcmp(cost.data(), cache->cell_cost().data(), cost.size() * sizeof(float)),
+                0)
+          << "step " << step;
+      ASSERT_EQ(d_slots.Download(), want.slot_of_rank) << "step " << step;
+      ASSERT_EQ(d_missed.Download(), want.missed) << "step " << step;
+      const std::vector<int32_t> d_evicted_keys = d_evicted.Download();
+      ASSERT_EQ(std::vector<int32_t>(d_evicted_keys.begin(),
+                                     d_evicted_keys.begin() + want.outcome.n_evictions),
+                want.evicted_keys)
+          << "step " << step;
+    }
+    const DeviceCounters counters = d_counters.Download()[0];
+    EXPECT_EQ(counters.hits, static_cast<unsigned long long>(total.n_hits));
+    EXPECT_EQ(counters.misses, static_cast<unsigned long long>(total.n_misses));
+    EXPECT_EQ(counters.evictions, static_cast<unsigned long long>(total.n_evictions));
+    EXPECT_GT(total.n_hits, 0);
+    EXPECT_GT(total.n_evictions, 0);
   }
 }
 

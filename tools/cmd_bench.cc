@@ -122,7 +122,7 @@ class CpuTarget final : public Target {
     CpuBackendOptions options;
     options.max_ctx = ctx;
     options.n_slots = arm == Arm::kResident ? 0 : slots;
-    options.policy = doors.policy == DoorPolicy::kLru ? CachePolicy::kLru : CachePolicy::kSlru;
+    options.policy = doors.policy;
     options.protected_frac = doors.protected_frac;
     options.cache = doors.moe_cache;
     options.routing_trace = trace;
@@ -541,9 +541,7 @@ absl::Status Bench() {
                  "policy; no device, so host syncs and launches are 0\n");
   }
   std::fprintf(notes, "note: policy %s; stage GB/s is %s\n",
-               doors[0].policy == DoorPolicy::kLru
-                   ? "lru"
-                   : absl::StrFormat("slru (protected %.2f)", doors[0].protected_frac).c_str(),
+               DescribePolicy(doors[0].policy, doors[0].protected_frac).c_str(),
                plan.cuda ? "bytes staged / timed wall time (a lower bound on the copy path)"
                          : "bytes staged / time inside the stage memcpys");
   if (trace.has_value()) {

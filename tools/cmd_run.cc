@@ -110,9 +110,7 @@ std::string Banner(const CpuBackend& backend, const ExpertStore& store,
   }
   const std::string policy =
       !options.cache ? std::string("no cache (MOEGRAPH_MOE_CACHE=0)")
-      : options.policy == CachePolicy::kLru
-          ? std::string("lru")
-          : absl::StrFormat("slru (protected %.2f)", options.protected_frac);
+                     : DescribePolicy(options.policy, options.protected_frac);
   return absl::StrFormat("backend cpu: %s, %s pool, %d slots%s%s; pool %.2f MiB, experts %.2f MiB",
                          policy, Av(PoolModeName(options.pool_mode)), slots,
                          options.cache && options.n_slots == 0 ? " (auto: every expert)" : "",
@@ -143,7 +141,7 @@ absl::Status RunCpu(const Model& model, const std::vector<int32_t>& prompt, int 
   CpuBackendOptions options;
   options.max_ctx = ctx;
   options.n_slots = slots;
-  options.policy = doors.doors.policy == DoorPolicy::kLru ? CachePolicy::kLru : CachePolicy::kSlru;
+  options.policy = doors.doors.policy;
   options.protected_frac = doors.doors.protected_frac;
   options.cache = doors.doors.moe_cache;
   switch (doors.arm) {
