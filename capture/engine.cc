@@ -535,6 +535,7 @@ absl::Status CudaEngine::Impl::PlanPools(uint64_t free_bytes, uint64_t dense, ui
     split.assign(classes.size(), top_k);
   } else {
     in.requested_slots = options.n_slots;
+    in.sharing_engines = options.sharing_engines;
     MG_ASSIGN_OR_RETURN(const SlotBudget budget, PlanSlots(in));
     absl::StrAppend(&banner, "\n", budget.banner);
     if (!budget.warning.empty()) absl::StrAppend(&banner, "\nwarning: ", budget.warning);

@@ -61,6 +61,10 @@ struct CudaEngineOptions {
   // many steps, copied to the host once by ReadRoutingRecord.
   int64_t routing_record_steps = 0;
   uint64_t rail_bytes = uint64_t{512} << 20;  // GPU memory the budget leaves free
+  // Engines that will hold their pools at the same time (moegraph bench's arms
+  // with --slots auto): auto takes an even share of the free memory, so each of
+  // them fits (BudgetInputs::sharing_engines).
+  int32_t sharing_engines = 1;
 };
 
 class CudaEngine {

@@ -40,12 +40,23 @@ absl::StatusOr<SlotBudget> PlanSlots(const BudgetInputs& in) {
         in.requested_slots, in.k));
   }
 
-  const Wide remainder = Wide{in.free_vram_bytes} - Wide{in.dense_bytes} - Wide{in.kv_bytes} -
-                         Wide{in.scratch_bytes} - Wide{in.rail_bytes};
+  if (in.sharing_engines < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "slot budget: %d engines sharing the device; it takes at least 1", in.sharing_engines));
+  }
+  const Wide share = (Wide{in.free_vram_bytes} - Wide{in.rail_bytes}) / in.sharing_engines;
+  const Wide remainder =
+      share - Wide{in.dense_bytes} - Wide{in.kv_bytes} - Wide{in.scratch_bytes};
+  const std::string fixed =
+      absl::StrCat(" - ", FormatBytes(in.dense_bytes), " dense - ", FormatBytes(in.kv_bytes),
+                   " KV - ", FormatBytes(in.scratch_bytes), " scratch");
   const std::string left =
-      absl::StrCat(FormatBytes(in.free_vram_bytes), " free - ", FormatBytes(in.dense_bytes),
-                   " dense - ", FormatBytes(in.kv_bytes), " KV - ", FormatBytes(in.scratch_bytes),
-                   " scratch - ", FormatBytes(in.rail_bytes), " rail");
+      in.sharing_engines == 1
+          ? absl::StrCat(FormatBytes(in.free_vram_bytes), " free", fixed, " - ",
+                         FormatBytes(in.rail_bytes), " rail")
+          : absl::StrCat("(", FormatBytes(in.free_vram_bytes), " free - ",
+                         FormatBytes(in.rail_bytes), " rail) / ", in.sharing_engines,
+                         " engines", fixed);
   // remainder <= free VRAM, a u64, so the quotient fits u64.
   const uint64_t fit = remainder > 0 ? static_cast<uint64_t>(remainder / in.block_bytes) : 0;
   if (fit < static_cast<uint64_t>(in.k)) {

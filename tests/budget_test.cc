@@ -115,6 +115,31 @@ TEST(BudgetTest, AutoTakesWhatFitsAndHoldsEveryExpertWhenAllFit) {
       << all->banner;
 }
 
+// Three engines side by side: each pays its own 1.75 GiB of overheads out of a
+// third of (free - rail), and the three pools together fit what is free.
+TEST(BudgetTest, SharingEnginesSplitTheFreeMemoryEvenly) {
+  BudgetInputs in = Inputs(0, 0, 0);
+  in.free_vram_bytes = in.rail_bytes + 3 * (7 * kGiB / 4 + 100 * in.block_bytes) + 2;
+  in.sharing_engines = 3;
+  absl::StatusOr<SlotBudget> shared = PlanSlots(in);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ(shared->slots, 100);
+  EXPECT_TRUE(Contains(shared->banner, "rail) / 3 engines - 1.00 GiB dense")) << shared->banner;
+  const uint64_t used = 3 * (in.dense_bytes + in.kv_bytes + in.scratch_bytes +
+                             static_cast<uint64_t>(shared->slots) * in.block_bytes);
+  EXPECT_LE(used + in.rail_bytes, in.free_vram_bytes);
+
+  in.sharing_engines = 1;
+  absl::StatusOr<SlotBudget> alone = PlanSlots(in);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_GT(alone->slots, 3 * shared->slots);  // one engine pays the overheads once
+
+  in.sharing_engines = 0;
+  absl::StatusOr<SlotBudget> none = PlanSlots(in);
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(Contains(std::string(none.status().message()), "0 engines")) << none.status();
+}
+
 TEST(BudgetTest, RequestAboveTheExpertCount) {
   // Memory for all: the pool holds every expert, with a warning.
   absl::StatusOr<SlotBudget> all = PlanSlots(Inputs(7000, 0, 9000));

@@ -179,10 +179,12 @@ class CudaTarget final : public Target {
  public:
   static absl::StatusOr<std::unique_ptr<Target>> Create(
       const Model& model, std::shared_ptr<const ExpertStore> experts, const Doors& doors,
-      int32_t slots, int ctx, const RoutingTrace* trace, int64_t record_steps) {
+      int32_t slots, int32_t sharing_engines, int ctx, const RoutingTrace* trace,
+      int64_t record_steps) {
     CudaEngineOptions options;
     options.max_ctx = ctx;
     options.n_slots = slots;
+    options.sharing_engines = sharing_engines;
     options.doors = doors;
     options.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
     options.routing_trace = trace;
@@ -588,20 +590,35 @@ absl::Status Bench() {
   for (size_t group = 0; group < plan.slots.size(); ++group) {
     std::vector<size_t> members;  // engine indices
     std::vector<std::unique_ptr<Target>> targets;
+    // The engines without a pool policy (resident, stage) are made first, so the
+    // others budget --slots auto from what they leave: the first of those splits
+    // the free memory evenly among them all, and the rest take its slot count,
+    // so every arm of the group runs at the same count and all of them fit.
+    std::vector<size_t> order;
     for (size_t g = 0; g < engines.size(); ++g) {
-      if (engines[g].group != group) continue;
+      if (engines[g].group == group && engines[g].slots_requested < 0) order.push_back(g);
+    }
+    const size_t fixed_engines = order.size();
+    for (size_t g = 0; g < engines.size(); ++g) {
+      if (engines[g].group == group && engines[g].slots_requested >= 0) order.push_back(g);
+    }
+    const int32_t sharing = static_cast<int32_t>(order.size() - fixed_engines);
+    int32_t auto_slots = 0;  // the count the first auto engine of the group got
+    for (const size_t g : order) {
       const Engine& e = engines[g];
       // Engine 0 (always in group 0) is the one whose routing is recorded.
       const int64_t record_steps = g == 0 && !record_path.empty() ? steps_per_engine : 0;
+      const int32_t slots = e.slots_requested != 0 ? std::max(e.slots_requested, 0) : auto_slots;
       absl::StatusOr<std::unique_ptr<Target>> target =
-          plan.cuda ? CudaTarget::Create(model, store, doors[e.arm],
-                                         std::max(e.slots_requested, 0), plan.ctx, trace_ptr,
+          plan.cuda ? CudaTarget::Create(model, store, doors[e.arm], slots,
+                                         slots == 0 ? sharing : 1, plan.ctx, trace_ptr,
                                          record_steps)
-                    : CpuTarget::Create(model, *store, doors[e.arm], plan.arms[e.arm],
-                                        std::max(e.slots_requested, 0), plan.ctx, trace_ptr);
+                    : CpuTarget::Create(model, *store, doors[e.arm], plan.arms[e.arm], slots,
+                                        plan.ctx, trace_ptr);
       if (!target.ok()) {
         return Prefixed(target.status(), absl::StrCat("arm ", Av(ArmName(plan.arms[e.arm]))));
       }
+      if (plan.cuda && e.slots_requested == 0 && auto_slots == 0) auto_slots = (*target)->slots();
       members.push_back(g);
       targets.push_back(std::move(*target));
     }
@@ -624,7 +641,9 @@ absl::Status Bench() {
     }
     if (group == 0 && !record_path.empty()) {
       // Every arm computes the same outputs, so routes alike: engine 0's routing.
-      MG_ASSIGN_OR_RETURN(const std::vector<int32_t> routing, targets[0]->Routing());
+      const size_t recorder = static_cast<size_t>(
+          std::find(members.begin(), members.end(), size_t{0}) - members.begin());
+      MG_ASSIGN_OR_RETURN(const std::vector<int32_t> routing, targets[recorder]->Routing());
       MG_RETURN_IF_ERROR(WriteRouting(routing, cfg, record_path));
     }
   }
