@@ -457,8 +457,8 @@ cudaError_t launch_hazard_step(const HazardState& state, const HazardPool& pool,
       state.frequency == nullptr || state.visits == nullptr || state.cell_hits == nullptr ||
       state.cell_trials == nullptr || state.cell_cost == nullptr || state.n_expert <= 0 ||
       layer < 0 || layer >= state.n_layer || pool.slot_begin < 0 || pool.n_slots < k ||
-      pool.n_slots > kHazardMaxSlots || experts == nullptr || k <= 0 || k > kMaxTopK ||
-      selected_keys == nullptr || slot_of_rank == nullptr || missed == nullptr ||
+      pool.slot_begin + pool.n_slots > kHazardMaxSlots || experts == nullptr || k <= 0 ||
+      k > kMaxTopK || selected_keys == nullptr || slot_of_rank == nullptr || missed == nullptr ||
       evicted_keys == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }

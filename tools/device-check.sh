@@ -7,17 +7,76 @@
 # timeout, and steps are skipped once the overall budget is spent. Reads the device
 # only; never changes clocks or any setting.
 #
-# Usage: tools/device-check.sh [BUILD_DIR]   (run from the repository root)
-#   BUILD_DIR: a build folder whose binaries to use; default build-sm90/ or build/
-#   when they hold the binaries, else build-sm90/ is configured and built here.
+# Usage, in two places:
+#   here, on the build machine:  tools/device-check.sh --bundle BUILD_DIR [DEST]
+#     Copies the five binaries the check runs, every shared library they link that
+#     is not part of the C/C++ runtime (Abseil, Google Benchmark, the CUDA runtime:
+#     the device image has none of them, so it can neither build nor load a carried
+#     build tree), and $MOEGRAPH_SHARED/golden/quant (the dequant test's data; the
+#     ../shared beside the checkout does not travel) into DEST, default
+#     build-device/ (ignored by git). The device call then carries DEST alone:
+#     run(command="tools/device-check.sh build-device", carry=["build-device"]).
+#   on the GPU machine:  tools/device-check.sh [BUILD_DIR]   (from the repository root)
+#     BUILD_DIR: a bundle or build folder whose binaries to use; default the first
+#     of build-device/, build-sm90/, build/ that holds them, else build-sm90/ is
+#     configured and built here (this needs Abseil, GoogleTest and Benchmark).
 # The table also goes to $OUT/device-check.md when OUT is set, the copy benchmark's
-# output (CSV) to $OUT/copy-bench.log and the Qwen3-shaped bench table to $OUT/qwen3-bench.md.
+# output (CSV) to $OUT/copy-bench.log, the Qwen3-shaped bench table to
+# $OUT/qwen3-bench.md, and the logs of the GPU tests, the gates and the decode runs
+# to $OUT/{kernels_test,engine_gpu_test,gates,runs}.log.
+# The table is printed on every exit (a failed step, a timeout, a signal, a script
+# error), with a row naming the step that was cut short.
 #
 # Host memory of the Qwen3-shaped bench: bench pins the expert store (16.1 GiB) once
 # and every engine shares it; each resident engine also holds every expert on the GPU.
 # GPU memory peaks in the 6144-slot group (two engines holding every expert, ~34
 # GiB). The fixture lives in $WORK (16.2 GiB on disk, or in RAM where /tmp is tmpfs).
 set -u
+
+# The binaries the check runs, relative to a build folder or a bundle.
+readonly BINARIES=(tools/moegraph tools/moegraph_gpu_bench gates/moegraph-gates tests/kernels_test
+  tests/engine_gpu_test)
+
+# bundle BUILD_DIR DEST: the --bundle mode of the usage above.
+bundle() {
+  local build=$1 dest=$2 shared=${MOEGRAPH_SHARED:-$PWD/../shared} bin name path
+  # The C and C++ runtime stay behind: the device image's own is as new or newer.
+  local runtime='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s)\.so'
+  for bin in "${BINARIES[@]}"; do
+    if [[ ! -x $build/$bin ]]; then
+      echo "device-check --bundle: $build/$bin is not built" >&2
+      return 1
+    fi
+    if ldd "$build/$bin" | grep -q 'not found'; then
+      echo "device-check --bundle: $build/$bin links a library ldd cannot find here" >&2
+      return 1
+    fi
+  done
+  if [[ ! -d $shared/golden/quant ]]; then
+    echo "device-check --bundle: no $shared/golden/quant (set MOEGRAPH_SHARED)" >&2
+    return 1
+  fi
+  rm -rf "$dest"
+  mkdir -p "$dest/lib" "$dest/shared/golden" || return 1
+  for bin in "${BINARIES[@]}"; do
+    mkdir -p "$dest/$(dirname "$bin")" && cp "$build/$bin" "$dest/$bin" || return 1
+    while read -r name path; do
+      [[ $name =~ $runtime ]] || cp -L "$path" "$dest/lib/$name" || return 1
+    done < <(ldd "$build/$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }')
+  done
+  cp -R "$shared/golden/quant" "$dest/shared/golden/" || return 1
+  echo "bundled $build/ into $dest/ ($(du -sh "$dest" | cut -f1)); on the device carry" \
+    "[\"$dest\"] and run tools/device-check.sh $dest"
+}
+
+if [[ ${1:-} == --bundle ]]; then
+  if [[ -z ${2:-} ]]; then
+    echo "usage: tools/device-check.sh --bundle BUILD_DIR [DEST]" >&2
+    exit 2
+  fi
+  bundle "$2" "${3:-build-device}"
+  exit
+fi
 
 readonly BUDGET_S=450  # leaves headroom under 8 minutes
 readonly START=$SECONDS
@@ -59,16 +118,39 @@ copy_gbps() {
 
 WORK=$(mktemp -d)
 BACKGROUND=()  # fixture writers still running at exit are stopped before $WORK goes
-cleanup() {
-  local pid
+STEP=device    # the step running now; named in the table if the script stops in it
+
+# On every exit: the table (with a row for a step cut short), then the cleanup.
+finish() {
+  local pid table log
+  if [[ $STEP != finished ]]; then
+    row "$STEP" "FAIL" "cut short: stopped by a signal, a timeout or a script error"
+  fi
+  table=$(
+    echo "device check, $(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - START)) s"
+    echo
+    echo "| check | result | detail |"
+    echo "| --- | --- | --- |"
+    printf '%s\n' "${ROWS[@]}"
+  )
+  echo
+  echo "$table"
+  if [[ -n ${OUT:-} && -d $OUT ]]; then
+    echo "$table" >"$OUT/device-check.md"
+    # The whole logs of the steps that can fail in detail (at most 8 files come back).
+    for log in kernels_test engine_gpu_test gates; do
+      if [[ -f $WORK/$log.log ]]; then cp "$WORK/$log.log" "$OUT/$log.log"; fi
+    done
+    cat "$WORK"/run-*.log >"$OUT/runs.log" 2>/dev/null
+  fi
   for pid in "${BACKGROUND[@]}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
   rm -rf "$WORK"
 }
-trap cleanup EXIT
+trap finish EXIT
 
 echo "== device"
-if nvidia-smi -L >"$WORK/smi.log" 2>&1; then
+if timeout 60 nvidia-smi -L >"$WORK/smi.log" 2>&1; then
   cat "$WORK/smi.log"
   row "device" "ok" "$(head -1 "$WORK/smi.log" | sed 's/ (UUID.*//')"
 else
@@ -77,9 +159,10 @@ else
 fi
 
 echo "== build"
+STEP=build
 BUILD=${1:-}
 if [[ -z $BUILD ]]; then
-  for candidate in build-sm90 build; do
+  for candidate in build-device build-sm90 build; do
     if [[ -x $candidate/tools/moegraph && -x $candidate/tests/engine_gpu_test ]]; then
       BUILD=$candidate
       break
@@ -90,6 +173,13 @@ if [[ -n $BUILD && -x $BUILD/tools/moegraph ]]; then
   row "build" "ok" "carried $BUILD/"
 else
   BUILD=${BUILD:-build-sm90}
+  # CMake refuses a cache written at another root (a tree carried from the build
+  # machine): configure a fresh tree instead.
+  if [[ -f $BUILD/CMakeCache.txt ]] &&
+    ! grep -qxF -e "CMAKE_HOME_DIRECTORY:INTERNAL=$PWD" \
+      -e "CMAKE_HOME_DIRECTORY:INTERNAL=$(pwd -P)" "$BUILD/CMakeCache.txt"; then
+    BUILD="build-sm90-here"
+  fi
   if run_step 60 "$WORK/configure.log" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
       -DMOEGRAPH_CUDA_ARCHS=90 &&
     run_step 300 "$WORK/build.log" cmake --build "$BUILD" -j "$(nproc)" \
@@ -101,6 +191,33 @@ else
   fi
 fi
 MOEGRAPH=$BUILD/tools/moegraph
+
+# A bundle brings its own libraries and the tests' shared data.
+if [[ -d $BUILD/lib ]]; then
+  LD_LIBRARY_PATH=$(cd "$BUILD/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LD_LIBRARY_PATH
+fi
+if [[ -z ${MOEGRAPH_SHARED:-} ]]; then
+  if [[ -d $BUILD/shared ]]; then
+    MOEGRAPH_SHARED=$(cd "$BUILD/shared" && pwd)
+  else
+    MOEGRAPH_SHARED=$PWD/../shared
+  fi
+fi
+export MOEGRAPH_SHARED
+STEP=libraries
+MISSING=""
+for bin in "${BINARIES[@]}"; do
+  if [[ -x $BUILD/$bin ]]; then
+    libs=$(ldd "$BUILD/$bin" 2>&1 | awk '/not found/ { printf "%s%s", sep, $1; sep = "," }')
+    if [[ -n $libs ]]; then MISSING+=" ${bin##*/}: $libs;"; fi
+  fi
+done
+if [[ -n $MISSING ]]; then
+  row "libraries" "FAIL" "not found:$MISSING (bundle them: tools/device-check.sh --bundle)"
+else
+  row "libraries" "ok" "every binary loads its shared libraries"
+fi
 
 # The fixture is CPU work: make it while the GPU tests run.
 FIXTURE=$WORK/qwen3moe-8x64-q4k.gguf
@@ -128,13 +245,13 @@ fi
 
 for test in kernels_test engine_gpu_test; do
   echo "== $test"
+  STEP=$test
   binary=$BUILD/tests/$test
   if [[ ! -x $binary ]]; then
     row "$test" "FAIL" "not built"
     continue
   fi
-  run_step 150 "$WORK/$test.log" env MOEGRAPH_SHARED="${MOEGRAPH_SHARED:-$PWD/../shared}" \
-    "$binary" --gtest_brief=1
+  run_step 150 "$WORK/$test.log" "$binary" --gtest_brief=1
   rc=$?
   grep -E 'FAILED|Failure|Skipped|^\S+\.cc:[0-9]+' "$WORK/$test.log" | head -40
   counts=$(gtest_counts "$WORK/$test.log")
@@ -150,6 +267,7 @@ for test in kernels_test engine_gpu_test; do
 done
 
 echo "== copy bench"
+STEP="copy bench"
 # The same bytes both ways: 8 Qwen3 q4_K expert blocks (a layer that misses all
 # top-8), then 8 x 8 MiB. bytes_per_second is over CUDA-event time.
 COPY_BENCH=$BUILD/tools/moegraph_gpu_bench
@@ -173,6 +291,7 @@ else
 fi
 
 echo "== gates"
+STEP=gates
 GATES=$BUILD/gates/moegraph-gates
 if [[ -x $GATES ]]; then
   run_step 120 "$WORK/gates.log" "$GATES" --backend cuda
@@ -189,6 +308,7 @@ else
 fi
 
 echo "== fixture"
+STEP=fixture
 if [[ -n $FIXTURE_PID ]] && wait "$FIXTURE_PID"; then
   row "fixture" "ok" "qwen3moe 8 layers, 64 experts, top-4, embd 1024, ff 512, q4_K experts"
 else
@@ -211,6 +331,7 @@ declare -A ARGS=(
 REFERENCE=""
 for arm in resident graph graph-s4 eager host stage; do
   echo "== run $arm"
+  STEP="run $arm"
   log=$WORK/run-$arm.log
   if [[ ! -f $FIXTURE ]]; then
     row "run $arm" "FAIL" "no fixture"
@@ -240,6 +361,7 @@ for arm in resident graph graph-s4 eager host stage; do
 done
 
 echo "== qwen3 bench"
+STEP="qwen3 bench"
 # Waits for the fixture only while the budget lasts.
 while [[ -n $QWEN3_PID ]] && kill -0 "$QWEN3_PID" 2>/dev/null && (($(left) > 10)); do
   sleep 1
@@ -292,14 +414,4 @@ else
   fi
 fi
 rm -f "$QWEN3"
-
-TABLE=$(
-  echo "device check, $(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - START)) s"
-  echo
-  echo "| check | result | detail |"
-  echo "| --- | --- | --- |"
-  printf '%s\n' "${ROWS[@]}"
-)
-echo
-echo "$TABLE"
-if [[ -n ${OUT:-} && -d $OUT ]]; then echo "$TABLE" >"$OUT/device-check.md"; fi
+STEP=finished
