@@ -311,7 +311,8 @@ struct CudaEngine::Impl {
   int32_t* pos = nullptr;
   int32_t* step = nullptr;
   int32_t* sampled = nullptr;
-  int32_t* prompt = nullptr;      // [max_ctx]
+  int32_t* n_prompt = nullptr;    // [1 + max_ctx]: the prompt's length, then its ids
+  int32_t* prompt = nullptr;      // n_prompt + 1
   int32_t* out_tokens = nullptr;  // [max_ctx]
   float* x = nullptr;
   float* h = nullptr;
@@ -341,7 +342,6 @@ struct CudaEngine::Impl {
   CudaBuffer token_host;
   CudaBuffer selection_host, slot_of_rank_host, missed_host;  // [n_layer][k]
 
-  int n_prompt = 0;                 // the prompt length the walks were bound for
   std::map<int, StepWalk> walks;    // by steps per walk
   std::map<int, StepGraph> graphs;  // by steps per graph
 };
@@ -637,7 +637,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
 
   StateLayout s;
   const size_t o_token = s.Add(4), o_pos = s.Add(4), o_step = s.Add(4), o_sampled = s.Add(4);
-  const size_t o_prompt = s.Add(max_ctx * 4), o_out = s.Add(max_ctx * 4);
+  const size_t o_prompt = s.Add((max_ctx + 1) * 4), o_out = s.Add(max_ctx * 4);
   const size_t o_x = s.Add(cfg.n_embd * f), o_h = s.Add(cfg.n_embd * f);
   const size_t o_q = s.Add(q_len * f), o_k = s.Add(kv_len * f), o_v = s.Add(kv_len * f);
   const size_t o_attn = s.Add(q_len * f), o_block = s.Add(cfg.n_embd * f);
@@ -662,7 +662,8 @@ absl::Status CudaEngine::Impl::AllocateState() {
   pos = reinterpret_cast<int32_t*>(at(o_pos));
   step = reinterpret_cast<int32_t*>(at(o_step));
   sampled = reinterpret_cast<int32_t*>(at(o_sampled));
-  prompt = reinterpret_cast<int32_t*>(at(o_prompt));
+  n_prompt = reinterpret_cast<int32_t*>(at(o_prompt));
+  prompt = n_prompt + 1;
   out_tokens = reinterpret_cast<int32_t*>(at(o_out));
   x = reinterpret_cast<float*>(at(o_x));
   h = reinterpret_cast<float*>(at(o_h));
@@ -994,8 +995,8 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
 
   switch (entry.op) {
     case StepOp::kBeginStep:
-      return [=, this, n = n_prompt] {
-        return launch_begin_step(prompt, n, sampled, step, token, pos, ms);
+      return [=, this] {
+        return launch_begin_step(prompt, n_prompt, sampled, step, token, pos, ms);
       };
     case StepOp::kEmbed:
       return [=, this] { return launch_embed(token_embd, token, x, ms); };
@@ -1266,14 +1267,13 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
   GenerateStats& st = stats != nullptr ? *stats : local;
   st = GenerateStats();
 
-  // begin_step takes the prompt length as an argument: walks bound for another
-  // length are rebuilt (and their graphs recaptured).
-  if (n_prompt != s.n_prompt) {
-    s.graphs.clear();
-    s.walks.clear();
-    s.n_prompt = n_prompt;
-  }
-  MG_RETURN_IF_ERROR(s.Upload(s.prompt, prompt.data(), prompt.size() * 4, "the prompt"));
+  // The length and the ids in one upload, so every walk and graph serves any prompt.
+  std::vector<int32_t> length_and_ids;
+  length_and_ids.reserve(prompt.size() + 1);
+  length_and_ids.push_back(n_prompt);
+  length_and_ids.insert(length_and_ids.end(), prompt.begin(), prompt.end());
+  MG_RETURN_IF_ERROR(s.Upload(s.n_prompt, length_and_ids.data(), length_and_ids.size() * 4,
+                              "the prompt"));
   MG_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(s.step, 0, sizeof(int32_t), s.main),
                                 "resetting the step counter"));
 

@@ -193,11 +193,12 @@ cudaError_t launch_sample(const float* logits, int32_t n, float temperature, flo
                           uint64_t seed, const int32_t* step, int32_t* token_out,
                           cudaStream_t stream);
 
-// Start of a step: *token = prompt[*step] while *step < n_prompt (teacher
-// forcing), else *sampled; *pos = *step.
-cudaError_t launch_begin_step(const int32_t* prompt, int32_t n_prompt, const int32_t* sampled,
-                              const int32_t* step, int32_t* token, int32_t* pos,
-                              cudaStream_t stream);
+// Start of a step: *token = prompt[*step] while *step < *n_prompt (teacher
+// forcing), else *sampled; *pos = *step. The prompt's length is read on the
+// device like its ids, so one captured graph serves prompts of any length.
+cudaError_t launch_begin_step(const int32_t* prompt, const int32_t* n_prompt,
+                              const int32_t* sampled, const int32_t* step, int32_t* token,
+                              int32_t* pos, cudaStream_t stream);
 // End of a step: out_tokens[*step] = *sampled, ++*step, ++counters->steps.
 cudaError_t launch_end_step(const int32_t* sampled, int32_t* step, int32_t* out_tokens,
                             DeviceCounters* counters, cudaStream_t stream);

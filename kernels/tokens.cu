@@ -123,12 +123,13 @@ __global__ void __launch_bounds__(kTokenThreads)
   *token_out = last;
 }
 
-__global__ void begin_step_kernel(const int32_t* __restrict__ prompt, int32_t n_prompt,
+__global__ void begin_step_kernel(const int32_t* __restrict__ prompt,
+                                  const int32_t* __restrict__ n_prompt,
                                   const int32_t* __restrict__ sampled,
                                   const int32_t* __restrict__ step, int32_t* __restrict__ token,
                                   int32_t* __restrict__ pos) {
   const int32_t s = *step;
-  *token = s < n_prompt ? prompt[s] : *sampled;
+  *token = s < *n_prompt ? prompt[s] : *sampled;
   *pos = s;
 }
 
@@ -160,11 +161,11 @@ cudaError_t launch_sample(const float* logits, int32_t n, float temperature, flo
   return cudaGetLastError();
 }
 
-cudaError_t launch_begin_step(const int32_t* prompt, int32_t n_prompt, const int32_t* sampled,
-                              const int32_t* step, int32_t* token, int32_t* pos,
-                              cudaStream_t stream) {
-  if ((prompt == nullptr && n_prompt > 0) || n_prompt < 0 || sampled == nullptr ||
-      step == nullptr || token == nullptr || pos == nullptr) {
+cudaError_t launch_begin_step(const int32_t* prompt, const int32_t* n_prompt,
+                              const int32_t* sampled, const int32_t* step, int32_t* token,
+                              int32_t* pos, cudaStream_t stream) {
+  if (prompt == nullptr || n_prompt == nullptr || sampled == nullptr || step == nullptr ||
+      token == nullptr || pos == nullptr) {
     return cudaErrorInvalidValue;
   }
   begin_step_kernel<<<1, 1, 0, stream>>>(prompt, n_prompt, sampled, step, token, pos);

@@ -717,13 +717,14 @@ TEST_F(KernelsGpuTest, SamplingMatchesTheHostDecision) {
 
 TEST_F(KernelsGpuTest, StepBookkeepingTeacherForcesThePromptThenFeedsSamples) {
   const std::vector<int32_t> prompt = {11, 22, 33};
-  DeviceArray<int32_t> d_prompt(prompt), d_sampled(1), d_step(std::vector<int32_t>{0});
+  DeviceArray<int32_t> d_prompt(prompt), d_n_prompt(std::vector<int32_t>{3}), d_sampled(1),
+      d_step(std::vector<int32_t>{0});
   DeviceArray<int32_t> d_token(1), d_pos(1), d_out(6);
   DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
   for (int32_t s = 0; s < 6; ++s) {
     d_sampled.Upload({100 + s});
-    ASSERT_EQ(launch_begin_step(d_prompt.get(), 3, d_sampled.get(), d_step.get(), d_token.get(),
-                                d_pos.get(), stream_),
+    ASSERT_EQ(launch_begin_step(d_prompt.get(), d_n_prompt.get(), d_sampled.get(), d_step.get(),
+                                d_token.get(), d_pos.get(), stream_),
               cudaSuccess);
     Sync();
     EXPECT_EQ(d_token.Download()[0], s < 3 ? prompt[s] : 100 + s) << s;
