@@ -116,6 +116,19 @@ __global__ void routing_step_end_kernel(const int32_t* __restrict__ selection, i
   if (threadIdx.x == 0) *cursor = step + 1;
 }
 
+// The start of a policy step, by the whole block: the selection's keys to
+// shared memory and to selected_keys, the outcome zeroed, then a barrier.
+__device__ void begin_policy_step(int32_t layer, const int32_t* __restrict__ experts, int32_t k,
+                                  int32_t n_expert, int32_t* keys,
+                                  int32_t* __restrict__ selected_keys, StepOutcome* outcome) {
+  for (int32_t r = threadIdx.x; r < k; r += blockDim.x) {
+    keys[r] = residency_key(layer, experts[r], n_expert);
+    selected_keys[r] = keys[r];
+  }
+  if (threadIdx.x == 0) *outcome = {0, 0, 0};
+  __syncthreads();
+}
+
 // One block. Thread 0 runs every state change in residency_step's order; the
 // block finds the slot argmins (demotion on a promotion overflow, victim per
 // miss) between barriers, so the result equals the sequential step exactly.
@@ -133,12 +146,7 @@ __global__ void __launch_bounds__(kResidencyThreads)
   __shared__ int32_t slot_scratch[32];
   const int tid = threadIdx.x;
   const int32_t slot_end = pool.slot_begin + pool.n_slots;
-  for (int32_t r = tid; r < k; r += blockDim.x) {
-    keys[r] = residency_key(layer, experts[r], s.n_expert);
-    selected_keys[r] = keys[r];
-  }
-  if (tid == 0) outcome = {0, 0, 0};
-  __syncthreads();
+  begin_policy_step(layer, experts, k, s.n_expert, keys, selected_keys, &outcome);
 
   // 1. Hits, in rank order.
   for (int32_t r = 0; r < k; ++r) {
@@ -210,12 +218,7 @@ __global__ void __launch_bounds__(kResidencyThreads)
   __shared__ unsigned long long rank_scratch[32];
   __shared__ int32_t slot_scratch[32];
   const int tid = threadIdx.x;
-  for (int32_t r = tid; r < k; r += blockDim.x) {
-    keys[r] = residency_key(layer, experts[r], s.n_expert);
-    selected_keys[r] = keys[r];
-  }
-  if (tid == 0) outcome = {0, 0, 0};
-  __syncthreads();
+  begin_policy_step(layer, experts, k, s.n_expert, keys, selected_keys, &outcome);
 
   // Observe: every expert of the layer counts in its cell before its update.
   for (int32_t e = tid; e < s.n_expert; e += blockDim.x) {
@@ -261,15 +264,8 @@ __global__ void __launch_bounds__(kResidencyThreads)
     }
     block_argmin(&best, &best_slot, rank_scratch, slot_scratch);
     if (tid == 0) {
-      const int32_t old_key = s.owner[best_slot];
-      if (old_key != kNoKey) {
-        s.table[old_key] = kNoSlot;
-        evicted_keys[outcome.n_evictions++] = old_key;
-      }
-      s.owner[best_slot] = keys[r];
-      s.table[keys[r]] = best_slot;
+      hazard_admit(s, best_slot, keys[r], evicted_keys, &outcome);
       slot_of_rank[r] = best_slot;
-      ++outcome.n_misses;
     }
     __syncthreads();
   }

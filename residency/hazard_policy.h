@@ -231,6 +231,19 @@ MG_HD inline int32_t hazard_find_victim(const HazardState& s, const HazardPool& 
   return best;
 }
 
+// A miss of `key` takes slot `victim`: its key (if any) is evicted and recorded.
+MG_HD inline void hazard_admit(const HazardState& s, int32_t victim, int32_t key,
+                               int32_t* evicted_keys, StepOutcome* out) {
+  const int32_t old_key = s.owner[victim];
+  if (old_key != kNoKey) {
+    s.table[old_key] = kNoSlot;
+    evicted_keys[out->n_evictions++] = old_key;
+  }
+  s.owner[victim] = key;
+  s.table[key] = victim;
+  ++out->n_misses;
+}
+
 // One layer's step, with the outputs of residency_step: per rank r,
 // slot_of_rank[r] and missed[r] (admitted now, to be staged), and the evicted
 // keys. First-miss admit: a miss always takes a slot, so the engine needs no
@@ -253,15 +266,8 @@ MG_HD inline StepOutcome hazard_step(const HazardState& s, const HazardPool& poo
   for (int32_t r = 0; r < k; ++r) {
     if (!missed[r]) continue;
     const int32_t victim = hazard_find_victim(s, pool, layer, selected_keys, k);
-    const int32_t old_key = s.owner[victim];
-    if (old_key != kNoKey) {
-      s.table[old_key] = kNoSlot;
-      evicted_keys[out.n_evictions++] = old_key;
-    }
-    s.owner[victim] = selected_keys[r];
-    s.table[selected_keys[r]] = victim;
+    hazard_admit(s, victim, selected_keys[r], evicted_keys, &out);
     slot_of_rank[r] = victim;
-    ++out.n_misses;
   }
   return out;
 }
