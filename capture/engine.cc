@@ -204,8 +204,8 @@ struct LayerExperts {
 // ResidencySnapshot's (an array the policy does not keep stays unallocated),
 // plus the hazard table's costs, which the step rebuilds from the counts.
 struct DevicePolicyState {
-  CudaBuffer table, owner, stamp, seg, n_protected, clock, last_visit, frequency, visits,
-      cell_hits, cell_trials, cell_cost;
+  CudaBuffer table, owner, stamp, seg, n_protected, clock, last_visit, frequency, long_frequency,
+      visits, cell_hits, cell_trials, cell_cost;
 };
 
 // Calls fn(host array, device buffer, what) for every array of a snapshot.
@@ -219,6 +219,8 @@ absl::Status ForEachStateArray(ResidencySnapshot& host, DevicePolicyState& devic
   MG_RETURN_IF_ERROR(fn(host.clock, device.clock, "the pool clocks"));
   MG_RETURN_IF_ERROR(fn(host.last_visit, device.last_visit, "the keys' last visits"));
   MG_RETURN_IF_ERROR(fn(host.frequency, device.frequency, "the keys' frequencies"));
+  MG_RETURN_IF_ERROR(
+      fn(host.long_frequency, device.long_frequency, "the keys' long frequencies"));
   MG_RETURN_IF_ERROR(fn(host.visits, device.visits, "the layers' visits"));
   MG_RETURN_IF_ERROR(fn(host.cell_hits, device.cell_hits, "the hazard cell hits"));
   return fn(host.cell_trials, device.cell_trials, "the hazard cell trials");
@@ -609,12 +611,18 @@ absl::Status CudaEngine::Impl::AllocatePools() {
       MG_ASSIGN_OR_RETURN(d.cell_cost, CudaBuffer::Device(cost.size() * 4, "the hazard costs"));
       MG_RETURN_IF_ERROR(
           Upload(d.cell_cost.as<void>(), cost.data(), cost.size() * 4, "the hazard costs"));
-      pool.hazard = {d.table.as<int32_t>(),      d.owner.as<int32_t>(),
-                     d.last_visit.as<int32_t>(), d.frequency.as<uint32_t>(),
-                     d.visits.as<int32_t>(),     d.cell_hits.as<uint32_t>(),
-                     d.cell_trials.as<uint32_t>(), d.cell_cost.as<float>(),
-                     cache.config().n_layer,     cfg.n_expert,
-                     cfg.n_expert_used};
+      pool.hazard = {.table = d.table.as<int32_t>(),
+                     .owner = d.owner.as<int32_t>(),
+                     .last_visit = d.last_visit.as<int32_t>(),
+                     .frequency = d.frequency.as<uint32_t>(),
+                     .long_frequency = d.long_frequency.as<uint32_t>(),
+                     .visits = d.visits.as<int32_t>(),
+                     .cell_hits = d.cell_hits.as<uint32_t>(),
+                     .cell_trials = d.cell_trials.as<uint32_t>(),
+                     .cell_cost = d.cell_cost.as<float>(),
+                     .n_layer = cache.config().n_layer,
+                     .n_expert = cfg.n_expert,
+                     .k = cfg.n_expert_used};
       pool.hazard_pools = hazard->pools();
     }
     for (size_t i = 0; i < pool.info.layers.size(); ++i) {

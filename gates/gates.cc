@@ -643,6 +643,7 @@ absl::Status CompareResidency(const ResidencySnapshot& engine, const ResidencySn
   MG_RETURN_IF_ERROR(compare("clock", engine.clock, replay.clock));
   MG_RETURN_IF_ERROR(compare("last_visit", engine.last_visit, replay.last_visit));
   MG_RETURN_IF_ERROR(compare("frequency", engine.frequency, replay.frequency));
+  MG_RETURN_IF_ERROR(compare("long_frequency", engine.long_frequency, replay.long_frequency));
   MG_RETURN_IF_ERROR(compare("visits", engine.visits, replay.visits));
   MG_RETURN_IF_ERROR(compare("cell_hits", engine.cell_hits, replay.cell_hits));
   return compare("cell_trials", engine.cell_trials, replay.cell_trials);

@@ -450,7 +450,8 @@ cudaError_t launch_hazard_step(const HazardState& state, const HazardPool& pool,
                                int32_t* slot_of_rank, uint8_t* missed, int32_t* evicted_keys,
                                DeviceCounters* counters, cudaStream_t stream) {
   if (state.table == nullptr || state.owner == nullptr || state.last_visit == nullptr ||
-      state.frequency == nullptr || state.visits == nullptr || state.cell_hits == nullptr ||
+      state.frequency == nullptr || state.long_frequency == nullptr || state.visits == nullptr ||
+      state.cell_hits == nullptr ||
       state.cell_trials == nullptr || state.cell_cost == nullptr || state.n_expert <= 0 ||
       layer < 0 || layer >= state.n_layer || pool.slot_begin < 0 || pool.n_slots < k ||
       pool.slot_begin + pool.n_slots > kHazardMaxSlots || experts == nullptr || k <= 0 ||

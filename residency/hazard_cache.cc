@@ -23,6 +23,7 @@ absl::StatusOr<HazardCache> HazardCache::Create(const CacheConfig& config) {
   cache.owner_.assign(n_slots, kNoKey);
   cache.last_visit_.assign(n_keys, -1);
   cache.frequency_.assign(n_keys, 0);
+  cache.long_frequency_.assign(n_keys, 0);
   cache.visits_.assign(config.n_layer, 0);
   cache.cell_hits_.assign(kHazardCells, 0);
   cache.cell_trials_.assign(kHazardCells, 0);
@@ -34,10 +35,18 @@ absl::StatusOr<HazardCache> HazardCache::Create(const CacheConfig& config) {
 
 HazardState HazardCache::state() {
   const CacheConfig& c = layout_.config;
-  return HazardState{table_.data(),       owner_.data(),     last_visit_.data(),
-                     frequency_.data(),   visits_.data(),    cell_hits_.data(),
-                     cell_trials_.data(), cell_cost_.data(), c.n_layer,
-                     c.n_expert,          c.k};
+  return HazardState{.table = table_.data(),
+                     .owner = owner_.data(),
+                     .last_visit = last_visit_.data(),
+                     .frequency = frequency_.data(),
+                     .long_frequency = long_frequency_.data(),
+                     .visits = visits_.data(),
+                     .cell_hits = cell_hits_.data(),
+                     .cell_trials = cell_trials_.data(),
+                     .cell_cost = cell_cost_.data(),
+                     .n_layer = c.n_layer,
+                     .n_expert = c.n_expert,
+                     .k = c.k};
 }
 
 const LayerStep& HazardCache::Step(int32_t layer, const int32_t* experts) {

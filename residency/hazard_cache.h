@@ -40,6 +40,7 @@ class HazardCache {
   const std::vector<int32_t>& owner() const { return owner_; }
   const std::vector<int32_t>& last_visit() const { return last_visit_; }
   const std::vector<uint32_t>& frequency() const { return frequency_; }
+  const std::vector<uint32_t>& long_frequency() const { return long_frequency_; }
   const std::vector<int32_t>& visits() const { return visits_; }
   const std::vector<uint32_t>& cell_trials() const { return cell_trials_; }
   const std::vector<uint32_t>& cell_hits() const { return cell_hits_; }
@@ -58,7 +59,7 @@ class HazardCache {
   SlotLayout layout_;
   std::vector<HazardPool> pools_;
   std::vector<int32_t> table_, owner_, last_visit_, visits_;
-  std::vector<uint32_t> frequency_, cell_hits_, cell_trials_;
+  std::vector<uint32_t> frequency_, long_frequency_, cell_hits_, cell_trials_;
   std::vector<float> cell_cost_;
   StepScratch scratch_;
 };

@@ -3,19 +3,24 @@
 //
 // A decode step visits layers 0..L-1 in order, so a key (layer, expert) can only
 // be used again at its layer's next visit. For every key the policy keeps how
-// many visits of its layer passed since it was last selected (recency) and an
-// EWMA of its selections (frequency). A 12 x 10 table of (recency row, frequency
-// column) cells learns online, from every key of a layer at every visit, the
-// chance h that a key in that cell is selected at the next visit (an empty cell
-// predicts the base rate k / E). The table is projected to be non-increasing in
-// recency and non-decreasing in frequency, so recency and frequency can only
-// help (this is what keeps LRU's behaviour where
-// LRU is right). A resident key's expected steps to its next use are
+// many visits of its layer passed since it was last selected (recency), a short
+// EWMA of its selections (frequency, a memory of about 20 visits) and a long one
+// (long_frequency, the mean over the last 256 visits). A 12 x 10 table of
+// (recency row, frequency column) cells learns online, from every key of a layer
+// at every visit, the chance h that a key in that cell is selected at the next
+// visit (an empty cell predicts the base rate k / E). The column reads the short
+// EWMA while the key was selected recently enough for it to hold information,
+// and the long one from kHazardLongFrequencyRow on, where the short EWMA of
+// every key has decayed into the first column. The table is projected to be
+// non-increasing in recency and non-decreasing in frequency, so recency and
+// frequency can only help (this is what keeps LRU's behaviour where LRU is
+// right). A resident key's expected steps to its next use are
 //   d + L * (1 - h) / h,  d = steps until its layer's next visit (1..L),
 // the mean of a geometric wait; the victim is the slot that maximises it (Belady
 // with a prediction), found as an argmin of a packed 64-bit rank. On the GPU the
 // observation is one thread per expert (atomicAdd on the cell counters), the
-// table rebuild one thread, the victim search a block-wide min (or atomicMin).
+// table rebuild one block (four phases), the victim search a block-wide min
+// (or atomicMin).
 //
 // Integer state and round-to-nearest float ops only (no contraction-prone
 // multiply-add), so the CPU and the device pick the same victims; the kernel must
@@ -35,6 +40,16 @@ inline constexpr int32_t kHazardFrequencyCols = 10;
 inline constexpr int32_t kHazardCells = kHazardRecencyRows * kHazardFrequencyCols;
 // Frequency is Q16 fixed point: 1 << 16 is "selected at every visit".
 inline constexpr uint32_t kHazardFrequencyOne = 1u << 16;
+// Long frequency is Q24, so that its slow decay does not stall in the rounding.
+inline constexpr uint32_t kHazardLongFrequencyOne = 1u << 24;
+// The long frequency averages the last this many visits of the key's layer.
+inline constexpr uint32_t kHazardLongFrequencyVisits = 256;
+// First recency row (31-60 visits) whose column reads the long frequency. One
+// selection adds 1/20 to the short EWMA, which falls below the first column
+// edge (0.01) after 31 visits: from there on the short EWMA puts almost every
+// key in column 0, the table cannot tell cold keys apart, and the victim among
+// them would be picked by layer position alone.
+inline constexpr int32_t kHazardLongFrequencyRow = 8;
 // A cell's counts are halved when its trials reach this, so the table follows
 // drift over about a million observations per cell and never overflows.
 inline constexpr uint32_t kHazardCountCap = 1u << 20;
@@ -44,14 +59,15 @@ inline constexpr int32_t kHazardMaxSlots = 1 << 15;
 
 // State shared by every pool. Pointers, so host or device memory can back it.
 struct HazardState {
-  int32_t* table;         // [n_layer * n_expert]: slot holding the key, or kNoSlot
-  int32_t* owner;         // [n_slots]: key held, or kNoKey
-  int32_t* last_visit;    // [n_layer * n_expert]: visit of its layer that last selected it, or -1
-  uint32_t* frequency;    // [n_layer * n_expert]: EWMA of selection, Q16
-  int32_t* visits;        // [n_layer]: visits of each layer so far
-  uint32_t* cell_hits;    // [kHazardCells]: observations selected at the visit
-  uint32_t* cell_trials;  // [kHazardCells]: observations
-  float* cell_cost;       // [kHazardCells]: L * (1 - h) / h, the expected extra wait
+  int32_t* table;            // [n_layer * n_expert]: slot holding the key, or kNoSlot
+  int32_t* owner;            // [n_slots]: key held, or kNoKey
+  int32_t* last_visit;       // [n_layer * n_expert]: visit of its layer that last chose it, or -1
+  uint32_t* frequency;       // [n_layer * n_expert]: EWMA of selection, Q16
+  uint32_t* long_frequency;  // [n_layer * n_expert]: mean of selection, Q24 (see below)
+  int32_t* visits;           // [n_layer]: visits of each layer so far
+  uint32_t* cell_hits;       // [kHazardCells]: observations selected at the visit
+  uint32_t* cell_trials;     // [kHazardCells]: observations
+  float* cell_cost;          // [kHazardCells]: L * (1 - h) / h, the expected extra wait
   int32_t n_layer;
   int32_t n_expert;
   int32_t k;  // experts selected per layer visit
@@ -93,21 +109,38 @@ MG_HD inline uint32_t hazard_next_frequency(uint32_t frequency, bool selected) {
   return frequency - frequency / 20 + (selected ? kStep : 0u);
 }
 
+// The long frequency after the layer's visit number `visit` (0 for its first):
+// weight 1 / min(visit + 1, kHazardLongFrequencyVisits) on the newest visit, so
+// it is the plain mean of the visits so far until it becomes an EWMA, and it is
+// never biased toward 0 early in a run. Stays <= kHazardLongFrequencyOne.
+MG_HD inline uint32_t hazard_next_long_frequency(uint32_t long_frequency, bool selected,
+                                                 int32_t visit) {
+  const uint32_t n = static_cast<uint32_t>(visit) + 1u < kHazardLongFrequencyVisits
+                         ? static_cast<uint32_t>(visit) + 1u
+                         : kHazardLongFrequencyVisits;
+  return long_frequency - long_frequency / n + (selected ? kHazardLongFrequencyOne / n : 0u);
+}
+
 // The cell whose hazard predicts the key's next visit.
 MG_HD inline int32_t hazard_cell(const HazardState& s, int32_t key) {
   const int32_t layer = key / s.n_expert;
   const int32_t last = s.last_visit[key];
   const int32_t row = hazard_recency_row(last < 0 ? -1 : s.visits[layer] - last);
-  return row * kHazardFrequencyCols + hazard_frequency_col(s.frequency[key]);
+  // The long frequency is Q24; >> 8 puts it on the Q16 column edges.
+  const uint32_t frequency =
+      row < kHazardLongFrequencyRow ? s.frequency[key] : s.long_frequency[key] >> 8;
+  return row * kHazardFrequencyCols + hazard_frequency_col(frequency);
 }
 
 // One key at its layer's visit: returns the cell the outcome counts in (add 1
 // to its trials, and to its hits when selected), then advances the key's state.
-// Call for every expert of the layer, then hazard_end_visit.
+// Call for every expert of the layer, then increment visits[layer] and rebuild.
 MG_HD inline int32_t hazard_observe_key(const HazardState& s, int32_t key, bool selected) {
   const int32_t cell = hazard_cell(s, key);
+  const int32_t visit = s.visits[key / s.n_expert];
   s.frequency[key] = hazard_next_frequency(s.frequency[key], selected);
-  if (selected) s.last_visit[key] = s.visits[key / s.n_expert];
+  s.long_frequency[key] = hazard_next_long_frequency(s.long_frequency[key], selected, visit);
+  if (selected) s.last_visit[key] = visit;
   return cell;
 }
 
@@ -186,16 +219,17 @@ MG_HD inline float hazard_expected_wait(const HazardState& s, int32_t key,
 // Mantissa bits of the expected wait the rank keeps: waits within about 0.4% of
 // each other tie. The table's cells are coarse in age (rows up to 130 visits
 // wide), so for a far key the d term is finer than the prediction it is added to;
-// such near-ties are better broken by frequency and age, the signals LRU uses.
+// such near-ties are better broken by the key's own long frequency and age.
 inline constexpr uint32_t kHazardWaitMantissaBits = 8;
 
 // Eviction order for the current selection, unique per slot: empty slots first
 // (lowest index first); then occupied slots by expected wait rounded down to
-// kHazardWaitMantissaBits, longest first, then by frequency byte, lowest first,
+// kHazardWaitMantissaBits, longest first, then by long frequency, lowest first,
 // then by visits since the last selection, most first, then by slot index; a slot
-// holding a key of the selection is never a victim. Bits: 62 class, 31..46
-// inverted rounded wait (a positive float's bits order like its value), 23..30
-// frequency, 15..22 inverted age, 0..14 slot.
+// holding a key of the selection is never a victim. Bits: 63 class, 47..62
+// inverted rounded wait (a positive float's bits order like its value), 23..46
+// long frequency (24 bits), 15..22 inverted age, 0..14 slot. A wait is at least
+// 1, so the wait field is below 0x8100 and no rank reaches kNotAVictim.
 MG_HD inline uint64_t hazard_victim_rank(const HazardState& s, int32_t slot,
                                          int32_t current_layer, const int32_t* selected_keys,
                                          int32_t k) {
@@ -205,14 +239,14 @@ MG_HD inline uint64_t hazard_victim_rank(const HazardState& s, int32_t slot,
   const float wait = hazard_expected_wait(s, key, current_layer);
   uint32_t wait_bits;
   memcpy(&wait_bits, &wait, sizeof(wait_bits));
-  const uint32_t frequency = s.frequency[key] >> 8;
-  const uint32_t frequency_byte = frequency < 255u ? frequency : 255u;
+  const uint32_t long_frequency = s.long_frequency[key];
+  const uint32_t frequency_bits = long_frequency < 0xffffffu ? long_frequency : 0xffffffu;
   // A resident key was selected when it was admitted, so last_visit is set.
   const int32_t age = s.visits[key / s.n_expert] - s.last_visit[key];
   const uint32_t age_byte = age < 255 ? static_cast<uint32_t>(age) : 255u;
   const uint32_t rounded_wait = (0x7fffffffu - wait_bits) >> (23 - kHazardWaitMantissaBits);
-  return (uint64_t{1} << 62) | (static_cast<uint64_t>(rounded_wait) << 31) |
-         (static_cast<uint64_t>(frequency_byte) << 23) |
+  return (uint64_t{1} << 63) | (static_cast<uint64_t>(rounded_wait) << 47) |
+         (static_cast<uint64_t>(frequency_bits) << 23) |
          (static_cast<uint64_t>(255u - age_byte) << 15) | static_cast<uint64_t>(slot);
 }
 

@@ -83,6 +83,7 @@ ResidencySnapshot PolicyCache::Snapshot() const {
   } else if (const HazardCache* hazard = hazard_cache()) {
     out.last_visit = hazard->last_visit();
     out.frequency = hazard->frequency();
+    out.long_frequency = hazard->long_frequency();
     out.visits = hazard->visits();
     out.cell_hits = hazard->cell_hits();
     out.cell_trials = hazard->cell_trials();

@@ -42,8 +42,8 @@ std::string DescribePolicy(ResidencyPolicy policy, double protected_frac);
 absl::StatusOr<ResidencyPolicy> ParseResidencyPolicy(std::string_view text, std::string_view what);
 
 // A policy's state arrays. Every policy fills table and owner; slru and lru also
-// stamp, seg, n_protected and clock (one per pool); hazard last_visit,
-// frequency, visits and the cell counts. Arrays a policy does not keep are empty.
+// stamp, seg, n_protected and clock (one per pool); hazard last_visit, the two
+// frequencies, visits and the cell counts. Arrays a policy does not keep are empty.
 struct ResidencySnapshot {
   std::vector<int32_t> table;
   std::vector<int32_t> owner;
@@ -53,6 +53,7 @@ struct ResidencySnapshot {
   std::vector<uint64_t> clock;
   std::vector<int32_t> last_visit;
   std::vector<uint32_t> frequency;
+  std::vector<uint32_t> long_frequency;
   std::vector<int32_t> visits;
   std::vector<uint32_t> cell_hits;
   std::vector<uint32_t> cell_trials;

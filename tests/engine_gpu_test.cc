@@ -282,6 +282,7 @@ TEST_F(EngineArmsTest, DeviceTablesEqualAHostCacheFedTheRecordedRouting) {
       EXPECT_EQ(device->n_protected, host.n_protected);
       EXPECT_EQ(device->last_visit, host.last_visit);
       EXPECT_EQ(device->frequency, host.frequency);
+      EXPECT_EQ(device->long_frequency, host.long_frequency);
       EXPECT_EQ(device->visits, host.visits);
       EXPECT_EQ(device->cell_hits, host.cell_hits);
       EXPECT_EQ(device->cell_trials, host.cell_trials);

@@ -212,6 +212,37 @@ TEST(HazardPolicyTest, RowsAndColumnsFollowTheirEdges) {
   EXPECT_EQ(hazard_frequency_col(frequency), 0);
 }
 
+// The long frequency is the plain mean of the visits so far, then an EWMA of
+// weight 1/256; the cell's column reads it from row 8 (31+ visits) on, where a
+// key selected once has decayed into column 0 of the short EWMA.
+TEST(HazardPolicyTest, TheLongFrequencyIsAMeanThenAnEwmaAndColumnsOfColdRowsReadIt) {
+  uint32_t mean = 0;
+  for (int32_t visit = 0; visit < 100; ++visit) {
+    mean = hazard_next_long_frequency(mean, visit % 4 == 0, visit);
+  }
+  // 25 selections in 100 visits: 1/4 up to the integer rounding of each step.
+  EXPECT_NEAR(static_cast<double>(mean) / kHazardLongFrequencyOne, 0.25, 1e-3);
+  uint32_t always = 0;
+  for (int32_t visit = 0; visit < 3000; ++visit) {
+    always = hazard_next_long_frequency(always, true, visit);
+    ASSERT_LE(always, kHazardLongFrequencyOne);
+  }
+  EXPECT_GT(always, kHazardLongFrequencyOne - 4096);
+  // Past 256 visits one miss costs 1/256 of the value, not 1/(visit + 1).
+  EXPECT_EQ(hazard_next_long_frequency(always, false, 5000), always - always / 256);
+
+  HazardCache cache = MakeHazard(Config(1, 4, 1, 4));
+  HazardState s = cache.state();
+  const int32_t key = residency_key(0, 2, 4);
+  s.last_visit[key] = 0;
+  s.frequency[key] = 0;                                 // short EWMA: column 0
+  s.long_frequency[key] = kHazardLongFrequencyOne / 5;  // 0.2: column 6
+  s.visits[0] = 30;  // row 7: the short EWMA decides
+  EXPECT_EQ(hazard_cell(s, key), 7 * kHazardFrequencyCols + 0);
+  s.visits[0] = 31;  // row 8: the long one
+  EXPECT_EQ(hazard_cell(s, key), 8 * kHazardFrequencyCols + 6);
+}
+
 // Four layers, two experts, fresh table (every key in the same cell): from
 // layer 1's visit, layer 0's keys wait 3 steps for their next visit and layer
 // 2's 1 step, so layer 0's key goes first; empty slots before any occupied one;
@@ -230,8 +261,9 @@ TEST(HazardPolicyTest, VictimRankOrdersEmptyThenWaitThenFrequency) {
     if (owners[slot] != kNoKey) s.table[owners[slot]] = slot;
   }
   s.owner[2] = kNoKey;
-  s.frequency[layer3_warm] = 3000;  // same column as 0, a higher tie-break byte
-  s.frequency[layer3_cold] = 1000;
+  // A fresh table costs every cell alike: the long frequency breaks the tie.
+  s.long_frequency[layer3_warm] = 3000u << 8;
+  s.long_frequency[layer3_cold] = 1000u << 8;
   EXPECT_EQ(hazard_expected_wait(s, layer0_key, 1), 3.0f + 4.0f);
   EXPECT_EQ(hazard_expected_wait(s, layer2_key, 1), 1.0f + 4.0f);
   const uint64_t empty = hazard_victim_rank(s, 2, 1, &selected, 1);
@@ -368,6 +400,7 @@ TEST(HazardPolicyTest, TheKernelsPhasedStepEqualsTheSequentialStep) {
   EXPECT_EQ(phased.owner(), sequential.owner());
   EXPECT_EQ(phased.last_visit(), sequential.last_visit());
   EXPECT_EQ(phased.frequency(), sequential.frequency());
+  EXPECT_EQ(phased.long_frequency(), sequential.long_frequency());
   EXPECT_EQ(phased.visits(), sequential.visits());
   EXPECT_EQ(phased.cell_hits(), sequential.cell_hits());
   EXPECT_EQ(phased.cell_trials(), sequential.cell_trials());
@@ -390,10 +423,8 @@ std::string SharedDir() {
 }
 
 // The hazard policy's hits against the better of global LRU and per-layer LRU
-// (where every layer gets at least k slots) at each budget. `slack`: hits it
-// may fall short by at budgets from `slack_from` slots up.
-void ExpectAtLeastBothLrus(const RoutingTrace& routing, const std::vector<int32_t>& budgets,
-                           int32_t slack_from = 0, int64_t slack = 0) {
+// (where every layer gets at least k slots) at each budget.
+void ExpectAtLeastBothLrus(const RoutingTrace& routing, const std::vector<int32_t>& budgets) {
   absl::StatusOr<SimTrace> trace = SimTrace::Create(routing);
   ASSERT_TRUE(trace.ok()) << trace.status();
   for (const int32_t n_slots : budgets) {
@@ -402,8 +433,7 @@ void ExpectAtLeastBothLrus(const RoutingTrace& routing, const std::vector<int32_
       best_lru = std::max(best_lru, Hits(*trace, "lru", n_slots, PoolMode::kPerLayer));
     }
     const int64_t hazard = Hits(*trace, "hazard", n_slots);
-    const int64_t allowed = slack_from > 0 && n_slots >= slack_from ? slack : 0;
-    EXPECT_GE(hazard, best_lru - allowed) << n_slots << " slots";
+    EXPECT_GE(hazard, best_lru) << n_slots << " slots";
     EXPECT_LE(hazard, Hits(*trace, "opt", n_slots)) << n_slots << " slots";
   }
 }
@@ -417,16 +447,15 @@ TEST(HazardPolicyTest, BeatsBothLrusOnTheRealTrace) {
   ExpectAtLeastBothLrus(*routing, {16, 32, 64, 128, 192});
 }
 
-// Qwen3-30B-A3B geometry (48 layers, 128 experts, top-8) at 10, 25, 50 and 75%
-// of the 6144 keys, on two corners of the popularity/reuse range. The policy is
-// not strictly above both LRUs at 75% and more on every trace: on a 48-trace grid
-// (docs/POLICY.md) it trails on 4 of them by up to 31 hits in 192000 (0.017%).
-// So at 75% the bound is an allowed shortfall of 0.02% of the accesses.
+// Qwen3-30B-A3B geometry (48 layers, 128 experts, top-8) at 10, 25, 50, 75 and
+// 90% of the 6144 keys, on corners of the popularity/reuse range. The third is
+// the regime where LRU is close to OPT at 75% and more, where the policy before
+// the long frequency trailed LRU (docs/POLICY.md).
 TEST(HazardPolicyTest, BeatsBothLrusOnSyntheticQwen3Traces) {
   struct Variant {
     double zipf_s, reuse;
   };
-  for (const Variant v : {Variant{1.0, 0.45}, Variant{0.6, 0.2}}) {
+  for (const Variant v : {Variant{1.0, 0.45}, Variant{0.6, 0.2}, Variant{1.2, 0.7}}) {
     SCOPED_TRACE(testing::Message() << "zipf " << v.zipf_s << " reuse " << v.reuse);
     SynthSpec spec;
     spec.n_steps = 200;
@@ -436,8 +465,7 @@ TEST(HazardPolicyTest, BeatsBothLrusOnSyntheticQwen3Traces) {
     spec.seed = 1;
     const absl::StatusOr<RoutingTrace> routing = SynthesizeTrace(spec);
     ASSERT_TRUE(routing.ok()) << routing.status();
-    const int64_t accesses = spec.n_steps * spec.n_layer * spec.k;
-    ExpectAtLeastBothLrus(*routing, {614, 1536, 3072, 4608}, 4608, accesses / 5000);
+    ExpectAtLeastBothLrus(*routing, {614, 1536, 3072, 4608, 5530});
   }
 }
 

@@ -442,13 +442,22 @@ TEST_F(KernelsGpuTest, HazardStepEqualsHostStepBitForBit) {
     ASSERT_TRUE(cache.ok()) << cache.status();
     DeviceArray<int32_t> d_table(cache->table()), d_owner(cache->owner()),
         d_last_visit(cache->last_visit()), d_visits(cache->visits());
-    DeviceArray<uint32_t> d_frequency(cache->frequency()), d_cell_hits(cache->cell_hits()),
+    DeviceArray<uint32_t> d_frequency(cache->frequency()),
+        d_long_frequency(cache->long_frequency()), d_cell_hits(cache->cell_hits()),
         d_cell_trials(cache->cell_trials());
     DeviceArray<float> d_cell_cost(cache->cell_cost());
-    const HazardState device = {d_table.get(),     d_owner.get(),       d_last_visit.get(),
-                                d_frequency.get(), d_visits.get(),      d_cell_hits.get(),
-                                d_cell_trials.get(), d_cell_cost.get(), n_layer,
-                                n_expert,          k};
+    const HazardState device = {.table = d_table.get(),
+                                .owner = d_owner.get(),
+                                .last_visit = d_last_visit.get(),
+                                .frequency = d_frequency.get(),
+                                .long_frequency = d_long_frequency.get(),
+                                .visits = d_visits.get(),
+                                .cell_hits = d_cell_hits.get(),
+                                .cell_trials = d_cell_trials.get(),
+                                .cell_cost = d_cell_cost.get(),
+                                .n_layer = n_layer,
+                                .n_expert = n_expert,
+                                .k = k};
     DeviceArray<int32_t> d_experts(k), d_keys(k), d_slots(k), d_evicted(k);
     DeviceArray<uint8_t> d_missed(k);
     DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
@@ -476,6 +485,7 @@ TEST_F(KernelsGpuTest, HazardStepEqualsHostStepBitForBit) {
       ASSERT_EQ(d_owner.Download(), cache->owner()) << "step " << step;
       ASSERT_EQ(d_last_visit.Download(), cache->last_visit()) << "step " << step;
       ASSERT_EQ(d_frequency.Download(), cache->frequency()) << "step " << step;
+      ASSERT_EQ(d_long_frequency.Download(), cache->long_frequency()) << "step " << step;
       ASSERT_EQ(d_visits.Download(), cache->visits()) << "step " << step;
       ASSERT_EQ(d_cell_hits.Download(), cache->cell_hits()) << "step " << step;
       ASSERT_EQ(d_cell_trials.Download(), cache->cell_trials()) << "step " << step;
