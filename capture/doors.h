@@ -38,10 +38,6 @@ struct Doors {
   bool split_passes = true;                          // MOEGRAPH_SPLIT_PASSES
   bool resident = false;   // every expert on the device (--arm resident only)
 
-  // The share of slots the policy protects: protected_frac for slru, 0 for lru.
-  double effective_protected_frac() const {
-    return policy == ResidencyPolicy::kSlru ? protected_frac : 0.0;
-  }
 };
 
 struct ResolvedDoors {

@@ -473,6 +473,25 @@ uint64_t DenseBytes(const Model& m) {
   return total;
 }
 
+// The device arrays of a residency policy, for the budget: bytes per key (and
+// per layer and table, a fixed part) and bytes per slot.
+struct PolicyStateBytes {
+  uint64_t fixed = 0;
+  uint64_t per_slot = 0;
+};
+
+PolicyStateBytes PolicyBytes(ResidencyPolicy policy, const ModelConfig& cfg) {
+  const uint64_t keys = static_cast<uint64_t>(cfg.n_layer) * static_cast<uint64_t>(cfg.n_expert);
+  if (policy == ResidencyPolicy::kHazard) {
+    // table, last_visit, frequency, long_frequency per key; visits per layer;
+    // hits, trials and cost per cell; owner per slot.
+    return {16 * keys + 4 * static_cast<uint64_t>(cfg.n_layer) + 12 * kHazardCells, 4};
+  }
+  // table per key; n_protected and clock per pool (at most one per layer);
+  // owner, stamp and seg per slot.
+  return {4 * keys + 12 * static_cast<uint64_t>(cfg.n_layer), 13};
+}
+
 // Layout of the small per-step buffers in one allocation, each 256-byte aligned.
 struct StateLayout {
   size_t total = 0;
@@ -536,6 +555,11 @@ absl::Status CudaEngine::Impl::PlanPools(uint64_t free_bytes, uint64_t dense, ui
                     "MOEGRAPH_MOE_CACHE=0 stages every selected expert)");
     split.assign(classes.size(), top_k);
   } else {
+    // A policy's slot also holds its per-slot state, and its per-key arrays sit
+    // beside the pool.
+    const PolicyStateBytes policy_bytes = PolicyBytes(options.doors.policy, cfg);
+    in.block_bytes += policy_bytes.per_slot;
+    in.scratch_bytes += policy_bytes.fixed;
     in.requested_slots = options.n_slots;
     in.sharing_engines = options.sharing_engines;
     MG_ASSIGN_OR_RETURN(const SlotBudget budget, PlanSlots(in));
@@ -780,7 +804,7 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
                           kk * cfg.n_embd + 3 * static_cast<uint64_t>(cfg.n_ff_shexp) + 1 +
                           static_cast<uint64_t>(cfg.n_vocab);
   const uint64_t per_layer = static_cast<uint64_t>(cfg.n_layer) * kk * (4 + 4 + 4 + 4 + 1 + 4);
-  return floats * f + 2 * static_cast<uint64_t>(max_ctx) * 4 + per_layer +
+  return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer +
          attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 64 * 256;
 }
 

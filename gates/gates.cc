@@ -239,14 +239,16 @@ absl::StatusOr<std::string> SimulatePolicy(GateContext& context, const Doors& do
   }
   MG_RETURN_IF_ERROR(ExpectEq(delta, Counter::kHits, hits, arm + " (the replay's hits)"));
   MG_RETURN_IF_ERROR(ExpectEq(delta, Counter::kMisses, misses, arm + " (the replay's misses)"));
-  return absl::StrFormat("%s: %d steps, %d hits, %d misses, %d evictions", PolicyName(doors.policy),
-                         delta[Counter::kSteps], hits, misses, delta[Counter::kEvictions]);
+  return absl::StrFormat("%s: %d steps, %d hits, %d misses, %d evictions",
+                         Av(PolicyName(doors.policy)), delta[Counter::kSteps], hits, misses,
+                         delta[Counter::kEvictions]);
 }
 
 absl::StatusOr<GateResult> PolicySimulation(GateContext& context) {
   std::vector<std::string> details;
   for (const std::string_view policy : {"hazard", "slru"}) {
-    MG_ASSIGN_OR_RETURN(const Doors doors, DoorsFromEnv({{"MOEGRAPH_POLICY", std::string(policy)}}));
+    MG_ASSIGN_OR_RETURN(const Doors doors,
+                        DoorsFromEnv({{"MOEGRAPH_POLICY", std::string(policy)}}));
     MG_ASSIGN_OR_RETURN(std::string detail, SimulatePolicy(context, doors));
     details.push_back(std::move(detail));
   }

@@ -36,8 +36,9 @@ struct SlotBudget {
 
 // Over-request scales down to what fits, with a warning; when every expert fits
 // the pool holds them all. Errors: a request below k or a negative one (naming
-// --slots), fewer than one sharing engine, a zero block size or bad counts, and memory for fewer than k slots
-// (ResourceExhausted, naming the shortfall). Exact for any u64 inputs.
+// --slots), fewer than one sharing engine, a zero block size or bad counts, and
+// memory for fewer than k slots (ResourceExhausted, naming the shortfall). Exact
+// for any u64 inputs.
 absl::StatusOr<SlotBudget> PlanSlots(const BudgetInputs& in);
 
 }  // namespace moegraph

@@ -33,6 +33,11 @@
 #include "loader/host_device.h"
 #include "residency/policy.h"
 
+// The device must divide and round as the host does (see above).
+#if defined(__CUDA_ARCH__) && defined(__USE_FAST_MATH__)
+#error "residency/hazard_policy.h needs IEEE float ops: do not build it with --use_fast_math"
+#endif
+
 namespace moegraph {
 
 inline constexpr int32_t kHazardRecencyRows = 12;

@@ -42,7 +42,8 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kHazard);
   EXPECT_DOUBLE_EQ(r.doors.protected_frac, kDefaultProtectedFrac);
   for (const char* door : {"MOEGRAPH_GRAPH=1 (default)", "MOEGRAPH_MOE_CACHE=1 (default)",
-                           "MOEGRAPH_RESIDENCY=device (default)", "MOEGRAPH_POLICY=hazard (default)",
+                           "MOEGRAPH_RESIDENCY=device (default)",
+                           "MOEGRAPH_POLICY=hazard (default)",
                            "MOEGRAPH_PROTECTED_FRAC=0.80 (default)",
                            "MOEGRAPH_SPLIT_PASSES=1 (default)"}) {
     EXPECT_NE(r.banner.find(door), std::string::npos) << door << "\n" << r.banner;
@@ -107,17 +108,13 @@ TEST(DoorsTest, PolicyFractionAndPassesComeFromTheEnvironment) {
                                                  {"MOEGRAPH_SPLIT_PASSES", "0"}});
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kLru);
   EXPECT_DOUBLE_EQ(r.doors.protected_frac, 0.5);
-  EXPECT_DOUBLE_EQ(r.doors.effective_protected_frac(), 0.0);  // lru protects nothing
   EXPECT_FALSE(r.doors.split_passes);
   EXPECT_NE(r.banner.find("MOEGRAPH_POLICY=lru (env)"), std::string::npos) << r.banner;
 
   const ResolvedDoors slru = Resolve(std::nullopt, {{"MOEGRAPH_POLICY", "slru"},
                                                     {"MOEGRAPH_PROTECTED_FRAC", "0.25"}});
   EXPECT_EQ(slru.doors.policy, ResidencyPolicy::kSlru);
-  EXPECT_DOUBLE_EQ(slru.doors.effective_protected_frac(), 0.25);
-  // The share is slru's: the default policy protects nothing.
-  const ResolvedDoors hazard = Resolve(std::nullopt, {{"MOEGRAPH_PROTECTED_FRAC", "0.25"}});
-  EXPECT_DOUBLE_EQ(hazard.doors.effective_protected_frac(), 0.0);
+  EXPECT_DOUBLE_EQ(slru.doors.protected_frac, 0.25);
 }
 
 TEST(DoorsTest, BadValuesAndContradictionsNameTheVariables) {

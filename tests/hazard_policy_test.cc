@@ -282,6 +282,29 @@ TEST(HazardPolicyTest, VictimRankOrdersEmptyThenWaitThenFrequency) {
   EXPECT_EQ(hazard_find_victim(s, HazardPool{0, 5}, 1, &selected, 1), 1);
 }
 
+// The largest rank an occupied slot can get stays below kNotAVictim: with k = E
+// every key is selected at every visit, the hazard is 1 and the cost 0, so the
+// shortest wait (1 step) meets the largest long frequency (clamped to 24 bits)
+// and age 0.
+TEST(HazardPolicyTest, TheLargestRankStaysBelowNotAVictim) {
+  HazardCache cache = MakeHazard(Config(2, 4, 4, 8));
+  HazardState s = cache.state();
+  for (int32_t cell = 0; cell < kHazardCells; ++cell) s.cell_cost[cell] = 0.0f;
+  const int32_t key = residency_key(0, 3, 4);
+  s.owner[5] = key;
+  s.table[key] = 5;
+  s.visits[0] = 9;
+  s.last_visit[key] = 9;  // age 0
+  s.long_frequency[key] = kHazardLongFrequencyOne;
+  const int32_t selection[4] = {4, 5, 6, 7};  // layer 1's keys
+  EXPECT_EQ(hazard_expected_wait(s, key, 1), 1.0f);
+  const uint64_t rank = hazard_victim_rank(s, 5, 1, selection, 4);
+  const uint64_t want = (uint64_t{1} << 63) | (uint64_t{0x80FF} << 47) |
+                        (uint64_t{0xFFFFFF} << 23) | (uint64_t{255} << 15) | 5u;
+  EXPECT_EQ(rank, want);
+  EXPECT_LT(rank, kNotAVictim);
+}
+
 // Waits closer than the rank's rounding tie and fall to age. Fresh table, 4
 // layers x 256 experts, top-1: every cell costs 4 * 255 = 1020 steps, so from
 // layer 0's visit a layer-2 key waits 1022 and a layer-3 key 1023, both in

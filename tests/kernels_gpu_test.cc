@@ -754,6 +754,25 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   DeviceArray<int32_t> d_i(8);
   const DeviceMatrix q2k{d_x.get(), GgmlType::kQ2_K, 256, 1, 84};
   EXPECT_EQ(launch_matvec(q2k, d_x.get(), nullptr, d_x.get(), stream_), cudaErrorInvalidValue);
+  // The hazard step: a layer past the state's, a pool past the rank's slot bits
+  // or below k slots, a missing array.
+  int32_t* i = d_i.get();
+  uint32_t* u = reinterpret_cast<uint32_t*>(d_i.get());
+  DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
+  const HazardState hazard = {.table = i, .owner = i, .last_visit = i, .frequency = u,
+                              .long_frequency = u, .visits = i, .cell_hits = u,
+                              .cell_trials = u, .cell_cost = d_x.get(), .n_layer = 2,
+                              .n_expert = 4, .k = 2};
+  uint8_t* missed = reinterpret_cast<uint8_t*>(d_i.get());
+  auto hazard_step = [&](const HazardState& s, HazardPool pool, int32_t layer) {
+    return launch_hazard_step(s, pool, layer, i, 2, i, i, missed, i, d_counters.get(), stream_);
+  };
+  EXPECT_EQ(hazard_step(hazard, HazardPool{0, 4}, 2), cudaErrorInvalidValue);
+  EXPECT_EQ(hazard_step(hazard, HazardPool{kHazardMaxSlots - 2, 4}, 0), cudaErrorInvalidValue);
+  EXPECT_EQ(hazard_step(hazard, HazardPool{0, 1}, 0), cudaErrorInvalidValue);
+  HazardState no_cost = hazard;
+  no_cost.cell_cost = nullptr;
+  EXPECT_EQ(hazard_step(no_cost, HazardPool{0, 4}, 0), cudaErrorInvalidValue);
   const DeviceMatrix partial_block{d_x.get(), GgmlType::kQ4_K, 300, 1, 1000};
   EXPECT_EQ(launch_matvec(partial_block, d_x.get(), nullptr, d_x.get(), stream_),
             cudaErrorInvalidValue);

@@ -611,14 +611,25 @@ absl::Status Bench() {
       const int32_t slots = e.slots_requested != 0 ? std::max(e.slots_requested, 0) : auto_slots;
       absl::StatusOr<std::unique_ptr<Target>> target =
           plan.cuda ? CudaTarget::Create(model, store, doors[e.arm], slots,
-                                         slots == 0 ? sharing : 1, plan.ctx, trace_ptr,
-                                         record_steps)
+                                         e.slots_requested == 0 && slots == 0 ? sharing : 1,
+                                         plan.ctx, trace_ptr, record_steps)
                     : CpuTarget::Create(model, *store, doors[e.arm], plan.arms[e.arm], slots,
                                         plan.ctx, trace_ptr);
       if (!target.ok()) {
         return Prefixed(target.status(), absl::StrCat("arm ", Av(ArmName(plan.arms[e.arm]))));
       }
-      if (plan.cuda && e.slots_requested == 0 && auto_slots == 0) auto_slots = (*target)->slots();
+      if (plan.cuda && e.slots_requested == 0) {
+        if (auto_slots == 0) {
+          auto_slots = (*target)->slots();
+        } else if ((*target)->slots() != auto_slots) {
+          // The budget left this arm less than the first: a fair row needs one count.
+          return absl::ResourceExhaustedError(absl::StrFormat(
+              "--slots auto: arm %s got %d slots where the group's first arm got %d; pass "
+              "--slots %d (or fewer) to run every arm at one count",
+              Av(ArmName(plan.arms[e.arm])), (*target)->slots(), auto_slots,
+              (*target)->slots()));
+        }
+      }
       members.push_back(g);
       targets.push_back(std::move(*target));
     }
