@@ -234,6 +234,7 @@ struct DevicePool {
   DevicePolicyState policy_state;
   std::vector<ResidencyPool> pools;      // lru, slru: device pointers
   std::vector<HazardPool> hazard_pools;  // hazard
+  CudaBuffer rank_cache;                 // hazard: a victim rank per slot of the largest pool
   std::vector<int32_t> pool_of_local_layer;
   ResidencyState state{};
   HazardState hazard{};
@@ -484,8 +485,8 @@ PolicyStateBytes PolicyBytes(ResidencyPolicy policy, const ModelConfig& cfg) {
   const uint64_t keys = static_cast<uint64_t>(cfg.n_layer) * static_cast<uint64_t>(cfg.n_expert);
   if (policy == ResidencyPolicy::kHazard) {
     // table, last_visit, frequency, long_frequency per key; visits per layer;
-    // hits, trials and cost per cell; owner per slot.
-    return {16 * keys + 4 * static_cast<uint64_t>(cfg.n_layer) + 12 * kHazardCells, 4};
+    // hits, trials and cost per cell; owner and a cached victim rank per slot.
+    return {16 * keys + 4 * static_cast<uint64_t>(cfg.n_layer) + 12 * kHazardCells, 12};
   }
   // table per key; n_protected and clock per pool (at most one per layer);
   // owner, stamp and seg per slot.
@@ -648,6 +649,10 @@ absl::Status CudaEngine::Impl::AllocatePools() {
                      .n_expert = cfg.n_expert,
                      .k = cfg.n_expert_used};
       pool.hazard_pools = hazard->pools();
+      int32_t largest = 0;
+      for (const HazardPool& p : pool.hazard_pools) largest = std::max(largest, p.n_slots);
+      MG_ASSIGN_OR_RETURN(pool.rank_cache,
+                          CudaBuffer::Device(static_cast<size_t>(largest) * 8, "the victim ranks"));
     }
     for (size_t i = 0; i < pool.info.layers.size(); ++i) {
       pool.pool_of_local_layer.push_back(cache.pool_of_layer(static_cast<int32_t>(i)));
@@ -1094,7 +1099,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
         return [=, this] {
           return launch_hazard_step(pool->hazard, hp, e->local_layer, e->selection, top_k,
                                     e->selected_keys, e->slot_of_rank, e->missed, e->evicted,
-                                    counters, ms);
+                                    pool->rank_cache.as<uint64_t>(), counters, ms);
         };
       }
       const ResidencyPool rp = pool->pools[pool_index];

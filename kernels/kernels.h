@@ -135,13 +135,15 @@ cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPo
 // hazard_step of residency/hazard_policy.h for one layer, in one block: a
 // thread per expert observes the visit (atomicAdd on the cell counts, integer,
 // so the order does not matter), the table is rebuilt in its four phases, and
-// each miss takes the slot of least hazard_victim_rank (a block argmin), so
+// each miss takes the slot of least hazard_victim_rank (a block argmin; the
+// ranks are computed once per step into rank_cache, pool.n_slots entries), so
 // the state and outputs equal the host step's bit for bit. Device pointers
 // throughout (pool.n_slots >= k); counts go to counters (hits, misses, evictions).
 cudaError_t launch_hazard_step(const HazardState& state, const HazardPool& pool, int32_t layer,
                                const int32_t* experts, int32_t k, int32_t* selected_keys,
                                int32_t* slot_of_rank, uint8_t* missed, int32_t* evicted_keys,
-                               DeviceCounters* counters, cudaStream_t stream);
+                               uint64_t* rank_cache, DeviceCounters* counters,
+                               cudaStream_t stream);
 
 // Arms without a policy: resident (slot = layer * n_expert + expert, never
 // missed) and stage-every-token (slot = scratch slot r, always missed).

@@ -18,6 +18,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kResidencyThreads = 256;
+// The hazard step's victim pass reads several dependent arrays per slot: more
+// warps hide more of that latency.
+constexpr int kHazardThreads = 1024;
 constexpr int kExpertWarps = 8;          // output rows per block of an expert pass
 constexpr int kStageCtasPerExpert = 32;  // enough loads in flight to fill PCIe
 constexpr int kStageUnroll = 4;
@@ -206,12 +209,12 @@ __global__ void __launch_bounds__(kResidencyThreads)
 // One block. A thread per expert observes the visit, the table rebuild runs in
 // its phases (a thread per index), a thread per rank finds the hits, then each
 // miss in rank order takes the block's argmin of hazard_victim_rank.
-__global__ void __launch_bounds__(kResidencyThreads)
+__global__ void __launch_bounds__(kHazardThreads)
     hazard_step_kernel(HazardState s, HazardPool pool, int32_t layer,
                        const int32_t* __restrict__ experts, int32_t k,
                        int32_t* __restrict__ selected_keys, int32_t* __restrict__ slot_of_rank,
                        uint8_t* __restrict__ missed, int32_t* __restrict__ evicted_keys,
-                       DeviceCounters* counters) {
+                       uint64_t* __restrict__ rank_cache, DeviceCounters* counters) {
   __shared__ int32_t keys[kMaxTopK];
   __shared__ uint8_t rank_missed[kMaxTopK];
   __shared__ StepOutcome outcome;
@@ -248,21 +251,34 @@ __global__ void __launch_bounds__(kResidencyThreads)
   }
   __syncthreads();
 
-  // Misses, in rank order. An admitted key joins the selection, so the ranks of
-  // the other slots stay as they were.
-  const int32_t slot_end = pool.slot_begin + pool.n_slots;
+  // Misses, in rank order. An admitted key joins the selection and no other
+  // slot's rank changes, so the j-th miss takes the j-th least rank: the first
+  // pass computes every rank into rank_cache, later passes take the least rank
+  // above the last victim's (ranks are unique). A thread reads back only the
+  // entries it wrote.
+  bool first_miss = true;
+  unsigned long long last_victim_rank = 0;
   for (int32_t r = 0; r < k; ++r) {
     if (!rank_missed[r]) continue;
     unsigned long long best = ~0ull;
     int32_t best_slot = INT32_MAX;
-    for (int32_t slot = pool.slot_begin + tid; slot < slot_end; slot += blockDim.x) {
-      const unsigned long long rank = hazard_victim_rank(s, slot, layer, keys, k);
+    for (int32_t i = tid; i < pool.n_slots; i += blockDim.x) {
+      unsigned long long rank;
+      if (first_miss) {
+        rank = hazard_victim_rank(s, pool.slot_begin + i, layer, keys, k);
+        rank_cache[i] = rank;
+      } else {
+        rank = rank_cache[i];
+        if (rank <= last_victim_rank) continue;
+      }
       if (rank < best) {
         best = rank;
-        best_slot = slot;
+        best_slot = pool.slot_begin + i;
       }
     }
     block_argmin(&best, &best_slot, rank_scratch, slot_scratch);
+    first_miss = false;
+    last_victim_rank = best;
     if (tid == 0) {
       hazard_admit(s, best_slot, keys[r], evicted_keys, &outcome);
       slot_of_rank[r] = best_slot;
@@ -448,7 +464,8 @@ cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPo
 cudaError_t launch_hazard_step(const HazardState& state, const HazardPool& pool, int32_t layer,
                                const int32_t* experts, int32_t k, int32_t* selected_keys,
                                int32_t* slot_of_rank, uint8_t* missed, int32_t* evicted_keys,
-                               DeviceCounters* counters, cudaStream_t stream) {
+                               uint64_t* rank_cache, DeviceCounters* counters,
+                               cudaStream_t stream) {
   if (state.table == nullptr || state.owner == nullptr || state.last_visit == nullptr ||
       state.frequency == nullptr || state.long_frequency == nullptr || state.visits == nullptr ||
       state.cell_hits == nullptr ||
@@ -456,11 +473,12 @@ cudaError_t launch_hazard_step(const HazardState& state, const HazardPool& pool,
       layer < 0 || layer >= state.n_layer || pool.slot_begin < 0 || pool.n_slots < k ||
       pool.slot_begin + pool.n_slots > kHazardMaxSlots || experts == nullptr || k <= 0 ||
       k > kMaxTopK || selected_keys == nullptr || slot_of_rank == nullptr || missed == nullptr ||
-      evicted_keys == nullptr || counters == nullptr) {
+      evicted_keys == nullptr || rank_cache == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }
-  hazard_step_kernel<<<1, kResidencyThreads, 0, stream>>>(
-      state, pool, layer, experts, k, selected_keys, slot_of_rank, missed, evicted_keys, counters);
+  hazard_step_kernel<<<1, kHazardThreads, 0, stream>>>(state, pool, layer, experts, k,
+                                                       selected_keys, slot_of_rank, missed,
+                                                       evicted_keys, rank_cache, counters);
   return cudaGetLastError();
 }
 

@@ -332,8 +332,10 @@ TEST(HazardPolicyTest, NearTiedWaitsFallToAge) {
 
 // The step as the CUDA kernel splits it (kernels/moe.cu): observation by
 // threads in any order with their counts added atomically, visits, the four
-// rebuild phases each over its indices in any order, the hits, then each miss
-// by an argmin of the victim rank. Here every "parallel" loop runs backwards.
+// rebuild phases each over its indices in any order, the hits, then the misses:
+// every slot's rank computed once, before any admission, and the j-th miss
+// taking the least rank above the (j-1)-th victim's. Here every "parallel" loop
+// runs backwards.
 StepOutcome KernelOrderStep(const HazardState& s, const HazardPool& pool, int32_t layer,
                             const int32_t* experts, int32_t k, int32_t* keys,
                             int32_t* slot_of_rank, uint8_t* missed, int32_t* evicted) {
@@ -356,25 +358,28 @@ StepOutcome KernelOrderStep(const HazardState& s, const HazardPool& pool, int32_
     missed[r] = slot_of_rank[r] == kNoSlot ? 1 : 0;
     if (!missed[r]) ++out.n_hits;
   }
+  std::vector<uint64_t> ranks(static_cast<size_t>(pool.n_slots));
+  for (int32_t i = pool.n_slots - 1; i >= 0; --i) {
+    ranks[static_cast<size_t>(i)] = hazard_victim_rank(s, pool.slot_begin + i, layer, keys, k);
+  }
+  uint64_t last_victim_rank = 0;
+  bool first_miss = true;
   for (int32_t r = 0; r < k; ++r) {
     if (!missed[r]) continue;
     uint64_t best = kNotAVictim;
     int32_t victim = kNoSlot;
-    for (int32_t slot = pool.slot_begin + pool.n_slots - 1; slot >= pool.slot_begin; --slot) {
-      const uint64_t rank = hazard_victim_rank(s, slot, layer, keys, k);
+    for (int32_t i = pool.n_slots - 1; i >= 0; --i) {
+      const uint64_t rank = ranks[static_cast<size_t>(i)];
+      if (!first_miss && rank <= last_victim_rank) continue;
       if (rank < best) {
         best = rank;
-        victim = slot;
+        victim = pool.slot_begin + i;
       }
     }
-    if (s.owner[victim] != kNoKey) {
-      s.table[s.owner[victim]] = kNoSlot;
-      evicted[out.n_evictions++] = s.owner[victim];
-    }
-    s.owner[victim] = keys[r];
-    s.table[keys[r]] = victim;
+    first_miss = false;
+    last_victim_rank = best;
+    hazard_admit(s, victim, keys[r], evicted, &out);
     slot_of_rank[r] = victim;
-    ++out.n_misses;
   }
   return out;
 }

@@ -460,6 +460,7 @@ TEST_F(KernelsGpuTest, HazardStepEqualsHostStepBitForBit) {
                                 .k = k};
     DeviceArray<int32_t> d_experts(k), d_keys(k), d_slots(k), d_evicted(k);
     DeviceArray<uint8_t> d_missed(k);
+    DeviceArray<uint64_t> d_rank_cache(config.n_slots);
     DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
     std::mt19937 rng(pool_mode == PoolMode::kGlobal ? 3 : 4);
     std::geometric_distribution<int> skew(0.05);
@@ -478,7 +479,8 @@ TEST_F(KernelsGpuTest, HazardStepEqualsHostStepBitForBit) {
       d_experts.Upload(experts);
       ASSERT_EQ(launch_hazard_step(device, cache->pools()[cache->pool_of_layer(layer)], layer,
                                    d_experts.get(), k, d_keys.get(), d_slots.get(),
-                                   d_missed.get(), d_evicted.get(), d_counters.get(), stream_),
+                                   d_missed.get(), d_evicted.get(), d_rank_cache.get(),
+                                   d_counters.get(), stream_),
                 cudaSuccess);
       Sync();
       ASSERT_EQ(d_table.Download(), cache->table()) << "step " << step;
@@ -764,8 +766,10 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
                               .cell_trials = u, .cell_cost = d_x.get(), .n_layer = 2,
                               .n_expert = 4, .k = 2};
   uint8_t* missed = reinterpret_cast<uint8_t*>(d_i.get());
+  uint64_t* ranks = reinterpret_cast<uint64_t*>(d_x.get());
   auto hazard_step = [&](const HazardState& s, HazardPool pool, int32_t layer) {
-    return launch_hazard_step(s, pool, layer, i, 2, i, i, missed, i, d_counters.get(), stream_);
+    return launch_hazard_step(s, pool, layer, i, 2, i, i, missed, i, ranks, d_counters.get(),
+                              stream_);
   };
   EXPECT_EQ(hazard_step(hazard, HazardPool{0, 4}, 2), cudaErrorInvalidValue);
   EXPECT_EQ(hazard_step(hazard, HazardPool{kHazardMaxSlots - 2, 4}, 0), cudaErrorInvalidValue);
@@ -773,6 +777,9 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   HazardState no_cost = hazard;
   no_cost.cell_cost = nullptr;
   EXPECT_EQ(hazard_step(no_cost, HazardPool{0, 4}, 0), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_hazard_step(hazard, HazardPool{0, 4}, 0, i, 2, i, i, missed, i, nullptr,
+                               d_counters.get(), stream_),
+            cudaErrorInvalidValue);
   const DeviceMatrix partial_block{d_x.get(), GgmlType::kQ4_K, 300, 1, 1000};
   EXPECT_EQ(launch_matvec(partial_block, d_x.get(), nullptr, d_x.get(), stream_),
             cudaErrorInvalidValue);
