@@ -1,8 +1,11 @@
 #include "reference/cpu_backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <new>
+#include <string>
 #include <optional>
 #include <utility>
 
@@ -24,6 +27,42 @@ struct AlignedDelete {
   void operator()(uint8_t* p) const { ::operator delete(p, kSlotBufferAlignment); }
 };
 using SlotBuffer = std::unique_ptr<uint8_t, AlignedDelete>;
+
+// Host memory --slots auto leaves free.
+constexpr uint64_t kHostRailBytes = uint64_t{1} << 30;
+
+// MemAvailable of /proc/meminfo in bytes, or 0 where it cannot be read.
+uint64_t HostMemAvailable() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string name;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> name >> kib >> unit) {
+    if (name == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+// --slots auto: every expert, or as many slots of the largest block as fit in
+// the host memory available less the rail; at least top-k per size class.
+absl::StatusOr<int32_t> AutoSlots(const CpuBackendOptions& options,
+                                  const std::vector<SizeClass>& classes, int32_t n_keys,
+                                  int32_t k) {
+  const uint64_t available =
+      options.host_available_bytes != 0 ? options.host_available_bytes : HostMemAvailable();
+  if (available == 0) return n_keys;
+  size_t largest_block = 0;
+  for (const SizeClass& c : classes) largest_block = std::max(largest_block, c.block_bytes);
+  const uint64_t fit = available > kHostRailBytes ? (available - kHostRailBytes) / largest_block : 0;
+  const uint64_t needed = static_cast<uint64_t>(k) * classes.size();
+  if (fit < needed) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "--slots auto: %.2f MiB of host memory available, less a 1 GiB rail, holds %d slots of "
+        "%.2f MiB, fewer than --top-k %d per size class (%d)",
+        available / 1048576.0, fit, largest_block / 1048576.0, k, needed));
+  }
+  return static_cast<int32_t>(std::min<uint64_t>(fit, static_cast<uint64_t>(n_keys)));
+}
 
 // Slots each size class gets: in proportion to its layers, the remainder to the
 // first classes. With every expert fitting (N = n_layer * n_expert) each class
@@ -88,8 +127,13 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   absl::Status AddPools(const CpuBackendOptions& options) {
     const std::vector<SizeClass>& classes = store_.size_classes();
     const int n_layer = store_.n_layer();
-    const int32_t requested =
-        options.n_slots == 0 ? n_layer * store_.n_expert() : options.n_slots;
+    int32_t requested = options.n_slots;
+    if (requested == 0) {
+      requested = n_layer * store_.n_expert();
+      if (options.cache) {
+        MG_ASSIGN_OR_RETURN(requested, AutoSlots(options, classes, requested, k_));
+      }
+    }
     const std::vector<int32_t> split = SplitSlots(requested, classes, n_layer);
     for (size_t c = 0; c < classes.size(); ++c) {
       Pool pool;

@@ -28,9 +28,13 @@ namespace moegraph {
 
 struct CpuBackendOptions {
   int max_ctx = 0;  // KV cache positions
-  // Slots over all size classes; 0: every expert fits (n_layer * n_expert).
-  // Classes share them in proportion to their layer counts.
+  // Slots over all size classes; 0: auto, every expert (n_layer * n_expert)
+  // where host memory allows, else as many as fit in the available host memory
+  // less a 1 GiB rail. Classes share them in proportion to their layer counts.
   int32_t n_slots = 0;
+  // Host memory auto may use; 0: MemAvailable of /proc/meminfo (every expert
+  // where that cannot be read).
+  uint64_t host_available_bytes = 0;
   ResidencyPolicy policy = kDefaultResidencyPolicy;
   double protected_frac = kDefaultProtectedFrac;  // slru only
   PoolMode pool_mode = PoolMode::kGlobal;

@@ -17,6 +17,7 @@
 #include "loader/gguf.h"
 #include "loader/model_config.h"
 #include "loader/placement.h"
+#include "loader/status_util.h"
 #include "reference/ops.h"
 #include "reference/oracle.h"
 #include "residency/cache.h"
@@ -206,6 +207,34 @@ class CpuBackendCacheTest : public ::testing::Test {
   std::unique_ptr<LoadedModel> loaded_;
   std::unique_ptr<ExpertStore> store_;
 };
+
+// --slots auto holds every expert where host memory allows, else what fits
+// beside a 1 GiB rail, and refuses less than top-k slots, naming the flag.
+TEST_F(CpuBackendCacheTest, AutoSlotsFollowTheHostMemoryAvailable) {
+  const uint64_t block = store_->size_classes()[0].block_bytes;
+  const uint64_t rail = uint64_t{1} << 30;
+  const int32_t n_keys = loaded_->model.config.n_layer * loaded_->model.config.n_expert;
+  const int32_t k = loaded_->model.config.n_expert_used;
+  auto slots_with = [&](uint64_t available) -> absl::StatusOr<int32_t> {
+    CpuBackendOptions options;
+    options.max_ctx = kMaxCtx;
+    options.host_available_bytes = available;
+    MG_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
+                        CpuBackend::Create(loaded_->model, *store_, options));
+    return backend->pools()[0].n_slots;
+  };
+  EXPECT_EQ(slots_with(uint64_t{64} << 30).value_or(-1), n_keys);
+  EXPECT_EQ(slots_with(rail + 5 * block + block / 2).value_or(-1), 5);
+  const absl::StatusOr<int32_t> short_of_k = slots_with(rail + (k - 1) * block);
+  ASSERT_FALSE(short_of_k.ok());
+  EXPECT_TRUE(MessageHas(short_of_k.status(), "--slots auto")) << short_of_k.status();
+  // With the cache off the k scratch slots need no budget.
+  CpuBackendOptions off;
+  off.max_ctx = kMaxCtx;
+  off.cache = false;
+  off.host_available_bytes = rail;
+  EXPECT_TRUE(CpuBackend::Create(loaded_->model, *store_, off).ok());
+}
 
 TEST_F(CpuBackendCacheTest, CacheOnAndOffGiveIdenticalLogits) {
   std::unique_ptr<CpuBackend> on = NewBackend(true);

@@ -113,7 +113,7 @@ std::string Banner(const CpuBackend& backend, const ExpertStore& store,
                      : DescribePolicy(options.policy, options.protected_frac);
   return absl::StrFormat("backend cpu: %s, %s pool, %d slots%s%s; pool %.2f MiB, experts %.2f MiB",
                          policy, Av(PoolModeName(options.pool_mode)), slots,
-                         options.cache && options.n_slots == 0 ? " (auto: every expert)" : "",
+                         options.cache && options.n_slots == 0 ? " (auto)" : "",
                          classes, Mib(pool_bytes), Mib(store.total_bytes()));
 }
 
