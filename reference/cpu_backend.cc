@@ -53,7 +53,8 @@ absl::StatusOr<int32_t> AutoSlots(const CpuBackendOptions& options,
   if (available == 0) return n_keys;
   size_t largest_block = 0;
   for (const SizeClass& c : classes) largest_block = std::max(largest_block, c.block_bytes);
-  const uint64_t fit = available > kHostRailBytes ? (available - kHostRailBytes) / largest_block : 0;
+  const uint64_t fit =
+      available > kHostRailBytes ? (available - kHostRailBytes) / largest_block : 0;
   const uint64_t needed = static_cast<uint64_t>(k) * classes.size();
   if (fit < needed) {
     return absl::ResourceExhaustedError(absl::StrFormat(
