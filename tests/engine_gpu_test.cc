@@ -320,6 +320,18 @@ TEST_F(EngineArmsTest, HostSyncsPerTokenAreOnePerLaunchInGraphMode) {
     const HostCounters again = engine->host_counters();
     ASSERT_TRUE(engine->Generate(longer, kDecode + 1).ok());
     EXPECT_EQ(engine->host_counters().captures, again.captures) << "S=" << s;
+    if (s > 1) {
+      // A prompt one token past a multiple of S needs a one-step remainder
+      // walk: captured once, then reused by the next such prompt.
+      std::vector<int32_t> ragged(kPrompt.begin(), kPrompt.end());
+      ragged.push_back(7);
+      const uint64_t before_ragged = engine->host_counters().captures;
+      ASSERT_TRUE(engine->Generate(ragged, kDecode + 1).ok());
+      EXPECT_EQ(engine->host_counters().captures, before_ragged + 1) << "S=" << s;
+      for (int i = 0; i < s; ++i) ragged.push_back(9 + i);
+      ASSERT_TRUE(engine->Generate(ragged, kDecode + 1).ok());
+      EXPECT_EQ(engine->host_counters().captures, before_ragged + 1) << "S=" << s;
+    }
   }
 }
 
