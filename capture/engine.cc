@@ -252,6 +252,15 @@ int CudaDeviceCount() {
   return count;
 }
 
+std::string NoCudaDeviceReason() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaSuccess) return absl::StrFormat("cudaGetDeviceCount reports %d devices", count);
+  cudaGetLastError();
+  return absl::StrFormat("cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
+                         cudaGetErrorName(err));
+}
+
 HostAllocator CudaPinnedAllocator() { return {&PinnedMappedAlloc, &PinnedMappedFree, nullptr}; }
 
 struct CudaEngine::Impl {

@@ -33,6 +33,9 @@ namespace moegraph {
 
 // Devices the CUDA runtime sees; 0 when there is none or no driver.
 int CudaDeviceCount();
+// Why CudaDeviceCount() is 0, in the runtime's words: no device, no driver, or
+// a driver older than the runtime this was built with.
+std::string NoCudaDeviceReason();
 
 // Pinned, mapped, portable host memory (cudaHostAlloc), the memory an engine's
 // expert store must live in: the stage copy kernel reads it through its device

@@ -20,6 +20,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "capture/engine.h"
 #include "gates/gate.h"
@@ -114,13 +115,13 @@ absl::Status Run(int* exit_code) {
   const bool has_device = CudaDeviceCount() > 0;
   if (backend == "cuda" && !has_device) {
     return absl::FailedPreconditionError(
-        "--backend cuda: no CUDA device is available (cudaGetDeviceCount reports none)");
+        absl::StrCat("--backend cuda: no CUDA device is available (", NoCudaDeviceReason(), ")"));
   }
   GateContext context;
   context.backend = backend == "cpu" || !has_device ? Backend::kCpu : Backend::kCuda;
-  context.cuda_skip_reason = has_device
-                                 ? "needs the CUDA engine, and --backend cpu was asked for"
-                                 : "needs a CUDA device, and cudaGetDeviceCount reports none";
+  context.cuda_skip_reason =
+      has_device ? "needs the CUDA engine, and --backend cpu was asked for"
+                 : absl::StrCat("needs a CUDA device (", NoCudaDeviceReason(), ")");
   context.make_engine =
       context.backend == Backend::kCuda ? CudaEngineFactory() : CpuEngineFactory();
 

@@ -31,7 +31,7 @@ using testing_util::MessageHas;
 #define SKIP_WITHOUT_DEVICE()                                                        \
   do {                                                                               \
     if (CudaDeviceCount() == 0) {                                                    \
-      GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount reports none): the engine " \
+      GTEST_SKIP() << "no CUDA device (" << NoCudaDeviceReason() << "): the engine " \
                       "tests need a GPU";                                            \
     }                                                                                \
   } while (0)

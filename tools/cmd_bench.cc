@@ -472,7 +472,7 @@ absl::StatusOr<Plan> MakePlan() {
   plan.cuda = backend != "cpu" && CudaDeviceCount() > 0;
   if (backend == "cuda" && !plan.cuda) {
     return absl::FailedPreconditionError(
-        "--backend cuda: no CUDA device is available (cudaGetDeviceCount reports none)");
+        absl::StrCat("--backend cuda: no CUDA device is available (", NoCudaDeviceReason(), ")"));
   }
   return plan;
 }

@@ -211,7 +211,7 @@ absl::Status Run() {
   const bool has_device = backend != "cpu" && CudaDeviceCount() > 0;
   if (backend == "cuda" && !has_device) {
     return absl::FailedPreconditionError(
-        "--backend cuda: no CUDA device is available (cudaGetDeviceCount reports none)");
+        absl::StrCat("--backend cuda: no CUDA device is available (", NoCudaDeviceReason(), ")"));
   }
   const int32_t steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
   if (steps_per_launch < 1) {
