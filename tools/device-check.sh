@@ -152,7 +152,10 @@ trap finish EXIT
 echo "== device"
 if timeout 60 nvidia-smi -L >"$WORK/smi.log" 2>&1; then
   cat "$WORK/smi.log"
-  row "device" "ok" "$(head -1 "$WORK/smi.log" | sed 's/ (UUID.*//')"
+  # The binaries link CUDA 13's runtime, which needs driver 580 or newer.
+  driver=$(timeout 30 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null |
+    head -1)
+  row "device" "ok" "$(head -1 "$WORK/smi.log" | sed 's/ (UUID.*//'), driver ${driver:-unknown}"
 else
   cat "$WORK/smi.log"
   row "device" "FAIL" "nvidia-smi -L failed"
