@@ -132,6 +132,13 @@ __device__ void begin_policy_step(int32_t layer, const int32_t* __restrict__ exp
   __syncthreads();
 }
 
+// The end of a policy step, by one thread: its outcome into the counters.
+__device__ void count_policy_step(const StepOutcome& outcome, DeviceCounters* counters) {
+  atomicAdd(&counters->hits, static_cast<unsigned long long>(outcome.n_hits));
+  atomicAdd(&counters->misses, static_cast<unsigned long long>(outcome.n_misses));
+  atomicAdd(&counters->evictions, static_cast<unsigned long long>(outcome.n_evictions));
+}
+
 // One block. Thread 0 runs every state change in residency_step's order; the
 // block finds the slot argmins (demotion on a promotion overflow, victim per
 // miss) between barriers, so the result equals the sequential step exactly.
@@ -199,11 +206,7 @@ __global__ void __launch_bounds__(kResidencyThreads)
     __syncthreads();
   }
 
-  if (tid == 0) {
-    atomicAdd(&counters->hits, static_cast<unsigned long long>(outcome.n_hits));
-    atomicAdd(&counters->misses, static_cast<unsigned long long>(outcome.n_misses));
-    atomicAdd(&counters->evictions, static_cast<unsigned long long>(outcome.n_evictions));
-  }
+  if (tid == 0) count_policy_step(outcome, counters);
 }
 
 // One block. A thread per expert observes the visit, the table rebuild runs in
@@ -286,11 +289,7 @@ __global__ void __launch_bounds__(kHazardThreads)
     __syncthreads();
   }
 
-  if (tid == 0) {
-    atomicAdd(&counters->hits, static_cast<unsigned long long>(outcome.n_hits));
-    atomicAdd(&counters->misses, static_cast<unsigned long long>(outcome.n_misses));
-    atomicAdd(&counters->evictions, static_cast<unsigned long long>(outcome.n_evictions));
-  }
+  if (tid == 0) count_policy_step(outcome, counters);
 }
 
 __global__ void resident_slots_kernel(int32_t layer, int32_t n_expert,
