@@ -234,7 +234,7 @@ struct DevicePool {
   DevicePolicyState policy_state;
   std::vector<ResidencyPool> pools;      // lru, slru: device pointers
   std::vector<HazardPool> hazard_pools;  // hazard
-  CudaBuffer rank_cache;                 // hazard: a victim rank per slot of the largest pool
+  CudaBuffer rank_cache;                 // a victim rank per slot of the largest pool
   std::vector<int32_t> pool_of_local_layer;
   ResidencyState state{};
   HazardState hazard{};
@@ -498,8 +498,8 @@ PolicyStateBytes PolicyBytes(ResidencyPolicy policy, const ModelConfig& cfg) {
     return {16 * keys + 4 * static_cast<uint64_t>(cfg.n_layer) + 12 * kHazardCells, 12};
   }
   // table per key; n_protected and clock per pool (at most one per layer);
-  // owner, stamp and seg per slot.
-  return {4 * keys + 12 * static_cast<uint64_t>(cfg.n_layer), 13};
+  // owner, stamp, seg and a cached victim rank per slot.
+  return {4 * keys + 12 * static_cast<uint64_t>(cfg.n_layer), 21};
 }
 
 // Layout of the small per-step buffers in one allocation, each 256-byte aligned.
@@ -658,11 +658,11 @@ absl::Status CudaEngine::Impl::AllocatePools() {
                      .n_expert = cfg.n_expert,
                      .k = cfg.n_expert_used};
       pool.hazard_pools = hazard->pools();
-      int32_t largest = 0;
-      for (const HazardPool& p : pool.hazard_pools) largest = std::max(largest, p.n_slots);
-      MG_ASSIGN_OR_RETURN(pool.rank_cache,
-                          CudaBuffer::Device(static_cast<size_t>(largest) * 8, "the victim ranks"));
     }
+    int32_t largest = 0;
+    for (const SlotRange& range : cache.slot_ranges()) largest = std::max(largest, range.n_slots);
+    MG_ASSIGN_OR_RETURN(pool.rank_cache,
+                        CudaBuffer::Device(static_cast<size_t>(largest) * 8, "the victim ranks"));
     for (size_t i = 0; i < pool.info.layers.size(); ++i) {
       pool.pool_of_local_layer.push_back(cache.pool_of_layer(static_cast<int32_t>(i)));
     }
@@ -1115,7 +1115,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       return [=, this] {
         return launch_residency_step(pool->state, rp, e->local_layer, e->selection, top_k,
                                      e->selected_keys, e->slot_of_rank, e->missed, e->evicted,
-                                     counters, ms);
+                                     pool->rank_cache.as<uint64_t>(), counters, ms);
       };
     }
     case StepOp::kResidentSlots:

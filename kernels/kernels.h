@@ -122,15 +122,16 @@ cudaError_t launch_routing_step_end(const int32_t* selection, int32_t n, int32_t
 
 // residency_step of residency/policy.h for one layer, in one block: thread 0
 // makes every state change in the policy's order, and the block finds each
-// victim (argmin of victim_rank) and each SLRU demotion (argmin of
+// victim (argmin of victim_rank; the ranks are computed once per step into
+// rank_cache, pool.n_slots entries) and each SLRU demotion (argmin of
 // demotion_rank, kernels/moe_math.h) by reductions, so the tables, stamps and
 // outputs equal the host step's bit for bit. Device pointers throughout
 // (pool.n_slots >= k); counts go to counters (hits, misses, evictions).
 cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPool& pool,
                                   int32_t layer, const int32_t* experts, int32_t k,
                                   int32_t* selected_keys, int32_t* slot_of_rank, uint8_t* missed,
-                                  int32_t* evicted_keys, DeviceCounters* counters,
-                                  cudaStream_t stream);
+                                  int32_t* evicted_keys, uint64_t* rank_cache,
+                                  DeviceCounters* counters, cudaStream_t stream);
 
 // hazard_step of residency/hazard_policy.h for one layer, in one block: a
 // thread per expert observes the visit (atomicAdd on the cell counts, integer,

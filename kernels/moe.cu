@@ -139,6 +139,40 @@ __device__ void count_policy_step(const StepOutcome& outcome, DeviceCounters* co
   atomicAdd(&counters->evictions, static_cast<unsigned long long>(outcome.n_evictions));
 }
 
+// The next miss's victim, by the whole block. An admission puts its slot in the
+// selection and changes no other slot's rank, so the j-th miss of a step takes
+// the j-th least rank: the step's first call computes every rank with rank_of
+// into rank_cache (one entry per slot of the pool), later calls take the least
+// cached rank above the last victim's (ranks are unique). A thread reads back
+// only the entries it wrote. first_miss and last_victim_rank are the caller's,
+// the same in every thread.
+template <typename RankOf>
+__device__ int32_t next_victim(int32_t slot_begin, int32_t n_slots, RankOf rank_of,
+                               uint64_t* __restrict__ rank_cache, bool* first_miss,
+                               unsigned long long* last_victim_rank,
+                               unsigned long long* rank_scratch, int32_t* slot_scratch) {
+  unsigned long long best = ~0ull;
+  int32_t best_slot = INT32_MAX;
+  for (int32_t i = threadIdx.x; i < n_slots; i += blockDim.x) {
+    unsigned long long rank;
+    if (*first_miss) {
+      rank = rank_of(slot_begin + i);
+      rank_cache[i] = rank;
+    } else {
+      rank = rank_cache[i];
+      if (rank <= *last_victim_rank) continue;
+    }
+    if (rank < best) {
+      best = rank;
+      best_slot = slot_begin + i;
+    }
+  }
+  block_argmin(&best, &best_slot, rank_scratch, slot_scratch);
+  *first_miss = false;
+  *last_victim_rank = best;
+  return best_slot;
+}
+
 // One block. Thread 0 runs every state change in residency_step's order; the
 // block finds the slot argmins (demotion on a promotion overflow, victim per
 // miss) between barriers, so the result equals the sequential step exactly.
@@ -147,7 +181,7 @@ __global__ void __launch_bounds__(kResidencyThreads)
                           const int32_t* __restrict__ experts, int32_t k,
                           int32_t* __restrict__ selected_keys, int32_t* __restrict__ slot_of_rank,
                           uint8_t* __restrict__ missed, int32_t* __restrict__ evicted_keys,
-                          DeviceCounters* counters) {
+                          uint64_t* __restrict__ rank_cache, DeviceCounters* counters) {
   __shared__ int32_t keys[kMaxTopK];
   __shared__ uint8_t rank_missed[kMaxTopK];
   __shared__ bool demotion_due;
@@ -187,21 +221,17 @@ __global__ void __launch_bounds__(kResidencyThreads)
   }
 
   // 2. Misses, in rank order.
+  bool first_miss = true;
+  unsigned long long last_victim_rank = 0;
   for (int32_t r = 0; r < k; ++r) {
     if (!rank_missed[r]) continue;
-    unsigned long long best = ~0ull;
-    int32_t best_slot = INT32_MAX;
-    for (int32_t slot = pool.slot_begin + tid; slot < slot_end; slot += blockDim.x) {
-      const unsigned long long rank = victim_rank(s, slot, keys, k);
-      if (rank < best) {
-        best = rank;
-        best_slot = slot;
-      }
-    }
-    block_argmin(&best, &best_slot, rank_scratch, slot_scratch);
+    const int32_t victim = next_victim(
+        pool.slot_begin, pool.n_slots,
+        [&](int32_t slot) { return victim_rank(s, slot, keys, k); }, rank_cache, &first_miss,
+        &last_victim_rank, rank_scratch, slot_scratch);
     if (tid == 0) {
-      admit_miss(s, pool, best_slot, keys[r], evicted_keys, &outcome);
-      slot_of_rank[r] = best_slot;
+      admit_miss(s, pool, victim, keys[r], evicted_keys, &outcome);
+      slot_of_rank[r] = victim;
     }
     __syncthreads();
   }
@@ -254,37 +284,18 @@ __global__ void __launch_bounds__(kHazardThreads)
   }
   __syncthreads();
 
-  // Misses, in rank order. An admitted key joins the selection and no other
-  // slot's rank changes, so the j-th miss takes the j-th least rank: the first
-  // pass computes every rank into rank_cache, later passes take the least rank
-  // above the last victim's (ranks are unique). A thread reads back only the
-  // entries it wrote.
+  // Misses, in rank order (next_victim).
   bool first_miss = true;
   unsigned long long last_victim_rank = 0;
   for (int32_t r = 0; r < k; ++r) {
     if (!rank_missed[r]) continue;
-    unsigned long long best = ~0ull;
-    int32_t best_slot = INT32_MAX;
-    for (int32_t i = tid; i < pool.n_slots; i += blockDim.x) {
-      unsigned long long rank;
-      if (first_miss) {
-        rank = hazard_victim_rank(s, pool.slot_begin + i, layer, keys, k);
-        rank_cache[i] = rank;
-      } else {
-        rank = rank_cache[i];
-        if (rank <= last_victim_rank) continue;
-      }
-      if (rank < best) {
-        best = rank;
-        best_slot = pool.slot_begin + i;
-      }
-    }
-    block_argmin(&best, &best_slot, rank_scratch, slot_scratch);
-    first_miss = false;
-    last_victim_rank = best;
+    const int32_t victim = next_victim(
+        pool.slot_begin, pool.n_slots,
+        [&](int32_t slot) { return hazard_victim_rank(s, slot, layer, keys, k); }, rank_cache,
+        &first_miss, &last_victim_rank, rank_scratch, slot_scratch);
     if (tid == 0) {
-      hazard_admit(s, best_slot, keys[r], evicted_keys, &outcome);
-      slot_of_rank[r] = best_slot;
+      hazard_admit(s, victim, keys[r], evicted_keys, &outcome);
+      slot_of_rank[r] = victim;
     }
     __syncthreads();
   }
@@ -445,18 +456,19 @@ cudaError_t launch_routing_step_end(const int32_t* selection, int32_t n, int32_t
 cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPool& pool,
                                   int32_t layer, const int32_t* experts, int32_t k,
                                   int32_t* selected_keys, int32_t* slot_of_rank, uint8_t* missed,
-                                  int32_t* evicted_keys, DeviceCounters* counters,
-                                  cudaStream_t stream) {
+                                  int32_t* evicted_keys, uint64_t* rank_cache,
+                                  DeviceCounters* counters, cudaStream_t stream) {
   if (state.table == nullptr || state.owner == nullptr || state.stamp == nullptr ||
       state.seg == nullptr || state.n_expert <= 0 || pool.n_protected == nullptr ||
       pool.clock == nullptr || pool.slot_begin < 0 || pool.n_slots < k || layer < 0 ||
       experts == nullptr || k <= 0 || k > kMaxTopK || selected_keys == nullptr ||
       slot_of_rank == nullptr || missed == nullptr || evicted_keys == nullptr ||
-      counters == nullptr) {
+      rank_cache == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }
-  residency_step_kernel<<<1, kResidencyThreads, 0, stream>>>(
-      state, pool, layer, experts, k, selected_keys, slot_of_rank, missed, evicted_keys, counters);
+  residency_step_kernel<<<1, kResidencyThreads, 0, stream>>>(state, pool, layer, experts, k,
+                                                             selected_keys, slot_of_rank, missed,
+                                                             evicted_keys, rank_cache, counters);
   return cudaGetLastError();
 }
 

@@ -35,6 +35,7 @@ class HazardCache {
 
   const CacheConfig& config() const { return layout_.config; }
   const std::vector<HazardPool>& pools() const { return pools_; }
+  const std::vector<SlotRange>& slot_ranges() const { return layout_.pools; }
   int32_t pool_of_layer(int32_t layer) const { return layout_.pool_of_layer[layer]; }
   const std::vector<int32_t>& table() const { return table_; }
   const std::vector<int32_t>& owner() const { return owner_; }

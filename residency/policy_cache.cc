@@ -55,6 +55,12 @@ int32_t PolicyCache::pool_of_layer(int32_t layer) const {
   return std::visit([&](const auto& cache) { return cache.pool_of_layer(layer); }, cache_);
 }
 
+const std::vector<SlotRange>& PolicyCache::slot_ranges() const {
+  return std::visit(
+      [](const auto& cache) -> const std::vector<SlotRange>& { return cache.slot_ranges(); },
+      cache_);
+}
+
 const std::vector<int32_t>& PolicyCache::table() const {
   return std::visit([](const auto& cache) -> const std::vector<int32_t>& { return cache.table(); },
                     cache_);

@@ -74,6 +74,7 @@ class PolicyCache {
   ResidencyPolicy policy() const { return policy_; }
   const CacheConfig& config() const;
   int32_t pool_of_layer(int32_t layer) const;
+  const std::vector<SlotRange>& slot_ranges() const;  // the pools' slots
   const std::vector<int32_t>& table() const;
   const std::vector<int32_t>& owner() const;
   ResidencySnapshot Snapshot() const;

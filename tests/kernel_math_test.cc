@@ -334,7 +334,9 @@ struct HostResidency {
   ResidencyPool pool;
 };
 
-// The residency kernel's decomposition, with its argmins as loops.
+// The residency kernel's decomposition, with its argmins as loops; the misses
+// as kernels/moe.cu's next_victim takes them: every rank computed once, before
+// any admission, then the least rank above the last victim's.
 StepOutcome SplitStep(HostResidency& h, int32_t layer, const int32_t* experts, int32_t k,
                       int32_t* keys, int32_t* slot_of_rank, uint8_t* missed, int32_t* evicted) {
   const ResidencyState& s = h.state;
@@ -362,9 +364,20 @@ StepOutcome SplitStep(HostResidency& h, int32_t layer, const int32_t* experts, i
       demote(s, pool, argmin([&](int32_t i) { return demotion_rank(s, i); }));
     }
   }
+  std::vector<uint64_t> ranks;
+  for (int32_t slot = pool.slot_begin; slot < pool.slot_begin + pool.n_slots; ++slot) {
+    ranks.push_back(victim_rank(s, slot, keys, k));
+  }
+  uint64_t last_victim_rank = 0;
+  bool first_miss = true;
   for (int32_t r = 0; r < k; ++r) {
     if (!missed[r]) continue;
-    const int32_t victim = argmin([&](int32_t i) { return victim_rank(s, i, keys, k); });
+    const int32_t victim = argmin([&](int32_t i) {
+      const uint64_t rank = ranks[static_cast<size_t>(i - pool.slot_begin)];
+      return !first_miss && rank <= last_victim_rank ? ~uint64_t{0} : rank;
+    });
+    first_miss = false;
+    last_victim_rank = ranks[static_cast<size_t>(victim - pool.slot_begin)];
     admit_miss(s, pool, victim, keys[r], evicted, &out);
     slot_of_rank[r] = victim;
   }

@@ -372,6 +372,7 @@ TEST_F(KernelsGpuTest, ResidencyStepEqualsHostStepBitForBit) {
       DeviceArray<uint64_t> d_clock(clock);
       DeviceArray<int32_t> d_experts(k), d_keys(k), d_slots(k), d_evicted(k);
       DeviceArray<uint8_t> d_missed(k);
+      DeviceArray<uint64_t> d_rank_cache(slots_per_pool);
       DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
       const int32_t cap = static_cast<int32_t>(slots_per_pool * protected_frac);
       std::mt19937 rng(per_layer * 10 + static_cast<int>(protected_frac * 4));
@@ -399,7 +400,8 @@ TEST_F(KernelsGpuTest, ResidencyStepEqualsHostStepBitForBit) {
         d_experts.Upload(experts);
         ASSERT_EQ(launch_residency_step(fx.device, device_pool, layer, d_experts.get(), k,
                                         d_keys.get(), d_slots.get(), d_missed.get(),
-                                        d_evicted.get(), d_counters.get(), stream_),
+                                        d_evicted.get(), d_rank_cache.get(), d_counters.get(),
+                                        stream_),
                   cudaSuccess);
         Sync();
         ASSERT_EQ(fx.d_table.Download(), fx.table) << "step " << step;
