@@ -139,38 +139,43 @@ __device__ void count_policy_step(const StepOutcome& outcome, DeviceCounters* co
   atomicAdd(&counters->evictions, static_cast<unsigned long long>(outcome.n_evictions));
 }
 
-// The next miss's victim, by the whole block. An admission puts its slot in the
-// selection and changes no other slot's rank, so the j-th miss of a step takes
-// the j-th least rank: the step's first call computes every rank with rank_of
-// into rank_cache (one entry per slot of the pool), later calls take the least
+// Every miss of the step, in rank order, by the whole block. An admission puts
+// its slot in the selection and changes no other slot's rank, so the j-th miss
+// takes the j-th least rank: the first miss computes every rank with rank_of
+// into rank_cache (one entry per slot of the pool), later ones take the least
 // cached rank above the last victim's (ranks are unique). A thread reads back
-// only the entries it wrote. first_miss and last_victim_rank are the caller's,
-// the same in every thread.
-template <typename RankOf>
-__device__ int32_t next_victim(int32_t slot_begin, int32_t n_slots, RankOf rank_of,
-                               uint64_t* __restrict__ rank_cache, bool* first_miss,
-                               unsigned long long* last_victim_rank,
-                               unsigned long long* rank_scratch, int32_t* slot_scratch) {
-  unsigned long long best = ~0ull;
-  int32_t best_slot = INT32_MAX;
-  for (int32_t i = threadIdx.x; i < n_slots; i += blockDim.x) {
-    unsigned long long rank;
-    if (*first_miss) {
-      rank = rank_of(slot_begin + i);
-      rank_cache[i] = rank;
-    } else {
-      rank = rank_cache[i];
-      if (rank <= *last_victim_rank) continue;
+// only the entries it wrote. Thread 0 admits each miss with admit(victim, r).
+template <typename RankOf, typename Admit>
+__device__ void admit_misses(int32_t slot_begin, int32_t n_slots, int32_t k,
+                             const uint8_t* rank_missed, RankOf rank_of, Admit admit,
+                             uint64_t* __restrict__ rank_cache, unsigned long long* rank_scratch,
+                             int32_t* slot_scratch) {
+  bool first_miss = true;
+  unsigned long long last_victim_rank = 0;
+  for (int32_t r = 0; r < k; ++r) {
+    if (!rank_missed[r]) continue;
+    unsigned long long best = ~0ull;
+    int32_t best_slot = INT32_MAX;
+    for (int32_t i = threadIdx.x; i < n_slots; i += blockDim.x) {
+      unsigned long long rank;
+      if (first_miss) {
+        rank = rank_of(slot_begin + i);
+        rank_cache[i] = rank;
+      } else {
+        rank = rank_cache[i];
+        if (rank <= last_victim_rank) continue;
+      }
+      if (rank < best) {
+        best = rank;
+        best_slot = slot_begin + i;
+      }
     }
-    if (rank < best) {
-      best = rank;
-      best_slot = slot_begin + i;
-    }
+    block_argmin(&best, &best_slot, rank_scratch, slot_scratch);
+    first_miss = false;
+    last_victim_rank = best;
+    if (threadIdx.x == 0) admit(best_slot, r);
+    __syncthreads();
   }
-  block_argmin(&best, &best_slot, rank_scratch, slot_scratch);
-  *first_miss = false;
-  *last_victim_rank = best;
-  return best_slot;
 }
 
 // One block. Thread 0 runs every state change in residency_step's order; the
@@ -221,20 +226,14 @@ __global__ void __launch_bounds__(kResidencyThreads)
   }
 
   // 2. Misses, in rank order.
-  bool first_miss = true;
-  unsigned long long last_victim_rank = 0;
-  for (int32_t r = 0; r < k; ++r) {
-    if (!rank_missed[r]) continue;
-    const int32_t victim = next_victim(
-        pool.slot_begin, pool.n_slots,
-        [&](int32_t slot) { return victim_rank(s, slot, keys, k); }, rank_cache, &first_miss,
-        &last_victim_rank, rank_scratch, slot_scratch);
-    if (tid == 0) {
-      admit_miss(s, pool, victim, keys[r], evicted_keys, &outcome);
-      slot_of_rank[r] = victim;
-    }
-    __syncthreads();
-  }
+  admit_misses(
+      pool.slot_begin, pool.n_slots, k, rank_missed,
+      [&](int32_t slot) { return victim_rank(s, slot, keys, k); },
+      [&](int32_t victim, int32_t r) {
+        admit_miss(s, pool, victim, keys[r], evicted_keys, &outcome);
+        slot_of_rank[r] = victim;
+      },
+      rank_cache, rank_scratch, slot_scratch);
 
   if (tid == 0) count_policy_step(outcome, counters);
 }
@@ -284,21 +283,15 @@ __global__ void __launch_bounds__(kHazardThreads)
   }
   __syncthreads();
 
-  // Misses, in rank order (next_victim).
-  bool first_miss = true;
-  unsigned long long last_victim_rank = 0;
-  for (int32_t r = 0; r < k; ++r) {
-    if (!rank_missed[r]) continue;
-    const int32_t victim = next_victim(
-        pool.slot_begin, pool.n_slots,
-        [&](int32_t slot) { return hazard_victim_rank(s, slot, layer, keys, k); }, rank_cache,
-        &first_miss, &last_victim_rank, rank_scratch, slot_scratch);
-    if (tid == 0) {
-      hazard_admit(s, victim, keys[r], evicted_keys, &outcome);
-      slot_of_rank[r] = victim;
-    }
-    __syncthreads();
-  }
+  // Misses, in rank order (admit_misses).
+  admit_misses(
+      pool.slot_begin, pool.n_slots, k, rank_missed,
+      [&](int32_t slot) { return hazard_victim_rank(s, slot, layer, keys, k); },
+      [&](int32_t victim, int32_t r) {
+        hazard_admit(s, victim, keys[r], evicted_keys, &outcome);
+        slot_of_rank[r] = victim;
+      },
+      rank_cache, rank_scratch, slot_scratch);
 
   if (tid == 0) count_policy_step(outcome, counters);
 }

@@ -335,7 +335,7 @@ struct HostResidency {
 };
 
 // The residency kernel's decomposition, with its argmins as loops; the misses
-// as kernels/moe.cu's next_victim takes them: every rank computed once, before
+// as kernels/moe.cu's admit_misses takes them: every rank computed once, before
 // any admission, then the least rank above the last victim's.
 StepOutcome SplitStep(HostResidency& h, int32_t layer, const int32_t* experts, int32_t k,
                       int32_t* keys, int32_t* slot_of_rank, uint8_t* missed, int32_t* evicted) {
