@@ -4,12 +4,13 @@
 
 BUILD      ?= build
 FUZZ_BUILD ?= build-fuzz
+EMU_BUILD  ?= build-emu
 JOBS       ?= $(shell nproc)
 FIXTURE    ?= $(BUILD)/fixtures/qwen3moe-tiny.gguf
 FUZZ_SECONDS ?= 60
 MOEGRAPH   := $(BUILD)/tools/moegraph
 
-.PHONY: all deps build fixture run test test-sanitize bench crosscheck clean
+.PHONY: all deps build fixture run test test-sanitize test-emulated bench crosscheck clean
 
 all: build
 
@@ -31,16 +32,26 @@ run: fixture
 	$(MOEGRAPH) bench -m $(FIXTURE) --arms resident,graph,host,stage --slots 16,32 -n 32 -r 2
 
 # Release tests, then the sanitizer tree: the GGUF reader's tests under
-# ASan+UBSan and the libFuzzer target for FUZZ_SECONDS.
+# ASan+UBSan and the libFuzzer target for FUZZ_SECONDS; then the emulated tree.
 test: fixture
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 	$(MAKE) --no-print-directory test-sanitize
+	$(MAKE) --no-print-directory test-emulated
 
 test-sanitize: deps
 	cmake -S . -B $(FUZZ_BUILD) -DMOEGRAPH_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOEGRAPH_FUZZ_SECONDS=$(FUZZ_SECONDS)
 	cmake --build $(FUZZ_BUILD) -j$(JOBS)
 	ctest --test-dir $(FUZZ_BUILD) --output-on-failure
+
+# The CUDA sources on the CPU emulator (docs/EMULATOR.md), under ASan+UBSan:
+# the emulator's tests, the GPU tests, the CLI on CUDA and the CUDA gates under
+# three seeds, then the mutations each emulated test must catch.
+test-emulated: deps
+	cmake -S . -B $(EMU_BUILD) -DMOEGRAPH_EMULATE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(EMU_BUILD) -j$(JOBS)
+	ctest --test-dir $(EMU_BUILD) --output-on-failure -j$(JOBS)
+	tools/emulator-mutations.sh $(EMU_BUILD)
 
 bench: build
 	$(BUILD)/tools/moegraph_bench --benchmark_min_time=0.5
@@ -51,4 +62,4 @@ crosscheck: build
 	tools/llama-crosscheck/run.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD) $(EMU_BUILD)

@@ -252,6 +252,14 @@ int CudaDeviceCount() {
   return count;
 }
 
+bool CudaDeviceIsEmulated() {
+#if defined(MOEGRAPH_CUDA_EMULATOR)
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::string NoCudaDeviceReason() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -276,7 +284,7 @@ struct CudaEngine::Impl {
                          uint64_t scratch_bytes);
   absl::Status AllocatePools();
   absl::Status AllocateState();
-  absl::Status AllocateRouting();
+  absl::Status AllocateRecords();
   absl::Status Upload(void* dst, const void* src, size_t bytes, std::string_view what);
   absl::Status Download(void* dst, const void* src, size_t bytes, std::string_view what);
 
@@ -348,6 +356,7 @@ struct CudaEngine::Impl {
   // Routing replay and record: the trace ([n_steps][n_layer][k] ids, -1 for a
   // missing row; f32 weights or none), the record buffer and their step cursor.
   CudaBuffer trace_ids, trace_weights, routing_record;
+  CudaBuffer logits_record;  // [max_ctx][n_vocab] with record_logits
   int64_t* routing_cursor = nullptr;
 
   // Pinned host memory: the token copy and the host arm's per-layer staging.
@@ -756,7 +765,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
     layer_experts.push_back(e);
   }
 
-  MG_RETURN_IF_ERROR(AllocateRouting());
+  MG_RETURN_IF_ERROR(AllocateRecords());
   MG_ASSIGN_OR_RETURN(token_host, CudaBuffer::Pinned(4, "the token copy"));
   if (slot_mode == SlotMode::kHostPolicy) {
     MG_ASSIGN_OR_RETURN(selection_host, CudaBuffer::Pinned(n_layer * kk * 4, "host selection"));
@@ -766,7 +775,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::Impl::AllocateRouting() {
+absl::Status CudaEngine::Impl::AllocateRecords() {
   const size_t row = static_cast<size_t>(cfg.n_layer) * static_cast<size_t>(cfg.n_expert_used);
   if (options.routing_trace != nullptr) {
     const RoutingTrace& trace = *options.routing_trace;
@@ -785,6 +794,12 @@ absl::Status CudaEngine::Impl::AllocateRouting() {
                                 "routing trace weights"));
     }
   }
+  if (options.record_logits) {
+    MG_ASSIGN_OR_RETURN(logits_record,
+                        CudaBuffer::Device(static_cast<size_t>(options.max_ctx) *
+                                               static_cast<size_t>(cfg.n_vocab) * sizeof(float),
+                                           "the logits record"));
+  }
   if (options.routing_record_steps > 0) {
     MG_ASSIGN_OR_RETURN(
         routing_record,
@@ -796,11 +811,14 @@ absl::Status CudaEngine::Impl::AllocateRouting() {
 
 namespace {
 
-// Device bytes of the routing trace and the routing record.
-uint64_t RoutingBytes(const CudaEngineOptions& options, const ModelConfig& cfg) {
+// Device bytes of the routing trace and of the routing and logits records.
+uint64_t RecordBytes(const CudaEngineOptions& options, const ModelConfig& cfg) {
   uint64_t bytes = 0;
   if (options.routing_trace != nullptr) {
     bytes += options.routing_trace->ids.size() * 4 + options.routing_trace->weights.size() * 4;
+  }
+  if (options.record_logits) {
+    bytes += static_cast<uint64_t>(options.max_ctx) * static_cast<uint64_t>(cfg.n_vocab) * 4;
   }
   return bytes + static_cast<uint64_t>(std::max<int64_t>(options.routing_record_steps, 0)) *
                      static_cast<uint64_t>(cfg.n_layer) * cfg.n_expert_used * 4;
@@ -947,7 +965,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
                            d.split_passes ? "" : ", one expert pass", options.steps_per_launch);
   MG_RETURN_IF_ERROR(
       PlanPools(free_bytes, DenseBytes(m), kv_bytes,
-                ScratchBytes(cfg, options.max_ctx) + RoutingBytes(options, cfg)));
+                ScratchBytes(cfg, options.max_ctx) + RecordBytes(options, cfg)));
   MG_RETURN_IF_ERROR(UploadDense());
   MG_RETURN_IF_ERROR(AllocatePools());
   MG_RETURN_IF_ERROR(AllocateState());
@@ -972,6 +990,7 @@ WalkConfig CudaEngine::Impl::MakeWalkConfig(int steps) const {
   c.shared_expert = cfg.n_ff_shexp > 0;
   c.trace_routing = options.routing_trace != nullptr;
   c.routing_step_end = c.trace_routing || options.routing_record_steps > 0;
+  c.record_logits = options.record_logits;
   return c;
 }
 
@@ -1195,6 +1214,11 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       return [=, this] { return launch_rmsnorm(x, output_norm, h, 1, n_embd, eps, ms); };
     case StepOp::kLmHead:
       return [=, this] { return launch_matvec(output, h, nullptr, logits, ms); };
+    case StepOp::kRecordLogits:
+      return [=, this] {
+        return launch_record_logits(logits, cfg.n_vocab, step, options.max_ctx,
+                                    logits_record.as<float>(), ms);
+      };
     case StepOp::kArgmax:
       return [=, this] { return launch_argmax(logits, cfg.n_vocab, sampled, ms); };
     case StepOp::kRoutingStepEnd:
@@ -1425,6 +1449,26 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::ReadRoutingRecord() {
   if (!out.empty()) {
     MG_RETURN_IF_ERROR(s.Download(out.data(), s.routing_record.as<void>(), out.size() * 4,
                                   "the routing record"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> CudaEngine::ReadLogitsRecord(int first_step, int n_steps) {
+  Impl& s = *impl_;
+  if (!s.options.record_logits) {
+    return absl::FailedPreconditionError("the engine keeps no logits record (record_logits)");
+  }
+  if (first_step < 0 || n_steps < 0 || first_step + n_steps > s.options.max_ctx) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "logits of steps [%d, %d) are outside the record's %d steps (--ctx)", first_step,
+        first_step + n_steps, s.options.max_ctx));
+  }
+  const size_t row = static_cast<size_t>(s.cfg.n_vocab);
+  std::vector<float> out(static_cast<size_t>(n_steps) * row);
+  if (!out.empty()) {
+    MG_RETURN_IF_ERROR(s.Download(out.data(),
+                                  s.logits_record.as<float>() + static_cast<size_t>(first_step) * row,
+                                  out.size() * sizeof(float), "the logits record"));
   }
   return out;
 }

@@ -33,6 +33,9 @@ namespace moegraph {
 
 // Devices the CUDA runtime sees; 0 when there is none or no driver.
 int CudaDeviceCount();
+// True in the emulated tree (-DMOEGRAPH_EMULATE=ON): the device is the CPU
+// emulator (docs/EMULATOR.md), so its speeds are not a GPU's.
+bool CudaDeviceIsEmulated();
 // Why CudaDeviceCount() is 0, in the runtime's words: no device, no driver, or
 // a driver older than the runtime this was built with.
 std::string NoCudaDeviceReason();
@@ -63,6 +66,9 @@ struct CudaEngineOptions {
   // > 0: every step's selection is written on the device into a buffer of this
   // many steps, copied to the host once by ReadRoutingRecord.
   int64_t routing_record_steps = 0;
+  // Every step's logits kept on the device ([max_ctx][n_vocab], one more kernel
+  // per step), for ReadLogitsRecord: a gate's per-step logits in one readback.
+  bool record_logits = false;
   uint64_t rail_bytes = uint64_t{512} << 20;  // GPU memory the budget leaves free
   // Engines that will hold their pools at the same time (moegraph bench's arms
   // with --slots auto): auto takes an even share of the free memory, so each of
@@ -127,6 +133,10 @@ class CudaEngine {
   // With routing_record_steps: every step run so far, laid out as routing(), in
   // one readback. An error when more steps ran than the buffer holds.
   absl::StatusOr<std::vector<int32_t>> ReadRoutingRecord();
+  // With record_logits: the logits of steps [first_step, first_step + n_steps)
+  // of the last Generate (step i ran position i; generated token j was picked
+  // by step n_prompt - 1 + j), rows of n_vocab, in one readback.
+  absl::StatusOr<std::vector<float>> ReadLogitsRecord(int first_step, int n_steps);
   // The walk of one step as the engine runs it (S = 1).
   StepWalk Walk() const;
 

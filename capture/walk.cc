@@ -62,6 +62,7 @@ constexpr OpInfo kOps[] = {
     {StepOp::kFfnResidual, "ffn_residual", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kOutputNorm, "output_norm", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kLmHead, "lm_head", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kRecordLogits, "record_logits", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kArgmax, "argmax", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRoutingStepEnd, "routing_step_end", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kEndStep, "end_step", EntryKind::kKernel, WalkStream::kMain},
@@ -179,7 +180,10 @@ StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
       AddAttention(config, w, step, layer);
       AddMoe(config, w, step, layer);
     }
-    for (StepOp op : {StepOp::kOutputNorm, StepOp::kLmHead, StepOp::kArgmax}) w.Add(op, step);
+    w.Add(StepOp::kOutputNorm, step);
+    w.Add(StepOp::kLmHead, step);
+    if (config.record_logits) w.Add(StepOp::kRecordLogits, step);
+    w.Add(StepOp::kArgmax, step);
     if (config.routing_step_end) w.Add(StepOp::kRoutingStepEnd, step);
     w.Add(StepOp::kEndStep, step);
   }

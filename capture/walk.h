@@ -14,8 +14,8 @@
 // routing_step_end before end_step.)
 // Arms change only the slot decision (resident_slots, stage_all_slots, or the
 // host arm's readback, host step and host copies) and which passes run.
-// Steps end with output_norm lm_head argmax end_step; after the last of S steps
-// the token leaves through one device-to-host copy.
+// Steps end with output_norm lm_head [record_logits] argmax end_step; after the
+// last of S steps the token leaves through one device-to-host copy.
 #pragma once
 
 #include <functional>
@@ -90,6 +90,7 @@ enum class StepOp {
   kFfnResidual,
   kOutputNorm,
   kLmHead,
+  kRecordLogits,  // logits kept per step on the device (CudaEngineOptions::record_logits)
   kArgmax,
   kRoutingStepEnd,  // routing replay or record: record the step's selection, advance the cursor
   kEndStep,
@@ -120,6 +121,8 @@ struct WalkConfig {
   // router_topk; routing_step_end before each end_step.
   bool trace_routing = false;
   bool routing_step_end = false;
+  // record_logits after each lm_head.
+  bool record_logits = false;
 };
 
 // One launch. `enqueue` is supplied by the engine; a walk built without a binder

@@ -30,6 +30,9 @@ struct ArmSpec {
   int max_ctx = 0;
   int steps_per_launch = 1;     // CUDA only
   bool record_routing = false;  // CUDA only (the CPU backend always records it)
+  // CUDA only: every step's logits kept on the device, so a decode can return
+  // them all (LogitRows::kEvery); the CPU backend always has them.
+  bool record_logits = false;
 };
 
 enum class LogitRows { kNone, kLast, kEvery };
@@ -45,8 +48,7 @@ class GateEngine {
  public:
   virtual ~GateEngine() = default;
   // From position 0 (the KV cache restarts); residency state and counters carry
-  // over. kEvery on CUDA decodes each prefix again for its last logits, so it
-  // runs far more steps than the transcript holds.
+  // over. kEvery on CUDA needs an engine made with ArmSpec::record_logits.
   virtual absl::StatusOr<Transcript> Decode(absl::Span<const int32_t> prompt, int n_predict,
                                             LogitRows rows) = 0;
   virtual absl::StatusOr<CounterSnapshot> Snapshot() = 0;

@@ -1,5 +1,5 @@
-// The CUDA engine behind GateEngine. Every logit row comes from a readback
-// outside the walk, so a gate that counts host syncs decodes with LogitRows::kNone.
+// The CUDA engine behind GateEngine. Logit rows come from a readback outside the
+// walk, so a gate that counts host syncs decodes with LogitRows::kNone.
 #include <map>
 #include <memory>
 #include <utility>
@@ -24,20 +24,9 @@ class CudaGateEngine final : public GateEngine {
       MG_ASSIGN_OR_RETURN(out.logits, engine_->LastLogits());
     }
     if (rows != LogitRows::kEvery) return out;
-    // The engine keeps only the last step's logits: decode each prefix of the
-    // transcript for one token, which must be the token the full decode picked.
-    std::vector<int32_t> prefix(prompt.begin(), prompt.end());
-    for (size_t i = 0; i < out.tokens.size(); ++i) {
-      MG_ASSIGN_OR_RETURN(const std::vector<int32_t> next, engine_->Generate(prefix, 1));
-      if (next.size() != 1 || next[0] != out.tokens[i]) {
-        return absl::InternalError(absl::StrFormat(
-            "cuda engine: token %d of a decode was %d, but decoding its prefix again gave %d", i,
-            out.tokens[i], next.empty() ? -1 : next[0]));
-      }
-      MG_ASSIGN_OR_RETURN(const std::vector<float> logits, engine_->LastLogits());
-      out.logits.insert(out.logits.end(), logits.begin(), logits.end());
-      prefix.push_back(out.tokens[i]);
-    }
+    // Token i was picked by the logits of step (prompt length - 1 + i).
+    MG_ASSIGN_OR_RETURN(out.logits,
+                        engine_->ReadLogitsRecord(static_cast<int>(prompt.size()) - 1, n_predict));
     return out;
   }
 
@@ -76,6 +65,7 @@ EngineFactory CudaEngineFactory() {
         options.doors = spec.doors;
         options.steps_per_launch = spec.steps_per_launch;
         options.record_routing = spec.record_routing;
+        options.record_logits = spec.record_logits;
         MG_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
                             CudaEngine::Create(model, store, options));
         return std::make_unique<CudaGateEngine>(std::move(engine));

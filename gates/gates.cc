@@ -93,8 +93,9 @@ absl::StatusOr<CounterValues> Measure(GateEngine& engine, const Workload& work,
   return Delta(before, after);
 }
 
-absl::StatusOr<ArmRun> RunArm(GateContext& context, const Model& model, const ArmSpec& spec,
+absl::StatusOr<ArmRun> RunArm(GateContext& context, const Model& model, ArmSpec spec,
                               const Workload& work) {
+  spec.record_logits = work.rows == LogitRows::kEvery;
   ArmRun run;
   MG_ASSIGN_OR_RETURN(run.engine, context.make_engine(model, spec));
   MG_ASSIGN_OR_RETURN(run.delta, Measure(*run.engine, work, &run.transcript));

@@ -11,6 +11,7 @@
 // the splits of each head.
 #include "kernels/dot_math.h"
 #include "kernels/kernels.h"
+#include "kernels/launch.cuh"
 #include "kernels/nn_math.h"
 #include "kernels/reduce.cuh"
 #include "loader/quant.h"
@@ -199,10 +200,9 @@ cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float*
                          cudaStream_t stream) {
   if (!matrix_ok(table) || token == nullptr || out == nullptr) return cudaErrorInvalidValue;
   const int32_t n_blocks = static_cast<int32_t>(table.cols / quant_block_elems(table.type));
-  embed_kernel<<<ceil_div(n_blocks, kThreads), kThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(table.data), table.type, table.rows, table.row_bytes, n_blocks,
-      token, out);
-  return cudaGetLastError();
+  return launch_kernel<embed_kernel>(ceil_div(n_blocks, kThreads), kThreads, stream,
+                                     static_cast<const uint8_t*>(table.data), table.type,
+                                     table.rows, table.row_bytes, n_blocks, token, out);
 }
 
 cudaError_t launch_rmsnorm(const float* x, const float* weight, float* out, int32_t n_rows,
@@ -210,16 +210,15 @@ cudaError_t launch_rmsnorm(const float* x, const float* weight, float* out, int3
   if (x == nullptr || weight == nullptr || out == nullptr || n_rows <= 0 || row_len <= 0) {
     return cudaErrorInvalidValue;
   }
-  rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, weight, out, row_len, eps);
-  return cudaGetLastError();
+  return launch_kernel<rmsnorm_kernel>(n_rows, kThreads, stream, x, weight, out, row_len, eps);
 }
 
 cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const float* bias, float* out,
                           cudaStream_t stream) {
   if (!matrix_ok(w) || x == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  matvec_kernel<<<ceil_div(w.rows, kMatvecWarps), kMatvecWarps * 32, 0, stream>>>(
-      static_cast<const uint8_t*>(w.data), w.type, w.cols, w.rows, w.row_bytes, x, bias, out);
-  return cudaGetLastError();
+  return launch_kernel<matvec_kernel>(ceil_div(w.rows, kMatvecWarps), kMatvecWarps * 32, stream,
+                                      static_cast<const uint8_t*>(w.data), w.type, w.cols, w.rows,
+                                      w.row_bytes, x, bias, out);
 }
 
 cudaError_t launch_rope(float* x, int32_t n_head, int32_t head_dim, const int32_t* pos,
@@ -229,9 +228,8 @@ cudaError_t launch_rope(float* x, int32_t n_head, int32_t head_dim, const int32_
     return cudaErrorInvalidValue;
   }
   const int32_t pairs = n_head * head_dim / 2;
-  rope_kernel<<<ceil_div(pairs, kThreads), kThreads, 0, stream>>>(x, n_head, head_dim, pos,
-                                                                  freq_base, rope_type);
-  return cudaGetLastError();
+  return launch_kernel<rope_kernel>(ceil_div(pairs, kThreads), kThreads, stream, x, n_head,
+                                    head_dim, pos, freq_base, rope_type);
 }
 
 cudaError_t launch_kv_append(const float* k, const float* v, float* k_cache, float* v_cache,
@@ -240,9 +238,8 @@ cudaError_t launch_kv_append(const float* k, const float* v, float* k_cache, flo
       kv_len <= 0) {
     return cudaErrorInvalidValue;
   }
-  kv_append_kernel<<<ceil_div(kv_len, kThreads), kThreads, 0, stream>>>(k, v, k_cache, v_cache, pos,
-                                                                        kv_len);
-  return cudaGetLastError();
+  return launch_kernel<kv_append_kernel>(ceil_div(kv_len, kThreads), kThreads, stream, k, v,
+                                         k_cache, v_cache, pos, kv_len);
 }
 
 size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx) {
@@ -260,28 +257,26 @@ cudaError_t launch_attention_decode(const float* q, const float* k_cache, const 
   }
   const int32_t n_splits = attention_splits(max_ctx);
   if (n_splits > kMaxGridY) return cudaErrorInvalidValue;
-  attention_split_kernel<<<dim3(n_head, n_splits), kAttnThreads, 0, stream>>>(
-      q, k_cache, v_cache, pos, n_head, n_head_kv, head_dim, max_ctx, scale, partial);
   // A merge after a failed split launch would read stale partials.
-  const cudaError_t split_error = cudaGetLastError();
+  const cudaError_t split_error = launch_kernel<attention_split_kernel>(
+      dim3(n_head, n_splits), kAttnThreads, stream, q, k_cache, v_cache, pos, n_head, n_head_kv,
+      head_dim, max_ctx, scale, partial);
   if (split_error != cudaSuccess) return split_error;
-  attention_merge_kernel<<<n_head, kAttnThreads, 0, stream>>>(partial, head_dim, n_splits, out);
-  return cudaGetLastError();
+  return launch_kernel<attention_merge_kernel>(n_head, kAttnThreads, stream, partial, head_dim,
+                                               n_splits, out);
 }
 
 cudaError_t launch_add(float* x, const float* y, int32_t n, cudaStream_t stream) {
   if (x == nullptr || y == nullptr || n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  add_kernel<<<ceil_div(n, kThreads), kThreads, 0, stream>>>(x, y, n);
-  return cudaGetLastError();
+  return launch_kernel<add_kernel>(ceil_div(n, kThreads), kThreads, stream, x, y, n);
 }
 
 cudaError_t launch_swiglu(const float* gate, const float* up, float* out, int32_t n,
                           cudaStream_t stream) {
   if (gate == nullptr || up == nullptr || out == nullptr || n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  swiglu_kernel<<<ceil_div(n, kThreads), kThreads, 0, stream>>>(gate, up, out, n);
-  return cudaGetLastError();
+  return launch_kernel<swiglu_kernel>(ceil_div(n, kThreads), kThreads, stream, gate, up, out, n);
 }
 
 }  // namespace moegraph

@@ -4,7 +4,7 @@
 // staging path, not the matvec path: a thread writes its block's floats itself,
 // so stores are not coalesced across the warp.
 #include "kernels/dequant.h"
-
+#include "kernels/launch.cuh"
 #include "loader/quant.h"
 
 namespace moegraph {
@@ -29,10 +29,9 @@ cudaError_t launch_dequantize(GgmlType type, const void* src, float* dst, int64_
   const int64_t n_blocks = n / block_elems;
   if (n_blocks == 0) return cudaSuccess;
   const int64_t grid = (n_blocks + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  dequantize_blocks<<<static_cast<unsigned>(grid), kThreadsPerBlock, 0, stream>>>(
-      type, static_cast<const uint8_t*>(src), dst, n_blocks, block_elems,
-      quant_block_bytes(type));
-  return cudaGetLastError();
+  return launch_kernel<dequantize_blocks>(static_cast<unsigned>(grid), kThreadsPerBlock, stream,
+                                          type, static_cast<const uint8_t*>(src), dst, n_blocks,
+                                          block_elems, quant_block_bytes(type));
 }
 
 }  // namespace moegraph

@@ -196,6 +196,11 @@ cudaError_t launch_sample(const float* logits, int32_t n, float temperature, flo
                           uint64_t seed, const int32_t* step, int32_t* token_out,
                           cudaStream_t stream);
 
+// The step's logits kept for later: record[*step * n .. + n) = logits while
+// *step < record_steps (a gate reads every step's logits in one readback).
+cudaError_t launch_record_logits(const float* logits, int32_t n, const int32_t* step,
+                                 int32_t record_steps, float* record, cudaStream_t stream);
+
 // Start of a step: *token = prompt[*step] while *step < *n_prompt (teacher
 // forcing), else *sampled; *pos = *step. The prompt's length is read on the
 // device like its ids, so one captured graph serves prompts of any length.

@@ -9,6 +9,7 @@
 // its pass returns at once, so one captured graph serves every hit/miss pattern.
 #include "kernels/dot_math.h"
 #include "kernels/kernels.h"
+#include "kernels/launch.cuh"
 #include "kernels/moe_math.h"
 #include "kernels/nn_math.h"
 #include "kernels/reduce.cuh"
@@ -420,8 +421,8 @@ cudaError_t launch_router_topk(const float* logits, int32_t n_expert, int32_t k,
       n_expert > kMaxRouterExperts || k <= 0 || k > kMaxTopK || k > n_expert) {
     return cudaErrorInvalidValue;
   }
-  router_topk_kernel<<<1, 32, 0, stream>>>(logits, n_expert, k, norm_topk, experts, weights);
-  return cudaGetLastError();
+  return launch_kernel<router_topk_kernel>(1, 32, stream, logits, n_expert, k, norm_topk, experts,
+                                           weights);
 }
 
 cudaError_t launch_trace_routing(const int32_t* ids, const float* trace_weights, int64_t n_steps,
@@ -431,9 +432,8 @@ cudaError_t launch_trace_routing(const int32_t* ids, const float* trace_weights,
       k > kMaxTopK || cursor == nullptr || experts == nullptr || weights == nullptr) {
     return cudaErrorInvalidValue;
   }
-  trace_routing_kernel<<<1, kMaxTopK, 0, stream>>>(ids, trace_weights, n_steps, n_layer, layer, k,
-                                                   cursor, experts, weights);
-  return cudaGetLastError();
+  return launch_kernel<trace_routing_kernel>(1, kMaxTopK, stream, ids, trace_weights, n_steps,
+                                             n_layer, layer, k, cursor, experts, weights);
 }
 
 cudaError_t launch_routing_step_end(const int32_t* selection, int32_t n, int32_t* record,
@@ -442,8 +442,8 @@ cudaError_t launch_routing_step_end(const int32_t* selection, int32_t n, int32_t
       (record == nullptr && record_steps > 0)) {
     return cudaErrorInvalidValue;
   }
-  routing_step_end_kernel<<<1, kThreads, 0, stream>>>(selection, n, record, record_steps, cursor);
-  return cudaGetLastError();
+  return launch_kernel<routing_step_end_kernel>(1, kThreads, stream, selection, n, record,
+                                                record_steps, cursor);
 }
 
 cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPool& pool,
@@ -459,10 +459,9 @@ cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPo
       rank_cache == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }
-  residency_step_kernel<<<1, kResidencyThreads, 0, stream>>>(state, pool, layer, experts, k,
-                                                             selected_keys, slot_of_rank, missed,
-                                                             evicted_keys, rank_cache, counters);
-  return cudaGetLastError();
+  return launch_kernel<residency_step_kernel>(1, kResidencyThreads, stream, state, pool, layer,
+                                              experts, k, selected_keys, slot_of_rank, missed,
+                                              evicted_keys, rank_cache, counters);
 }
 
 cudaError_t launch_hazard_step(const HazardState& state, const HazardPool& pool, int32_t layer,
@@ -480,10 +479,9 @@ cudaError_t launch_hazard_step(const HazardState& state, const HazardPool& pool,
       evicted_keys == nullptr || rank_cache == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }
-  hazard_step_kernel<<<1, kHazardThreads, 0, stream>>>(state, pool, layer, experts, k,
-                                                       selected_keys, slot_of_rank, missed,
-                                                       evicted_keys, rank_cache, counters);
-  return cudaGetLastError();
+  return launch_kernel<hazard_step_kernel>(1, kHazardThreads, stream, state, pool, layer, experts,
+                                           k, selected_keys, slot_of_rank, missed, evicted_keys,
+                                           rank_cache, counters);
 }
 
 cudaError_t launch_resident_slots(int32_t layer, int32_t n_expert, const int32_t* experts,
@@ -493,9 +491,8 @@ cudaError_t launch_resident_slots(int32_t layer, int32_t n_expert, const int32_t
       slot_of_rank == nullptr || missed == nullptr) {
     return cudaErrorInvalidValue;
   }
-  resident_slots_kernel<<<1, kMaxTopK, 0, stream>>>(layer, n_expert, experts, k, slot_of_rank,
-                                                    missed);
-  return cudaGetLastError();
+  return launch_kernel<resident_slots_kernel>(1, kMaxTopK, stream, layer, n_expert, experts, k,
+                                              slot_of_rank, missed);
 }
 
 cudaError_t launch_stage_all_slots(int32_t k, int32_t* slot_of_rank, uint8_t* missed,
@@ -503,8 +500,7 @@ cudaError_t launch_stage_all_slots(int32_t k, int32_t* slot_of_rank, uint8_t* mi
   if (k <= 0 || k > kMaxTopK || slot_of_rank == nullptr || missed == nullptr) {
     return cudaErrorInvalidValue;
   }
-  stage_all_slots_kernel<<<1, kMaxTopK, 0, stream>>>(k, slot_of_rank, missed);
-  return cudaGetLastError();
+  return launch_kernel<stage_all_slots_kernel>(1, kMaxTopK, stream, k, slot_of_rank, missed);
 }
 
 cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayout& layout,
@@ -518,10 +514,9 @@ cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayou
       counters == nullptr) {
     return cudaErrorInvalidValue;
   }
-  stage_copy_kernel<<<dim3(kStageCtasPerExpert, k), kThreads, 0, stream>>>(
-      reinterpret_cast<const uint4*>(host_blocks), layout.block_bytes, experts, slot_of_rank,
-      missed, reinterpret_cast<uint4*>(slots), counters);
-  return cudaGetLastError();
+  return launch_kernel<stage_copy_kernel>(
+      dim3(kStageCtasPerExpert, k), kThreads, stream, reinterpret_cast<const uint4*>(host_blocks),
+      layout.block_bytes, experts, slot_of_rank, missed, reinterpret_cast<uint4*>(slots), counters);
 }
 
 cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
@@ -532,9 +527,9 @@ cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout&
       k <= 0 || k > kMaxTopK || x == nullptr || act == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }
-  expert_gate_up_kernel<<<dim3(ceil_div(layout.n_ff, kExpertWarps), k), kExpertWarps * 32, 0,
-                          stream>>>(slots, layout, slot_of_rank, missed, pass, x, act, counters);
-  return cudaGetLastError();
+  return launch_kernel<expert_gate_up_kernel>(dim3(ceil_div(layout.n_ff, kExpertWarps), k),
+                                              kExpertWarps * 32, stream, slots, layout,
+                                              slot_of_rank, missed, pass, x, act, counters);
 }
 
 cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
@@ -545,9 +540,9 @@ cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& la
       k <= 0 || k > kMaxTopK || act == nullptr || expert_out == nullptr) {
     return cudaErrorInvalidValue;
   }
-  expert_down_kernel<<<dim3(ceil_div(layout.n_embd, kExpertWarps), k), kExpertWarps * 32, 0,
-                       stream>>>(slots, layout, slot_of_rank, missed, pass, act, expert_out);
-  return cudaGetLastError();
+  return launch_kernel<expert_down_kernel>(dim3(ceil_div(layout.n_embd, kExpertWarps), k),
+                                           kExpertWarps * 32, stream, slots, layout, slot_of_rank,
+                                           missed, pass, act, expert_out);
 }
 
 cudaError_t launch_combine(const float* expert_out, const float* weights, int32_t k, int32_t n_embd,
@@ -557,9 +552,8 @@ cudaError_t launch_combine(const float* expert_out, const float* weights, int32_
       (shexp_out != nullptr && shexp_logit == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  combine_kernel<<<ceil_div(n_embd, kThreads), kThreads, 0, stream>>>(
-      expert_out, weights, k, n_embd, shexp_out, shexp_logit, out);
-  return cudaGetLastError();
+  return launch_kernel<combine_kernel>(ceil_div(n_embd, kThreads), kThreads, stream, expert_out,
+                                       weights, k, n_embd, shexp_out, shexp_logit, out);
 }
 
 }  // namespace moegraph

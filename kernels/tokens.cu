@@ -9,6 +9,7 @@
 // sums to find the run where the running sum passes u * kept, and that run's
 // thread walks it.
 #include "kernels/kernels.h"
+#include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/sample_math.h"
 
@@ -123,6 +124,16 @@ __global__ void __launch_bounds__(kTokenThreads)
   *token_out = last;
 }
 
+// A thread per logit.
+__global__ void record_logits_kernel(const float* __restrict__ logits, int32_t n,
+                                     const int32_t* __restrict__ step, int32_t record_steps,
+                                     float* __restrict__ record) {
+  const int32_t i = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  const int32_t s = *step;
+  if (i >= n || s >= record_steps) return;
+  record[static_cast<int64_t>(s) * n + i] = logits[i];
+}
+
 __global__ void begin_step_kernel(const int32_t* __restrict__ prompt,
                                   const int32_t* __restrict__ n_prompt,
                                   const int32_t* __restrict__ sampled,
@@ -144,8 +155,7 @@ __global__ void end_step_kernel(const int32_t* __restrict__ sampled, int32_t* __
 
 cudaError_t launch_argmax(const float* logits, int32_t n, int32_t* token_out, cudaStream_t stream) {
   if (logits == nullptr || n <= 0 || token_out == nullptr) return cudaErrorInvalidValue;
-  argmax_kernel<<<1, kTokenThreads, 0, stream>>>(logits, n, token_out);
-  return cudaGetLastError();
+  return launch_kernel<argmax_kernel>(1, kTokenThreads, stream, logits, n, token_out);
 }
 
 cudaError_t launch_sample(const float* logits, int32_t n, float temperature, float top_p,
@@ -156,9 +166,18 @@ cudaError_t launch_sample(const float* logits, int32_t n, float temperature, flo
       !(temperature >= 0.0f) || !(temperature <= 3.4e38f) || !(top_p > 0.0f) || !(top_p <= 1.0f)) {
     return cudaErrorInvalidValue;
   }
-  sample_kernel<<<1, kTokenThreads, 0, stream>>>(logits, n, temperature, top_p, seed, step,
-                                                 token_out);
-  return cudaGetLastError();
+  return launch_kernel<sample_kernel>(1, kTokenThreads, stream, logits, n, temperature, top_p, seed,
+                                      step, token_out);
+}
+
+cudaError_t launch_record_logits(const float* logits, int32_t n, const int32_t* step,
+                                 int32_t record_steps, float* record, cudaStream_t stream) {
+  if (logits == nullptr || n <= 0 || step == nullptr || record_steps <= 0 || record == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  constexpr int kThreads = 256;
+  return launch_kernel<record_logits_kernel>((n + kThreads - 1) / kThreads, kThreads, stream,
+                                             logits, n, step, record_steps, record);
 }
 
 cudaError_t launch_begin_step(const int32_t* prompt, const int32_t* n_prompt,
@@ -168,8 +187,8 @@ cudaError_t launch_begin_step(const int32_t* prompt, const int32_t* n_prompt,
       token == nullptr || pos == nullptr) {
     return cudaErrorInvalidValue;
   }
-  begin_step_kernel<<<1, 1, 0, stream>>>(prompt, n_prompt, sampled, step, token, pos);
-  return cudaGetLastError();
+  return launch_kernel<begin_step_kernel>(1, 1, stream, prompt, n_prompt, sampled, step, token,
+                                          pos);
 }
 
 cudaError_t launch_end_step(const int32_t* sampled, int32_t* step, int32_t* out_tokens,
@@ -177,8 +196,7 @@ cudaError_t launch_end_step(const int32_t* sampled, int32_t* step, int32_t* out_
   if (sampled == nullptr || step == nullptr || out_tokens == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }
-  end_step_kernel<<<1, 1, 0, stream>>>(sampled, step, out_tokens, counters);
-  return cudaGetLastError();
+  return launch_kernel<end_step_kernel>(1, 1, stream, sampled, step, out_tokens, counters);
 }
 
 }  // namespace moegraph

@@ -359,6 +359,29 @@ TEST(WalkTest, SStepsRepeatTheStepBlockSTimesAndCopyTheTokenOnce) {
   EXPECT_EQ(b.entries.back().step, 3);
 }
 
+TEST(WalkTest, RecordingLogitsAddsOneKernelBetweenEachLmHeadAndItsArgmax) {
+  WalkConfig config = Config(SlotMode::kDevicePolicy, 2, 1);
+  config.steps = 3;
+  const StepWalk plain = BuildWalk(config);
+  config.record_logits = true;
+  const StepWalk recorded = BuildWalk(config);
+  ASSERT_EQ(recorded.entries.size(), plain.entries.size() + 3);
+  int records = 0;
+  for (size_t i = 0; i < recorded.entries.size(); ++i) {
+    const WalkEntry& e = recorded.entries[i];
+    if (e.op != StepOp::kRecordLogits) continue;
+    ASSERT_GT(i, 0u);
+    ASSERT_LT(i + 1, recorded.entries.size());
+    EXPECT_EQ(recorded.entries[i - 1].op, StepOp::kLmHead);
+    EXPECT_EQ(recorded.entries[i + 1].op, StepOp::kArgmax);
+    EXPECT_EQ(e.step, records);
+    EXPECT_EQ(e.kind, EntryKind::kKernel);
+    EXPECT_EQ(e.stream, WalkStream::kMain);
+    ++records;
+  }
+  EXPECT_EQ(records, 3);
+}
+
 TEST(WalkTest, TheBinderMakesEachCallableAndRunWalkStopsAtTheFirstError) {
   WalkConfig c = Config(SlotMode::kDevicePolicy, 2, 2);
   std::vector<std::string> ran;

@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,8 @@
 namespace moegraph {
 namespace {
 
+using testing_util::BenchJsonRows;
+using testing_util::BenchTableRows;
 using testing_util::JsonChecker;
 using testing_util::ProcessResult;
 using testing_util::ReadFileToString;
@@ -31,56 +32,6 @@ constexpr int kTopK = 2;
 // `moegraph bench -m FIXTURE --backend cpu ARGS` (ARGS split at spaces).
 ProcessResult Bench(const std::string& fixture, const std::string& args) {
   return RunProcessWithArgs({MOEGRAPH_BIN, "bench", "-m", fixture, "--backend", "cpu"}, args);
-}
-
-// The table rows (not the header or its separator), each split into trimmed cells.
-std::vector<std::vector<std::string>> TableRows(const std::string& out) {
-  std::vector<std::vector<std::string>> rows;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("| ", 0) != 0 || line.rfind("| model", 0) == 0 || line.rfind("| -", 0) == 0) {
-      continue;
-    }
-    std::vector<std::string> cells;
-    for (absl::string_view cell : absl::StrSplit(line, '|')) {
-      cells.emplace_back(absl::StripAsciiWhitespace(cell));
-    }
-    // Leading and trailing '|' leave empty cells at both ends.
-    rows.emplace_back(cells.begin() + 1, cells.end() - 1);
-  }
-  return rows;
-}
-
-// The objects of bench's JSON array, one per line, as field -> raw value text.
-std::vector<std::map<std::string, std::string>> JsonRows(const std::string& out) {
-  std::vector<std::map<std::string, std::string>> rows;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t open = line.find('{');
-    if (open == std::string::npos) continue;
-    std::map<std::string, std::string> fields;
-    size_t pos = open + 1;
-    while ((pos = line.find('"', pos)) != std::string::npos) {
-      const size_t key_end = line.find('"', pos + 1);
-      const std::string key = line.substr(pos + 1, key_end - pos - 1);
-      size_t value_start = line.find(':', key_end) + 1;
-      while (line[value_start] == ' ') ++value_start;
-      size_t value_end = value_start;
-      if (line[value_start] == '[') {
-        value_end = line.find(']', value_start) + 1;
-      } else if (line[value_start] == '"') {
-        value_end = line.find('"', value_start + 1) + 1;
-      } else {
-        value_end = line.find_first_of(",}", value_start);
-      }
-      fields[key] = line.substr(value_start, value_end - value_start);
-      pos = value_end;
-      if (line[pos] == '}') break;
-      pos = line.find('"', pos);
-    }
-    rows.push_back(fields);
-  }
-  return rows;
 }
 
 class CliBenchTest : public testing_util::FixtureFileTest {
@@ -106,7 +57,7 @@ TEST_F(CliBenchTest, MarkdownHasOneRowPerArmSlotsAndTest) {
       "resident 16 pp3", "resident 16 tg5", "graph 4 pp3", "graph 4 tg5", "graph 8 pp3",
       "graph 8 tg5",     "host 4 pp3",      "host 4 tg5",  "host 8 pp3",  "host 8 tg5",
       "stage 2 pp3",     "stage 2 tg5"};
-  const std::vector<std::vector<std::string>> rows = TableRows(r.out);
+  const std::vector<std::vector<std::string>> rows = BenchTableRows(r.out);
   ASSERT_EQ(rows.size(), expected.size()) << r.out;
   for (size_t i = 0; i < rows.size(); ++i) {
     ASSERT_EQ(rows[i].size(), 13u) << r.out;
@@ -124,7 +75,7 @@ TEST_F(CliBenchTest, JsonParsesWithEveryFieldAndOneSamplePerRepetition) {
       fixture_path(), "--arms graph,stage --slots 4,auto -n 4 -o json -r " + std::to_string(kReps));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_TRUE(JsonChecker(r.out).Valid()) << r.out;
-  const std::vector<std::map<std::string, std::string>> rows = JsonRows(r.out);
+  const std::vector<std::map<std::string, std::string>> rows = BenchJsonRows(r.out);
   ASSERT_EQ(rows.size(), 3u) << r.out;  // graph at 4 and auto, stage once
   for (const auto& row : rows) {
     for (const char* key : {"arm", "slots", "test", "samples_ts", "avg_ts", "stddev_ts", "hit_rate",
@@ -220,8 +171,8 @@ TEST_F(CliBenchTest, RecordedRoutingReplaysToTheSameHitsAndMisses) {
   const ProcessResult c =
       Bench(fixture_path(), flags + " --routing-trace " + first + " --record-routing " + replayed);
   ASSERT_EQ(c.exit_code, 0) << c.err;
-  const auto original = JsonRows(a.out);
-  const auto replay = JsonRows(c.out);
+  const auto original = BenchJsonRows(a.out);
+  const auto replay = BenchJsonRows(c.out);
   ASSERT_EQ(original.size(), 2u) << a.out;
   ASSERT_EQ(replay.size(), original.size()) << c.out;
   for (size_t i = 0; i < original.size(); ++i) {

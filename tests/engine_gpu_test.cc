@@ -222,6 +222,44 @@ TEST_F(EngineArmsTest, EveryArmGivesTheSameTokensAndLogits) {
   }
 }
 
+// Row i of the record is the logits that picked generated token i: the same bits
+// as the last logits of a decode of that prefix, with S = 2 steps per graph.
+TEST_F(EngineArmsTest, TheLogitsRecordHoldsTheLogitsThatPickedEachToken) {
+  constexpr int kPredict = 6;
+  CudaEngineOptions options;
+  options.max_ctx = 64;
+  options.n_slots = 5;
+  options.steps_per_launch = 2;
+  options.record_logits = true;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> recorded = CudaEngine::Create(model(), options);
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  absl::StatusOr<std::vector<int32_t>> tokens = (*recorded)->Generate(kPrompt, kPredict);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  const int n_prompt = static_cast<int>(kPrompt.size());
+  absl::StatusOr<std::vector<float>> rows = (*recorded)->ReadLogitsRecord(n_prompt - 1, kPredict);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  const size_t n_vocab = static_cast<size_t>(model().config.n_vocab);
+  ASSERT_EQ(rows->size(), kPredict * n_vocab);
+
+  std::unique_ptr<CudaEngine> plain = MakeEngine(model(), Arm::kGraph, 5);
+  ASSERT_NE(plain, nullptr);
+  std::vector<int32_t> prefix = kPrompt;
+  for (int i = 0; i < kPredict; ++i) {
+    absl::StatusOr<std::vector<int32_t>> next = plain->Generate(prefix, 1);
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ((*next)[0], (*tokens)[static_cast<size_t>(i)]) << "token " << i;
+    absl::StatusOr<std::vector<float>> last = plain->LastLogits();
+    ASSERT_TRUE(last.ok()) << last.status();
+    EXPECT_TRUE(BitEqual(*last, std::vector<float>(rows->begin() + i * n_vocab,
+                                                   rows->begin() + (i + 1) * n_vocab)))
+        << "row " << i;
+    prefix.push_back((*tokens)[static_cast<size_t>(i)]);
+  }
+  EXPECT_EQ((*recorded)->ReadLogitsRecord(60, 5).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(plain->ReadLogitsRecord(0, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(EngineArmsTest, OneExpertPassGivesTheSameBits) {
   std::unique_ptr<CudaEngine> split = MakeEngine(model(), Arm::kGraph, 5);
   CudaEngineOptions options;

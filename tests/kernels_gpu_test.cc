@@ -430,6 +430,7 @@ TEST_F(KernelsGpuTest, ResidencyStepEqualsHostStepBitForBit) {
 // The hazard kernel against the host cache, step by step, global and per-layer
 // pools, 1000 experts per layer so the observation strides over the block: the
 // table, owners, every per-key and per-cell array, the costs and the outputs.
+// 90 slots: about 100 experts of each layer recur, so both pool modes evict.
 TEST_F(KernelsGpuTest, HazardStepEqualsHostStepBitForBit) {
   const int32_t n_layer = 3, n_expert = 1000, k = 6;
   for (const PoolMode pool_mode : {PoolMode::kGlobal, PoolMode::kPerLayer}) {
@@ -438,7 +439,7 @@ TEST_F(KernelsGpuTest, HazardStepEqualsHostStepBitForBit) {
     config.n_layer = n_layer;
     config.n_expert = n_expert;
     config.k = k;
-    config.n_slots = 300;
+    config.n_slots = 90;
     config.pool_mode = pool_mode;
     absl::StatusOr<HazardCache> cache = HazardCache::Create(config);
     ASSERT_TRUE(cache.ok()) << cache.status();
@@ -751,6 +752,33 @@ TEST_F(KernelsGpuTest, StepBookkeepingTeacherForcesThePromptThenFeedsSamples) {
   }
   EXPECT_EQ(d_out.Download(), (std::vector<int32_t>{100, 101, 102, 103, 104, 105}));
   EXPECT_EQ(d_counters.Download()[0].steps, 6u);
+}
+
+TEST_F(KernelsGpuTest, RecordLogitsWritesTheRowOfTheStepUntilTheRecordIsFull) {
+  std::mt19937 rng(9);
+  const int32_t n = 300, record_steps = 3;
+  DeviceArray<float> d_record(static_cast<size_t>(n) * record_steps);
+  DeviceArray<int32_t> d_step(1);
+  std::vector<std::vector<float>> rows;
+  for (int32_t step = 0; step < record_steps + 1; ++step) {
+    rows.push_back(Gaussian(rng, n));
+    DeviceArray<float> d_logits(rows.back());
+    d_step.Upload({step});
+    ASSERT_EQ(launch_record_logits(d_logits.get(), n, d_step.get(), record_steps, d_record.get(),
+                                   stream_),
+              cudaSuccess);
+    Sync();
+  }
+  // The fourth step is past the record and wrote nothing.
+  const std::vector<float> record = d_record.Download();
+  for (int32_t step = 0; step < record_steps; ++step) {
+    for (int32_t i = 0; i < n; ++i) {
+      ASSERT_EQ(record[static_cast<size_t>(step * n + i)], rows[static_cast<size_t>(step)][static_cast<size_t>(i)])
+          << "step " << step << " logit " << i;
+    }
+  }
+  EXPECT_EQ(launch_record_logits(d_record.get(), n, d_step.get(), 0, d_record.get(), stream_),
+            cudaErrorInvalidValue);
 }
 
 TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {

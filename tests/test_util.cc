@@ -10,8 +10,10 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 
 namespace moegraph::testing_util {
@@ -140,6 +142,54 @@ std::string TempPath(const std::string& name) {
 std::string ReadFileToString(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::vector<std::vector<std::string>> BenchTableRows(const std::string& out) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| ", 0) != 0 || line.rfind("| model", 0) == 0 || line.rfind("| -", 0) == 0) {
+      continue;
+    }
+    std::vector<std::string> cells;
+    for (absl::string_view cell : absl::StrSplit(line, '|')) {
+      cells.emplace_back(absl::StripAsciiWhitespace(cell));
+    }
+    // Leading and trailing '|' leave empty cells at both ends.
+    rows.emplace_back(cells.begin() + 1, cells.end() - 1);
+  }
+  return rows;
+}
+
+std::vector<std::map<std::string, std::string>> BenchJsonRows(const std::string& out) {
+  std::vector<std::map<std::string, std::string>> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t open = line.find('{');
+    if (open == std::string::npos) continue;
+    std::map<std::string, std::string> fields;
+    size_t pos = open + 1;
+    while ((pos = line.find('"', pos)) != std::string::npos) {
+      const size_t key_end = line.find('"', pos + 1);
+      const std::string key = line.substr(pos + 1, key_end - pos - 1);
+      size_t value_start = line.find(':', key_end) + 1;
+      while (line[value_start] == ' ') ++value_start;
+      size_t value_end = value_start;
+      if (line[value_start] == '[') {
+        value_end = line.find(']', value_start) + 1;
+      } else if (line[value_start] == '"') {
+        value_end = line.find('"', value_start + 1) + 1;
+      } else {
+        value_end = line.find_first_of(",}", value_start);
+      }
+      fields[key] = line.substr(value_start, value_end - value_start);
+      pos = value_end;
+      if (line[pos] == '}') break;
+      pos = line.find('"', pos);
+    }
+    rows.push_back(fields);
+  }
+  return rows;
 }
 
 std::string SharedPath(const std::string& relative) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -94,6 +95,14 @@ class FixtureFileTest : public ::testing::Test {
   static std::string* path_;
   static absl::Status* status_;
 };
+
+// The rows of `moegraph bench`'s markdown table (not the header or its
+// separator), each split into trimmed cells.
+std::vector<std::vector<std::string>> BenchTableRows(const std::string& out);
+
+// The objects of `moegraph bench -o json`'s array, one per line, as field -> raw
+// value text.
+std::vector<std::map<std::string, std::string>> BenchJsonRows(const std::string& out);
 
 // Accepts exactly one RFC 8259 JSON value (whitespace around it allowed).
 class JsonChecker {

@@ -542,6 +542,12 @@ absl::Status Bench() {
                  "stage turns the cache off, graph/eager/host run the CPU pipeline with the "
                  "policy; no device, so host syncs and launches are 0\n");
   }
+  if (plan.cuda && CudaDeviceIsEmulated()) {
+    std::fprintf(notes,
+                 "note: backend cuda runs on the CPU emulator (docs/EMULATOR.md): hit %%, MiB/tok, "
+                 "syncs/tok and launches/tok are the engine's own; t/s and stage GB/s are the "
+                 "emulator's, not a GPU's\n");
+  }
   std::fprintf(notes, "note: policy %s; stage GB/s is %s\n",
                DescribePolicy(doors[0].policy, doors[0].protected_frac).c_str(),
                plan.cuda ? "bytes staged / timed wall time (a lower bound on the copy path)"

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages moegraph builds with, when they are missing.
 # As root it runs apt-get; otherwise it prints the exact command and stops.
-# The CUDA toolkit itself is a precondition (nvcc in /usr/local/cuda or on PATH).
+# The CUDA toolkit itself is a precondition (nvcc in /usr/local/cuda or on PATH);
+# the emulated tree needs only Boost.Context (the fibers of emulator/).
 set -euo pipefail
 
-packages=(cmake make g++ clang libclang-rt-14-dev libabsl-dev libgtest-dev libbenchmark-dev gnuplot-nox)
+packages=(cmake make g++ clang libclang-rt-14-dev libabsl-dev libgtest-dev libbenchmark-dev gnuplot-nox
+  libboost-context-dev)
 
 missing=()
 for p in "${packages[@]}"; do

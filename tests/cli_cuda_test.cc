@@ -1,0 +1,127 @@
+// `moegraph run` and `moegraph bench` with --backend cuda, as a user runs them:
+// every arm (graph, eager, host, stage, resident) prints the CPU backend's
+// tokens, and bench replaying one routing trace counts the CPU backend's hits,
+// misses and bytes staged, with the host syncs the design promises per token.
+// Skips without a device; the emulated tree runs it on the CPU emulator
+// (docs/EMULATOR.md), where bench also says its speeds are not a GPU's.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "capture/engine.h"
+#include "loader/fixture.h"
+#include "tests/test_util.h"
+
+namespace moegraph {
+namespace {
+
+using testing_util::BenchJsonRows;
+using testing_util::ProcessResult;
+using testing_util::RunProcessWithArgs;
+using testing_util::TempPath;
+
+constexpr int kLayers = 3;
+
+// `moegraph COMMAND -m FIXTURE --backend BACKEND ARGS` (ARGS split at spaces).
+ProcessResult Moegraph(const std::string& command, const std::string& fixture,
+                       const std::string& backend, const std::string& args) {
+  return RunProcessWithArgs({MOEGRAPH_BIN, command, "-m", fixture, "--backend", backend}, args);
+}
+
+// The ids after "generated:".
+std::vector<int32_t> Generated(const std::string& out) {
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("generated:", 0) != 0) continue;
+    std::istringstream ids(line.substr(10));
+    std::vector<int32_t> tokens;
+    for (int32_t id = 0; ids >> id;) tokens.push_back(id);
+    return tokens;
+  }
+  return {};
+}
+
+class CliCudaTest : public testing_util::FixtureFileTest {
+ protected:
+  static void SetUpTestSuite() {
+    // f32 experts: the device's logits are within 1e-6 of the CPU's, so greedy
+    // tokens agree.
+    FixtureSpec spec;
+    spec.arch = Arch::kQwen3Moe;
+    spec.n_layer = kLayers;
+    spec.n_expert = 16;
+    spec.n_expert_used = 4;
+    spec.expert_type = GgmlType::kF32;
+    spec.router_skew = 1.0f;
+    spec.seed = 31;
+    WriteSuiteFixture(spec, "cli_cuda.gguf");
+  }
+  void SetUp() override {
+    FixtureFileTest::SetUp();
+    if (CudaDeviceCount() == 0) {
+      GTEST_SKIP() << "no CUDA device (" << NoCudaDeviceReason() << ")";
+    }
+  }
+};
+
+TEST_F(CliCudaTest, EveryArmPrintsTheCpuBackendsTokens) {
+  const std::string flags = "--tokens 1,2,3,4,5 -n 12 --slots 12";
+  const ProcessResult cpu = Moegraph("run", fixture_path(), "cpu", flags);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const std::vector<int32_t> want = Generated(cpu.out);
+  ASSERT_EQ(want.size(), 12u) << cpu.out;
+  for (const std::string arm : {"graph", "eager", "host", "stage", "resident"}) {
+    const ProcessResult cuda = Moegraph("run", fixture_path(), "cuda", flags + " --arm " + arm);
+    ASSERT_EQ(cuda.exit_code, 0) << arm << ": " << cuda.err;
+    EXPECT_EQ(Generated(cuda.out), want) << arm << ":\n" << cuda.out;
+    EXPECT_TRUE(testing_util::Contains(cuda.out, "backend cuda (arm " + arm + ")"));
+  }
+  // S = 4 steps per graph launch: the same tokens.
+  const ProcessResult batched =
+      Moegraph("run", fixture_path(), "cuda", flags + " --steps-per-launch 4");
+  ASSERT_EQ(batched.exit_code, 0) << batched.err;
+  EXPECT_EQ(Generated(batched.out), want);
+}
+
+TEST_F(CliCudaTest, BenchOnOneRoutingTraceCountsWhatTheCpuBackendCounts) {
+  const std::string trace = TempPath("cli_cuda_routing.mgtr");
+  const ProcessResult record = Moegraph("bench", fixture_path(), "cpu",
+                                        "--arms graph --slots 12 -n 8 -r 1 --record-routing " + trace);
+  ASSERT_EQ(record.exit_code, 0) << record.err;
+
+  const std::string flags =
+      "--arms graph,host,stage --slots 12 -p 4 -n 8 -r 1 -o json --routing-trace " + trace;
+  const ProcessResult cpu = Moegraph("bench", fixture_path(), "cpu", flags);
+  const ProcessResult cuda = Moegraph("bench", fixture_path(), "cuda", flags);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+  const std::vector<std::map<std::string, std::string>> want = BenchJsonRows(cpu.out);
+  const std::vector<std::map<std::string, std::string>> got = BenchJsonRows(cuda.out);
+  ASSERT_EQ(want.size(), 6u) << cpu.out;  // 3 arms x (pp4, tg8)
+  ASSERT_EQ(got.size(), want.size()) << cuda.out;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const std::string row = got[i].at("arm") + " " + got[i].at("test");
+    EXPECT_EQ(got[i].at("backend"), "\"cuda\"");
+    EXPECT_EQ(row, want[i].at("arm") + " " + want[i].at("test"));
+    EXPECT_EQ(got[i].at("hits"), want[i].at("hits")) << row;
+    EXPECT_EQ(got[i].at("misses"), want[i].at("misses")) << row;
+    EXPECT_EQ(got[i].at("mib_staged_per_token"), want[i].at("mib_staged_per_token")) << row;
+  }
+  // tg8 runs 8 steps: one host sync per step in the graph arm, one per MoE layer
+  // and the step's own in the host arm, and one more for the generated tokens.
+  ASSERT_EQ(got[1].at("arm") + got[1].at("test"), "\"graph\"\"tg8\"");
+  EXPECT_DOUBLE_EQ(std::stod(got[1].at("host_syncs_per_token")), (8 + 1) / 8.0);
+  ASSERT_EQ(got[3].at("arm") + got[3].at("test"), "\"host\"\"tg8\"");
+  EXPECT_DOUBLE_EQ(std::stod(got[3].at("host_syncs_per_token")), (8 * (kLayers + 1) + 1) / 8.0);
+  if (CudaDeviceIsEmulated()) {
+    EXPECT_TRUE(testing_util::Contains(cuda.err, "runs on the CPU emulator"));
+  }
+  std::remove(trace.c_str());
+}
+
+}  // namespace
+}  // namespace moegraph

@@ -1,0 +1,280 @@
+// What a GPU and the CPU emulator (docs/EMULATOR.md) must both do with the CUDA
+// features the engine uses: warp shuffles, barriers, atomics, mapped pinned
+// memory, streams ordered by events, a capture with a fork and a join replayed
+// as a graph, capture's refusals, and launch limits, with CUDA's error codes.
+// The Release tree compiles it with nvcc (without a device every test skips);
+// the emulated tree compiles the same file against the emulator, so a device run
+// checks the emulator against the hardware.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/launch.cuh"
+#include "tests/cuda_test_util.h"
+
+namespace moegraph {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__global__ void warp_sum_kernel(const float* in, float* out) {
+  float v = in[threadIdx.x];
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  out[threadIdx.x] = v;
+}
+
+// Each thread writes its slot; after the barrier each reads its mirror's.
+__global__ void mirror_kernel(int* out) {
+  __shared__ int slots[256];
+  slots[threadIdx.x] = static_cast<int>(threadIdx.x * 3 + blockIdx.x);
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = slots[blockDim.x - 1 - threadIdx.x];
+}
+
+__global__ void add_kernel(unsigned long long* counter, unsigned long long value) {
+  atomicAdd(counter, value);
+}
+
+__global__ void fill_kernel(int* out, int n, int value) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = value;
+}
+
+__global__ void copy_kernel(const int* in, int* out, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = in[i];
+}
+
+__global__ void sum_kernel(const int* values, int n, unsigned long long* out) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) atomicAdd(out, static_cast<unsigned long long>(values[i]));
+}
+
+class CudaConformanceTest : public testing_util::CudaStreamTest {
+ protected:
+  void SetUp() override {
+    CudaStreamTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), cudaSuccess);
+    ASSERT_EQ(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&counter_), sizeof(unsigned long long)),
+              cudaSuccess);
+  }
+  void TearDown() override {
+    if (counter_ != nullptr) cudaFree(counter_);
+    if (fork_ != nullptr) cudaEventDestroy(fork_);
+    if (join_ != nullptr) cudaEventDestroy(join_);
+    if (side_ != nullptr) cudaStreamDestroy(side_);
+    CudaStreamTest::TearDown();
+  }
+
+  unsigned long long Counter() {
+    unsigned long long value = 0;
+    EXPECT_EQ(cudaMemcpy(&value, counter_, sizeof(value), cudaMemcpyDeviceToHost), cudaSuccess);
+    return value;
+  }
+
+  // A capture of stream_ that forks side_ and, when joined, joins it back.
+  cudaError_t CaptureForkJoin(bool joined, cudaGraph_t* graph) {
+    EXPECT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT_EQ(launch_kernel<add_kernel>(1, 1, stream_, counter_, 1ull), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(fork_, stream_), cudaSuccess);
+    EXPECT_EQ(cudaStreamWaitEvent(side_, fork_, 0), cudaSuccess);
+    EXPECT_EQ(launch_kernel<add_kernel>(1, 32, side_, counter_, 10ull), cudaSuccess);
+    if (joined) {
+      EXPECT_EQ(cudaEventRecord(join_, side_), cudaSuccess);
+      EXPECT_EQ(cudaStreamWaitEvent(stream_, join_, 0), cudaSuccess);
+    }
+    EXPECT_EQ(launch_kernel<add_kernel>(2, 64, stream_, counter_, 100ull), cudaSuccess);
+    return cudaStreamEndCapture(stream_, graph);
+  }
+
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t fork_ = nullptr;
+  cudaEvent_t join_ = nullptr;
+  unsigned long long* counter_ = nullptr;
+};
+
+TEST_F(CudaConformanceTest, AWarpShuffleButterflySumsAll32Lanes) {
+  std::vector<float> in(64);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 32 + 1 + (i / 32) * 100);
+  float* d_in = nullptr;
+  float* d_out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_in), 64 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), 64 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_in, in.data(), 64 * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(launch_kernel<warp_sum_kernel>(1, 64, stream_, d_in, d_out), cudaSuccess);
+  Sync();
+  std::vector<float> out(64);
+  ASSERT_EQ(cudaMemcpy(out.data(), d_out, 64 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ(out[static_cast<size_t>(i)], i < 32 ? 528.0f : 3728.0f) << "lane " << i;
+  }
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
+
+TEST_F(CudaConformanceTest, ABarrierPublishesSharedMemoryToTheBlock) {
+  const int blocks = 4, threads = 256;
+  int* d_out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), blocks * threads * sizeof(int)),
+            cudaSuccess);
+  ASSERT_EQ(launch_kernel<mirror_kernel>(blocks, threads, stream_, d_out), cudaSuccess);
+  Sync();
+  std::vector<int> out(blocks * threads);
+  ASSERT_EQ(cudaMemcpy(out.data(), d_out, out.size() * sizeof(int), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int b = 0; b < blocks; ++b) {
+    for (int t = 0; t < threads; ++t) {
+      ASSERT_EQ(out[static_cast<size_t>(b * threads + t)], (threads - 1 - t) * 3 + b)
+          << "block " << b << " thread " << t;
+    }
+  }
+  cudaFree(d_out);
+}
+
+TEST_F(CudaConformanceTest, EveryThreadsAtomicAddCounts) {
+  ASSERT_EQ(cudaMemsetAsync(counter_, 0, sizeof(unsigned long long), stream_), cudaSuccess);
+  ASSERT_EQ(launch_kernel<add_kernel>(dim3(4, 2), dim3(32, 4), stream_, counter_, 3ull),
+            cudaSuccess);
+  Sync();
+  EXPECT_EQ(Counter(), 8ull * 128 * 3);
+}
+
+TEST_F(CudaConformanceTest, AKernelReadsMappedPinnedMemoryThroughItsDevicePointer) {
+  const int n = 1000;
+  int* host = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&host), n * sizeof(int),
+                          cudaHostAllocMapped | cudaHostAllocPortable),
+            cudaSuccess);
+  unsigned long long want = 0;
+  for (int i = 0; i < n; ++i) {
+    host[i] = i * 7 - 3;
+    want += static_cast<unsigned long long>(host[i]);
+  }
+  int* mapped = nullptr;
+  ASSERT_EQ(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped), host, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(counter_, 0, sizeof(unsigned long long), stream_), cudaSuccess);
+  ASSERT_EQ(launch_kernel<sum_kernel>((n + 255) / 256, 256, stream_, mapped, n, counter_),
+            cudaSuccess);
+  Sync();
+  EXPECT_EQ(Counter(), want);
+  cudaFreeHost(host);
+}
+
+// side_ copies what stream_ wrote, ordered only by the event.
+TEST_F(CudaConformanceTest, AStreamThatWaitsOnAnEventSeesTheWorkBeforeIt) {
+  const int n = 3000;
+  int* d_a = nullptr;
+  int* d_b = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_a), n * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_b), n * sizeof(int)), cudaSuccess);
+  for (int round = 0; round < 6; ++round) {
+    ASSERT_EQ(launch_kernel<fill_kernel>((n + 255) / 256, 256, stream_, d_a, n, round + 1),
+              cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(fork_, stream_), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(side_, fork_, 0), cudaSuccess);
+    ASSERT_EQ(launch_kernel<copy_kernel>((n + 127) / 128, 128, side_, d_a, d_b, n), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(side_), cudaSuccess);
+    std::vector<int> out(n);
+    ASSERT_EQ(cudaMemcpy(out.data(), d_b, n * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(out[static_cast<size_t>(i)], round + 1) << i;
+  }
+  cudaFree(d_a);
+  cudaFree(d_b);
+}
+
+TEST_F(CudaConformanceTest, ACaptureWithAForkAndAJoinReplaysItsLaunchesEachTime) {
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(CaptureForkJoin(true, &graph), cudaSuccess);
+  ASSERT_NE(graph, nullptr);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  // Capture only recorded: the counter is still what the memset leaves.
+  ASSERT_EQ(cudaMemsetAsync(counter_, 0, sizeof(unsigned long long), stream_), cudaSuccess);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+  Sync();
+  EXPECT_EQ(Counter(), 3ull * (1 + 32 * 10 + 128 * 100));
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
+TEST_F(CudaConformanceTest, EndingACaptureWhoseForkNeverJoinedFails) {
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(CaptureForkJoin(false, &graph), cudaErrorStreamCaptureUnjoined);
+  EXPECT_EQ(graph, nullptr);
+  cudaGetLastError();
+  // Both streams left capture mode and run work again.
+  ASSERT_EQ(cudaMemsetAsync(counter_, 0, sizeof(unsigned long long), side_), cudaSuccess);
+  ASSERT_EQ(launch_kernel<add_kernel>(1, 1, side_, counter_, 5ull), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(side_), cudaSuccess);
+  EXPECT_EQ(Counter(), 5ull);
+}
+
+TEST_F(CudaConformanceTest, SynchronizingACapturingStreamInvalidatesTheCapture) {
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(launch_kernel<add_kernel>(1, 1, stream_, counter_, 1ull), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream_, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(graph, nullptr);
+  cudaGetLastError();
+}
+
+TEST_F(CudaConformanceTest, AllocatingDuringAThreadLocalCaptureInvalidatesIt) {
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, 256), cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream_, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(graph, nullptr);
+  cudaGetLastError();
+}
+
+TEST_F(CudaConformanceTest, ACapturingStreamCannotWaitOnUncapturedWork) {
+  ASSERT_EQ(launch_kernel<add_kernel>(1, 1, side_, counter_, 1ull), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(join_, side_), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(cudaStreamWaitEvent(stream_, join_, 0), cudaErrorStreamCaptureIsolation);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream_, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(cudaStreamSynchronize(side_), cudaSuccess);
+  cudaGetLastError();
+}
+
+TEST_F(CudaConformanceTest, AnEventRecordedInACaptureCannotBeWaitedOnByTheHost) {
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(launch_kernel<add_kernel>(1, 1, stream_, counter_, 1ull), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(fork_, stream_), cudaSuccess);
+  EXPECT_EQ(cudaEventSynchronize(fork_), cudaErrorCapturedEvent);
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream_, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();
+}
+
+TEST_F(CudaConformanceTest, LaunchesBeyondTheLimitsAreInvalidConfigurations) {
+  EXPECT_EQ(launch_kernel<add_kernel>(1, 1025, stream_, counter_, 1ull),
+            cudaErrorInvalidConfiguration);
+  EXPECT_EQ(launch_kernel<add_kernel>(1, dim3(32, 32, 2), stream_, counter_, 1ull),
+            cudaErrorInvalidConfiguration);
+  EXPECT_EQ(launch_kernel<add_kernel>(1, dim3(1, 1, 65), stream_, counter_, 1ull),
+            cudaErrorInvalidConfiguration);
+  EXPECT_EQ(launch_kernel<add_kernel>(dim3(1, 65536), 32, stream_, counter_, 1ull),
+            cudaErrorInvalidConfiguration);
+  EXPECT_EQ(launch_kernel<add_kernel>(dim3(0), 32, stream_, counter_, 1ull),
+            cudaErrorInvalidConfiguration);
+  // The limits themselves launch, and the errors above are not left behind.
+  ASSERT_EQ(cudaMemsetAsync(counter_, 0, sizeof(unsigned long long), stream_), cudaSuccess);
+  EXPECT_EQ(launch_kernel<add_kernel>(dim3(1, 65535), 1, stream_, counter_, 1ull), cudaSuccess);
+  EXPECT_EQ(launch_kernel<add_kernel>(1, 1024, stream_, counter_, 1ull), cudaSuccess);
+  Sync();
+  EXPECT_EQ(Counter(), 65535ull + 1024);
+}
+
+}  // namespace
+}  // namespace moegraph
