@@ -53,9 +53,7 @@ bool SameSite(Site a, Site b) {
   return a.line == b.line && (a.file == b.file || std::strcmp(a.file, b.file) == 0);
 }
 
-std::string Where(Site site) {
-  return std::string(site.file) + ":" + std::to_string(site.line);
-}
+std::string Where(Site site) { return std::string(site.file) + ":" + std::to_string(site.line); }
 
 const char* OpName(WarpOp op) { return op == WarpOp::kSync ? "__syncwarp" : "__shfl_xor_sync"; }
 
@@ -194,7 +192,8 @@ class BlockRun {
     thread.fiber = nullptr;
     ++done_;
     Exit(thread);
-    if (fault_.empty() && at_barrier_ > 0 && at_barrier_ + done_ == static_cast<int>(threads_.size())) {
+    if (fault_.empty() && at_barrier_ > 0 &&
+        at_barrier_ + done_ == static_cast<int>(threads_.size())) {
       ReleaseBarrier();
     }
     Fiber& next = EnterNext();
@@ -254,8 +253,8 @@ class BlockRun {
       return;
     }
     if (const unsigned exited = thread.mask & warp.exited; exited != 0) {
-      fault_ = where() + ": lane " + std::to_string(__builtin_ctz(exited)) +
-               " of the mask has exited";
+      fault_ =
+          where() + ": lane " + std::to_string(__builtin_ctz(exited)) + " of the mask has exited";
       return;
     }
     warp.waiting |= Bit(lane);

@@ -1,11 +1,10 @@
 #include "emulator/fibers.h"
 
 #include <algorithm>
-#include <memory>
-#include <utility>
-
 #include <boost/context/preallocated.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
+#include <memory>
+#include <utility>
 
 // AddressSanitizer's fiber interface, weak: present when the program links the
 // ASan runtime (the emulated tree always does), null otherwise. The emulator

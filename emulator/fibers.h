@@ -13,10 +13,9 @@
 // stack overflow of the thread it runs on.
 #pragma once
 
+#include <boost/context/fiber.hpp>
 #include <cstddef>
 #include <vector>
-
-#include <boost/context/fiber.hpp>
 
 namespace moegraph_emu {
 

@@ -37,15 +37,12 @@ bool ParseBytes(const char* text, size_t* bytes) {
   const unsigned long long value = std::strtoull(text, &end, 10);
   if (end == text || text[0] == '-') return false;
   unsigned shift = 0;
-  switch (*end) {
-    case '\0': break;
-    case 'K': shift = 10; break;
-    case 'M': shift = 20; break;
-    case 'G': shift = 30; break;
-    case 'T': shift = 40; break;
-    default: return false;
+  if (*end != '\0') {
+    static constexpr char kUnits[] = "KMGT";
+    const char* unit = std::strchr(kUnits, *end);
+    if (unit == nullptr || end[1] != '\0') return false;
+    shift = 10 * static_cast<unsigned>(unit - kUnits + 1);
   }
-  if (*end != '\0' && end[1] != '\0') return false;
   if (value == 0 || value > (~0ull >> shift)) return false;
   *bytes = static_cast<size_t>(value << shift);
   return true;
@@ -235,11 +232,16 @@ CUevent_st* FindEvent(Device& d, cudaEvent_t handle) {
 
 const char* KindName(cudaMemcpyKind kind) {
   switch (kind) {
-    case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
-    case cudaMemcpyHostToDevice: return "cudaMemcpyHostToDevice";
-    case cudaMemcpyDeviceToHost: return "cudaMemcpyDeviceToHost";
-    case cudaMemcpyDeviceToDevice: return "cudaMemcpyDeviceToDevice";
-    case cudaMemcpyDefault: return "cudaMemcpyDefault";
+    case cudaMemcpyHostToHost:
+      return "cudaMemcpyHostToHost";
+    case cudaMemcpyHostToDevice:
+      return "cudaMemcpyHostToDevice";
+    case cudaMemcpyDeviceToHost:
+      return "cudaMemcpyDeviceToHost";
+    case cudaMemcpyDeviceToDevice:
+      return "cudaMemcpyDeviceToDevice";
+    case cudaMemcpyDefault:
+      return "cudaMemcpyDefault";
   }
   return "an unknown kind";
 }
@@ -444,8 +446,8 @@ void Device::RunAll() {
 }
 
 void Device::Fault(cudaError_t error, const std::string& message) {
-  std::fprintf(stderr, "moegraph-emu: %s: %s (MOEGRAPH_EMU_SEED=%llu)\n",
-               cudaGetErrorName(error), message.c_str(), static_cast<unsigned long long>(seed));
+  std::fprintf(stderr, "moegraph-emu: %s: %s (MOEGRAPH_EMU_SEED=%llu)\n", cudaGetErrorName(error),
+               message.c_str(), static_cast<unsigned long long>(seed));
   sticky = error;
   // The context is lost, as on a device: nothing queued will run.
   legacy->queue.clear();
@@ -639,8 +641,9 @@ cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags) {
   moegraph_emu::Poison(p, size);
   const auto begin = reinterpret_cast<uintptr_t>(p);
   d.allocations[begin] = {begin, std::max<size_t>(size, 1),
-                          (flags & cudaHostAllocMapped) != 0 ? moegraph_emu::MemoryKind::kPinnedMapped
-                                                             : moegraph_emu::MemoryKind::kPinned};
+                          (flags & cudaHostAllocMapped) != 0
+                              ? moegraph_emu::MemoryKind::kPinnedMapped
+                              : moegraph_emu::MemoryKind::kPinned};
   *pHost = p;
   return cudaSuccess;
 }
@@ -683,7 +686,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
   if (const cudaError_t err = d.CheckLegacyUse(); err != cudaSuccess) return Return(err);
   if (count == 0) return cudaSuccess;
   moegraph_emu::CopyOp copy;
-  if (const cudaError_t err = moegraph_emu::PrepareCopy(d, "cudaMemcpy", dst, src, count, kind, &copy);
+  if (const cudaError_t err =
+          moegraph_emu::PrepareCopy(d, "cudaMemcpy", dst, src, count, kind, &copy);
       err != cudaSuccess) {
     return Return(err);
   }
@@ -780,8 +784,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   MG_EMU_CALL(d);
-  return d.events.erase(event) == 1 ? cudaSuccess
-                                                : Return(cudaErrorInvalidResourceHandle);
+  return d.events.erase(event) == 1 ? cudaSuccess : Return(cudaErrorInvalidResourceHandle);
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {

@@ -190,7 +190,7 @@ class Device {
 
   std::shared_ptr<CUstream_st> legacy;
   std::map<CUstream_st*, std::shared_ptr<CUstream_st>> streams;  // created and not destroyed
-  std::vector<std::shared_ptr<CUstream_st>> orphans;  // destroyed with work still queued
+  std::vector<std::shared_ptr<CUstream_st>> orphans;             // destroyed with work still queued
   std::map<CUevent_st*, std::unique_ptr<CUevent_st>> events;
   std::vector<std::shared_ptr<Capture>> captures;  // active
   std::map<CUgraph_st*, std::unique_ptr<CUgraph_st>> graphs;
@@ -242,8 +242,8 @@ cudaError_t Return(cudaError_t error);
 
 // The start of every runtime call: `d` is the device, locked; a blocked device
 // returns at once.
-#define MG_EMU_CALL(d)                                                \
-  ::moegraph_emu::Device& d = ::moegraph_emu::Device::Get();          \
-  std::lock_guard<std::mutex> d##_lock(d.mutex);                      \
+#define MG_EMU_CALL(d)                                                         \
+  ::moegraph_emu::Device& d = ::moegraph_emu::Device::Get();                   \
+  std::lock_guard<std::mutex> d##_lock(d.mutex);                               \
   if (const cudaError_t d##_blocked = d.Blocked(); d##_blocked != cudaSuccess) \
   return ::moegraph_emu::Return(d##_blocked)

@@ -5,9 +5,9 @@
 // cudaGetLastError() right after <<<...>>> does.
 #pragma once
 
-#include <utility>
-
 #include <cuda_runtime_api.h>
+
+#include <utility>
 
 namespace moegraph {
 

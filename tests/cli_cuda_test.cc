@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,6 +19,7 @@ namespace moegraph {
 namespace {
 
 using testing_util::BenchJsonRows;
+using testing_util::IdsAfter;
 using testing_util::ProcessResult;
 using testing_util::RunProcessWithArgs;
 using testing_util::TempPath;
@@ -30,19 +30,6 @@ constexpr int kLayers = 3;
 ProcessResult Moegraph(const std::string& command, const std::string& fixture,
                        const std::string& backend, const std::string& args) {
   return RunProcessWithArgs({MOEGRAPH_BIN, command, "-m", fixture, "--backend", backend}, args);
-}
-
-// The ids after "generated:".
-std::vector<int32_t> Generated(const std::string& out) {
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("generated:", 0) != 0) continue;
-    std::istringstream ids(line.substr(10));
-    std::vector<int32_t> tokens;
-    for (int32_t id = 0; ids >> id;) tokens.push_back(id);
-    return tokens;
-  }
-  return {};
 }
 
 class CliCudaTest : public testing_util::FixtureFileTest {
@@ -72,25 +59,26 @@ TEST_F(CliCudaTest, EveryArmPrintsTheCpuBackendsTokens) {
   const std::string flags = "--tokens 1,2,3,4,5 -n 12 --slots 12";
   const ProcessResult cpu = Moegraph("run", fixture_path(), "cpu", flags);
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
-  const std::vector<int32_t> want = Generated(cpu.out);
+  const std::vector<int32_t> want = IdsAfter(cpu.out, "generated");
   ASSERT_EQ(want.size(), 12u) << cpu.out;
   for (const std::string arm : {"graph", "eager", "host", "stage", "resident"}) {
     const ProcessResult cuda = Moegraph("run", fixture_path(), "cuda", flags + " --arm " + arm);
     ASSERT_EQ(cuda.exit_code, 0) << arm << ": " << cuda.err;
-    EXPECT_EQ(Generated(cuda.out), want) << arm << ":\n" << cuda.out;
+    EXPECT_EQ(IdsAfter(cuda.out, "generated"), want) << arm << ":\n" << cuda.out;
     EXPECT_TRUE(testing_util::Contains(cuda.out, "backend cuda (arm " + arm + ")"));
   }
   // S = 4 steps per graph launch: the same tokens.
   const ProcessResult batched =
       Moegraph("run", fixture_path(), "cuda", flags + " --steps-per-launch 4");
   ASSERT_EQ(batched.exit_code, 0) << batched.err;
-  EXPECT_EQ(Generated(batched.out), want);
+  EXPECT_EQ(IdsAfter(batched.out, "generated"), want);
 }
 
 TEST_F(CliCudaTest, BenchOnOneRoutingTraceCountsWhatTheCpuBackendCounts) {
   const std::string trace = TempPath("cli_cuda_routing.mgtr");
-  const ProcessResult record = Moegraph("bench", fixture_path(), "cpu",
-                                        "--arms graph --slots 12 -n 8 -r 1 --record-routing " + trace);
+  const ProcessResult record =
+      Moegraph("bench", fixture_path(), "cpu",
+               "--arms graph --slots 12 -n 8 -r 1 --record-routing " + trace);
   ASSERT_EQ(record.exit_code, 0) << record.err;
 
   const std::string flags =
@@ -105,7 +93,7 @@ TEST_F(CliCudaTest, BenchOnOneRoutingTraceCountsWhatTheCpuBackendCounts) {
   ASSERT_EQ(got.size(), want.size()) << cuda.out;
   for (size_t i = 0; i < got.size(); ++i) {
     const std::string row = got[i].at("arm") + " " + got[i].at("test");
-    EXPECT_EQ(got[i].at("backend"), "\"cuda\"");
+    EXPECT_EQ(got[i].at("backend"), CudaDeviceIsEmulated() ? "\"cuda-emulator\"" : "\"cuda\"");
     EXPECT_EQ(row, want[i].at("arm") + " " + want[i].at("test"));
     EXPECT_EQ(got[i].at("hits"), want[i].at("hits")) << row;
     EXPECT_EQ(got[i].at("misses"), want[i].at("misses")) << row;

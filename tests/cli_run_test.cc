@@ -19,27 +19,13 @@ namespace moegraph {
 namespace {
 
 using testing_util::CommandResult;
+using testing_util::IdsAfter;
 using testing_util::RunCommand;
 
 // `moegraph run ARGS` with stdout only, or stdout and stderr together.
 CommandResult RunMoegraph(const std::string& args, bool with_stderr) {
   return RunCommand(std::string(MOEGRAPH_BIN) + " run " + args +
                     (with_stderr ? " 2>&1" : " 2>/dev/null"));
-}
-
-// The ids after "label: " on the line that starts with it.
-std::vector<int32_t> IdsAfter(const std::string& output, const std::string& label) {
-  std::istringstream lines(output);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.rfind(label + ":", 0) != 0) continue;
-    std::istringstream ids(line.substr(label.size() + 1));
-    std::vector<int32_t> out;
-    int32_t id = 0;
-    while (ids >> id) out.push_back(id);
-    return out;
-  }
-  return {};
 }
 
 class CliRunTest : public testing_util::FixtureFileTest {

@@ -5,18 +5,21 @@
 // The Release tree compiles it with nvcc (without a device every test skips);
 // the emulated tree compiles the same file against the emulator, so a device run
 // checks the emulator against the hardware.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
 #include "kernels/launch.cuh"
 #include "tests/cuda_test_util.h"
+#include "tests/test_kernels.cuh"
 
 namespace moegraph {
 namespace {
+
+using testing_util::copy_kernel;
+using testing_util::fill_kernel;
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
@@ -36,16 +39,6 @@ __global__ void mirror_kernel(int* out) {
 
 __global__ void add_kernel(unsigned long long* counter, unsigned long long value) {
   atomicAdd(counter, value);
-}
-
-__global__ void fill_kernel(int* out, int n, int value) {
-  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i < n) out[i] = value;
-}
-
-__global__ void copy_kernel(const int* in, int* out, int n) {
-  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i < n) out[i] = in[i];
 }
 
 __global__ void sum_kernel(const int* values, int n, unsigned long long* out) {

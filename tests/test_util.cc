@@ -144,6 +144,20 @@ std::string ReadFileToString(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+std::vector<int32_t> IdsAfter(const std::string& output, const std::string& label) {
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(label + ":", 0) != 0) continue;
+    std::istringstream ids(line.substr(label.size() + 1));
+    std::vector<int32_t> out;
+    int32_t id = 0;
+    while (ids >> id) out.push_back(id);
+    return out;
+  }
+  return {};
+}
+
 std::vector<std::vector<std::string>> BenchTableRows(const std::string& out) {
   std::vector<std::vector<std::string>> rows;
   std::istringstream lines(out);

@@ -96,6 +96,9 @@ class FixtureFileTest : public ::testing::Test {
   static absl::Status* status_;
 };
 
+// The ids after "label:" on the first line of output that starts with it.
+std::vector<int32_t> IdsAfter(const std::string& output, const std::string& label);
+
 // The rows of `moegraph bench`'s markdown table (not the header or its
 // separator), each split into trimmed cells.
 std::vector<std::vector<std::string>> BenchTableRows(const std::string& out);

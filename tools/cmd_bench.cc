@@ -533,7 +533,9 @@ absl::Status Bench() {
   int64_t steps_per_engine = 0;
   for (const BenchTest& test : plan.tests) steps_per_engine += (1 + plan.reps) * test.steps();
 
-  const std::string backend = plan.cuda ? "cuda" : "cpu";
+  // Numbers from the CPU emulator say so in every row.
+  const std::string backend =
+      !plan.cuda ? "cpu" : (CudaDeviceIsEmulated() ? "cuda-emulator" : "cuda");
   const ModelInfo info = DescribeModel(model);
   std::FILE* notes = plan.json ? stderr : stdout;
   if (!plan.cuda) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One prepared check on a GPU machine (written for an H200, sm_90): build or reuse a
-# build, run the GPU tests, time the miss copy (stage copy kernel vs cudaMemcpyAsync),
+# build, run the GPU tests (cuda_conformance_test first: it holds the CPU emulator
+# of docs/EMULATOR.md to the hardware), time the miss copy (stage copy kernel vs cudaMemcpyAsync),
 # decode a synthetic qwen3moe fixture in every arm, benchmark a Qwen3-30B-A3B-shaped
 # fixture (16 GiB of q4_K experts) at three slot counts, and end in one markdown
 # table (check | result | detail). Finishes inside 8 minutes: every step has a
@@ -9,7 +10,7 @@
 #
 # Usage, in two places:
 #   here, on the build machine:  tools/device-check.sh --bundle BUILD_DIR [DEST]
-#     Copies the five binaries the check runs, every shared library they link that
+#     Copies the six binaries the check runs, every shared library they link that
 #     is not part of the C/C++ runtime (Abseil, Google Benchmark, the CUDA runtime:
 #     the device image has none of them, so it can neither build nor load a carried
 #     build tree), and $MOEGRAPH_SHARED/golden/quant (the dequant test's data; the
@@ -23,7 +24,7 @@
 # The table also goes to $OUT/device-check.md when OUT is set, the copy benchmark's
 # output (CSV) to $OUT/copy-bench.log, the Qwen3-shaped bench table to
 # $OUT/qwen3-bench.md, and the logs of the GPU tests, the gates and the decode runs
-# to $OUT/{kernels_test,engine_gpu_test,gates,runs}.log.
+# to $OUT/{cuda_conformance_test,kernels_test,engine_gpu_test,gates,runs}.log.
 # The table is printed on every exit (a failed step, a timeout, a signal, a script
 # error), with a row naming the step that was cut short.
 #
@@ -34,8 +35,8 @@
 set -u
 
 # The binaries the check runs, relative to a build folder or a bundle.
-readonly BINARIES=(tools/moegraph tools/moegraph_gpu_bench gates/moegraph-gates tests/kernels_test
-  tests/engine_gpu_test)
+readonly BINARIES=(tools/moegraph tools/moegraph_gpu_bench gates/moegraph-gates
+  tests/cuda_conformance_test tests/kernels_test tests/engine_gpu_test)
 
 # bundle BUILD_DIR DEST: the --bundle mode of the usage above.
 bundle() {
@@ -138,7 +139,7 @@ finish() {
   if [[ -n ${OUT:-} && -d $OUT ]]; then
     echo "$table" >"$OUT/device-check.md"
     # The whole logs of the steps that can fail in detail (at most 8 files come back).
-    for log in kernels_test engine_gpu_test gates; do
+    for log in cuda_conformance_test kernels_test engine_gpu_test gates; do
       if [[ -f $WORK/$log.log ]]; then cp "$WORK/$log.log" "$OUT/$log.log"; fi
     done
     cat "$WORK"/run-*.log >"$OUT/runs.log" 2>/dev/null
@@ -186,7 +187,8 @@ else
   if run_step 60 "$WORK/configure.log" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
       -DMOEGRAPH_CUDA_ARCHS=90 &&
     run_step 300 "$WORK/build.log" cmake --build "$BUILD" -j "$(nproc)" \
-      --target moegraph moegraph-gates kernels_test engine_gpu_test moegraph_gpu_bench; then
+      --target moegraph moegraph-gates cuda_conformance_test kernels_test engine_gpu_test \
+      moegraph_gpu_bench; then
     row "build" "ok" "configured and built $BUILD/ for sm_90 in $((SECONDS - START)) s"
   else
     tail -20 "$WORK/configure.log" "$WORK/build.log" 2>/dev/null
@@ -246,7 +248,7 @@ if [[ -x $MOEGRAPH ]]; then
   BACKGROUND+=("$QWEN3_PID")
 fi
 
-for test in kernels_test engine_gpu_test; do
+for test in cuda_conformance_test kernels_test engine_gpu_test; do
   echo "== $test"
   STEP=$test
   binary=$BUILD/tests/$test

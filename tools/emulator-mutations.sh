@@ -70,7 +70,11 @@ mutate() {
   [[ -n "$command" ]] || { echo "emulator-mutations: no compile command for $source" >&2; exit 1; }
   object="$dir/$(basename "$source").o"
   command=${command/" -o "+([^ ])" -c $root/$source"/" -o $object -c $mutant"}
-  (cd "$build/$(dirname "$library")" && eval "$command")
+  if ! (cd "$build/$(dirname "$library")" && eval "$command") > "$dir/compile.log" 2>&1; then
+    echo "emulator-mutations: the $name mutant does not compile:" >&2
+    cat "$dir/compile.log" >&2
+    exit 1
+  fi
 
   local archive="$dir/$(basename "$library")"
   cp "$build/$library" "$archive"
@@ -94,7 +98,7 @@ mutate() {
 
 # 1. The main stream no longer waits for the copy stream's join event: the
 #    graph's capture has an unjoined fork (and eager misses race their copies).
-mutate join-wait-removed capture/engine.cc capture/libmg_capture.a engine_gpu_test \
+mutate join-wait-removed capture/engine_walk.cc capture/libmg_capture.a engine_gpu_test \
   'EngineArmsTest.EveryArmGivesTheSameTokensAndLogits' \
   'return cudaStreamWaitEvent\(ms, join_events\[static_cast<size_t>\(l\)\], 0\);' \
   '"return cudaSuccess;"'
@@ -107,7 +111,7 @@ mutate syncthreads-removed kernels/moe.cu kernels/libmg_kernels.a kernels_test \
   '$1'
 
 # 3. A stream synchronize inside the captured walk: capture refuses it.
-mutate sync-in-capture capture/engine.cc capture/libmg_capture.a engine_gpu_test \
+mutate sync-in-capture capture/engine_walk.cc capture/libmg_capture.a engine_gpu_test \
   'EngineArmsTest.EveryArmGivesTheSameTokensAndLogits' \
   '(case StepOp::kCombine:\n      return \[=, this\] \{\n)' \
   '$1 . "        if (const cudaError_t e = cudaStreamSynchronize(ms); e != cudaSuccess) return e;\n"'

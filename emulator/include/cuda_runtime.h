@@ -128,10 +128,9 @@ const char* KernelName() {
 template <auto Kernel, typename... Args>
 void Launch(dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
   using LaunchType = typename KernelSignature<decltype(Kernel)>::template Launch<Kernel>;
-  EnqueueKernel(
-      std::make_shared<const LaunchType>(KernelName<Kernel>(), grid, block,
-                                         std::forward<Args>(args)...),
-      stream);
+  EnqueueKernel(std::make_shared<const LaunchType>(KernelName<Kernel>(), grid, block,
+                                                   std::forward<Args>(args)...),
+                stream);
 }
 
 }  // namespace moegraph_emu

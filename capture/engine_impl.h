@@ -1,0 +1,263 @@
+// The CUDA engine's private state, shared by its three source files:
+// engine.cc (the public API and Init), engine_memory.cc (what the budget counts,
+// the slot pools, the decode state and the uploads) and engine_walk.cc (each walk
+// entry bound to its launch, eager runs and graph replays). Include nowhere else.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "capture/engine.h"
+#include "loader/status_util.h"
+
+namespace moegraph {
+
+inline double Mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// Device memory (cudaMalloc) or pinned host memory (cudaHostAlloc), freed with it.
+class CudaBuffer {
+ public:
+  CudaBuffer() = default;
+  CudaBuffer(CudaBuffer&& other) noexcept
+      : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(other.bytes_), pinned_(other.pinned_) {}
+  CudaBuffer& operator=(CudaBuffer&& other) noexcept {
+    if (this != &other) {
+      Release();
+      ptr_ = std::exchange(other.ptr_, nullptr);
+      bytes_ = other.bytes_;
+      pinned_ = other.pinned_;
+    }
+    return *this;
+  }
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+  ~CudaBuffer() { Release(); }
+
+  // Errors name what the memory is for and its size.
+  static absl::StatusOr<CudaBuffer> Device(size_t bytes, std::string_view what) {
+    CudaBuffer out;
+    out.bytes_ = bytes;
+    const cudaError_t err = cudaMalloc(&out.ptr_, std::max<size_t>(bytes, 1));
+    if (err != cudaSuccess) {
+      out.ptr_ = nullptr;
+      return CudaStatus(err, absl::StrFormat("cannot allocate %.2f MiB of GPU memory for %s",
+                                             Mib(bytes), Av(what)));
+    }
+    return out;
+  }
+  static absl::StatusOr<CudaBuffer> Pinned(size_t bytes, std::string_view what) {
+    CudaBuffer out;
+    out.bytes_ = bytes;
+    out.pinned_ = true;
+    const cudaError_t err =
+        cudaHostAlloc(&out.ptr_, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      out.ptr_ = nullptr;
+      return CudaStatus(
+          err, absl::StrFormat("cannot allocate %.2f MiB of pinned host memory for %s", Mib(bytes),
+                               Av(what)));
+    }
+    return out;
+  }
+
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void Release() {
+    if (ptr_ == nullptr) return;
+    if (pinned_) {
+      cudaFreeHost(ptr_);
+    } else {
+      cudaFree(ptr_);
+    }
+    ptr_ = nullptr;
+  }
+
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  bool pinned_ = false;
+};
+
+struct LayerWeights {
+  DeviceMatrix wq, wk, wv, wo, router;
+  DeviceMatrix shexp_gate, shexp_up, shexp_down, shexp_gate_inp;
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const float* bq = nullptr;
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+};
+
+// Per-layer device pointers of one step's expert path.
+struct LayerExperts {
+  int size_class = 0;
+  int local_layer = 0;                   // the layer's number inside its class
+  const uint8_t* host_blocks = nullptr;  // device pointer of the layer's store blocks
+  int32_t* selection = nullptr;          // [k]
+  float* weights = nullptr;              // [k]
+  int32_t* selected_keys = nullptr;      // [k]
+  int32_t* slot_of_rank = nullptr;       // [k]
+  uint8_t* missed = nullptr;             // [k]
+  int32_t* evicted = nullptr;            // [k]
+  float* k_cache = nullptr;              // [max_ctx][kv_len]
+  float* v_cache = nullptr;
+};
+
+// The device copy of a policy's state arrays, field for field a
+// ResidencySnapshot's (an array the policy does not keep stays unallocated),
+// plus the hazard table's costs, which the step rebuilds from the counts.
+struct DevicePolicyState {
+  CudaBuffer table, owner, stamp, seg, n_protected, clock, last_visit, frequency, long_frequency,
+      visits, cell_hits, cell_trials, cell_cost;
+};
+
+// Calls fn(host array, device buffer, what) for every array of a snapshot.
+template <typename Fn>
+absl::Status ForEachStateArray(ResidencySnapshot& host, DevicePolicyState& device, Fn&& fn) {
+  MG_RETURN_IF_ERROR(fn(host.table, device.table, "the slot table"));
+  MG_RETURN_IF_ERROR(fn(host.owner, device.owner, "the slot owners"));
+  MG_RETURN_IF_ERROR(fn(host.stamp, device.stamp, "the slot stamps"));
+  MG_RETURN_IF_ERROR(fn(host.seg, device.seg, "the slot segments"));
+  MG_RETURN_IF_ERROR(fn(host.n_protected, device.n_protected, "the pool counts"));
+  MG_RETURN_IF_ERROR(fn(host.clock, device.clock, "the pool clocks"));
+  MG_RETURN_IF_ERROR(fn(host.last_visit, device.last_visit, "the keys' last visits"));
+  MG_RETURN_IF_ERROR(fn(host.frequency, device.frequency, "the keys' frequencies"));
+  MG_RETURN_IF_ERROR(fn(host.long_frequency, device.long_frequency, "the keys' long frequencies"));
+  MG_RETURN_IF_ERROR(fn(host.visits, device.visits, "the layers' visits"));
+  MG_RETURN_IF_ERROR(fn(host.cell_hits, device.cell_hits, "the hazard cell hits"));
+  return fn(host.cell_trials, device.cell_trials, "the hazard cell trials");
+}
+
+struct DevicePool {
+  SlotPoolInfo info;
+  DeviceBlockLayout layout;
+  CudaBuffer slots;
+  // Policy arms only.
+  DevicePolicyState policy_state;
+  std::vector<ResidencyPool> pools;      // lru, slru: device pointers
+  std::vector<HazardPool> hazard_pools;  // hazard
+  CudaBuffer rank_cache;                 // a victim rank per slot of the largest pool
+  std::vector<int32_t> pool_of_local_layer;
+  ResidencyState state{};
+  HazardState hazard{};
+  std::optional<PolicyCache> host_cache;  // the host arm's policy state
+};
+
+// Bytes the budget counts before anything is allocated (engine_memory.cc).
+uint64_t DenseBytes(const Model& m);
+uint64_t RecordBytes(const CudaEngineOptions& options, const ModelConfig& cfg);
+uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx);
+
+struct CudaEngine::Impl {
+  ~Impl();
+
+  // experts: a shared store, or null to pin one of the engine's own.
+  absl::Status Init(const Model& model, const CudaEngineOptions& options,
+                    std::shared_ptr<const ExpertStore> experts, const LoadProgressFn& progress);
+  absl::Status UploadDense();
+  absl::StatusOr<DeviceMatrix> UploadMatrix(const GgufTensor* t);
+  absl::StatusOr<const float*> UploadVector(const GgufTensor* t);
+  absl::Status PlanPools(uint64_t free_bytes, uint64_t dense_bytes, uint64_t kv_bytes,
+                         uint64_t scratch_bytes);
+  absl::Status AllocatePools();
+  absl::Status AllocateState();
+  absl::Status AllocateRecords();
+  absl::Status Upload(void* dst, const void* src, size_t bytes, std::string_view what);
+  absl::Status Download(void* dst, const void* src, size_t bytes, std::string_view what);
+
+  WalkConfig MakeWalkConfig(int steps) const;
+  std::function<cudaError_t()> Bind(const WalkEntry& entry);
+  cudaError_t HostPolicyStep(int layer);
+  cudaError_t HostStageCopy(int layer);
+  absl::Status RunSteps(int count);
+  absl::Status Sync(std::string_view what);
+
+  const Model* model = nullptr;
+  ModelConfig cfg;
+  CudaEngineOptions options;
+  Arm arm = Arm::kGraph;
+  SlotMode slot_mode = SlotMode::kDevicePolicy;
+  std::string banner;
+  HostCounters host;
+  EngineCounters host_expert;  // the host arm's policy tallies
+  std::vector<int32_t> routing;
+
+  cudaStream_t main = nullptr;
+  cudaStream_t copy = nullptr;
+  std::vector<cudaEvent_t> fork_events, join_events;  // per layer
+
+  std::shared_ptr<const ExpertStore> store;  // maybe shared with other engines
+  const uint8_t* store_device_base = nullptr;
+
+  // Dense weights, each tensor once (a tied lm_head reuses token_embd).
+  std::vector<CudaBuffer> dense;
+  std::map<const GgufTensor*, const void*> uploaded;
+  uint64_t dense_bytes = 0;
+  DeviceMatrix token_embd, output;
+  const float* output_norm = nullptr;
+  std::vector<LayerWeights> layers;
+
+  std::vector<DevicePool> pools;
+  std::vector<SlotPoolInfo> pool_infos;
+
+  // Decode state.
+  CudaBuffer state_buffer;  // every small per-step buffer, carved below
+  CudaBuffer kv_buffer;
+  CudaBuffer partial_buffer;
+  int32_t* token = nullptr;
+  int32_t* pos = nullptr;
+  int32_t* step = nullptr;
+  int32_t* sampled = nullptr;
+  int32_t* n_prompt = nullptr;    // [1 + max_ctx]: the prompt's length, then its ids
+  int32_t* prompt = nullptr;      // n_prompt + 1
+  int32_t* out_tokens = nullptr;  // [max_ctx]
+  float* x = nullptr;
+  float* h = nullptr;
+  float* q = nullptr;
+  float* k = nullptr;
+  float* v = nullptr;
+  float* attn = nullptr;
+  float* block_out = nullptr;
+  float* router_logits = nullptr;
+  float* act = nullptr;         // [k][n_ff_exp]
+  float* expert_out = nullptr;  // [k][n_embd]
+  float* shexp_gate_out = nullptr;
+  float* shexp_up_out = nullptr;
+  float* shexp_act = nullptr;
+  float* shexp_out = nullptr;
+  float* shexp_logit = nullptr;
+  float* logits = nullptr;
+  DeviceCounters* counters = nullptr;
+  float* partial = nullptr;
+  std::vector<LayerExperts> layer_experts;
+  // Routing replay and record: the trace ([n_steps][n_layer][k] ids, -1 for a
+  // missing row; f32 weights or none), the record buffer and their step cursor.
+  CudaBuffer trace_ids, trace_weights, routing_record;
+  CudaBuffer logits_record;  // [max_ctx][n_vocab] with record_logits
+  int64_t* routing_cursor = nullptr;
+
+  // Pinned host memory: the token copy and the host arm's per-layer staging.
+  CudaBuffer token_host;
+  CudaBuffer selection_host, slot_of_rank_host, missed_host;  // [n_layer][k]
+
+  std::map<int, StepWalk> walks;    // by steps per walk
+  std::map<int, StepGraph> graphs;  // by steps per graph
+};
+
+}  // namespace moegraph

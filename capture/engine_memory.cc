@@ -1,0 +1,513 @@
+// Where the CUDA engine's memory goes: the bytes the budget counts (dense
+// weights, the policy's state, scratch, records), the slot pools and their
+// policy state, the decode state carved from one allocation, and the uploads.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "capture/engine_impl.h"
+#include "loader/quant.h"
+#include "loader/status_util.h"
+#include "reference/ops.h"
+#include "residency/budget.h"
+
+namespace moegraph {
+namespace {
+
+// Slots each size class gets: in proportion to its layers, the remainder to the
+// first classes (as the CPU backend splits them).
+std::vector<int32_t> SplitSlots(int64_t n_slots, const std::vector<SizeClass>& classes,
+                                int n_layer) {
+  std::vector<int32_t> split;
+  int64_t given = 0;
+  for (const SizeClass& c : classes) {
+    split.push_back(
+        static_cast<int32_t>(n_slots * static_cast<int64_t>(c.layers.size()) / n_layer));
+    given += split.back();
+  }
+  for (size_t c = 0; given < n_slots; ++c, ++given) ++split[c];
+  return split;
+}
+
+DeviceBlockLayout ToDeviceLayout(const ExpertBlockLayout& layout, const ModelConfig& cfg) {
+  DeviceBlockLayout out;
+  for (size_t p = 0; p < 3; ++p) {
+    out.type[p] = layout.projections[p].type;
+    out.offset[p] = layout.projections[p].offset;
+    out.row_bytes[p] = layout.projections[p].row_bytes;
+  }
+  out.n_embd = cfg.n_embd;
+  out.n_ff = cfg.n_ff_exp;
+  out.block_bytes = layout.block_bytes;
+  return out;
+}
+
+}  // namespace
+
+absl::Status CudaEngine::Impl::Upload(void* dst, const void* src, size_t bytes,
+                                      std::string_view what) {
+  // On main, so every later launch is ordered after it; a pageable source is
+  // staged before the call returns, so it may go away afterwards.
+  ++host.h2d_memcpys;
+  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main),
+                    absl::StrCat("upload of ", Av(what)));
+}
+
+absl::Status CudaEngine::Impl::Download(void* dst, const void* src, size_t bytes,
+                                        std::string_view what) {
+  // After everything enqueued on main; the host waits for it.
+  MG_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, main),
+                                absl::StrCat("readback of ", Av(what))));
+  return Sync(absl::StrCat("readback of ", Av(what)));
+}
+
+absl::Status CudaEngine::Impl::Sync(std::string_view what) {
+  ++host.host_syncs;
+  return CudaStatus(cudaStreamSynchronize(main), what);
+}
+
+absl::StatusOr<DeviceMatrix> CudaEngine::Impl::UploadMatrix(const GgufTensor* t) {
+  const WeightView view = weight_view(*t);
+  DeviceMatrix m;
+  m.type = view.type;
+  m.cols = static_cast<int32_t>(view.cols);
+  m.rows = static_cast<int32_t>(view.rows);
+  m.row_bytes = view.row_bytes;
+  if (auto it = uploaded.find(t); it != uploaded.end()) {
+    m.data = it->second;
+    return m;
+  }
+  MG_ASSIGN_OR_RETURN(CudaBuffer buffer, CudaBuffer::Device(t->nbytes, t->name));
+  MG_RETURN_IF_ERROR(Upload(buffer.as<void>(), t->data, t->nbytes, t->name));
+  dense_bytes += t->nbytes;
+  m.data = buffer.as<void>();
+  uploaded[t] = m.data;
+  dense.push_back(std::move(buffer));
+  return m;
+}
+
+absl::StatusOr<const float*> CudaEngine::Impl::UploadVector(const GgufTensor* t) {
+  if (t == nullptr) return nullptr;
+  // Norm weights and biases are f32 on the device whatever the file stores.
+  const std::vector<float> values = TensorToFloat(*t);
+  const size_t bytes = values.size() * sizeof(float);
+  MG_ASSIGN_OR_RETURN(CudaBuffer buffer, CudaBuffer::Device(bytes, t->name));
+  MG_RETURN_IF_ERROR(Upload(buffer.as<void>(), values.data(), bytes, t->name));
+  dense_bytes += bytes;
+  const float* out = buffer.as<float>();
+  dense.push_back(std::move(buffer));
+  return out;
+}
+
+absl::Status CudaEngine::Impl::UploadDense() {
+  const Model& m = *model;
+  MG_ASSIGN_OR_RETURN(token_embd, UploadMatrix(m.token_embd));
+  MG_ASSIGN_OR_RETURN(output, UploadMatrix(m.output));
+  MG_ASSIGN_OR_RETURN(output_norm, UploadVector(m.output_norm));
+  for (const LayerTensors& lt : m.layers) {
+    LayerWeights w;
+    MG_ASSIGN_OR_RETURN(w.wq, UploadMatrix(lt.wq));
+    MG_ASSIGN_OR_RETURN(w.wk, UploadMatrix(lt.wk));
+    MG_ASSIGN_OR_RETURN(w.wv, UploadMatrix(lt.wv));
+    MG_ASSIGN_OR_RETURN(w.wo, UploadMatrix(lt.wo));
+    MG_ASSIGN_OR_RETURN(w.router, UploadMatrix(lt.router));
+    if (lt.shexp_gate != nullptr) {
+      MG_ASSIGN_OR_RETURN(w.shexp_gate, UploadMatrix(lt.shexp_gate));
+      MG_ASSIGN_OR_RETURN(w.shexp_up, UploadMatrix(lt.shexp_up));
+      MG_ASSIGN_OR_RETURN(w.shexp_down, UploadMatrix(lt.shexp_down));
+      MG_ASSIGN_OR_RETURN(w.shexp_gate_inp, UploadMatrix(lt.shexp_gate_inp));
+    }
+    MG_ASSIGN_OR_RETURN(w.attn_norm, UploadVector(lt.attn_norm));
+    MG_ASSIGN_OR_RETURN(w.ffn_norm, UploadVector(lt.ffn_norm));
+    MG_ASSIGN_OR_RETURN(w.q_norm, UploadVector(lt.q_norm));
+    MG_ASSIGN_OR_RETURN(w.k_norm, UploadVector(lt.k_norm));
+    MG_ASSIGN_OR_RETURN(w.bq, UploadVector(lt.bq));
+    MG_ASSIGN_OR_RETURN(w.bk, UploadVector(lt.bk));
+    MG_ASSIGN_OR_RETURN(w.bv, UploadVector(lt.bv));
+    layers.push_back(w);
+  }
+  return absl::OkStatus();
+}
+
+// Bytes of the dense tensors as the device will hold them (before any upload),
+// for the budget.
+uint64_t DenseBytes(const Model& m) {
+  std::map<const GgufTensor*, uint64_t> bytes;
+  auto matrix = [&](const GgufTensor* t) {
+    if (t != nullptr) bytes[t] = t->nbytes;
+  };
+  auto vector = [&](const GgufTensor* t) {
+    if (t != nullptr) bytes[t] = static_cast<uint64_t>(t->n_elements()) * sizeof(float);
+  };
+  matrix(m.token_embd);
+  matrix(m.output);
+  vector(m.output_norm);
+  for (const LayerTensors& lt : m.layers) {
+    for (const GgufTensor* t : {lt.wq, lt.wk, lt.wv, lt.wo, lt.router, lt.shexp_gate, lt.shexp_up,
+                                lt.shexp_down, lt.shexp_gate_inp}) {
+      matrix(t);
+    }
+    for (const GgufTensor* t :
+         {lt.attn_norm, lt.ffn_norm, lt.q_norm, lt.k_norm, lt.bq, lt.bk, lt.bv}) {
+      vector(t);
+    }
+  }
+  uint64_t total = 0;
+  for (const auto& [t, b] : bytes) total += b;
+  return total;
+}
+
+namespace {
+
+// The device arrays of a residency policy, for the budget: bytes per key (and
+// per layer and table, a fixed part) and bytes per slot.
+struct PolicyStateBytes {
+  uint64_t fixed = 0;
+  uint64_t per_slot = 0;
+};
+
+PolicyStateBytes PolicyBytes(ResidencyPolicy policy, const ModelConfig& cfg) {
+  const uint64_t keys = static_cast<uint64_t>(cfg.n_layer) * static_cast<uint64_t>(cfg.n_expert);
+  if (policy == ResidencyPolicy::kHazard) {
+    // table, last_visit, frequency, long_frequency per key; visits per layer;
+    // hits, trials and cost per cell; owner and a cached victim rank per slot.
+    return {16 * keys + 4 * static_cast<uint64_t>(cfg.n_layer) + 12 * kHazardCells, 12};
+  }
+  // table per key; n_protected and clock per pool (at most one per layer);
+  // owner, stamp, seg and a cached victim rank per slot.
+  return {4 * keys + 12 * static_cast<uint64_t>(cfg.n_layer), 21};
+}
+
+// Layout of the small per-step buffers in one allocation, each 256-byte aligned.
+struct StateLayout {
+  size_t total = 0;
+  size_t Add(size_t bytes) {
+    const size_t at = total;
+    total += (bytes + 255) / 256 * 256;
+    return at;
+  }
+};
+
+}  // namespace
+
+absl::Status CudaEngine::Impl::PlanPools(uint64_t free_bytes, uint64_t dense, uint64_t kv_bytes,
+                                         uint64_t scratch_bytes) {
+  const std::vector<SizeClass>& classes = store->size_classes();
+  const int n_layer = cfg.n_layer;
+  const int n_expert = cfg.n_expert;
+  const int top_k = cfg.n_expert_used;
+  const int64_t total_experts = static_cast<int64_t>(n_layer) * n_expert;
+  size_t largest_block = 0;
+  for (const SizeClass& c : classes) largest_block = std::max(largest_block, c.block_bytes);
+
+  BudgetInputs in;
+  in.free_vram_bytes = free_bytes;
+  in.dense_bytes = dense;
+  in.kv_bytes = kv_bytes;
+  in.scratch_bytes = scratch_bytes;
+  in.rail_bytes = options.rail_bytes;
+  // Classes share the pool: budgeting every slot at the largest block never over-commits.
+  in.block_bytes = largest_block;
+  in.total_experts = total_experts;
+  in.k = top_k;
+  std::vector<int32_t> split;
+  if (slot_mode == SlotMode::kResident) {
+    // Every block is allocated at its own class's size: the mean block (rounded
+    // up) budgets the store's bytes exactly, where the largest would refuse a
+    // mixed-quant model that fits.
+    in.block_bytes = (store->total_bytes() + static_cast<uint64_t>(total_experts) - 1) /
+                     static_cast<uint64_t>(total_experts);
+    in.requested_slots = total_experts;
+    MG_ASSIGN_OR_RETURN(const SlotBudget budget, PlanSlots(in));
+    if (budget.slots < total_experts) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "--arm resident needs all %d experts on the GPU (%.2f MiB) but only %d slots fit: %s",
+          total_experts, Mib(store->total_bytes()), budget.slots, budget.banner));
+    }
+    absl::StrAppend(&banner, "\n", budget.banner);
+    for (const SizeClass& c : classes) {
+      split.push_back(static_cast<int32_t>(c.layers.size()) * n_expert);
+    }
+  } else if (slot_mode == SlotMode::kStageAll) {
+    in.requested_slots = static_cast<int64_t>(top_k) * static_cast<int64_t>(classes.size());
+    in.requested_slots = std::min(in.requested_slots, total_experts);
+    MG_ASSIGN_OR_RETURN(const SlotBudget budget, PlanSlots(in));
+    if (budget.slots < in.requested_slots) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("not enough GPU memory for %d scratch slots of %.2f MiB: %s",
+                          in.requested_slots, Mib(largest_block), budget.banner));
+    }
+    absl::StrAppend(&banner, "\nslots: ", top_k, " scratch slots per size class (",
+                    "MOEGRAPH_MOE_CACHE=0 stages every selected expert)");
+    split.assign(classes.size(), top_k);
+  } else {
+    // A policy's slot also holds its per-slot state, and its per-key arrays sit
+    // beside the pool.
+    const PolicyStateBytes policy_bytes = PolicyBytes(options.doors.policy, cfg);
+    in.block_bytes += policy_bytes.per_slot;
+    in.scratch_bytes += policy_bytes.fixed;
+    in.requested_slots = options.n_slots;
+    in.sharing_engines = options.sharing_engines;
+    MG_ASSIGN_OR_RETURN(const SlotBudget budget, PlanSlots(in));
+    absl::StrAppend(&banner, "\n", budget.banner);
+    if (!budget.warning.empty()) absl::StrAppend(&banner, "\nwarning: ", budget.warning);
+    split = SplitSlots(budget.slots, classes, n_layer);
+  }
+
+  for (size_t c = 0; c < classes.size(); ++c) {
+    DevicePool pool;
+    pool.info.block_bytes = classes[c].block_bytes;
+    pool.info.layers = classes[c].layers;
+    pool.info.n_slots = split[c];
+    pool.layout = ToDeviceLayout(classes[c].layout, cfg);
+    if (slot_mode == SlotMode::kDevicePolicy || slot_mode == SlotMode::kHostPolicy) {
+      if (classes.size() > 1 && split[c] < top_k) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--slots %d leaves size class %d (%d of %d layers) %d slot(s), fewer than --top-k %d",
+            options.n_slots, c, classes[c].layers.size(), n_layer, split[c], top_k));
+      }
+      CacheConfig config;
+      config.n_layer = static_cast<int32_t>(classes[c].layers.size());
+      config.n_expert = n_expert;
+      config.k = top_k;
+      config.n_slots = split[c];
+      config.protected_frac = options.doors.protected_frac;
+      config.pool_mode = options.pool_mode;
+      MG_ASSIGN_OR_RETURN(PolicyCache cache, PolicyCache::Create(options.doors.policy, config));
+      pool.info.n_slots = cache.config().n_slots;
+      pool.host_cache.emplace(std::move(cache));
+    }
+    pools.push_back(std::move(pool));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Impl::AllocatePools() {
+  for (size_t c = 0; c < pools.size(); ++c) {
+    DevicePool& pool = pools[c];
+    MG_ASSIGN_OR_RETURN(
+        pool.slots, CudaBuffer::Device(pool.info.pool_bytes(), absl::StrFormat("slot pool %d", c)));
+    if (slot_mode == SlotMode::kResident) {
+      // Slot local_layer * n_expert + e holds expert e: one copy per layer.
+      const size_t layer_bytes = pool.info.block_bytes * static_cast<size_t>(cfg.n_expert);
+      for (size_t i = 0; i < pool.info.layers.size(); ++i) {
+        MG_RETURN_IF_ERROR(Upload(pool.slots.as<uint8_t>() + i * layer_bytes,
+                                  store->block(pool.info.layers[i], 0), layer_bytes,
+                                  "resident experts"));
+      }
+    }
+    if (slot_mode != SlotMode::kDevicePolicy) continue;
+    // The device policy state starts as the host cache's initial arrays.
+    const PolicyCache& cache = *pool.host_cache;
+    ResidencySnapshot initial = cache.Snapshot();
+    DevicePolicyState& d = pool.policy_state;
+    MG_RETURN_IF_ERROR(ForEachStateArray(
+        initial, d, [&](const auto& host, CudaBuffer& buffer, std::string_view what) {
+          if (host.empty()) return absl::OkStatus();
+          const size_t bytes = host.size() * sizeof(host[0]);
+          MG_ASSIGN_OR_RETURN(buffer, CudaBuffer::Device(bytes, what));
+          return Upload(buffer.as<void>(), host.data(), bytes, what);
+        }));
+    if (const ResidencyCache* slru = cache.slru_cache()) {
+      pool.state = {d.table.as<int32_t>(), d.owner.as<int32_t>(), d.stamp.as<uint64_t>(),
+                    d.seg.as<uint8_t>(), cfg.n_expert};
+      for (size_t i = 0; i < slru->pools().size(); ++i) {
+        const ResidencyPool& p = slru->pools()[i];
+        pool.pools.push_back({p.slot_begin, p.n_slots, p.protected_cap,
+                              d.n_protected.as<int32_t>() + i, d.clock.as<uint64_t>() + i});
+      }
+    } else if (const HazardCache* hazard = cache.hazard_cache()) {
+      const std::vector<float>& cost = hazard->cell_cost();
+      MG_ASSIGN_OR_RETURN(d.cell_cost, CudaBuffer::Device(cost.size() * 4, "the hazard costs"));
+      MG_RETURN_IF_ERROR(
+          Upload(d.cell_cost.as<void>(), cost.data(), cost.size() * 4, "the hazard costs"));
+      pool.hazard = {.table = d.table.as<int32_t>(),
+                     .owner = d.owner.as<int32_t>(),
+                     .last_visit = d.last_visit.as<int32_t>(),
+                     .frequency = d.frequency.as<uint32_t>(),
+                     .long_frequency = d.long_frequency.as<uint32_t>(),
+                     .visits = d.visits.as<int32_t>(),
+                     .cell_hits = d.cell_hits.as<uint32_t>(),
+                     .cell_trials = d.cell_trials.as<uint32_t>(),
+                     .cell_cost = d.cell_cost.as<float>(),
+                     .n_layer = cache.config().n_layer,
+                     .n_expert = cfg.n_expert,
+                     .k = cfg.n_expert_used};
+      pool.hazard_pools = hazard->pools();
+    }
+    int32_t largest = 0;
+    for (const SlotRange& range : cache.slot_ranges()) largest = std::max(largest, range.n_slots);
+    MG_ASSIGN_OR_RETURN(pool.rank_cache,
+                        CudaBuffer::Device(static_cast<size_t>(largest) * 8, "the victim ranks"));
+    for (size_t i = 0; i < pool.info.layers.size(); ++i) {
+      pool.pool_of_local_layer.push_back(cache.pool_of_layer(static_cast<int32_t>(i)));
+    }
+    // The device arms keep no host copy of the policy state.
+    pool.host_cache.reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Impl::AllocateState() {
+  const int top_k = cfg.n_expert_used;
+  const size_t q_len = static_cast<size_t>(cfg.n_head) * cfg.head_dim;
+  const size_t kv_len = static_cast<size_t>(cfg.n_head_kv) * cfg.head_dim;
+  const size_t max_ctx = static_cast<size_t>(options.max_ctx);
+  const size_t f = sizeof(float);
+  const size_t n_layer = static_cast<size_t>(cfg.n_layer);
+  const size_t kk = static_cast<size_t>(top_k);
+
+  StateLayout s;
+  const size_t o_token = s.Add(4), o_pos = s.Add(4), o_step = s.Add(4), o_sampled = s.Add(4);
+  const size_t o_prompt = s.Add((max_ctx + 1) * 4), o_out = s.Add(max_ctx * 4);
+  const size_t o_x = s.Add(cfg.n_embd * f), o_h = s.Add(cfg.n_embd * f);
+  const size_t o_q = s.Add(q_len * f), o_k = s.Add(kv_len * f), o_v = s.Add(kv_len * f);
+  const size_t o_attn = s.Add(q_len * f), o_block = s.Add(cfg.n_embd * f);
+  const size_t o_router = s.Add(cfg.n_expert * f);
+  const size_t o_act = s.Add(kk * cfg.n_ff_exp * f), o_eout = s.Add(kk * cfg.n_embd * f);
+  const size_t n_shexp = static_cast<size_t>(std::max(cfg.n_ff_shexp, 1));
+  const size_t o_sg = s.Add(n_shexp * f), o_su = s.Add(n_shexp * f), o_sa = s.Add(n_shexp * f);
+  const size_t o_sout = s.Add(cfg.n_embd * f), o_slogit = s.Add(f);
+  const size_t o_logits = s.Add(static_cast<size_t>(cfg.n_vocab) * f);
+  const size_t o_counters = s.Add(sizeof(DeviceCounters));
+  const size_t o_sel = s.Add(n_layer * kk * 4), o_w = s.Add(n_layer * kk * f);
+  const size_t o_keys = s.Add(n_layer * kk * 4), o_sor = s.Add(n_layer * kk * 4);
+  const size_t o_missed = s.Add(n_layer * kk), o_evicted = s.Add(n_layer * kk * 4);
+  const size_t o_cursor = s.Add(8);
+
+  MG_ASSIGN_OR_RETURN(state_buffer, CudaBuffer::Device(s.total, "the decode state"));
+  MG_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(state_buffer.as<void>(), 0, s.total, main),
+                                "clearing the decode state"));
+  uint8_t* base = state_buffer.as<uint8_t>();
+  auto at = [base](size_t offset) { return base + offset; };
+  token = reinterpret_cast<int32_t*>(at(o_token));
+  pos = reinterpret_cast<int32_t*>(at(o_pos));
+  step = reinterpret_cast<int32_t*>(at(o_step));
+  sampled = reinterpret_cast<int32_t*>(at(o_sampled));
+  n_prompt = reinterpret_cast<int32_t*>(at(o_prompt));
+  prompt = n_prompt + 1;
+  out_tokens = reinterpret_cast<int32_t*>(at(o_out));
+  x = reinterpret_cast<float*>(at(o_x));
+  h = reinterpret_cast<float*>(at(o_h));
+  q = reinterpret_cast<float*>(at(o_q));
+  k = reinterpret_cast<float*>(at(o_k));
+  v = reinterpret_cast<float*>(at(o_v));
+  attn = reinterpret_cast<float*>(at(o_attn));
+  block_out = reinterpret_cast<float*>(at(o_block));
+  router_logits = reinterpret_cast<float*>(at(o_router));
+  act = reinterpret_cast<float*>(at(o_act));
+  expert_out = reinterpret_cast<float*>(at(o_eout));
+  shexp_gate_out = reinterpret_cast<float*>(at(o_sg));
+  shexp_up_out = reinterpret_cast<float*>(at(o_su));
+  shexp_act = reinterpret_cast<float*>(at(o_sa));
+  shexp_out = reinterpret_cast<float*>(at(o_sout));
+  shexp_logit = reinterpret_cast<float*>(at(o_slogit));
+  logits = reinterpret_cast<float*>(at(o_logits));
+  counters = reinterpret_cast<DeviceCounters*>(at(o_counters));
+  routing_cursor = reinterpret_cast<int64_t*>(at(o_cursor));
+
+  const size_t cache_floats = max_ctx * kv_len;
+  MG_ASSIGN_OR_RETURN(kv_buffer,
+                      CudaBuffer::Device(2 * n_layer * cache_floats * f, "the KV cache"));
+  const size_t partial_floats = attention_partial_floats(cfg.n_head, cfg.head_dim, options.max_ctx);
+  MG_ASSIGN_OR_RETURN(partial_buffer, CudaBuffer::Device(partial_floats * f, "attention partials"));
+  partial = partial_buffer.as<float>();
+
+  for (size_t l = 0; l < n_layer; ++l) {
+    LayerExperts e;
+    const int layer = static_cast<int>(l);
+    e.size_class = store->class_of(layer);
+    const std::vector<int>& class_layers = pools[static_cast<size_t>(e.size_class)].info.layers;
+    e.local_layer = static_cast<int>(std::find(class_layers.begin(), class_layers.end(), layer) -
+                                     class_layers.begin());
+    e.host_blocks = store_device_base + (store->block(layer, 0) - store->block(0, 0));
+    e.selection = reinterpret_cast<int32_t*>(at(o_sel)) + l * kk;
+    e.weights = reinterpret_cast<float*>(at(o_w)) + l * kk;
+    e.selected_keys = reinterpret_cast<int32_t*>(at(o_keys)) + l * kk;
+    e.slot_of_rank = reinterpret_cast<int32_t*>(at(o_sor)) + l * kk;
+    e.missed = at(o_missed) + l * kk;
+    e.evicted = reinterpret_cast<int32_t*>(at(o_evicted)) + l * kk;
+    e.k_cache = kv_buffer.as<float>() + (2 * l) * cache_floats;
+    e.v_cache = kv_buffer.as<float>() + (2 * l + 1) * cache_floats;
+    layer_experts.push_back(e);
+  }
+
+  MG_RETURN_IF_ERROR(AllocateRecords());
+  MG_ASSIGN_OR_RETURN(token_host, CudaBuffer::Pinned(4, "the token copy"));
+  if (slot_mode == SlotMode::kHostPolicy) {
+    MG_ASSIGN_OR_RETURN(selection_host, CudaBuffer::Pinned(n_layer * kk * 4, "host selection"));
+    MG_ASSIGN_OR_RETURN(slot_of_rank_host, CudaBuffer::Pinned(n_layer * kk * 4, "host slots"));
+    MG_ASSIGN_OR_RETURN(missed_host, CudaBuffer::Pinned(n_layer * kk, "host miss flags"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Impl::AllocateRecords() {
+  const size_t row = static_cast<size_t>(cfg.n_layer) * static_cast<size_t>(cfg.n_expert_used);
+  if (options.routing_trace != nullptr) {
+    const RoutingTrace& trace = *options.routing_trace;
+    std::vector<int32_t> ids(trace.ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = trace.ids[i] == kMissingExpert ? -1 : static_cast<int32_t>(trace.ids[i]);
+    }
+    MG_ASSIGN_OR_RETURN(trace_ids, CudaBuffer::Device(ids.size() * 4, "the routing trace"));
+    MG_RETURN_IF_ERROR(Upload(trace_ids.as<void>(), ids.data(), ids.size() * 4, "routing trace"));
+    if (!trace.weights.empty()) {
+      std::vector<float> weights(trace.weights.size());
+      for (size_t i = 0; i < weights.size(); ++i) weights[i] = f16_to_f32(trace.weights[i]);
+      MG_ASSIGN_OR_RETURN(trace_weights,
+                          CudaBuffer::Device(weights.size() * 4, "the routing trace's weights"));
+      MG_RETURN_IF_ERROR(Upload(trace_weights.as<void>(), weights.data(), weights.size() * 4,
+                                "routing trace weights"));
+    }
+  }
+  if (options.record_logits) {
+    MG_ASSIGN_OR_RETURN(logits_record,
+                        CudaBuffer::Device(static_cast<size_t>(options.max_ctx) *
+                                               static_cast<size_t>(cfg.n_vocab) * sizeof(float),
+                                           "the logits record"));
+  }
+  if (options.routing_record_steps > 0) {
+    MG_ASSIGN_OR_RETURN(
+        routing_record,
+        CudaBuffer::Device(static_cast<size_t>(options.routing_record_steps) * row * 4,
+                           "the routing record"));
+  }
+  return absl::OkStatus();
+}
+
+// Device bytes of the routing trace and of the routing and logits records.
+uint64_t RecordBytes(const CudaEngineOptions& options, const ModelConfig& cfg) {
+  uint64_t bytes = 0;
+  if (options.routing_trace != nullptr) {
+    bytes += options.routing_trace->ids.size() * 4 + options.routing_trace->weights.size() * 4;
+  }
+  if (options.record_logits) {
+    bytes += static_cast<uint64_t>(options.max_ctx) * static_cast<uint64_t>(cfg.n_vocab) * 4;
+  }
+  return bytes + static_cast<uint64_t>(std::max<int64_t>(options.routing_record_steps, 0)) *
+                     static_cast<uint64_t>(cfg.n_layer) * cfg.n_expert_used * 4;
+}
+
+// Scratch bytes the budget sets aside: the decode state, attention partials and
+// the slack of 256-byte alignment, as AllocateState lays them out.
+uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
+  const uint64_t f = sizeof(float);
+  const uint64_t q_len = static_cast<uint64_t>(cfg.n_head) * cfg.head_dim;
+  const uint64_t kv_len = static_cast<uint64_t>(cfg.n_head_kv) * cfg.head_dim;
+  const uint64_t kk = static_cast<uint64_t>(cfg.n_expert_used);
+  const uint64_t floats = 4 * static_cast<uint64_t>(cfg.n_embd) + 2 * q_len + 2 * kv_len +
+                          static_cast<uint64_t>(cfg.n_expert) + kk * cfg.n_ff_exp +
+                          kk * cfg.n_embd + 3 * static_cast<uint64_t>(cfg.n_ff_shexp) + 1 +
+                          static_cast<uint64_t>(cfg.n_vocab);
+  const uint64_t per_layer = static_cast<uint64_t>(cfg.n_layer) * kk * (4 + 4 + 4 + 4 + 1 + 4);
+  return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer +
+         attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 64 * 256;
+}
+
+}  // namespace moegraph

@@ -1,0 +1,318 @@
+// How the CUDA engine runs its walk: each entry bound to its launch (kernels,
+// copies, events, the host arm's steps), and runs of S steps, eager or replayed
+// from a graph captured once per S.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "capture/engine_impl.h"
+#include "loader/check.h"
+#include "loader/status_util.h"
+
+namespace moegraph {
+
+WalkConfig CudaEngine::Impl::MakeWalkConfig(int steps) const {
+  WalkConfig c;
+  c.n_layer = cfg.n_layer;
+  c.steps = steps;
+  c.slot_mode = slot_mode;
+  c.split_passes = options.doors.split_passes;
+  c.qk_norm = cfg.qk_norm || cfg.qk_norm_full;
+  c.shared_expert = cfg.n_ff_shexp > 0;
+  c.trace_routing = options.routing_trace != nullptr;
+  c.routing_step_end = c.trace_routing || options.routing_record_steps > 0;
+  c.record_logits = options.record_logits;
+  return c;
+}
+
+cudaError_t CudaEngine::Impl::HostPolicyStep(int layer) {
+  const LayerExperts& e = layer_experts[static_cast<size_t>(layer)];
+  DevicePool& pool = pools[static_cast<size_t>(e.size_class)];
+  const size_t kk = static_cast<size_t>(cfg.n_expert_used);
+  const int32_t* selection = selection_host.as<int32_t>() + layer * kk;
+  const LayerStep& result = pool.host_cache->Step(e.local_layer, selection);
+  host_expert.hits += static_cast<uint64_t>(result.outcome.n_hits);
+  host_expert.misses += static_cast<uint64_t>(result.outcome.n_misses);
+  host_expert.evictions += static_cast<uint64_t>(result.outcome.n_evictions);
+  std::copy(result.slot_of_rank.begin(), result.slot_of_rank.end(),
+            slot_of_rank_host.as<int32_t>() + layer * kk);
+  std::copy(result.missed.begin(), result.missed.end(), missed_host.as<uint8_t>() + layer * kk);
+  return cudaSuccess;
+}
+
+cudaError_t CudaEngine::Impl::HostStageCopy(int layer) {
+  const LayerExperts& e = layer_experts[static_cast<size_t>(layer)];
+  const DevicePool& pool = pools[static_cast<size_t>(e.size_class)];
+  const size_t kk = static_cast<size_t>(cfg.n_expert_used);
+  const int32_t* selection = selection_host.as<int32_t>() + layer * kk;
+  const int32_t* slot_of_rank = slot_of_rank_host.as<int32_t>() + layer * kk;
+  const uint8_t* missed = missed_host.as<uint8_t>() + layer * kk;
+  for (size_t r = 0; r < kk; ++r) {
+    if (missed[r] == 0) continue;
+    uint8_t* dst =
+        pool.slots.as<uint8_t>() + static_cast<size_t>(slot_of_rank[r]) * pool.info.block_bytes;
+    ++host.h2d_memcpys;
+    host_expert.bytes_staged += pool.info.block_bytes;
+    const cudaError_t err = cudaMemcpyAsync(dst, store->block(layer, selection[r]),
+                                            pool.info.block_bytes, cudaMemcpyHostToDevice, copy);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
+  const int l = entry.layer;
+  const int n_embd = cfg.n_embd;
+  const int top_k = cfg.n_expert_used;
+  const float eps = cfg.rms_eps;
+  const int q_len = cfg.n_head * cfg.head_dim;
+  const int kv_len = cfg.n_head_kv * cfg.head_dim;
+  const int rope_type = cfg.rope_type == RopeType::kNorm ? 0 : 1;
+  const float freq_base = cfg.rope_freq_base;
+  cudaStream_t ms = main;
+  cudaStream_t cs = copy;
+  const LayerWeights* w = l >= 0 ? &layers[static_cast<size_t>(l)] : nullptr;
+  const LayerExperts* e = l >= 0 ? &layer_experts[static_cast<size_t>(l)] : nullptr;
+  const DevicePool* pool = l >= 0 ? &pools[static_cast<size_t>(e->size_class)] : nullptr;
+  const bool shexp = cfg.n_ff_shexp > 0;
+
+  auto gate_up = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
+    return [=, this] {
+      return launch_expert_gate_up(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank,
+                                   e->missed, top_k, pass, h, act, counters, ms);
+    };
+  };
+  auto down = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
+    return [=, this] {
+      return launch_expert_down(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank, e->missed,
+                                top_k, pass, act, expert_out, ms);
+    };
+  };
+
+  switch (entry.op) {
+    case StepOp::kBeginStep:
+      return [=, this] {
+        return launch_begin_step(prompt, n_prompt, sampled, step, token, pos, ms);
+      };
+    case StepOp::kEmbed:
+      return [=, this] { return launch_embed(token_embd, token, x, ms); };
+    case StepOp::kAttnNorm:
+      return [=, this] { return launch_rmsnorm(x, w->attn_norm, h, 1, n_embd, eps, ms); };
+    case StepOp::kQ:
+      return [=, this] { return launch_matvec(w->wq, h, w->bq, q, ms); };
+    case StepOp::kK:
+      return [=, this] { return launch_matvec(w->wk, h, w->bk, k, ms); };
+    case StepOp::kV:
+      return [=, this] { return launch_matvec(w->wv, h, w->bv, v, ms); };
+    case StepOp::kQNorm: {
+      // olmoe normalises all of q (and k) at once, qwen3moe each head.
+      const int rows = cfg.qk_norm_full ? 1 : cfg.n_head;
+      return [=, this] { return launch_rmsnorm(q, w->q_norm, q, rows, q_len / rows, eps, ms); };
+    }
+    case StepOp::kKNorm: {
+      const int rows = cfg.qk_norm_full ? 1 : cfg.n_head_kv;
+      return [=, this] { return launch_rmsnorm(k, w->k_norm, k, rows, kv_len / rows, eps, ms); };
+    }
+    case StepOp::kRopeQ:
+      return [=, this] {
+        return launch_rope(q, cfg.n_head, cfg.head_dim, pos, freq_base, rope_type, ms);
+      };
+    case StepOp::kRopeK:
+      return [=, this] {
+        return launch_rope(k, cfg.n_head_kv, cfg.head_dim, pos, freq_base, rope_type, ms);
+      };
+    case StepOp::kKvAppend:
+      return [=, this] { return launch_kv_append(k, v, e->k_cache, e->v_cache, pos, kv_len, ms); };
+    case StepOp::kAttention: {
+      const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+      return [=, this] {
+        return launch_attention_decode(q, e->k_cache, e->v_cache, pos, cfg.n_head, cfg.n_head_kv,
+                                       cfg.head_dim, options.max_ctx, scale, partial, attn, ms);
+      };
+    }
+    case StepOp::kAttnOut:
+      return [=, this] { return launch_matvec(w->wo, attn, nullptr, block_out, ms); };
+    case StepOp::kAttnResidual:
+    case StepOp::kFfnResidual:
+      return [=, this] { return launch_add(x, block_out, n_embd, ms); };
+    case StepOp::kFfnNorm:
+      return [=, this] { return launch_rmsnorm(x, w->ffn_norm, h, 1, n_embd, eps, ms); };
+    case StepOp::kRouter:
+      return [=, this] { return launch_matvec(w->router, h, nullptr, router_logits, ms); };
+    case StepOp::kRouterTopk:
+      return [=, this] {
+        return launch_router_topk(router_logits, cfg.n_expert, top_k, cfg.norm_topk_prob,
+                                  e->selection, e->weights, ms);
+      };
+    case StepOp::kTraceRouting:
+      return [=, this, n_steps = options.routing_trace->n_steps] {
+        return launch_trace_routing(trace_ids.as<int32_t>(), trace_weights.as<float>(), n_steps,
+                                    cfg.n_layer, l, top_k, routing_cursor, e->selection,
+                                    e->weights, ms);
+      };
+    case StepOp::kResidencyStep: {
+      const size_t pool_index =
+          static_cast<size_t>(pool->pool_of_local_layer[static_cast<size_t>(e->local_layer)]);
+      if (options.doors.policy == ResidencyPolicy::kHazard) {
+        const HazardPool hp = pool->hazard_pools[pool_index];
+        return [=, this] {
+          return launch_hazard_step(pool->hazard, hp, e->local_layer, e->selection, top_k,
+                                    e->selected_keys, e->slot_of_rank, e->missed, e->evicted,
+                                    pool->rank_cache.as<uint64_t>(), counters, ms);
+        };
+      }
+      const ResidencyPool rp = pool->pools[pool_index];
+      return [=, this] {
+        return launch_residency_step(pool->state, rp, e->local_layer, e->selection, top_k,
+                                     e->selected_keys, e->slot_of_rank, e->missed, e->evicted,
+                                     pool->rank_cache.as<uint64_t>(), counters, ms);
+      };
+    }
+    case StepOp::kResidentSlots:
+      return [=, this] {
+        return launch_resident_slots(e->local_layer, cfg.n_expert, e->selection, top_k,
+                                     e->slot_of_rank, e->missed, ms);
+      };
+    case StepOp::kStageAllSlots:
+      return [=] { return launch_stage_all_slots(top_k, e->slot_of_rank, e->missed, ms); };
+    case StepOp::kHostReadSelection:
+      return [=, this] {
+        return cudaMemcpyAsync(selection_host.as<int32_t>() + l * top_k, e->selection,
+                               static_cast<size_t>(top_k) * 4, cudaMemcpyDeviceToHost, ms);
+      };
+    case StepOp::kHostWaitSelection:
+      return [=, this] {
+        ++host.host_syncs;
+        return cudaStreamSynchronize(ms);
+      };
+    case StepOp::kHostPolicyStep:
+      return [=, this] { return HostPolicyStep(l); };
+    case StepOp::kHostWriteSlots:
+      return [=, this] {
+        host.h2d_memcpys += 2;
+        const cudaError_t err =
+            cudaMemcpyAsync(e->slot_of_rank, slot_of_rank_host.as<int32_t>() + l * top_k,
+                            static_cast<size_t>(top_k) * 4, cudaMemcpyHostToDevice, ms);
+        if (err != cudaSuccess) return err;
+        return cudaMemcpyAsync(e->missed, missed_host.as<uint8_t>() + l * top_k,
+                               static_cast<size_t>(top_k), cudaMemcpyHostToDevice, ms);
+      };
+    case StepOp::kForkRecord:
+      return [=, this] { return cudaEventRecord(fork_events[static_cast<size_t>(l)], ms); };
+    case StepOp::kForkWait:
+      return [=, this] { return cudaStreamWaitEvent(cs, fork_events[static_cast<size_t>(l)], 0); };
+    case StepOp::kStageCopy:
+      return [=, this] {
+        return launch_stage_copy(e->host_blocks, pool->layout, e->selection, e->slot_of_rank,
+                                 e->missed, top_k, pool->slots.as<uint8_t>(), counters, cs);
+      };
+    case StepOp::kHostStageCopy:
+      return [=, this] { return HostStageCopy(l); };
+    case StepOp::kJoinRecord:
+      return [=, this] { return cudaEventRecord(join_events[static_cast<size_t>(l)], cs); };
+    case StepOp::kJoinWait:
+      return [=, this] { return cudaStreamWaitEvent(ms, join_events[static_cast<size_t>(l)], 0); };
+    case StepOp::kGateUpHits:
+      return gate_up(ExpertPass::kHits);
+    case StepOp::kDownHits:
+      return down(ExpertPass::kHits);
+    case StepOp::kGateUpMisses:
+      return gate_up(ExpertPass::kMisses);
+    case StepOp::kDownMisses:
+      return down(ExpertPass::kMisses);
+    case StepOp::kGateUpAll:
+      return gate_up(ExpertPass::kAll);
+    case StepOp::kDownAll:
+      return down(ExpertPass::kAll);
+    case StepOp::kShexpGate:
+      return [=, this] { return launch_matvec(w->shexp_gate, h, nullptr, shexp_gate_out, ms); };
+    case StepOp::kShexpUp:
+      return [=, this] { return launch_matvec(w->shexp_up, h, nullptr, shexp_up_out, ms); };
+    case StepOp::kShexpSwiglu:
+      return [=, this] {
+        return launch_swiglu(shexp_gate_out, shexp_up_out, shexp_act, cfg.n_ff_shexp, ms);
+      };
+    case StepOp::kShexpDown:
+      return [=, this] { return launch_matvec(w->shexp_down, shexp_act, nullptr, shexp_out, ms); };
+    case StepOp::kShexpLogit:
+      return [=, this] { return launch_matvec(w->shexp_gate_inp, h, nullptr, shexp_logit, ms); };
+    case StepOp::kCombine:
+      return [=, this] {
+        return launch_combine(expert_out, e->weights, top_k, n_embd, shexp ? shexp_out : nullptr,
+                              shexp ? shexp_logit : nullptr, block_out, ms);
+      };
+    case StepOp::kOutputNorm:
+      return [=, this] { return launch_rmsnorm(x, output_norm, h, 1, n_embd, eps, ms); };
+    case StepOp::kLmHead:
+      return [=, this] { return launch_matvec(output, h, nullptr, logits, ms); };
+    case StepOp::kRecordLogits:
+      return [=, this] {
+        return launch_record_logits(logits, cfg.n_vocab, step, options.max_ctx,
+                                    logits_record.as<float>(), ms);
+      };
+    case StepOp::kArgmax:
+      return [=, this] { return launch_argmax(logits, cfg.n_vocab, sampled, ms); };
+    case StepOp::kRoutingStepEnd:
+      return [=, this] {
+        return launch_routing_step_end(layer_experts[0].selection, cfg.n_layer * top_k,
+                                       routing_record.as<int32_t>(), options.routing_record_steps,
+                                       routing_cursor, ms);
+      };
+    case StepOp::kEndStep:
+      return [=, this] { return launch_end_step(sampled, step, out_tokens, counters, ms); };
+    case StepOp::kTokenCopy:
+      return [=, this] {
+        return cudaMemcpyAsync(token_host.as<int32_t>(), sampled, 4, cudaMemcpyDeviceToHost, ms);
+      };
+  }
+  MG_CHECK(false, "CudaEngine: a walk op without a binding");
+  return nullptr;
+}
+
+absl::Status CudaEngine::Impl::RunSteps(int count) {
+  const int per_launch = options.steps_per_launch;
+  const bool use_graph = options.doors.graph && slot_mode != SlotMode::kHostPolicy;
+  while (count > 0) {
+    const int steps = std::min(per_launch, count);
+    auto walk_it = walks.find(steps);
+    if (walk_it == walks.end()) {
+      walk_it = walks
+                    .emplace(steps, BuildWalk(MakeWalkConfig(steps),
+                                              [this](const WalkEntry& e) { return Bind(e); }))
+                    .first;
+    }
+    if (use_graph) {
+      auto graph_it = graphs.find(steps);
+      if (graph_it == graphs.end()) {
+        MG_ASSIGN_OR_RETURN(StepGraph graph, StepGraph::Capture(walk_it->second, main, host));
+        graph_it = graphs.emplace(steps, std::move(graph)).first;
+      }
+      MG_RETURN_IF_ERROR(graph_it->second.Launch(main, host));
+    } else {
+      size_t failed = 0;
+      const cudaError_t err = RunWalk(walk_it->second, &failed);
+      if (err != cudaSuccess) {
+        return CudaStatus(
+            err, absl::StrCat("eager walk: ", EntryLabel(walk_it->second.entries[failed])));
+      }
+      host.eager_steps += static_cast<uint64_t>(steps);
+    }
+    MG_RETURN_IF_ERROR(Sync("decode step"));
+    if (options.record_routing) {
+      const size_t n = static_cast<size_t>(cfg.n_layer) * static_cast<size_t>(cfg.n_expert_used);
+      const size_t at = routing.size();
+      routing.resize(at + n);
+      MG_RETURN_IF_ERROR(
+          Download(routing.data() + at, layer_experts[0].selection, n * 4, "the routing"));
+    }
+    count -= steps;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moegraph
