@@ -39,6 +39,7 @@ class GraphWork final : public Work {
     std::unique_ptr<Work>& work = running_[static_cast<size_t>(node)];
     if (work == nullptr) work = Device::MakeWork(graph_->nodes[static_cast<size_t>(node)].op);
     if (!work->Step(device)) return false;
+    if (device.sticky != cudaSuccess) return true;
     work.reset();
     ready_[pick] = ready_.back();
     ready_.pop_back();

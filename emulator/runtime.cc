@@ -374,11 +374,13 @@ bool Device::DeviceCanAccess(const void* p, size_t bytes) const {
 void Device::Enqueue(CUstream_st* stream, std::unique_ptr<Work> work) {
   // The legacy stream waits for the blocking streams' earlier work, and they for its.
   if (stream->legacy) {
-    for (const auto& [handle, other] : streams) {
+    auto wait_for = [&work](const std::shared_ptr<CUstream_st>& other) {
       if (other->blocking && other->enqueued > other->completed) {
         work->after.push_back({other, other->enqueued});
       }
-    }
+    };
+    for (const auto& [handle, other] : streams) wait_for(other);
+    for (const auto& other : orphans) wait_for(other);
   } else if (stream->blocking && legacy->enqueued > legacy->completed) {
     work->after.push_back({legacy, legacy->enqueued});
   }
@@ -419,7 +421,15 @@ void Device::RunUntil(const std::function<bool()>& done) {
       std::abort();
     }
     CUstream_st* stream = ready[rng.Below(ready.size())];
-    if (stream->queue.front()->Step(*this) && sticky == cudaSuccess) {
+    const bool finished = stream->queue.front()->Step(*this);
+    if (sticky != cudaSuccess) {
+      // The context is lost, as on a device: nothing queued will run.
+      legacy->queue.clear();
+      for (auto& [handle, s] : streams) s->queue.clear();
+      orphans.clear();
+      return;
+    }
+    if (finished) {
       stream->queue.pop_front();
       ++stream->completed;
     }
@@ -449,10 +459,6 @@ void Device::Fault(cudaError_t error, const std::string& message) {
   std::fprintf(stderr, "moegraph-emu: %s: %s (MOEGRAPH_EMU_SEED=%llu)\n", cudaGetErrorName(error),
                message.c_str(), static_cast<unsigned long long>(seed));
   sticky = error;
-  // The context is lost, as on a device: nothing queued will run.
-  legacy->queue.clear();
-  for (auto& [handle, stream] : streams) stream->queue.clear();
-  orphans.clear();
 }
 
 void Device::Diagnose(const std::string& message) const {
@@ -506,7 +512,11 @@ cudaError_t cudaGetLastError(void) {
   return error;
 }
 
-cudaError_t cudaPeekAtLastError(void) { return moegraph_emu::last_error; }
+cudaError_t cudaPeekAtLastError(void) {
+  Device& d = Device::Get();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  return d.sticky != cudaSuccess ? d.sticky : moegraph_emu::last_error;
+}
 
 const char* cudaGetErrorString(cudaError_t error) {
   const moegraph_emu::ErrorText* e = moegraph_emu::FindError(error);

@@ -217,8 +217,9 @@ class Device {
   void RunStream(CUstream_st* stream);
   void RunAll();
 
-  // A kernel or copy failed: the error becomes sticky (every later call returns it),
-  // queued work is dropped, and the message goes to stderr with the seed.
+  // A kernel or copy failed: the error becomes sticky (every later call returns
+  // it) and the message goes to stderr with the seed; RunUntil then drops all
+  // queued work once the faulting step has returned.
   void Fault(cudaError_t error, const std::string& message);
   // A call the program got wrong: one line on stderr.
   void Diagnose(const std::string& message) const;

@@ -4,9 +4,20 @@
 
 #include <gtest/gtest.h>
 
+#include <iostream>
+
 #include <cuda_runtime_api.h>
 
 namespace moegraph::testing_util {
+
+// After a failed test: the device's name, which under the CPU emulator carries
+// the MOEGRAPH_EMU_SEED the failure reproduces with.
+inline void PrintDeviceOnFailure() {
+  if (!::testing::Test::HasFailure()) return;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) std::cerr << "device: " << prop.name << "\n";
+  cudaGetLastError();
+}
 
 // A test with its own CUDA stream; skips, with the runtime's answer, where there
 // is no device.
@@ -22,6 +33,7 @@ class CudaStreamTest : public ::testing::Test {
     ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
   }
   void TearDown() override {
+    PrintDeviceOnFailure();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
   void Sync() { ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess); }

@@ -372,6 +372,28 @@ TEST_F(EmulatorTest, AKernelGivenAHostPointerFaultsWithAnIllegalAddress) {
       "store_kernel: argument 0 \\(0x[0-9a-f]+\\) is not device memory or mapped pinned memory");
 }
 
+TEST_F(EmulatorTest, AGraphReplayedAfterItsMemoryWasFreedFaults) {
+  EXPECT_CHILD(
+      {
+        int* target = nullptr;
+        cudaMalloc(reinterpret_cast<void**>(&target), sizeof(int));
+        cudaStream_t capturing = nullptr;
+        cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking);
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        cudaStreamBeginCapture(capturing, cudaStreamCaptureModeThreadLocal);
+        launch_kernel<store_kernel>(1, 1, capturing, target, 1);
+        const bool captured = cudaStreamEndCapture(capturing, &graph) == cudaSuccess &&
+                              cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess &&
+                              cudaGraphLaunch(exec, capturing) == cudaSuccess &&
+                              cudaStreamSynchronize(capturing) == cudaSuccess;
+        cudaFree(target);
+        cudaGraphLaunch(exec, capturing);
+        std::exit(captured && cudaStreamSynchronize(capturing) == cudaErrorIllegalAddress ? 0 : 1);
+      },
+      "cudaErrorIllegalAddress: store_kernel: argument 0 .* is not device memory");
+}
+
 TEST_F(EmulatorTest, AKernelReadingPastItsAllocationIsCaughtByAddressSanitizer) {
   int* in = DeviceAlloc<int>(10);
   int* out = DeviceAlloc<int>(1);

@@ -18,6 +18,7 @@
 #include "loader/fixture.h"
 #include "reference/oracle.h"
 #include "residency/cache.h"
+#include "tests/cuda_test_util.h"
 #include "tests/test_util.h"
 
 namespace moegraph {
@@ -99,7 +100,10 @@ void PrintTo(const OracleCase& c, std::ostream* os) {
       << (c.legacy ? " legacy" : "");
 }
 
-class EngineOracleTest : public ::testing::TestWithParam<OracleCase> {};
+class EngineOracleTest : public ::testing::TestWithParam<OracleCase> {
+ protected:
+  void TearDown() override { testing_util::PrintDeviceOnFailure(); }
+};
 
 TEST_P(EngineOracleTest, LogitsMatchTheOracleAndF32TokensAreEqual) {
   SKIP_WITHOUT_DEVICE();
@@ -181,6 +185,7 @@ class EngineArmsTest : public ::testing::Test {
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     loaded_ = std::move(*loaded);
   }
+  void TearDown() override { testing_util::PrintDeviceOnFailure(); }
   const Model& model() const { return loaded_->model; }
 
   std::unique_ptr<LoadedModel> loaded_;
