@@ -16,6 +16,7 @@ all: build
 
 deps:
 	@bash tools/install-deps.sh
+	@bash tools/fetch-vocab.sh
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release

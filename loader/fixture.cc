@@ -216,7 +216,27 @@ class FixtureBuilder {
   // A small vocabulary llama.cpp's loader accepts: specials, byte tokens (so
   // every text has a tokenization, '\n' included), two-letter pieces with the
   // merges (gpt2) or scores (llama) that make them, then filler pieces.
+  // A given vocabulary, keyed as llama.cpp's converter keys it.
+  void WriteVocab(GgufWriter* w, const FixtureVocab& v) const {
+    w->SetString("tokenizer.ggml.model", v.model);
+    if (!v.pre.empty()) w->SetString("tokenizer.ggml.pre", v.pre);
+    w->SetStringArray("tokenizer.ggml.tokens", v.tokens);
+    w->SetInt32Array("tokenizer.ggml.token_type", v.types);
+    if (!v.merges.empty()) w->SetStringArray("tokenizer.ggml.merges", v.merges);
+    for (const auto& [name, id] : v.special_ids) {
+      w->SetUint32(absl::StrCat("tokenizer.ggml.", name, "_token_id"), id);
+    }
+    for (const auto& [name, add] : v.add_special) {
+      w->SetBool(absl::StrCat("tokenizer.ggml.add_", name, "_token"), add);
+    }
+    if (!v.chat_template.empty()) w->SetString("tokenizer.chat_template", v.chat_template);
+  }
+
   void WriteTokenizer(GgufWriter* w) const {
+    if (spec_.vocab != nullptr) {
+      WriteVocab(w, *spec_.vocab);
+      return;
+    }
     const int n_vocab = spec_.n_vocab;
     std::vector<std::string> tokens;
     std::vector<int32_t> types;
@@ -533,6 +553,14 @@ absl::StatusOr<Dims> ValidateSpec(const FixtureSpec& s) {
   MG_RETURN_IF_ERROR(CheckRange("--kv-heads", s.n_head_kv, 1, s.n_head));
   MG_RETURN_IF_ERROR(CheckRange("--head-dim", s.head_dim, 0, kMaxDim));
   MG_RETURN_IF_ERROR(CheckRange("--vocab", s.n_vocab, kMinVocab, kMaxDim));
+  if (s.vocab != nullptr) {
+    if (static_cast<size_t>(s.n_vocab) != s.vocab->tokens.size() ||
+        s.vocab->types.size() != s.vocab->tokens.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--vocab ", s.n_vocab, " does not match the given vocabulary's ",
+          s.vocab->tokens.size(), " tokens and ", s.vocab->types.size(), " types"));
+    }
+  }
   MG_RETURN_IF_ERROR(CheckRange("--ctx", s.n_ctx_train, 1, INT32_MAX));
   if (!(s.router_skew >= 0.0f) || !std::isfinite(s.router_skew)) {
     return absl::InvalidArgumentError(

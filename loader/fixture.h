@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,6 +14,22 @@
 #include "loader/model_config.h"
 
 namespace moegraph {
+
+// A real vocabulary to write instead of the synthetic one, keyed as llama.cpp's
+// converter writes a model's (text/hf_tokenizer.h reads one from a Hugging Face
+// tokenizer.json).
+struct FixtureVocab {
+  std::string model = "gpt2";  // tokenizer.ggml.model
+  std::string pre;             // tokenizer.ggml.pre
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;       // llama.cpp's token types
+  std::vector<std::string> merges;  // "left right"
+  // ("bos", id) -> tokenizer.ggml.bos_token_id; also eos, unknown, padding, seperator, eot.
+  std::vector<std::pair<std::string, uint32_t>> special_ids;
+  // ("bos", true) -> tokenizer.ggml.add_bos_token; also eos.
+  std::vector<std::pair<std::string, bool>> add_special;
+  std::string chat_template;  // tokenizer.chat_template; empty: none
+};
 
 struct FixtureSpec {
   Arch arch = Arch::kQwen3Moe;
@@ -39,6 +56,9 @@ struct FixtureSpec {
   // does not matter, only which bytes move.
   int expert_variants = 0;
   uint64_t seed = 1;
+  // Non-null: this vocabulary, and n_vocab must be its size (embedding and
+  // lm_head rows). Must outlive the call.
+  const FixtureVocab* vocab = nullptr;
 };
 
 // Checks the spec (names the bad field, e.g. "--embd 63 is not a multiple of 32

@@ -45,7 +45,6 @@
 ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(int32_t, steps_per_launch);
 
-ABSL_FLAG(int32_t, p, 0, "bench: prompt tokens of the pp test (0: no pp test)");
 ABSL_FLAG(std::string, arms, "resident,graph,eager,host,stage",
           "bench: arms to compare, comma-separated (resident, graph, eager, host, stage)");
 ABSL_FLAG(int32_t, r, 5, "bench: timed repetitions of every test");
@@ -445,9 +444,14 @@ absl::StatusOr<Plan> MakePlan() {
   if (plan.reps < 1) {
     return absl::InvalidArgumentError(absl::StrFormat("-r %d must be at least 1", plan.reps));
   }
-  const int p = absl::GetFlag(FLAGS_p);
-  const int n = absl::GetFlag(FLAGS_n) == kDefaultTokensFlag ? kDefaultGenerate
-                                                             : absl::GetFlag(FLAGS_n);
+  int p = 0;
+  if (const std::string text = absl::GetFlag(FLAGS_p);
+      !text.empty() && !absl::SimpleAtoi(text, &p)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("-p '%s': bench takes the pp test's prompt length, a number", text));
+  }
+  const int n =
+      absl::GetFlag(FLAGS_n) == kDefaultTokensFlag ? kDefaultGenerate : absl::GetFlag(FLAGS_n);
   if (p < 0) return absl::InvalidArgumentError(absl::StrFormat("-p %d must not be negative", p));
   if (n < 0) return absl::InvalidArgumentError(absl::StrFormat("-n %d must not be negative", n));
   if (p == 0 && n == 0) return absl::InvalidArgumentError("-p 0 and -n 0 leave no test to run");

@@ -14,6 +14,7 @@
 #include "loader/fixture.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
+#include "text/hf_tokenizer.h"
 #include "tools/commands.h"
 
 ABSL_FLAG(std::string, arch, "qwen3moe", "make-fixture: qwen3moe | olmoe | qwen2moe | mixtral");
@@ -33,7 +34,14 @@ ABSL_FLAG(int32_t, kv_heads, 0,
           "make-fixture: key/value heads (0: --heads for olmoe, whose llama.cpp graph has no "
           "GQA; else --heads / 2 when even)");
 ABSL_FLAG(int32_t, head_dim, 0, "make-fixture: head size (0: --embd / --heads)");
-ABSL_FLAG(int32_t, vocab, 256, "make-fixture: vocabulary size");
+ABSL_FLAG(int32_t, vocab, 256, "make-fixture: vocabulary size (ignored with --tokenizer-json)");
+ABSL_FLAG(std::string, tokenizer_json, "",
+          "make-fixture: a Hugging Face tokenizer.json (tokenizer_config.json and config.json "
+          "beside it are read too): its vocabulary, converted as llama.cpp's converter does, "
+          "instead of the synthetic one");
+ABSL_FLAG(int32_t, pad_vocab, 0,
+          "make-fixture: with --tokenizer-json, pad the vocabulary with unused [PADn] tokens to "
+          "this many rows (0: config.json's vocab_size, else the tokenizer's own)");
 ABSL_FLAG(std::string, quant, "f32",
           "make-fixture: TYPE[,expert=TYPE]: weight type of the dense matrices and, unless "
           "given after expert=, of the routed experts (f32 f16 bf16 q8_0 q4_0 q4_K q5_K q6_K); "
@@ -128,6 +136,14 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   spec.expert_variants = absl::GetFlag(FLAGS_expert_variants);
   spec.legacy_experts = absl::GetFlag(FLAGS_legacy_experts);
   spec.tied_output = absl::GetFlag(FLAGS_tied_output);
+  FixtureVocab vocab;
+  if (const std::string json = absl::GetFlag(FLAGS_tokenizer_json); !json.empty()) {
+    absl::StatusOr<FixtureVocab> read = ReadHfTokenizer(json, absl::GetFlag(FLAGS_pad_vocab));
+    if (!read.ok()) return read.status();
+    vocab = std::move(*read);
+    spec.vocab = &vocab;
+    spec.n_vocab = static_cast<int>(vocab.tokens.size());
+  }
 
   if (absl::Status s = WriteFixture(spec, path); !s.ok()) return s;
   // Reading the file back both validates it and gives the numbers to print.

@@ -24,6 +24,9 @@ ABSL_DECLARE_FLAG(int32_t, top_k);
 ABSL_DECLARE_FLAG(int32_t, n);
 // Shared by simulate (a list) and run (N or auto); empty means the command's default.
 ABSL_DECLARE_FLAG(std::string, slots);
+// Shared by bench (the pp test's prompt length, a number; empty: no pp test) and
+// tokenize (the text), as llama-bench's and llama-cli's -p.
+ABSL_DECLARE_FLAG(std::string, p);
 
 namespace moegraph {
 
@@ -61,5 +64,6 @@ int RunRun(const std::vector<std::string>& args);
 int RunTrace(const std::vector<std::string>& args);
 int RunSimulate(const std::vector<std::string>& args);
 int RunBench(const std::vector<std::string>& args);
+int RunTokenize(const std::vector<std::string>& args);
 
 }  // namespace moegraph

@@ -12,6 +12,8 @@
 
 ABSL_FLAG(std::string, m, "", "model file (GGUF)");
 ABSL_FLAG(std::string, o, "", "output: a file path, or a format (md|json) for report commands");
+ABSL_FLAG(std::string, p, "",
+          "bench: prompt tokens of the pp test (empty or 0: no pp test); tokenize: the text");
 ABSL_FLAG(int32_t, ctx, 0,
           "context size: run: the KV cache (0 fits the prompt and the generated tokens); "
           "make-fixture: {arch}.context_length written (0: 4096)");
@@ -34,6 +36,9 @@ constexpr Command kCommands[] = {
     {"bench", "-m FILE [--arms ...] [--slots 16,32|auto] [-n 128] [-r 5]: arms side by side, "
               "llama-bench style",
      moegraph::RunBench},
+    {"tokenize", "-m FILE -p TEXT | -f FILE [--ids] [--no-bos] [--no-parse-special]: text to "
+                 "token ids with the file's vocabulary, like llama-tokenize",
+     moegraph::RunTokenize},
     {"trace", "stats FILE | synth -o FILE | convert IN OUT: routing traces (JSONL or binary)",
      moegraph::RunTrace},
     {"simulate", "--trace F --policy lru,slru,default,opt --slots 16,32,64: hit rates and cost model",

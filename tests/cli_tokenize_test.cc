@@ -1,0 +1,92 @@
+// `moegraph tokenize` as a user runs it, on a fixture with the synthetic
+// byte-level vocabulary: llama-tokenize's two output forms, and errors that name
+// the flag or file.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loader/fixture.h"
+#include "tests/test_util.h"
+
+namespace moegraph {
+namespace {
+
+using testing_util::ProcessResult;
+using testing_util::RunProcessWithArgs;
+using testing_util::TempPath;
+
+ProcessResult Tokenize(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {MOEGRAPH_BIN, "tokenize"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return testing_util::RunProcess(argv);
+}
+
+class CliTokenizeTest : public testing_util::FixtureFileTest {
+ protected:
+  static void SetUpTestSuite() { WriteSuiteFixture(FixtureSpec(), "cli_tokenize.gguf"); }
+};
+
+TEST_F(CliTokenizeTest, OneTokenALineOrTheIdsAsAList) {
+  const std::string text = "hi there,\tyou <|im_end|>!";
+  const ProcessResult lines = Tokenize({"-m", fixture_path(), "-p", text});
+  ASSERT_EQ(lines.exit_code, 0) << lines.err;
+  // "    id -> 'piece'" a line (the text has no newline), the pieces spelling it out.
+  std::vector<std::string> ids;
+  std::string pieces;
+  std::istringstream in(lines.out);
+  for (std::string line; std::getline(in, line);) {
+    const size_t arrow = line.find(" -> '");
+    ASSERT_NE(arrow, std::string::npos) << line;
+    ASSERT_EQ(line.back(), '\'') << line;
+    ids.push_back(line.substr(line.find_first_not_of(' '), arrow - line.find_first_not_of(' ')));
+    pieces += line.substr(arrow + 5, line.size() - arrow - 6);
+  }
+  EXPECT_EQ(pieces, text);
+  const ProcessResult list = Tokenize({"-m", fixture_path(), "-p", text, "--ids"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  std::string want = "[";
+  for (size_t i = 0; i < ids.size(); ++i) want += (i > 0 ? ", " : "") + ids[i];
+  EXPECT_EQ(list.out, want + "]\n");
+  // Without special parsing the control token is text, so more ids.
+  const ProcessResult plain =
+      Tokenize({"-m", fixture_path(), "-p", text, "--ids", "--no-parse-special"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_GT(plain.out.size(), list.out.size());
+}
+
+TEST_F(CliTokenizeTest, ErrorsNameTheFlagOrFile) {
+  const std::string missing = TempPath("no-such-text.txt");
+  ProcessResult r = Tokenize({"-m", fixture_path(), "-p", "a", "-f", missing});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(testing_util::Contains(r.err, "-p TEXT and -f FILE"));
+  r = Tokenize({"-m", fixture_path(), "-f", missing});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(testing_util::Contains(r.err, missing));
+  r = Tokenize({"-p", "a"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(testing_util::Contains(r.err, "-m FILE is required"));
+
+  const std::string bad = TempPath("not-utf8.txt");
+  std::ofstream(bad, std::ios::binary) << "ok \xff\xfe";
+  r = Tokenize({"-m", fixture_path(), "-f", bad});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(testing_util::Contains(r.err, "not valid UTF-8 at byte 3"));
+  std::remove(bad.c_str());
+
+  // SentencePiece is refused by name.
+  FixtureSpec spm;
+  spm.arch = Arch::kMixtral;
+  const std::string spm_path = TempPath("cli_tokenize_spm.gguf");
+  ASSERT_TRUE(WriteFixture(spm, spm_path).ok());
+  r = Tokenize({"-m", spm_path, "-p", "a"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(testing_util::Contains(r.err, "tokenizer.ggml.model 'llama'"));
+  std::remove(spm_path.c_str());
+}
+
+}  // namespace
+}  // namespace moegraph

@@ -1,0 +1,313 @@
+// The tokenizer (text/): byte-level BPE on a small vocabulary written here
+// (merge order, special tokens, BOS/EOS, bytes that are not UTF-8), the GGUF
+// vocabulary's checks naming key and index, and on Qwen3's real 151,669-token
+// vocabulary (tools/fetch-vocab.sh) the ids llama.cpp itself gives for a corpus
+// (tests/data/tokenizer/, made by tools/llama-crosscheck/tokenizer-ids.sh), and
+// detokenize(tokenize(s)) == s.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "loader/fixture.h"
+#include "loader/gguf.h"
+#include "loader/gguf_writer.h"
+#include "tests/test_util.h"
+#include "text/hf_tokenizer.h"
+#include "text/tokenizer.h"
+#include "text/unicode.h"
+#include "text/vocab.h"
+
+namespace moegraph {
+namespace {
+
+using testing_util::MessageHas;
+
+// A fixture file carrying vocab.
+std::unique_ptr<GgufFile> FileWith(const FixtureVocab& vocab) {
+  FixtureSpec spec;
+  spec.n_layer = 1;
+  spec.n_expert = 2;
+  spec.n_expert_used = 1;
+  spec.vocab = &vocab;
+  spec.n_vocab = static_cast<int>(vocab.tokens.size());
+  absl::StatusOr<std::vector<uint8_t>> bytes = FixtureBytes(spec);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  if (!bytes.ok()) return nullptr;
+  return testing_util::ParseOrFail(*bytes, "vocab.gguf");
+}
+
+// The 256 byte symbols, "ab", "abc", "Ġab", "<|ctl|>" (control), "<u>"
+// (user-defined), with merges a+b, ab+c, Ġ+ab.
+FixtureVocab SmallVocab() {
+  FixtureVocab v;
+  v.pre = "gpt-2";
+  for (int b = 0; b < 256; ++b) {
+    v.tokens.emplace_back(ByteToSymbol(static_cast<uint8_t>(b)));
+    v.types.push_back(static_cast<int32_t>(TokenType::kNormal));
+  }
+  for (const char* t : {"ab", "abc",
+                        "\xc4\xa0"
+                        "ab"}) {
+    v.tokens.emplace_back(t);
+    v.types.push_back(static_cast<int32_t>(TokenType::kNormal));
+  }
+  v.tokens.emplace_back("<|ctl|>");
+  v.types.push_back(static_cast<int32_t>(TokenType::kControl));
+  v.tokens.emplace_back("<u>");
+  v.types.push_back(static_cast<int32_t>(TokenType::kUserDefined));
+  v.merges = {"a b", "ab c", "\xc4\xa0 ab"};
+  v.special_ids = {{"bos", 259}, {"eos", 259}};
+  return v;
+}
+
+constexpr int32_t kAb = 256, kAbc = 257, kSpaceAb = 258, kControl = 259, kUser = 260;
+
+std::unique_ptr<Tokenizer> SmallTokenizer(FixtureVocab v = SmallVocab()) {
+  std::unique_ptr<GgufFile> file = FileWith(v);
+  if (file == nullptr) return nullptr;
+  absl::StatusOr<Vocab> vocab = Vocab::FromGguf(*file);
+  EXPECT_TRUE(vocab.ok()) << vocab.status();
+  if (!vocab.ok()) return nullptr;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Create(std::move(*vocab));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+std::vector<int32_t> Ids(const Tokenizer& t, const std::string& text, bool add_special = false,
+                         bool parse_special = true) {
+  absl::StatusOr<std::vector<int32_t>> ids = t.Tokenize(text, add_special, parse_special);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  return ids.ok() ? *ids : std::vector<int32_t>{};
+}
+
+int32_t Byte(char c) { return static_cast<uint8_t>(c); }
+
+TEST(TokenizerTest, MergesApplyInRankOrderWithinEachPreTokenizedWord) {
+  std::unique_ptr<Tokenizer> t = SmallTokenizer();
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(Ids(*t, "abc"), (std::vector<int32_t>{kAbc}));
+  // " ab" is one word (gpt-2's " ?\p{L}+"); Ġ+ab ranks after a+b.
+  EXPECT_EQ(Ids(*t, "abc ab"), (std::vector<int32_t>{kAbc, kSpaceAb}));
+  // "ca": no merge; each byte is its own symbol.
+  EXPECT_EQ(Ids(*t, "cab"), (std::vector<int32_t>{Byte('c'), kAb}));
+  EXPECT_EQ(Ids(*t, "a1b"), (std::vector<int32_t>{Byte('a'), Byte('1'), Byte('b')}));
+  // UTF-8 bytes come through as their byte symbols.
+  EXPECT_EQ(Ids(*t, "\xc3\xa9"), (std::vector<int32_t>{0xc3, 0xa9}));
+  EXPECT_EQ(t->Detokenize(Ids(*t, "x abc \xc3\xa9!"), true), "x abc \xc3\xa9!");
+}
+
+TEST(TokenizerTest, ControlTokensNeedParseSpecialUserDefinedOnesDoNot) {
+  std::unique_ptr<Tokenizer> t = SmallTokenizer();
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(Ids(*t, "ab<|ctl|>ab", false, true), (std::vector<int32_t>{kAb, kControl, kAb}));
+  const std::vector<int32_t> plain = Ids(*t, "ab<|ctl|>ab", false, false);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), kControl), 0);
+  EXPECT_EQ(t->Detokenize(plain, true), "ab<|ctl|>ab");
+  // User-defined tokens are matched either way.
+  EXPECT_EQ(Ids(*t, "<u>ab<u>", false, false), (std::vector<int32_t>{kUser, kAb, kUser}));
+  // A control token's piece shows only when special.
+  EXPECT_EQ(t->Piece(kControl, true), "<|ctl|>");
+  EXPECT_EQ(t->Piece(kControl, false), "");
+  EXPECT_EQ(t->Piece(kUser, false), "<u>");
+}
+
+TEST(TokenizerTest, BosAndEosAreAddedAsTheVocabularySays) {
+  FixtureVocab v = SmallVocab();
+  v.add_special = {{"bos", true}, {"eos", true}};
+  std::unique_ptr<Tokenizer> t = SmallTokenizer(v);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(Ids(*t, "ab", true), (std::vector<int32_t>{kControl, kAb, kControl}));
+  EXPECT_EQ(Ids(*t, "ab", false), (std::vector<int32_t>{kAb}));
+  // gpt2 adds neither unless the file says so.
+  std::unique_ptr<Tokenizer> plain = SmallTokenizer();
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(Ids(*plain, "ab", true), (std::vector<int32_t>{kAb}));
+}
+
+TEST(TokenizerTest, TextThatIsNotUtf8IsAnErrorNamingTheByte) {
+  std::unique_ptr<Tokenizer> t = SmallTokenizer();
+  ASSERT_NE(t, nullptr);
+  for (const std::string& bad : {std::string("ab\xff"), std::string("\xc3"),
+                                 std::string("a\xed\xa0\x80"), std::string("\xc0\xaf")}) {
+    absl::StatusOr<std::vector<int32_t>> ids = t->Tokenize(bad, false, true);
+    EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(MessageHas(ids.status(), "not valid UTF-8 at byte")) << ids.status();
+  }
+}
+
+// Each broken vocabulary is an error naming the key and the index.
+TEST(VocabTest, BadMetadataIsAnErrorNamingTheKeyAndIndex) {
+  struct Case {
+    const char* name;
+    void (*mutate)(FixtureVocab*);
+    const char* message;
+  };
+  const Case cases[] = {
+      {"unknown merge part", [](FixtureVocab* v) { v->merges.push_back("ab zz"); },
+       "merge 3 ('ab zz') names 'zz', which is not a token"},
+      {"merge without space", [](FixtureVocab* v) { v->merges.push_back("abc"); },
+       "merge 3 ('abc') is not two tokens"},
+      {"special id out of range",
+       [](FixtureVocab* v) {
+         v->special_ids = {{"eos", 9999}};
+       },
+       "tokenizer.ggml.eos_token_id"},
+      {"type out of range", [](FixtureVocab* v) { v->types[7] = 9; }, "token 7 has type 9"},
+      {"token not UTF-8", [](FixtureVocab* v) { v->tokens[70].assign(1, static_cast<char>(0xff)); },
+       "token 70 is not valid UTF-8"},
+      {"unknown model", [](FixtureVocab* v) { v->model = "wordpiece"; },
+       "tokenizer model 'wordpiece'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    FixtureVocab v = SmallVocab();
+    c.mutate(&v);
+    std::unique_ptr<GgufFile> file = FileWith(v);
+    ASSERT_NE(file, nullptr);
+    absl::StatusOr<Vocab> vocab = Vocab::FromGguf(*file);
+    ASSERT_FALSE(vocab.ok());
+    EXPECT_TRUE(MessageHas(vocab.status(), c.message)) << vocab.status();
+    EXPECT_TRUE(MessageHas(vocab.status(), "vocab.gguf")) << vocab.status();
+  }
+  FixtureVocab v = SmallVocab();
+  v.pre = "made-up";
+  std::unique_ptr<GgufFile> file = FileWith(v);
+  ASSERT_NE(file, nullptr);
+  absl::StatusOr<Vocab> vocab = Vocab::FromGguf(*file);
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Create(*vocab);
+  ASSERT_FALSE(t.ok());
+  EXPECT_TRUE(MessageHas(t.status(), "tokenizer.ggml.pre 'made-up'")) << t.status();
+  EXPECT_TRUE(MessageHas(t.status(), "qwen2")) << t.status();
+}
+
+TEST(VocabTest, EmbeddingRowsMustEqualTheTokens) {
+  const FixtureVocab v = SmallVocab();
+  auto file_with_rows = [&](int64_t rows) {
+    GgufWriter w;
+    w.SetString("tokenizer.ggml.model", v.model);
+    w.SetString("tokenizer.ggml.pre", v.pre);
+    w.SetStringArray("tokenizer.ggml.tokens", v.tokens);
+    w.SetInt32Array("tokenizer.ggml.token_type", v.types);
+    w.SetStringArray("tokenizer.ggml.merges", v.merges);
+    w.AddTensor("token_embd.weight", GgmlType::kF32, {4, rows},
+                std::vector<uint8_t>(static_cast<size_t>(4 * rows) * sizeof(float)));
+    return testing_util::ParseOrFail(w.Serialize(), "rows.gguf");
+  };
+  const int64_t n = static_cast<int64_t>(v.tokens.size());
+  std::unique_ptr<GgufFile> equal = file_with_rows(n);
+  ASSERT_NE(equal, nullptr);
+  EXPECT_TRUE(Vocab::FromGguf(*equal).ok());
+  std::unique_ptr<GgufFile> more = file_with_rows(n + 5);
+  ASSERT_NE(more, nullptr);
+  absl::StatusOr<Vocab> vocab = Vocab::FromGguf(*more);
+  ASSERT_FALSE(vocab.ok());
+  EXPECT_TRUE(MessageHas(vocab.status(), "token_embd.weight")) << vocab.status();
+  EXPECT_TRUE(MessageHas(vocab.status(), "266 embedding rows for 261 tokens")) << vocab.status();
+}
+
+// ---- Qwen3's real vocabulary against llama.cpp ----
+
+// The fetched vocabularies: $MOEGRAPH_VOCAB, else the checkout's vocab/.
+std::string VocabPath(const std::string& relative) {
+  const char* dir = std::getenv("MOEGRAPH_VOCAB");
+  return std::string(dir != nullptr ? dir : MOEGRAPH_SOURCE_DIR "/vocab") + "/" + relative;
+}
+
+std::string SourcePath(const std::string& relative) {
+  return std::string(MOEGRAPH_SOURCE_DIR) + "/" + relative;
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+class Qwen3TokenizerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string json = VocabPath("qwen3/tokenizer.json");
+    if (!std::filesystem::exists(json)) return;
+    absl::StatusOr<FixtureVocab> hf = ReadHfTokenizer(json);
+    ASSERT_TRUE(hf.ok()) << hf.status();
+    file_ = FileWith(*hf).release();
+    ASSERT_NE(file_, nullptr);
+    absl::StatusOr<Vocab> vocab = Vocab::FromGguf(*file_);
+    ASSERT_TRUE(vocab.ok()) << vocab.status();
+    absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Create(std::move(*vocab));
+    ASSERT_TRUE(t.ok()) << t.status();
+    tokenizer_ = t->release();
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete file_;
+  }
+  void SetUp() override {
+    if (tokenizer_ == nullptr) {
+      GTEST_SKIP() << VocabPath("qwen3/tokenizer.json")
+                   << " is missing: tools/fetch-vocab.sh fetches it (make deps does)";
+    }
+  }
+
+  static std::vector<std::string> Corpus() {
+    const nlohmann::json corpus = ReadJson(SourcePath("tests/data/tokenizer/corpus.json"));
+    return corpus.get<std::vector<std::string>>();
+  }
+
+  static inline GgufFile* file_ = nullptr;
+  static inline Tokenizer* tokenizer_ = nullptr;
+};
+
+TEST_F(Qwen3TokenizerTest, TheVocabularyIsConvertedAsLlamaCppsConverterDoes) {
+  const Vocab& v = tokenizer_->vocab();
+  EXPECT_EQ(v.size(), 151669);
+  EXPECT_EQ(v.pre, "qwen2");
+  EXPECT_EQ(v.tokens[151644], "<|im_start|>");
+  EXPECT_EQ(v.types[151644], TokenType::kControl);
+  EXPECT_EQ(v.types[151664], TokenType::kControl);      // <|file_sep|>: looks special
+  EXPECT_EQ(v.types[151667], TokenType::kUserDefined);  // <think>
+  EXPECT_EQ(v.eos, 151645);                             // <|im_end|>
+  EXPECT_EQ(v.pad, 151643);                             // <|endoftext|>
+  EXPECT_FALSE(v.add_bos);
+}
+
+TEST_F(Qwen3TokenizerTest, IdsEqualLlamaCppsOnTheCorpus) {
+  const std::vector<std::string> corpus = Corpus();
+  const nlohmann::json expected = ReadJson(SourcePath("tests/data/tokenizer/qwen3-llama-ids.json"));
+  ASSERT_TRUE(expected.is_object()) << "tests/data/tokenizer/qwen3-llama-ids.json";
+  int compared = 0;
+  for (const nlohmann::json& c : expected["cases"]) {
+    const size_t index = c["index"].get<size_t>();
+    const bool special = c["special"].get<bool>();
+    ASSERT_LT(index, corpus.size());
+    const std::vector<int32_t> want = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(Ids(*tokenizer_, corpus[index], false, special), want)
+        << "corpus[" << index << "] (parse_special " << special << "): '" << corpus[index] << "'";
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2 * static_cast<int>(corpus.size()));
+
+  std::string document;
+  const std::string joined = absl::StrJoin(corpus, "\n") + "\n";
+  for (int i = 0; i < expected["document_copies"].get<int>(); ++i) document += joined;
+  ASSERT_GT(document.size(), 100u * 1024);
+  EXPECT_EQ(Ids(*tokenizer_, document, false, false),
+            expected["document"].get<std::vector<int32_t>>());
+}
+
+TEST_F(Qwen3TokenizerTest, DetokenizingGivesTheTextBack) {
+  for (const std::string& text : Corpus()) {
+    EXPECT_EQ(tokenizer_->Detokenize(Ids(*tokenizer_, text, false, true), true), text);
+    EXPECT_EQ(tokenizer_->Detokenize(Ids(*tokenizer_, text, false, false), true), text);
+  }
+}
+
+}  // namespace
+}  // namespace moegraph

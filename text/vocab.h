@@ -1,0 +1,69 @@
+// A model's vocabulary as llama.cpp reads it from GGUF metadata: the tokenizer
+// model (`tokenizer.ggml.model`), the pre-tokenizer's name, tokens, their types,
+// scores or merges, the special ids and whether BOS/EOS are added, with
+// llama.cpp's defaults where a key is absent. Bad metadata is an error naming the
+// file, the key and the index; nothing here reads a tensor's data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "loader/gguf.h"
+
+namespace moegraph {
+
+enum class TokenizerModel { kGpt2, kLlama };
+
+// llama.cpp's token types (tokenizer.ggml.token_type).
+enum class TokenType : int32_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
+};
+
+inline constexpr int32_t kNoToken = -1;
+
+struct Vocab {
+  TokenizerModel model = TokenizerModel::kGpt2;
+  std::string model_name;  // "gpt2", "llama"
+  std::string pre;         // tokenizer.ggml.pre; "default" when absent
+  std::vector<std::string> tokens;
+  std::vector<TokenType> types;
+  std::vector<float> scores;  // llama; empty for gpt2
+  absl::flat_hash_map<std::string, int32_t> token_to_id;
+  // gpt2: rank of the merge (left, right), keyed by MergeKey.
+  absl::flat_hash_map<std::string, int32_t> merge_rank;
+
+  int32_t bos = kNoToken;
+  int32_t eos = kNoToken;
+  int32_t eot = kNoToken;
+  int32_t unk = kNoToken;
+  int32_t pad = kNoToken;
+  bool add_bos = false;
+  bool add_eos = false;
+
+  // Tokens matched in the text before pre-tokenization (control, user-defined
+  // and unknown), longest text first, as llama.cpp's special-token cache.
+  std::vector<int32_t> special_tokens;
+
+  int32_t size() const { return static_cast<int32_t>(tokens.size()); }
+  // The id of a token's text, or kNoToken.
+  int32_t Find(std::string_view text) const;
+  // The rank of merging left and right, or -1.
+  int32_t MergeRank(std::string_view left, std::string_view right) const;
+
+  static std::string MergeKey(std::string_view left, std::string_view right);
+  // The vocabulary of file. Also an error: token_embd.weight with more rows than
+  // there are tokens (ids the tokenizer could never produce would be embedded).
+  static absl::StatusOr<Vocab> FromGguf(const GgufFile& file);
+};
+
+}  // namespace moegraph
