@@ -281,7 +281,8 @@ absl::StatusOr<std::shared_ptr<const ExpertStore>> CudaEngine::PinExperts(
 }
 
 absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32_t> prompt,
-                                                          int n_predict, GenerateStats* stats) {
+                                                          int n_predict, GenerateStats* stats,
+                                                          const TokenSink& sink) {
   Impl& s = *impl_;
   if (prompt.empty()) return absl::InvalidArgumentError("cuda engine: Generate needs a prompt");
   if (n_predict < 0) {
@@ -317,18 +318,39 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
                                 "resetting the step counter"));
 
   auto start = std::chrono::steady_clock::now();
-  MG_RETURN_IF_ERROR(s.RunSteps(n_prompt));
+  MG_RETURN_IF_ERROR(s.RunSteps(n_prompt).status());
   st.prompt_tokens = n_prompt;
   st.prompt_seconds = SecondsSince(start);
   std::vector<int32_t> out;
   if (n_predict == 0) return out;
   start = std::chrono::steady_clock::now();
-  MG_RETURN_IF_ERROR(s.RunSteps(decode_steps));
-  st.decode_steps = decode_steps;
+  if (sink == nullptr) {
+    MG_RETURN_IF_ERROR(s.RunSteps(decode_steps).status());
+    st.decode_steps = decode_steps;
+    st.decode_seconds = SecondsSince(start);
+    out.resize(static_cast<size_t>(n_predict));
+    MG_RETURN_IF_ERROR(s.Download(out.data(), s.out_tokens + (n_prompt - 1),
+                                  out.size() * sizeof(int32_t), "the generated tokens"));
+    return out;
+  }
+  // Streaming: generated token j is out_tokens[n_prompt - 1 + j]; the walk's
+  // token copy already holds a launch's last one, so S = 1 reads nothing more.
+  out.push_back(*s.token_host.as<int32_t>());
+  if (!sink(out.back())) return out;
+  MG_ASSIGN_OR_RETURN(
+      st.decode_steps, s.RunSteps(decode_steps, [&](int steps) -> absl::StatusOr<bool> {
+        std::vector<int32_t> fresh(static_cast<size_t>(steps), *s.token_host.as<int32_t>());
+        if (steps > 1) {
+          MG_RETURN_IF_ERROR(s.Download(fresh.data(), s.out_tokens + (n_prompt - 1) + out.size(),
+                                        fresh.size() * sizeof(int32_t), "the generated tokens"));
+        }
+        for (const int32_t token : fresh) {
+          out.push_back(token);
+          if (!sink(token)) return false;
+        }
+        return true;
+      }));
   st.decode_seconds = SecondsSince(start);
-  out.resize(static_cast<size_t>(n_predict));
-  MG_RETURN_IF_ERROR(s.Download(out.data(), s.out_tokens + (n_prompt - 1),
-                                out.size() * sizeof(int32_t), "the generated tokens"));
   return out;
 }
 

@@ -104,8 +104,12 @@ class CudaEngine {
   // Greedy decode from position 0: the prompt as T=1 steps, then n_predict
   // argmax tokens, each fed back but the last, as Oracle::Generate. Residency
   // state and counters carry over from earlier calls; the KV cache restarts.
+  // With a sink, each token goes to it after the launch that made it (one more
+  // readback per launch when S > 1), and no launch follows the token it stopped
+  // at; the tokens up to that one are returned.
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
-                                                GenerateStats* stats = nullptr);
+                                                GenerateStats* stats = nullptr,
+                                                const TokenSink& sink = nullptr);
 
   // Logits of the last step run (one readback, outside any walk).
   absl::StatusOr<std::vector<float>> LastLogits();

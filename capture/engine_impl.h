@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -185,7 +186,11 @@ struct CudaEngine::Impl {
   std::function<cudaError_t()> Bind(const WalkEntry& entry);
   cudaError_t HostPolicyStep(int layer);
   cudaError_t HostStageCopy(int layer);
-  absl::Status RunSteps(int count);
+  // Runs count steps in launches of at most S; after each launch (and its sync),
+  // after_launch(steps it ran) may stop the run by returning false. Returns the
+  // steps run.
+  absl::StatusOr<int> RunSteps(
+      int count, const std::function<absl::StatusOr<bool>(int steps)>& after_launch = nullptr);
   absl::Status Sync(std::string_view what);
 
   const Model* model = nullptr;

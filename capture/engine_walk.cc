@@ -274,8 +274,10 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
   return nullptr;
 }
 
-absl::Status CudaEngine::Impl::RunSteps(int count) {
+absl::StatusOr<int> CudaEngine::Impl::RunSteps(
+    int count, const std::function<absl::StatusOr<bool>(int steps)>& after_launch) {
   const int per_launch = options.steps_per_launch;
+  int run = 0;
   const bool use_graph = options.doors.graph && slot_mode != SlotMode::kHostPolicy;
   while (count > 0) {
     const int steps = std::min(per_launch, count);
@@ -311,8 +313,13 @@ absl::Status CudaEngine::Impl::RunSteps(int count) {
           Download(routing.data() + at, layer_experts[0].selection, n * 4, "the routing"));
     }
     count -= steps;
+    run += steps;
+    if (after_launch != nullptr) {
+      MG_ASSIGN_OR_RETURN(const bool go_on, after_launch(steps));
+      if (!go_on) break;
+    }
   }
-  return absl::OkStatus();
+  return run;
 }
 
 }  // namespace moegraph

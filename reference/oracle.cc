@@ -180,7 +180,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Oracle>> Oracle::Create(const Model& model, int max_ctx,
-                                                      ExpertProvider* experts) {
+                                                       ExpertProvider* experts) {
   if (max_ctx <= 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("oracle: context size %d must be positive", max_ctx));
@@ -196,7 +196,8 @@ absl::StatusOr<std::unique_ptr<Oracle>> Oracle::Create(const Model& model, int m
 }
 
 absl::StatusOr<std::vector<int32_t>> Oracle::Generate(absl::Span<const int32_t> prompt,
-                                                      int n_predict, GenerateStats* stats) {
+                                                      int n_predict, GenerateStats* stats,
+                                                      const TokenSink& sink) {
   if (prompt.empty()) return absl::InvalidArgumentError("oracle: Generate needs a prompt");
   if (n_predict < 0) {
     return absl::InvalidArgumentError(
@@ -216,12 +217,14 @@ absl::StatusOr<std::vector<int32_t>> Oracle::Generate(absl::Span<const int32_t> 
   if (n_predict == 0) return out;
   const size_t n_vocab = logits->size() / prompt.size();
   out.push_back(ArgMax(absl::MakeConstSpan(*logits).subspan(logits->size() - n_vocab)));
+  bool go_on = sink == nullptr || sink(out.back());
   start = std::chrono::steady_clock::now();
-  while (static_cast<int>(out.size()) < n_predict) {
+  while (go_on && static_cast<int>(out.size()) < n_predict) {
     logits = Forward({out.back()});
     if (!logits.ok()) return logits.status();
     out.push_back(ArgMax(*logits));
     ++st.decode_steps;
+    go_on = sink == nullptr || sink(out.back());
   }
   st.decode_seconds = SecondsSince(start);
   return out;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -21,6 +22,10 @@ struct GenerateStats {
   int decode_steps = 0;       // one-token Forwards after it (n_predict - 1)
   double decode_seconds = 0;
 };
+
+// Called with each generated token as soon as it is picked; false stops the
+// generation after that token (an end-of-generation token, a user's stop).
+using TokenSink = std::function<bool(int32_t token)>;
 
 class ExpertProvider;  // reference/ops.h
 
@@ -42,9 +47,12 @@ class Oracle {
 
   // Greedy: feeds the prompt, then picks n_predict argmax tokens (ties: lowest
   // id), feeding each back but the last, so the cache must hold
-  // prompt.size() + n_predict - 1 more tokens. Continues from n_past().
+  // prompt.size() + n_predict - 1 more tokens. Continues from n_past(). With a
+  // sink, each token goes to it as it is picked, and the tokens up to the one
+  // the sink stopped at are returned.
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
-                                                GenerateStats* stats = nullptr);
+                                                GenerateStats* stats = nullptr,
+                                                const TokenSink& sink = nullptr);
 };
 
 }  // namespace moegraph

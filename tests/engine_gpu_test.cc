@@ -227,6 +227,44 @@ TEST_F(EngineArmsTest, EveryArmGivesTheSameTokensAndLogits) {
   }
 }
 
+// A sink gets the tokens Generate returns, in order, S = 1 and S = 3, and stopping
+// it ends the decode at that token, with no launch after it.
+TEST_F(EngineArmsTest, ASinkStreamsTheTokensAndStopsTheDecode) {
+  constexpr int kPredict = 7;
+  for (const int steps_per_launch : {1, 3}) {
+    SCOPED_TRACE(steps_per_launch);
+    std::unique_ptr<CudaEngine> engine = MakeEngine(model(), Arm::kGraph, 5, steps_per_launch);
+    ASSERT_NE(engine, nullptr);
+    absl::StatusOr<std::vector<int32_t>> full = engine->Generate(kPrompt, kPredict);
+    ASSERT_TRUE(full.ok()) << full.status();
+    std::vector<int32_t> seen;
+    absl::StatusOr<std::vector<int32_t>> streamed =
+        engine->Generate(kPrompt, kPredict, nullptr, [&](int32_t token) {
+          seen.push_back(token);
+          return true;
+        });
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    EXPECT_EQ(*streamed, *full);
+    EXPECT_EQ(seen, *full);
+
+    absl::StatusOr<EngineCounters> before = engine->ReadCounters();
+    ASSERT_TRUE(before.ok());
+    seen.clear();
+    absl::StatusOr<std::vector<int32_t>> stopped =
+        engine->Generate(kPrompt, kPredict, nullptr, [&](int32_t token) {
+          seen.push_back(token);
+          return seen.size() < 2;
+        });
+    ASSERT_TRUE(stopped.ok()) << stopped.status();
+    EXPECT_EQ(*stopped, std::vector<int32_t>(full->begin(), full->begin() + 2));
+    absl::StatusOr<EngineCounters> after = engine->ReadCounters();
+    ASSERT_TRUE(after.ok());
+    // The prompt, then launches until the one holding the second token.
+    const uint64_t decode_launched = static_cast<uint64_t>(steps_per_launch);
+    EXPECT_EQ(after->steps - before->steps, kPrompt.size() + decode_launched);
+  }
+}
+
 // Row i of the record is the logits that picked generated token i: the same bits
 // as the last logits of a decode of that prefix, with S = 2 steps per graph.
 TEST_F(EngineArmsTest, TheLogitsRecordHoldsTheLogitsThatPickedEachToken) {

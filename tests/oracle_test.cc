@@ -494,6 +494,26 @@ TEST_P(OracleArchTest, LogitsAreFiniteAndVary) {
                           logits->begin() + 4 * n_vocab));
 }
 
+// A sink sees each token as it is picked, and stopping it stops the decode there.
+TEST_P(OracleArchTest, ASinkSeesEachTokenAndCanStopTheDecode) {
+  std::unique_ptr<Oracle> a = NewOracle(32);
+  ASSERT_TRUE(a);
+  absl::StatusOr<std::vector<int32_t>> full = a->Generate(kPrompt, 6);
+  ASSERT_TRUE(full.ok()) << full.status();
+  a->Reset();
+  std::vector<int32_t> seen;
+  absl::StatusOr<std::vector<int32_t>> stopped =
+      a->Generate(kPrompt, 6, nullptr, [&](int32_t token) {
+        seen.push_back(token);
+        return seen.size() < 3;
+      });
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(*stopped, std::vector<int32_t>(full->begin(), full->begin() + 3));
+  EXPECT_EQ(seen, *stopped);
+  // Nothing was run past the stopping token: two of the three were fed back.
+  EXPECT_EQ(a->n_past(), static_cast<int>(kPrompt.size()) + 2);
+}
+
 TEST_P(OracleArchTest, GenerateIsDeterministicAndMatchesArgmaxDecoding) {
   std::unique_ptr<Oracle> a = NewOracle(32);
   std::unique_ptr<Oracle> b = NewOracle(32);

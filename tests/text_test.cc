@@ -213,6 +213,22 @@ TEST(VocabTest, EmbeddingRowsMustEqualTheTokens) {
   EXPECT_TRUE(MessageHas(vocab.status(), "266 embedding rows for 261 tokens")) << vocab.status();
 }
 
+TEST(TextStreamTest, NeverSplitsAUtf8CharacterAcrossPieces) {
+  const std::string text = "a\xc3\xa9\xe6\x97\xa5\xf0\x9f\x98\x80z";  // a é 日 😀 z
+  TextStream stream;
+  std::string out;
+  for (char byte : text) {
+    const std::string chunk = stream.Push(std::string(1, byte));
+    EXPECT_EQ(FindInvalidUtf8(chunk), std::string_view::npos) << "a chunk split a character";
+    out += chunk;
+  }
+  EXPECT_EQ(out + stream.Flush(), text);
+  // A character still incomplete at the end comes out of Flush.
+  TextStream cut;
+  EXPECT_EQ(cut.Push("x\xe6\x97"), "x");
+  EXPECT_EQ(cut.Flush(), "\xe6\x97");
+}
+
 // ---- Qwen3's real vocabulary against llama.cpp ----
 
 // The fetched vocabularies: $MOEGRAPH_VOCAB, else the checkout's vocab/.
@@ -276,6 +292,15 @@ TEST_F(Qwen3TokenizerTest, TheVocabularyIsConvertedAsLlamaCppsConverterDoes) {
   EXPECT_EQ(v.eos, 151645);                             // <|im_end|>
   EXPECT_EQ(v.pad, 151643);                             // <|endoftext|>
   EXPECT_FALSE(v.add_bos);
+  // End of generation: <|im_end|> and <|endoftext|>, as llama.cpp finds them.
+  EXPECT_TRUE(v.IsEog(151645));
+  EXPECT_TRUE(v.IsEog(151643));
+  EXPECT_FALSE(v.IsEog(151644));  // <|im_start|>
+  // "</s>" is an ordinary token of Qwen3's vocabulary, but llama.cpp matches
+  // end-of-generation tokens by text, stops at it and makes it a control token.
+  EXPECT_TRUE(v.IsEog(128247));
+  EXPECT_EQ(v.types[128247], TokenType::kControl);
+  EXPECT_EQ(v.eog.size(), 3u);
 }
 
 TEST_F(Qwen3TokenizerTest, IdsEqualLlamaCppsOnTheCorpus) {

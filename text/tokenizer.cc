@@ -201,6 +201,25 @@ std::string Tokenizer::Piece(int32_t id, bool special) const {
   return out;
 }
 
+std::string TextStream::Push(std::string_view piece) {
+  pending_.append(piece.data(), piece.size());
+  // Hold back a lead byte at the end whose character has not arrived whole.
+  size_t complete = pending_.size();
+  for (size_t back = 1; back <= 3 && back <= pending_.size(); ++back) {
+    const auto b = static_cast<uint8_t>(pending_[pending_.size() - back]);
+    if ((b & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    if (b >= 0xC0 && static_cast<size_t>(Utf8SequenceLength(b)) > back) {
+      complete = pending_.size() - back;
+    }
+    break;
+  }
+  std::string out = pending_.substr(0, complete);
+  pending_.erase(0, complete);
+  return out;
+}
+
+std::string TextStream::Flush() { return std::exchange(pending_, std::string()); }
+
 std::string Tokenizer::Detokenize(const std::vector<int32_t>& ids, bool special) const {
   std::string out;
   for (int32_t id : ids) out += Piece(id, special);

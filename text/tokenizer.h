@@ -49,4 +49,16 @@ class Tokenizer {
   bool ignore_merges_ = false;  // llama-bpe: a word that is a token stays whole
 };
 
+// Pieces to text as they are generated, never splitting a UTF-8 character: the
+// bytes of a character still incomplete at the end wait for the next piece.
+class TextStream {
+ public:
+  std::string Push(std::string_view piece);
+  // What was held back (an incomplete character at the end of the generation).
+  std::string Flush();
+
+ private:
+  std::string pending_;
+};
+
 }  // namespace moegraph

@@ -168,6 +168,32 @@ absl::StatusOr<Vocab> Vocab::FromGguf(const GgufFile& file) {
     return KeyError(file, "tokenizer.ggml.add_eos_token", "EOS is added but there is no EOS token");
   }
 
+  // llama.cpp's end-of-generation texts (llama-vocab.cpp, load). Where the file
+  // names no EOT, the first of llama.cpp's EOT texts found is EOT.
+  static constexpr std::string_view kEogTexts[] = {
+      "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+      "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+      "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+      "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~["};
+  static constexpr std::string_view kEotTexts[] = {
+      "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+      "<EOT>", "_<EOT>", "[EOT]",
+      "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+      "<end_of_utterance>"};
+  for (std::string_view text : kEogTexts) {
+    const int32_t id = v.Find(text);
+    if (id == kNoToken) continue;
+    v.eog.insert(id);
+    v.types[static_cast<size_t>(id)] = TokenType::kControl;
+  }
+  for (std::string_view text : kEotTexts) {
+    if (v.eot != kNoToken) break;
+    v.eot = v.Find(text);
+  }
+  for (int32_t id : {v.eos, v.eot}) {
+    if (id != kNoToken) v.eog.insert(id);
+  }
+
   for (int32_t i = 0; i < n; ++i) {
     const TokenType type = v.types[static_cast<size_t>(i)];
     if (type == TokenType::kControl || type == TokenType::kUserDefined ||

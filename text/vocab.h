@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "loader/gguf.h"
 
@@ -49,12 +50,17 @@ struct Vocab {
   int32_t pad = kNoToken;
   bool add_bos = false;
   bool add_eos = false;
+  // End-of-generation tokens: EOS, EOT, and the tokens llama.cpp recognizes by
+  // their text (<|im_end|>, <|endoftext|>, <|eot_id|>, </s>, ...), which it also
+  // makes control tokens.
+  absl::flat_hash_set<int32_t> eog;
 
   // Tokens matched in the text before pre-tokenization (control, user-defined
   // and unknown), longest text first, as llama.cpp's special-token cache.
   std::vector<int32_t> special_tokens;
 
   int32_t size() const { return static_cast<int32_t>(tokens.size()); }
+  bool IsEog(int32_t id) const { return eog.contains(id); }
   // The id of a token's text, or kNoToken.
   int32_t Find(std::string_view text) const;
   // The rank of merging left and right, or -1.

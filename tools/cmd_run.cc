@@ -1,4 +1,5 @@
-// moegraph run: greedy decode of token ids, printed as ids, with tok/s. The CUDA
+// moegraph run: greedy decode of a text prompt (-p, -f), printed as text while it
+// is generated, or of token ids (--tokens), printed as ids, with tok/s. The CUDA
 // engine (capture/engine.h) runs each step as one graph replay with experts in
 // pinned host memory; the CPU backend runs the same expert path on the host:
 // experts repacked into blocks, a residency cache of slots, one T=1 step per token.
@@ -30,11 +31,15 @@
 #include "loader/status_util.h"
 #include "reference/cpu_backend.h"
 #include "residency/simulator.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
 #include "tools/commands.h"
 
 // Shared with simulate (a list there); run takes one count or auto.
 
-ABSL_FLAG(std::string, tokens, "", "run: prompt token ids, comma-separated (e.g. 1,2,3)");
+ABSL_FLAG(std::string, tokens, "",
+          "run: prompt token ids, comma-separated (e.g. 1,2,3), instead of -p/-f text; the "
+          "output is ids too");
 ABSL_FLAG(int32_t, n, moegraph::kDefaultTokensFlag,
           "tokens to generate (default: run 16, bench 128)");
 ABSL_FLAG(std::string, backend, "auto",
@@ -44,14 +49,14 @@ ABSL_FLAG(std::string, arm, "",
           "environment wins)");
 ABSL_FLAG(int32_t, steps_per_launch, 1,
           "run: decode steps captured in one CUDA graph (the host waits once per launch)");
+ABSL_FLAG(bool, ignore_eos, false,
+          "run: with -p/-f, go on past end-of-generation tokens (EOS, EOT, <|im_end|>, ...)");
+ABSL_FLAG(bool, special, false, "run: with -p/-f, print control tokens' text too");
 
 namespace moegraph {
 namespace {
 
 absl::StatusOr<std::vector<int32_t>> ParseTokens(const std::string& text) {
-  if (absl::StripAsciiWhitespace(text).empty()) {
-    return absl::InvalidArgumentError("--tokens is required (e.g. --tokens 1,2,3)");
-  }
   std::vector<int32_t> ids;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int32_t id = 0;
@@ -108,20 +113,28 @@ std::string Banner(const CpuBackend& backend, const ExpertStore& store,
     slots += pool.n_slots;
     pool_bytes += pool.pool_bytes();
   }
-  const std::string policy =
-      !options.cache ? std::string("no cache (MOEGRAPH_MOE_CACHE=0)")
-                     : DescribePolicy(options.policy, options.protected_frac);
+  const std::string policy = !options.cache
+                                 ? std::string("no cache (MOEGRAPH_MOE_CACHE=0)")
+                                 : DescribePolicy(options.policy, options.protected_frac);
   return absl::StrFormat("backend cpu: %s, %s pool, %d slots%s%s; pool %.2f MiB, experts %.2f MiB",
                          policy, Av(PoolModeName(options.pool_mode)), slots,
-                         options.cache && options.n_slots == 0 ? " (auto)" : "",
-                         classes, Mib(pool_bytes), Mib(store.total_bytes()));
+                         options.cache && options.n_slots == 0 ? " (auto)" : "", classes,
+                         Mib(pool_bytes), Mib(store.total_bytes()));
 }
 
+// Where a run's lines go, and what happens to each generated token.
+struct RunOutput {
+  std::FILE* info = stdout;  // banner, notes, summary: stdout with --tokens, stderr with text
+  bool print_ids = true;     // --tokens: the "prompt:" and "generated:" lines
+  TokenSink sink;            // text: print each token as it comes; stop at EOG
+};
+
 // The one summary line of a run.
-void PrintSummary(std::string_view backend, const EngineCounters& c, const GenerateStats& stats,
-                  size_t generated) {
+void PrintSummary(std::FILE* out, std::string_view backend, const EngineCounters& c,
+                  const GenerateStats& stats, size_t generated) {
   const uint64_t selected = c.hits + c.misses;
-  absl::PrintF(
+  absl::FPrintF(
+      out,
       "%s: %d tokens (%d prompt, %s; %d generated, %s); hit %.1f%%, %d misses, "
       "%d evictions, %.2f MiB staged\n",
       Av(backend), c.steps, stats.prompt_tokens, Rate(stats.prompt_tokens, stats.prompt_seconds),
@@ -136,8 +149,8 @@ void PrintTokens(const std::vector<int32_t>& prompt, const std::vector<int32_t>&
 }
 
 // The CPU backend with the doors mapped where they mean something on the host.
-absl::Status RunCpu(const Model& model, const std::vector<int32_t>& prompt, int n_predict,
-                    int ctx, int32_t slots, const ResolvedDoors& doors) {
+absl::Status RunCpu(const Model& model, const std::vector<int32_t>& prompt, int n_predict, int ctx,
+                    int32_t slots, const ResolvedDoors& doors, const RunOutput& out) {
   CpuBackendOptions options;
   options.max_ctx = ctx;
   options.n_slots = slots;
@@ -147,34 +160,35 @@ absl::Status RunCpu(const Model& model, const std::vector<int32_t>& prompt, int 
   switch (doors.arm) {
     case Arm::kResident:
       options.n_slots = 0;
-      std::printf("backend cpu: arm resident holds every expert in a slot%s\n",
-                  slots != 0 ? " (--slots ignored)" : "");
+      std::fprintf(out.info, "backend cpu: arm resident holds every expert in a slot%s\n",
+                   slots != 0 ? " (--slots ignored)" : "");
       break;
     case Arm::kEager:
     case Arm::kHost:
-      std::printf("backend cpu: arm %s runs the CPU pipeline (no device, no graph)\n",
-                  std::string(ArmName(doors.arm)).c_str());
+      std::fprintf(out.info, "backend cpu: arm %s runs the CPU pipeline (no device, no graph)\n",
+                   std::string(ArmName(doors.arm)).c_str());
       break;
     case Arm::kGraph:
     case Arm::kStage:
       break;
   }
   if (absl::GetFlag(FLAGS_steps_per_launch) != 1) {
-    std::printf("backend cpu: --steps-per-launch applies to CUDA graphs only\n");
+    std::fprintf(out.info, "backend cpu: --steps-per-launch applies to CUDA graphs only\n");
   }
   MG_ASSIGN_OR_RETURN(ExpertStore store,
                       ExpertStore::Create(model, AlignedHostAllocator(), TerminalProgress()));
   MG_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Create(model, store, options));
-  std::printf("%s\n", Banner(*cpu, store, options).c_str());
+  std::fprintf(out.info, "%s\n", Banner(*cpu, store, options).c_str());
   GenerateStats stats;
-  MG_ASSIGN_OR_RETURN(std::vector<int32_t> generated, cpu->Generate(prompt, n_predict, &stats));
-  PrintTokens(prompt, generated);
-  PrintSummary("backend cpu", cpu->counters(), stats, generated.size());
+  MG_ASSIGN_OR_RETURN(std::vector<int32_t> generated,
+                      cpu->Generate(prompt, n_predict, &stats, out.sink));
+  if (out.print_ids) PrintTokens(prompt, generated);
+  PrintSummary(out.info, "backend cpu", cpu->counters(), stats, generated.size());
   return absl::OkStatus();
 }
 
-absl::Status RunCuda(const Model& model, const std::vector<int32_t>& prompt, int n_predict,
-                     int ctx, int32_t slots, const ResolvedDoors& doors) {
+absl::Status RunCuda(const Model& model, const std::vector<int32_t>& prompt, int n_predict, int ctx,
+                     int32_t slots, const ResolvedDoors& doors, const RunOutput& out) {
   CudaEngineOptions options;
   options.max_ctx = ctx;
   options.n_slots = slots;
@@ -182,22 +196,45 @@ absl::Status RunCuda(const Model& model, const std::vector<int32_t>& prompt, int
   options.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
   MG_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
                       CudaEngine::Create(model, options, TerminalProgress()));
-  std::printf("%s\n", engine->banner().c_str());
+  std::fprintf(out.info, "%s\n", engine->banner().c_str());
   GenerateStats stats;
   MG_ASSIGN_OR_RETURN(std::vector<int32_t> generated,
-                      engine->Generate(prompt, n_predict, &stats));
-  PrintTokens(prompt, generated);
+                      engine->Generate(prompt, n_predict, &stats, out.sink));
+  if (out.print_ids) PrintTokens(prompt, generated);
   MG_ASSIGN_OR_RETURN(const EngineCounters counters, engine->ReadCounters());
-  PrintSummary(absl::StrCat("backend cuda (arm ", Av(ArmName(engine->arm())), ")"), counters,
-               stats, generated.size());
+  PrintSummary(out.info, absl::StrCat("backend cuda (arm ", Av(ArmName(engine->arm())), ")"),
+               counters, stats, generated.size());
   return absl::OkStatus();
+}
+
+// The prompt: token ids from --tokens, or text from -p or -f (exactly one).
+struct PromptSource {
+  std::vector<int32_t> ids;
+  std::optional<std::string> text;
+};
+
+absl::StatusOr<PromptSource> ReadPromptSource() {
+  const std::string tokens = absl::GetFlag(FLAGS_tokens);
+  MG_ASSIGN_OR_RETURN(std::optional<std::string> text, PromptText());
+  const bool has_tokens = !absl::StripAsciiWhitespace(tokens).empty();
+  if (has_tokens == text.has_value()) {
+    return absl::InvalidArgumentError(
+        has_tokens ? "give the prompt once: -p TEXT, -f FILE or --tokens IDS"
+                   : "a prompt is required: -p TEXT, -f FILE or --tokens IDS (e.g. 1,2,3)");
+  }
+  PromptSource source;
+  if (has_tokens) {
+    MG_ASSIGN_OR_RETURN(source.ids, ParseTokens(tokens));
+  } else {
+    source.text = std::move(text);
+  }
+  return source;
 }
 
 absl::Status Run() {
   const std::string path = absl::GetFlag(FLAGS_m);
   if (path.empty()) return absl::InvalidArgumentError("-m FILE is required");
-  absl::StatusOr<std::vector<int32_t>> prompt = ParseTokens(absl::GetFlag(FLAGS_tokens));
-  if (!prompt.ok()) return prompt.status();
+  MG_ASSIGN_OR_RETURN(PromptSource source, ReadPromptSource());
   const int n_flag = absl::GetFlag(FLAGS_n);
   const int n_predict = n_flag == kDefaultTokensFlag ? kRunDefaultTokens : n_flag;
   if (n_predict < 0) {
@@ -223,32 +260,68 @@ absl::Status Run() {
     MG_ASSIGN_OR_RETURN(arm, ParseArm(text));
   }
   MG_ASSIGN_OR_RETURN(const ResolvedDoors doors, ResolveDoors(arm, ProcessEnv()));
-  // Generate feeds every generated token back but the last.
-  const int needed = static_cast<int>(prompt->size()) + (n_predict > 0 ? n_predict - 1 : 0);
-  int ctx = absl::GetFlag(FLAGS_ctx);
-  if (ctx < 0 || (ctx > 0 && ctx < needed)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--ctx %d is too small: %d prompt tokens and %d generated need %d", ctx,
-                        prompt->size(), n_predict, needed));
-  }
-  if (ctx == 0) ctx = needed;
+  MG_ASSIGN_OR_RETURN(const int32_t slots, ParseSlots());
 
   absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
   if (!file.ok()) return file.status();
   absl::StatusOr<Model> model = LoadModel(**file);
   if (!model.ok()) return model.status();
-  for (size_t i = 0; i < prompt->size(); ++i) {
-    const int32_t id = (*prompt)[i];
-    if (id < 0 || id >= model->config.n_vocab) {
+
+  // Text: the file's own tokenizer, specials parsed and BOS added as llama-cli does.
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<int32_t>& prompt = source.ids;
+  if (source.text.has_value()) {
+    MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(**file));
+    MG_ASSIGN_OR_RETURN(tokenizer, Tokenizer::Create(std::move(vocab)));
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Tokenize(*source.text, true, true);
+    if (!ids.ok())
+      return absl::InvalidArgumentError(absl::StrCat("-p/-f: ", ids.status().message()));
+    if (ids->empty()) return absl::InvalidArgumentError("-p/-f: the prompt has no tokens");
+    prompt = std::move(*ids);
+  }
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= model->config.n_vocab) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--tokens: token %d (position %d) is outside the vocabulary [0, %d) of %s", id, i,
+          "--tokens: token %d (position %d) is outside the vocabulary [0, %d) of %s", prompt[i], i,
           model->config.n_vocab, path));
     }
   }
-  MG_ASSIGN_OR_RETURN(const int32_t slots, ParseSlots());
-  std::printf("%s\n", doors.banner.c_str());
-  if (has_device) return RunCuda(*model, *prompt, n_predict, ctx, slots, doors);
-  return RunCpu(*model, *prompt, n_predict, ctx, slots, doors);
+  // Generate feeds every generated token back but the last.
+  const int needed = static_cast<int>(prompt.size()) + (n_predict > 0 ? n_predict - 1 : 0);
+  int ctx = absl::GetFlag(FLAGS_ctx);
+  if (ctx < 0 || (ctx > 0 && ctx < needed)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--ctx %d is too small: %d prompt tokens and %d generated need %d", ctx,
+                        prompt.size(), n_predict, needed));
+  }
+  if (ctx == 0) ctx = needed;
+
+  RunOutput out;
+  TextStream stream;
+  if (tokenizer != nullptr) {
+    // The text goes to stdout as it comes, everything else to stderr.
+    out.info = stderr;
+    out.print_ids = false;
+    const bool ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+    const bool special = absl::GetFlag(FLAGS_special);
+    out.sink = [&](int32_t token) {
+      if (!ignore_eos && tokenizer->vocab().IsEog(token)) return false;
+      const std::string text = stream.Push(tokenizer->Piece(token, special));
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    };
+  }
+  std::fprintf(out.info, "%s\n", doors.banner.c_str());
+  const absl::Status status = has_device
+                                  ? RunCuda(*model, prompt, n_predict, ctx, slots, doors, out)
+                                  : RunCpu(*model, prompt, n_predict, ctx, slots, doors, out);
+  if (tokenizer != nullptr) {
+    const std::string rest = stream.Flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputc('\n', stdout);
+  }
+  return status;
 }
 
 }  // namespace

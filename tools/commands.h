@@ -6,12 +6,14 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 ABSL_DECLARE_FLAG(std::string, m);  // model file
 ABSL_DECLARE_FLAG(std::string, o);  // output file or format
@@ -27,6 +29,8 @@ ABSL_DECLARE_FLAG(std::string, slots);
 // Shared by bench (the pp test's prompt length, a number; empty: no pp test) and
 // tokenize (the text), as llama-bench's and llama-cli's -p.
 ABSL_DECLARE_FLAG(std::string, p);
+// Shared by run and tokenize: the text from a file instead of -p.
+ABSL_DECLARE_FLAG(std::string, f);
 
 namespace moegraph {
 
@@ -57,6 +61,9 @@ inline int RunModelCommand(const char* name, const std::vector<std::string>& arg
   }
   return 0;
 }
+
+// The text of -p or -f (not both; a file that cannot be read names it), or none.
+absl::StatusOr<std::optional<std::string>> PromptText();
 
 int RunInspect(const std::vector<std::string>& args);
 int RunMakeFixture(const std::vector<std::string>& args);

@@ -2,6 +2,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,10 +16,31 @@
 ABSL_FLAG(std::string, m, "", "model file (GGUF)");
 ABSL_FLAG(std::string, o, "", "output: a file path, or a format (md|json) for report commands");
 ABSL_FLAG(std::string, p, "",
-          "bench: prompt tokens of the pp test (empty or 0: no pp test); tokenize: the text");
+          "bench: prompt tokens of the pp test (empty or 0: no pp test); run, tokenize: the text");
+ABSL_FLAG(std::string, f, "", "run, tokenize: read the text from this file instead of -p");
 ABSL_FLAG(int32_t, ctx, 0,
           "context size: run: the KV cache (0 fits the prompt and the generated tokens); "
           "make-fixture: {arch}.context_length written (0: 4096)");
+
+namespace moegraph {
+
+absl::StatusOr<std::optional<std::string>> PromptText() {
+  const std::string path = absl::GetFlag(FLAGS_f);
+  const std::string prompt = absl::GetFlag(FLAGS_p);
+  if (!path.empty() && !prompt.empty()) {
+    return absl::InvalidArgumentError("-p TEXT and -f FILE: give one of them");
+  }
+  if (path.empty()) {
+    if (prompt.empty()) return std::optional<std::string>();
+    return std::optional<std::string>(prompt);
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError("-f " + path + ": cannot read the file");
+  return std::optional<std::string>(
+      std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+}
+
+}  // namespace moegraph
 
 namespace {
 
@@ -31,17 +55,22 @@ constexpr Command kCommands[] = {
      moegraph::RunInspect},
     {"make-fixture", "write a synthetic MoE model as GGUF (see --help for flags)",
      moegraph::RunMakeFixture},
-    {"run", "-m FILE --tokens 1,2,3 -n N: greedy decode, prints token ids and tok/s",
+    {"run",
+     "-m FILE (-p TEXT | -f FILE | --tokens 1,2,3) -n N: greedy decode, prints the text "
+     "as it comes (or ids) and tok/s",
      moegraph::RunRun},
-    {"bench", "-m FILE [--arms ...] [--slots 16,32|auto] [-n 128] [-r 5]: arms side by side, "
-              "llama-bench style",
+    {"bench",
+     "-m FILE [--arms ...] [--slots 16,32|auto] [-n 128] [-r 5]: arms side by side, "
+     "llama-bench style",
      moegraph::RunBench},
-    {"tokenize", "-m FILE -p TEXT | -f FILE [--ids] [--no-bos] [--no-parse-special]: text to "
-                 "token ids with the file's vocabulary, like llama-tokenize",
+    {"tokenize",
+     "-m FILE -p TEXT | -f FILE [--ids] [--no-bos] [--no-parse-special]: text to "
+     "token ids with the file's vocabulary, like llama-tokenize",
      moegraph::RunTokenize},
     {"trace", "stats FILE | synth -o FILE | convert IN OUT: routing traces (JSONL or binary)",
      moegraph::RunTrace},
-    {"simulate", "--trace F --policy lru,slru,default,opt --slots 16,32,64: hit rates and cost model",
+    {"simulate",
+     "--trace F --policy lru,slru,default,opt --slots 16,32,64: hit rates and cost model",
      moegraph::RunSimulate},
 };
 
@@ -87,7 +116,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> args = NormalizeFlagNames(argc, argv);
     std::vector<char*> sub_argv = {args[0].data()};
     for (int i = 2; i < argc; ++i) sub_argv.push_back(args[i].data());
-    std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(sub_argv.size()), sub_argv.data());
+    std::vector<char*> rest =
+        absl::ParseCommandLine(static_cast<int>(sub_argv.size()), sub_argv.data());
     return c.run(std::vector<std::string>(rest.begin() + 1, rest.end()));
   }
   std::fprintf(stderr, "moegraph: unknown command '%s'\n\n%s\n", argv[1], Usage().c_str());
