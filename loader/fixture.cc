@@ -213,9 +213,6 @@ class FixtureBuilder {
     }
   }
 
-  // A small vocabulary llama.cpp's loader accepts: specials, byte tokens (so
-  // every text has a tokenization, '\n' included), two-letter pieces with the
-  // merges (gpt2) or scores (llama) that make them, then filler pieces.
   // A given vocabulary, keyed as llama.cpp's converter keys it.
   void WriteVocab(GgufWriter* w, const FixtureVocab& v) const {
     w->SetString("tokenizer.ggml.model", v.model);
@@ -223,6 +220,10 @@ class FixtureBuilder {
     w->SetStringArray("tokenizer.ggml.tokens", v.tokens);
     w->SetInt32Array("tokenizer.ggml.token_type", v.types);
     if (!v.merges.empty()) w->SetStringArray("tokenizer.ggml.merges", v.merges);
+    if (!v.scores.empty()) w->SetFloat32Array("tokenizer.ggml.scores", v.scores);
+    if (v.add_space_prefix.has_value()) {
+      w->SetBool("tokenizer.ggml.add_space_prefix", *v.add_space_prefix);
+    }
     for (const auto& [name, id] : v.special_ids) {
       w->SetUint32(absl::StrCat("tokenizer.ggml.", name, "_token_id"), id);
     }
@@ -232,6 +233,9 @@ class FixtureBuilder {
     if (!v.chat_template.empty()) w->SetString("tokenizer.chat_template", v.chat_template);
   }
 
+  // Without one, a small vocabulary llama.cpp's loader accepts: specials, byte
+  // tokens (so every text has a tokenization, '\n' included), two-letter pieces
+  // with the merges (gpt2) or scores (llama) that make them, then filler pieces.
   void WriteTokenizer(GgufWriter* w) const {
     if (spec_.vocab != nullptr) {
       WriteVocab(w, *spec_.vocab);

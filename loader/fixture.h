@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,7 +24,10 @@ struct FixtureVocab {
   std::string pre;             // tokenizer.ggml.pre
   std::vector<std::string> tokens;
   std::vector<int32_t> types;       // llama.cpp's token types
-  std::vector<std::string> merges;  // "left right"
+  std::vector<std::string> merges;  // "left right" (gpt2)
+  std::vector<float> scores;        // one per token (llama)
+  // tokenizer.ggml.add_space_prefix; absent when not set.
+  std::optional<bool> add_space_prefix;
   // ("bos", id) -> tokenizer.ggml.bos_token_id; also eos, unknown, padding, seperator, eot.
   std::vector<std::pair<std::string, uint32_t>> special_ids;
   // ("bos", true) -> tokenizer.ggml.add_bos_token; also eos.

@@ -1,7 +1,8 @@
-// `moegraph run` with text, on a fixture carrying Qwen3's real vocabulary
-// (tools/fetch-vocab.sh; skips without it), against llama.cpp's own greedy
-// decode of the same prompt on the same f32 fixture
-// (tests/data/tokenizer/qwen3-llama-greedy.json, from
+// `moegraph run` with text, on fixtures carrying real vocabularies (Qwen3's
+// byte-level BPE on a qwen3moe fixture, Mistral's SentencePiece on a mixtral
+// one; tools/fetch-vocab.sh, skips without them), against llama.cpp's own
+// greedy decode of the same prompt on the same f32 fixture
+// (tests/data/tokenizer/VOCAB-llama-greedy.json, from
 // tools/llama-crosscheck/tokenizer-ids.sh): the prompt's ids, the generated ids
 // and the printed text all equal llama.cpp's.
 #include <gtest/gtest.h>
@@ -26,25 +27,66 @@ using testing_util::ProcessResult;
 using testing_util::RunProcess;
 using testing_util::RunProcessWithArgs;
 
-std::string VocabJson() {
+std::string VocabJson(const std::string& vocab) {
   const char* dir = std::getenv("MOEGRAPH_VOCAB");
-  return std::string(dir != nullptr ? dir : MOEGRAPH_SOURCE_DIR "/vocab") + "/qwen3/tokenizer.json";
+  return absl::StrCat(dir != nullptr ? dir : MOEGRAPH_SOURCE_DIR "/vocab", "/", vocab,
+                      "/tokenizer.json");
 }
 
-class CliTextTest : public ::testing::Test {
+// Bytes as llama.cpp's text reaches JavaScript (node-llama-cpp): each maximal
+// ill-formed subsequence becomes U+FFFD, as the WHATWG decoder does it.
+std::string AsJavaScriptString(const std::string& bytes) {
+  std::string out;
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const auto b = static_cast<uint8_t>(bytes[i]);
+    const int n = b < 0x80                 ? 1
+                  : b >= 0xC2 && b <= 0xDF ? 2
+                  : b >= 0xE0 && b <= 0xEF ? 3
+                  : b >= 0xF0 && b <= 0xF4 ? 4
+                                           : 0;
+    int good = n == 0 ? 0 : 1;  // bytes of a valid prefix
+    while (good > 0 && good < n && i + static_cast<size_t>(good) < bytes.size()) {
+      const auto c = static_cast<uint8_t>(bytes[i + static_cast<size_t>(good)]);
+      const uint8_t lo = good == 1 && b == 0xE0 ? 0xA0 : good == 1 && b == 0xF0 ? 0x90 : 0x80;
+      const uint8_t hi = good == 1 && b == 0xED ? 0x9F : good == 1 && b == 0xF4 ? 0x8F : 0xBF;
+      if (c < lo || c > hi) break;
+      ++good;
+    }
+    if (n > 0 && good == n) {
+      out.append(bytes, i, static_cast<size_t>(n));
+      i += static_cast<size_t>(n);
+    } else {
+      out += "\xef\xbf\xbd";
+      i += static_cast<size_t>(good > 0 ? good : 1);
+    }
+  }
+  return out;
+}
+
+TEST(AsJavaScriptStringTest, ReplacesEachMaximalIllFormedSubsequence) {
+  EXPECT_EQ(AsJavaScriptString("a\xd1 b"), "a\xef\xbf\xbd b");
+  EXPECT_EQ(AsJavaScriptString("\xe2\x82x\xff\xc3\xa9"), "\xef\xbf\xbdx\xef\xbf\xbd\xc3\xa9");
+  EXPECT_EQ(AsJavaScriptString("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+}
+
+// The vocabulary's folder under vocab/: qwen3 or mistral.
+class CliTextTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(VocabJson())) {
-      GTEST_SKIP() << VocabJson()
-                   << " is missing: tools/fetch-vocab.sh fetches it (make deps does)";
+    const std::string vocab = GetParam();
+    const std::string json = VocabJson(vocab);
+    if (!std::filesystem::exists(json)) {
+      GTEST_SKIP() << json << " is missing: tools/fetch-vocab.sh fetches it (make deps does)";
     }
-    std::ifstream in(MOEGRAPH_SOURCE_DIR "/tests/data/tokenizer/qwen3-llama-greedy.json");
+    std::ifstream in(
+        absl::StrCat(MOEGRAPH_SOURCE_DIR, "/tests/data/tokenizer/", vocab, "-llama-greedy.json"));
     expected_ = nlohmann::json::parse(in, nullptr, false);
     ASSERT_TRUE(expected_.is_object());
-    fixture_ = testing_util::TempPath("qwen3-vocab-f32.gguf");
-    const ProcessResult made = RunProcessWithArgs(
-        {MOEGRAPH_BIN, "make-fixture", "--tokenizer-json", VocabJson(), "-o", fixture_},
-        expected_["make_fixture_flags"].get<std::string>());
+    fixture_ = testing_util::TempPath(vocab + "-vocab-f32.gguf");
+    const ProcessResult made =
+        RunProcessWithArgs({MOEGRAPH_BIN, "make-fixture", "--tokenizer-json", json, "-o", fixture_},
+                           expected_["make_fixture_flags"].get<std::string>());
     ASSERT_EQ(made.exit_code, 0) << made.err;
   }
   void TearDown() override { std::remove(fixture_.c_str()); }
@@ -53,7 +95,7 @@ class CliTextTest : public ::testing::Test {
   std::string fixture_;
 };
 
-TEST_F(CliTextTest, RunPrintsLlamaCppsGreedyTokensAndText) {
+TEST_P(CliTextTest, RunPrintsLlamaCppsGreedyTokensAndText) {
   const std::string prompt = expected_["prompt"].get<std::string>();
   const std::vector<int32_t> prompt_ids = expected_["prompt_ids"].get<std::vector<int32_t>>();
   const std::vector<int32_t> generated = expected_["generated"].get<std::vector<int32_t>>();
@@ -73,12 +115,12 @@ TEST_F(CliTextTest, RunPrintsLlamaCppsGreedyTokensAndText) {
   const ProcessResult text = RunProcess({MOEGRAPH_BIN, "run", "-m", fixture_, "--backend", "cpu",
                                          "-p", prompt, "-n", n, "--ignore-eos"});
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  EXPECT_EQ(text.out, expected_["text"].get<std::string>() + "\n");
+  EXPECT_EQ(AsJavaScriptString(text.out), expected_["text"].get<std::string>() + "\n");
   EXPECT_TRUE(testing_util::Contains(text.err, "backend cpu: "));
   EXPECT_TRUE(testing_util::Contains(text.err, "24 generated"));
 }
 
-TEST_F(CliTextTest, APromptGivenTwiceOrNotAtAllIsAnError) {
+TEST_P(CliTextTest, APromptGivenTwiceOrNotAtAllIsAnError) {
   ProcessResult r = RunProcess({MOEGRAPH_BIN, "run", "-m", fixture_, "-p", "hi", "--tokens", "1"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(testing_util::Contains(r.err, "give the prompt once"));
@@ -86,6 +128,11 @@ TEST_F(CliTextTest, APromptGivenTwiceOrNotAtAllIsAnError) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(testing_util::Contains(r.err, "a prompt is required: -p TEXT, -f FILE or --tokens"));
 }
+
+INSTANTIATE_TEST_SUITE_P(Vocabularies, CliTextTest, ::testing::Values("qwen3", "mistral"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 }  // namespace
 }  // namespace moegraph

@@ -58,6 +58,20 @@ TEST_F(CliTokenizeTest, OneTokenALineOrTheIdsAsAList) {
   EXPECT_GT(plain.out.size(), list.out.size());
 }
 
+// SentencePiece: BOS, a space in front, pairs merged by score ("el" outscores
+// "ll" in the fixture's vocabulary).
+TEST_F(CliTokenizeTest, SentencePieceVocabulariesTokenizeToo) {
+  FixtureSpec spm;
+  spm.arch = Arch::kMixtral;
+  spm.n_vocab = 600;
+  const std::string path = TempPath("cli_tokenize_spm600.gguf");
+  ASSERT_TRUE(WriteFixture(spm, path).ok());
+  const ProcessResult r = Tokenize({"-m", path, "-p", "hello"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "     1 -> '<s>'\n   448 -> ' h'\n   379 -> 'el'\n   571 -> 'lo'\n");
+  std::remove(path.c_str());
+}
+
 TEST_F(CliTokenizeTest, ErrorsNameTheFlagOrFile) {
   const std::string missing = TempPath("no-such-text.txt");
   ProcessResult r = Tokenize({"-m", fixture_path(), "-p", "a", "-f", missing});
@@ -77,14 +91,16 @@ TEST_F(CliTokenizeTest, ErrorsNameTheFlagOrFile) {
   EXPECT_TRUE(testing_util::Contains(r.err, "not valid UTF-8 at byte 3"));
   std::remove(bad.c_str());
 
-  // SentencePiece is refused by name.
+  // A SentencePiece vocabulary without a token for a character and without byte
+  // tokens to spell it (a 64-token fixture has those of 0x00..0x3C only).
   FixtureSpec spm;
   spm.arch = Arch::kMixtral;
+  spm.n_vocab = 64;
   const std::string spm_path = TempPath("cli_tokenize_spm.gguf");
   ASSERT_TRUE(WriteFixture(spm, spm_path).ok());
-  r = Tokenize({"-m", spm_path, "-p", "a"});
+  r = Tokenize({"-m", spm_path, "-p", "\xc3\xbf"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(testing_util::Contains(r.err, "tokenizer.ggml.model 'llama'"));
+  EXPECT_TRUE(testing_util::Contains(r.err, "-p/-f: the vocabulary has no token for"));
   std::remove(spm_path.c_str());
 }
 

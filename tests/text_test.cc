@@ -1,7 +1,8 @@
-// The tokenizer (text/): byte-level BPE on a small vocabulary written here
-// (merge order, special tokens, BOS/EOS, bytes that are not UTF-8), the GGUF
-// vocabulary's checks naming key and index, and on Qwen3's real 151,669-token
-// vocabulary (tools/fetch-vocab.sh) the ids llama.cpp itself gives for a corpus
+// The tokenizer (text/): byte-level BPE and SentencePiece on small vocabularies
+// written here (merge order, scores, special tokens, BOS/EOS, byte fallback,
+// bytes that are not UTF-8), the GGUF vocabulary's checks naming key and index,
+// and on real vocabularies (tools/fetch-vocab.sh: Qwen3's 151,669 tokens,
+// Mistral's 32,000) the ids and the text llama.cpp itself gives for a corpus
 // (tests/data/tokenizer/, made by tools/llama-crosscheck/tokenizer-ids.sh), and
 // detokenize(tokenize(s)) == s.
 #include <gtest/gtest.h>
@@ -9,11 +10,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "loader/fixture.h"
 #include "loader/gguf.h"
@@ -69,7 +75,8 @@ FixtureVocab SmallVocab() {
 
 constexpr int32_t kAb = 256, kAbc = 257, kSpaceAb = 258, kControl = 259, kUser = 260;
 
-std::unique_ptr<Tokenizer> SmallTokenizer(FixtureVocab v = SmallVocab()) {
+// The tokenizer of a fixture carrying v.
+std::unique_ptr<Tokenizer> TokenizerFor(FixtureVocab v = SmallVocab()) {
   std::unique_ptr<GgufFile> file = FileWith(v);
   if (file == nullptr) return nullptr;
   absl::StatusOr<Vocab> vocab = Vocab::FromGguf(*file);
@@ -90,7 +97,7 @@ std::vector<int32_t> Ids(const Tokenizer& t, const std::string& text, bool add_s
 int32_t Byte(char c) { return static_cast<uint8_t>(c); }
 
 TEST(TokenizerTest, MergesApplyInRankOrderWithinEachPreTokenizedWord) {
-  std::unique_ptr<Tokenizer> t = SmallTokenizer();
+  std::unique_ptr<Tokenizer> t = TokenizerFor();
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(Ids(*t, "abc"), (std::vector<int32_t>{kAbc}));
   // " ab" is one word (gpt-2's " ?\p{L}+"); Ġ+ab ranks after a+b.
@@ -104,7 +111,7 @@ TEST(TokenizerTest, MergesApplyInRankOrderWithinEachPreTokenizedWord) {
 }
 
 TEST(TokenizerTest, ControlTokensNeedParseSpecialUserDefinedOnesDoNot) {
-  std::unique_ptr<Tokenizer> t = SmallTokenizer();
+  std::unique_ptr<Tokenizer> t = TokenizerFor();
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(Ids(*t, "ab<|ctl|>ab", false, true), (std::vector<int32_t>{kAb, kControl, kAb}));
   const std::vector<int32_t> plain = Ids(*t, "ab<|ctl|>ab", false, false);
@@ -121,18 +128,18 @@ TEST(TokenizerTest, ControlTokensNeedParseSpecialUserDefinedOnesDoNot) {
 TEST(TokenizerTest, BosAndEosAreAddedAsTheVocabularySays) {
   FixtureVocab v = SmallVocab();
   v.add_special = {{"bos", true}, {"eos", true}};
-  std::unique_ptr<Tokenizer> t = SmallTokenizer(v);
+  std::unique_ptr<Tokenizer> t = TokenizerFor(v);
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(Ids(*t, "ab", true), (std::vector<int32_t>{kControl, kAb, kControl}));
   EXPECT_EQ(Ids(*t, "ab", false), (std::vector<int32_t>{kAb}));
   // gpt2 adds neither unless the file says so.
-  std::unique_ptr<Tokenizer> plain = SmallTokenizer();
+  std::unique_ptr<Tokenizer> plain = TokenizerFor();
   ASSERT_NE(plain, nullptr);
   EXPECT_EQ(Ids(*plain, "ab", true), (std::vector<int32_t>{kAb}));
 }
 
 TEST(TokenizerTest, TextThatIsNotUtf8IsAnErrorNamingTheByte) {
-  std::unique_ptr<Tokenizer> t = SmallTokenizer();
+  std::unique_ptr<Tokenizer> t = TokenizerFor();
   ASSERT_NE(t, nullptr);
   for (const std::string& bad : {std::string("ab\xff"), std::string("\xc3"),
                                  std::string("a\xed\xa0\x80"), std::string("\xc0\xaf")}) {
@@ -140,6 +147,110 @@ TEST(TokenizerTest, TextThatIsNotUtf8IsAnErrorNamingTheByte) {
     EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_TRUE(MessageHas(ids.status(), "not valid UTF-8 at byte")) << ids.status();
   }
+}
+
+// SentencePiece: <unk>, <s>, </s>, the byte tokens, then U+2581, "a", "b",
+// "c", "ab", "bc", U+2581 "a" with scores (ab, bc); nothing spells "abc".
+constexpr int32_t kSpmSpace = 259, kSpmA = 260, kSpmC = 262, kSpmAb = 263, kSpmBc = 264,
+                  kSpmSpaceA = 265;
+int32_t SpmByte(uint8_t b) { return 3 + b; }
+
+FixtureVocab SpmVocab(float score_ab, float score_bc) {
+  FixtureVocab v;
+  v.model = "llama";
+  auto add = [&](std::string text, TokenType type, float score) {
+    v.tokens.push_back(std::move(text));
+    v.types.push_back(static_cast<int32_t>(type));
+    v.scores.push_back(score);
+  };
+  add("<unk>", TokenType::kUnknown, 0);
+  add("<s>", TokenType::kControl, 0);
+  add("</s>", TokenType::kControl, 0);
+  for (int b = 0; b < 256; ++b) add(absl::StrFormat("<0x%02X>", b), TokenType::kByte, 0);
+  add("\xe2\x96\x81", TokenType::kNormal, -10);
+  for (const char* letter : {"a", "b", "c"}) add(letter, TokenType::kNormal, -10);
+  add("ab", TokenType::kNormal, score_ab);
+  add("bc", TokenType::kNormal, score_bc);
+  add("\xe2\x96\x81"
+      "a",
+      TokenType::kNormal, -1);
+  return v;
+}
+
+TEST(SentencePieceTest, TheHighestScoringPairMergesFirstTiesGoLeft) {
+  for (const auto& [ab, bc, want] :
+       {std::tuple{-2.0f, -3.0f, std::vector<int32_t>{kSpmAb, kSpmC}},
+        std::tuple{-3.0f, -2.0f, std::vector<int32_t>{kSpmA, kSpmBc}},
+        std::tuple{-2.0f, -2.0f, std::vector<int32_t>{kSpmAb, kSpmC}}}) {
+    FixtureVocab v = SpmVocab(ab, bc);
+    v.add_space_prefix = false;
+    std::unique_ptr<Tokenizer> t = TokenizerFor(v);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(Ids(*t, "abc"), want) << "ab " << ab << ", bc " << bc;
+  }
+}
+
+TEST(SentencePieceTest, ASpaceGoesInFrontOfTheTextAndAfterEachSpecialToken) {
+  std::unique_ptr<Tokenizer> t = TokenizerFor(SpmVocab(-2, -3));
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->vocab().add_space_prefix);  // llama.cpp's default for llama
+  EXPECT_EQ(Ids(*t, "a"), (std::vector<int32_t>{kSpmSpaceA}));
+  EXPECT_EQ(Ids(*t, "a", true), (std::vector<int32_t>{1, kSpmSpaceA}));  // BOS by default
+  EXPECT_EQ(Ids(*t, "a</s>a"), (std::vector<int32_t>{kSpmSpaceA, 2, kSpmSpaceA}));
+  // Spaces in the text are U+2581 too.
+  EXPECT_EQ(Ids(*t, "a a"), (std::vector<int32_t>{kSpmSpaceA, kSpmSpaceA}));
+  EXPECT_EQ(Ids(*t, " "), (std::vector<int32_t>{kSpmSpace, kSpmSpace}));
+  EXPECT_EQ(Ids(*t, ""), std::vector<int32_t>{});
+  // Detokenizing drops the first piece's leading space only.
+  EXPECT_EQ(t->Piece(kSpmSpaceA, false), " a");
+  EXPECT_EQ(t->Detokenize({kSpmSpaceA, kSpmSpaceA}, false), "a a");
+  EXPECT_EQ(t->Detokenize({1, kSpmSpaceA}, true), "<s> a");
+}
+
+TEST(SentencePieceTest, CharactersWithoutATokenFallBackToByteTokens) {
+  std::unique_ptr<Tokenizer> t = TokenizerFor(SpmVocab(-2, -3));
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(Ids(*t, "a\xc3\xa9"), (std::vector<int32_t>{kSpmSpaceA, SpmByte(0xc3), SpmByte(0xa9)}));
+  EXPECT_EQ(t->Piece(SpmByte('A'), false), "A");
+  EXPECT_EQ(t->Detokenize(Ids(*t, "a\xc3\xa9\n"), false), "a\xc3\xa9\n");
+
+  // Without byte tokens such a character cannot be spelled: an error, where
+  // llama.cpp aborts.
+  FixtureVocab v = SpmVocab(-2, -3);
+  for (int b = 0; b < 256; ++b)
+    v.tokens[static_cast<size_t>(SpmByte(b))] = absl::StrCat("[b", b, "]");
+  for (int b = 0; b < 256; ++b) v.types[static_cast<size_t>(SpmByte(b))] = 1;
+  std::unique_ptr<Tokenizer> no_bytes = TokenizerFor(v);
+  ASSERT_NE(no_bytes, nullptr);
+  absl::StatusOr<std::vector<int32_t>> ids = no_bytes->Tokenize("a\xc3\xa9", false, true);
+  ASSERT_FALSE(ids.ok());
+  EXPECT_TRUE(MessageHas(ids.status(), "no token for '\xc3\xa9' and no byte token <0xC3>"))
+      << ids.status();
+}
+
+TEST(SentencePieceTest, AByteTokenNotSpelledLikeOneIsAnError) {
+  FixtureVocab v = SpmVocab(-2, -3);
+  v.tokens[5] = "<0xZZ>";
+  std::unique_ptr<GgufFile> file = FileWith(v);
+  ASSERT_NE(file, nullptr);
+  absl::StatusOr<Vocab> vocab = Vocab::FromGguf(*file);
+  ASSERT_FALSE(vocab.ok());
+  EXPECT_TRUE(MessageHas(vocab.status(), "tokenizer.ggml.token_type")) << vocab.status();
+  EXPECT_TRUE(MessageHas(vocab.status(), "token 5 ('<0xZZ>') is a byte token not spelled <0xXX>"))
+      << vocab.status();
+}
+
+TEST(TokenizerTest, DetokenizingCleansSpacesAsLlamaCppForGpt2) {
+  // gpt-2's pre-tokenizer keeps llama.cpp's clean-up on; qwen2's turns it off.
+  std::unique_ptr<Tokenizer> t = TokenizerFor();
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->vocab().clean_spaces);
+  EXPECT_EQ(t->Detokenize(Ids(*t, "ab , ab . ab ' ab 's ab 't"), false), "ab, ab. ab'ab's ab 't");
+  FixtureVocab qwen = SmallVocab();
+  qwen.pre = "qwen2";
+  std::unique_ptr<Tokenizer> q = TokenizerFor(qwen);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->Detokenize(Ids(*q, "ab , ab ."), false), "ab , ab .");
 }
 
 // Each broken vocabulary is an error naming the key and the index.
@@ -229,7 +340,7 @@ TEST(TextStreamTest, NeverSplitsAUtf8CharacterAcrossPieces) {
   EXPECT_EQ(cut.Flush(), "\xe6\x97");
 }
 
-// ---- Qwen3's real vocabulary against llama.cpp ----
+// ---- Real vocabularies against llama.cpp ----
 
 // The fetched vocabularies: $MOEGRAPH_VOCAB, else the checkout's vocab/.
 std::string VocabPath(const std::string& relative) {
@@ -246,69 +357,50 @@ nlohmann::json ReadJson(const std::string& path) {
   return nlohmann::json::parse(in, nullptr, false);
 }
 
-class Qwen3TokenizerTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    const std::string json = VocabPath("qwen3/tokenizer.json");
-    if (!std::filesystem::exists(json)) return;
-    absl::StatusOr<FixtureVocab> hf = ReadHfTokenizer(json);
-    ASSERT_TRUE(hf.ok()) << hf.status();
-    file_ = FileWith(*hf).release();
-    ASSERT_NE(file_, nullptr);
-    absl::StatusOr<Vocab> vocab = Vocab::FromGguf(*file_);
-    ASSERT_TRUE(vocab.ok()) << vocab.status();
-    absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Create(std::move(*vocab));
-    ASSERT_TRUE(t.ok()) << t.status();
-    tokenizer_ = t->release();
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    delete file_;
-  }
-  void SetUp() override {
-    if (tokenizer_ == nullptr) {
-      GTEST_SKIP() << VocabPath("qwen3/tokenizer.json")
-                   << " is missing: tools/fetch-vocab.sh fetches it (make deps does)";
-    }
-  }
-
-  static std::vector<std::string> Corpus() {
-    const nlohmann::json corpus = ReadJson(SourcePath("tests/data/tokenizer/corpus.json"));
-    return corpus.get<std::vector<std::string>>();
-  }
-
-  static inline GgufFile* file_ = nullptr;
-  static inline Tokenizer* tokenizer_ = nullptr;
-};
-
-TEST_F(Qwen3TokenizerTest, TheVocabularyIsConvertedAsLlamaCppsConverterDoes) {
-  const Vocab& v = tokenizer_->vocab();
-  EXPECT_EQ(v.size(), 151669);
-  EXPECT_EQ(v.pre, "qwen2");
-  EXPECT_EQ(v.tokens[151644], "<|im_start|>");
-  EXPECT_EQ(v.types[151644], TokenType::kControl);
-  EXPECT_EQ(v.types[151664], TokenType::kControl);      // <|file_sep|>: looks special
-  EXPECT_EQ(v.types[151667], TokenType::kUserDefined);  // <think>
-  EXPECT_EQ(v.eos, 151645);                             // <|im_end|>
-  EXPECT_EQ(v.pad, 151643);                             // <|endoftext|>
-  EXPECT_FALSE(v.add_bos);
-  // End of generation: <|im_end|> and <|endoftext|>, as llama.cpp finds them.
-  EXPECT_TRUE(v.IsEog(151645));
-  EXPECT_TRUE(v.IsEog(151643));
-  EXPECT_FALSE(v.IsEog(151644));  // <|im_start|>
-  // "</s>" is an ordinary token of Qwen3's vocabulary, but llama.cpp matches
-  // end-of-generation tokens by text, stops at it and makes it a control token.
-  EXPECT_TRUE(v.IsEog(128247));
-  EXPECT_EQ(v.types[128247], TokenType::kControl);
-  EXPECT_EQ(v.eog.size(), 3u);
+// A real vocabulary (vocab/NAME/tokenizer.json) converted and loaded once;
+// null where it was not fetched.
+const Tokenizer* RealTokenizer(const std::string& name) {
+  static auto* loaded = new std::map<std::string, std::unique_ptr<Tokenizer>>();
+  if (auto it = loaded->find(name); it != loaded->end()) return it->second.get();
+  std::unique_ptr<Tokenizer>& slot = (*loaded)[name];
+  const std::string json = VocabPath(name + "/tokenizer.json");
+  if (!std::filesystem::exists(json)) return nullptr;
+  absl::StatusOr<FixtureVocab> hf = ReadHfTokenizer(json);
+  EXPECT_TRUE(hf.ok()) << hf.status();
+  if (!hf.ok()) return nullptr;
+  slot = TokenizerFor(*std::move(hf));
+  return slot.get();
 }
 
-TEST_F(Qwen3TokenizerTest, IdsEqualLlamaCppsOnTheCorpus) {
+std::vector<std::string> Corpus() {
+  return ReadJson(SourcePath("tests/data/tokenizer/corpus.json")).get<std::vector<std::string>>();
+}
+
+// The vocabulary's folder under vocab/: qwen3 (byte-level BPE) or mistral
+// (SentencePiece).
+class RealVocabTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    tokenizer_ = RealTokenizer(GetParam());
+    if (tokenizer_ == nullptr) {
+      ASSERT_FALSE(HasFailure());
+      GTEST_SKIP() << VocabPath(std::string(GetParam()) + "/tokenizer.json")
+                   << " is missing: tools/fetch-vocab.sh fetches it (make deps does)";
+    }
+    const std::string path =
+        SourcePath(absl::StrCat("tests/data/tokenizer/", GetParam(), "-llama-ids.json"));
+    expected_ = ReadJson(path);
+    ASSERT_TRUE(expected_.is_object()) << path;
+  }
+
+  const Tokenizer* tokenizer_ = nullptr;
+  nlohmann::json expected_;
+};
+
+TEST_P(RealVocabTest, IdsEqualLlamaCppsOnTheCorpus) {
   const std::vector<std::string> corpus = Corpus();
-  const nlohmann::json expected = ReadJson(SourcePath("tests/data/tokenizer/qwen3-llama-ids.json"));
-  ASSERT_TRUE(expected.is_object()) << "tests/data/tokenizer/qwen3-llama-ids.json";
   int compared = 0;
-  for (const nlohmann::json& c : expected["cases"]) {
+  for (const nlohmann::json& c : expected_["cases"]) {
     const size_t index = c["index"].get<size_t>();
     const bool special = c["special"].get<bool>();
     ASSERT_LT(index, corpus.size());
@@ -321,17 +413,90 @@ TEST_F(Qwen3TokenizerTest, IdsEqualLlamaCppsOnTheCorpus) {
 
   std::string document;
   const std::string joined = absl::StrJoin(corpus, "\n") + "\n";
-  for (int i = 0; i < expected["document_copies"].get<int>(); ++i) document += joined;
+  for (int i = 0; i < expected_["document_copies"].get<int>(); ++i) document += joined;
   ASSERT_GT(document.size(), 100u * 1024);
   EXPECT_EQ(Ids(*tokenizer_, document, false, false),
-            expected["document"].get<std::vector<int32_t>>());
+            expected_["document"].get<std::vector<int32_t>>());
 }
 
-TEST_F(Qwen3TokenizerTest, DetokenizingGivesTheTextBack) {
-  for (const std::string& text : Corpus()) {
-    EXPECT_EQ(tokenizer_->Detokenize(Ids(*tokenizer_, text, false, true), true), text);
-    EXPECT_EQ(tokenizer_->Detokenize(Ids(*tokenizer_, text, false, false), true), text);
+TEST_P(RealVocabTest, DetokenizingEqualsLlamaCpps) {
+  for (const nlohmann::json& c : expected_["cases"]) {
+    EXPECT_EQ(tokenizer_->Detokenize(c["ids"].get<std::vector<int32_t>>(), true),
+              c["text"].get<std::string>())
+        << "corpus[" << c["index"] << "] (parse_special " << c["special"] << ")";
   }
+}
+
+// detokenize(tokenize(s)) == s. With special parsing on, SentencePiece puts a
+// space after each special token that detokenizing keeps (so does llama.cpp).
+TEST_P(RealVocabTest, DetokenizingGivesTheTextBack) {
+  const bool spm = tokenizer_->vocab().model == TokenizerModel::kLlama;
+  for (const std::string& text : Corpus()) {
+    EXPECT_EQ(tokenizer_->Detokenize(Ids(*tokenizer_, text, false, false), true), text);
+    if (!spm) {
+      EXPECT_EQ(tokenizer_->Detokenize(Ids(*tokenizer_, text, false, true), true), text);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocabularies, RealVocabTest, ::testing::Values("qwen3", "mistral"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
+TEST(Qwen3VocabTest, TheVocabularyIsConvertedAsLlamaCppsConverterDoes) {
+  const Tokenizer* t = RealTokenizer("qwen3");
+  if (t == nullptr) GTEST_SKIP() << "vocab/qwen3 is missing: tools/fetch-vocab.sh fetches it";
+  const Vocab& v = t->vocab();
+  EXPECT_EQ(v.size(), 151669);
+  EXPECT_EQ(v.pre, "qwen2");
+  EXPECT_EQ(v.tokens[151644], "<|im_start|>");
+  EXPECT_EQ(v.types[151644], TokenType::kControl);
+  EXPECT_EQ(v.types[151664], TokenType::kControl);      // <|file_sep|>: looks special
+  EXPECT_EQ(v.types[151667], TokenType::kUserDefined);  // <think>
+  EXPECT_EQ(v.eos, 151645);                             // <|im_end|>
+  EXPECT_EQ(v.pad, 151643);                             // <|endoftext|>
+  EXPECT_FALSE(v.add_bos);
+  EXPECT_FALSE(v.add_space_prefix);
+  EXPECT_FALSE(v.clean_spaces);
+  // End of generation: <|im_end|> and <|endoftext|>, as llama.cpp finds them.
+  EXPECT_TRUE(v.IsEog(151645));
+  EXPECT_TRUE(v.IsEog(151643));
+  EXPECT_FALSE(v.IsEog(151644));  // <|im_start|>
+  // "</s>" is an ordinary token of Qwen3's vocabulary, but llama.cpp matches
+  // end-of-generation tokens by text, stops at it and makes it a control token.
+  EXPECT_TRUE(v.IsEog(128247));
+  EXPECT_EQ(v.types[128247], TokenType::kControl);
+  EXPECT_EQ(v.eog.size(), 3u);
+}
+
+TEST(MistralVocabTest, TheVocabularyIsConvertedAsLlamaCppsConverterDoes) {
+  const Tokenizer* t = RealTokenizer("mistral");
+  if (t == nullptr) GTEST_SKIP() << "vocab/mistral is missing: tools/fetch-vocab.sh fetches it";
+  const Vocab& v = t->vocab();
+  EXPECT_EQ(v.model, TokenizerModel::kLlama);
+  EXPECT_EQ(v.size(), 32000);
+  EXPECT_EQ(v.types[0], TokenType::kUnknown);  // <unk>
+  EXPECT_EQ(v.types[1], TokenType::kControl);  // <s>
+  EXPECT_EQ(v.types[2], TokenType::kControl);  // </s>
+  EXPECT_EQ(v.tokens[3 + 0x0A], "<0x0A>");
+  EXPECT_EQ(v.types[3 + 0x0A], TokenType::kByte);
+  EXPECT_EQ(v.byte_token['\n'], 3 + 0x0A);
+  EXPECT_EQ(v.unk, 0);
+  EXPECT_EQ(v.bos, 1);
+  EXPECT_EQ(v.eos, 2);
+  EXPECT_TRUE(v.add_bos);
+  EXPECT_FALSE(v.add_eos);
+  EXPECT_TRUE(v.add_space_prefix);
+  EXPECT_EQ(v.eog, absl::flat_hash_set<int32_t>({2}));
+  // The runs of spaces are the last merges of the tokenizer, so they score lowest.
+  const int32_t the = v.Find("\xe2\x96\x81the"), spaces = v.Find("\xe2\x96\x81\xe2\x96\x81");
+  ASSERT_NE(the, kNoToken);
+  ASSERT_NE(spaces, kNoToken);
+  EXPECT_GT(v.scores[static_cast<size_t>(the)], v.scores[static_cast<size_t>(spaces)]);
+  EXPECT_EQ(Ids(*t, "Hello world", true, true), (std::vector<int32_t>{1, 22557, 1526}));
+  EXPECT_EQ(t->Piece(22557, false), " Hello");
+  EXPECT_EQ(t->Detokenize({22557, 1526}, false), "Hello world");
 }
 
 }  // namespace

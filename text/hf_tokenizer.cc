@@ -1,5 +1,6 @@
 #include "text/hf_tokenizer.h"
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -8,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -68,6 +70,34 @@ std::optional<std::string> SpecialText(const Json& config, const std::string& ke
   return std::nullopt;
 }
 
+// "<0xXX>": SentencePiece's byte tokens.
+bool IsByteToken(const std::string& text) {
+  return text.size() == 6 && text.starts_with("<0x") && text.back() == '>' &&
+         std::isxdigit(static_cast<unsigned char>(text[3])) &&
+         std::isxdigit(static_cast<unsigned char>(text[4]));
+}
+
+// Whether a SentencePiece-style tokenizer puts U+2581 before the text: a
+// Prepend normalizer, or a Metaspace pre-tokenizer that prepends.
+bool AddsSpacePrefix(const Json& tokenizer) {
+  auto steps = [](const Json& part, const char* list) {
+    if (!part.is_object()) return Json::array();
+    if (part.contains(list) && part[list].is_array()) return part[list];
+    return Json::array({part});
+  };
+  for (const Json& step : steps(tokenizer.value("normalizer", Json()), "normalizers")) {
+    if (step.value("type", "") == "Prepend" && step.value("prepend", "") == "\xe2\x96\x81") {
+      return true;
+    }
+  }
+  for (const Json& step : steps(tokenizer.value("pre_tokenizer", Json()), "pretokenizers")) {
+    if (step.value("type", "") != "Metaspace") continue;
+    if (step.contains("prepend_scheme")) return step.value("prepend_scheme", "") != "never";
+    return step.value("add_prefix_space", true);
+  }
+  return false;
+}
+
 bool LooksSpecial(const std::string& text) {
   auto wrapped = [&](std::string_view open, std::string_view close) {
     return text.size() >= open.size() + close.size() && text.starts_with(open) &&
@@ -102,8 +132,16 @@ absl::StatusOr<FixtureVocab> ReadHfTokenizer(const std::string& tokenizer_json,
                      "byte-level BPE tokenizers)"));
   }
   FixtureVocab v;
-  v.model = "gpt2";
-  MG_ASSIGN_OR_RETURN(v.pre, PreName(tokenizer.value("pre_tokenizer", Json()), tokenizer_json));
+  // Byte fallback marks a SentencePiece vocabulary converted to a BPE model
+  // (Llama 2, Mistral): llama.cpp's converter takes it as `llama`.
+  const bool spm = model.value("byte_fallback", false);
+  if (spm) {
+    v.model = "llama";
+    v.add_space_prefix = AddsSpacePrefix(tokenizer);
+  } else {
+    v.model = "gpt2";
+    MG_ASSIGN_OR_RETURN(v.pre, PreName(tokenizer.value("pre_tokenizer", Json()), tokenizer_json));
+  }
 
   // id -> text, and which ids are added tokens (with their special flag).
   std::map<int64_t, std::string> by_id;
@@ -117,7 +155,8 @@ absl::StatusOr<FixtureVocab> ReadHfTokenizer(const std::string& tokenizer_json,
   }
   if (tokenizer.contains("added_tokens")) {
     for (const Json& added : tokenizer["added_tokens"]) {
-      if (!added.contains("id") || !added["id"].is_number_integer() || !added.contains("content")) {
+      if (!added.contains("id") || !added["id"].is_number_integer() || !added.contains("content") ||
+          !added["content"].is_string()) {
         return absl::InvalidArgumentError(
             absl::StrCat(tokenizer_json, ": added_tokens: an entry without id or content"));
       }
@@ -134,40 +173,76 @@ absl::StatusOr<FixtureVocab> ReadHfTokenizer(const std::string& tokenizer_json,
         absl::StrFormat("%s: vocab size %d is smaller than the tokenizer's %d tokens",
                         tokenizer_json, n, highest + 1));
   }
+
+  std::vector<std::pair<std::string, std::string>> merges;
+  for (const Json& merge : model["merges"]) {
+    if (merge.is_string()) {
+      const std::string text = merge.get<std::string>();
+      const size_t space = text.size() > 1 ? text.find(' ', 1) : std::string::npos;
+      if (space == std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: model.merges: '%s' is not two tokens split by a space", tokenizer_json, text));
+      }
+      merges.emplace_back(text.substr(0, space), text.substr(space + 1));
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+               merge[1].is_string()) {
+      merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(tokenizer_json, ": model.merges: an entry that is not a merge"));
+    }
+  }
+
+  const std::optional<std::string> unk_text = SpecialText(config, "unk_token");
+  // SentencePiece scores: transformers wrote the merges in the order of the
+  // merged piece's score, so a piece scores minus the rank of the first merge
+  // that makes it; a piece no merge makes (a single character) scores below
+  // every merge; control, unknown and byte tokens score 0, as in the .model file.
+  absl::flat_hash_map<std::string, int64_t> first_rank;
+  if (spm) {
+    for (size_t rank = 0; rank < merges.size(); ++rank) {
+      first_rank.try_emplace(merges[rank].first + merges[rank].second, rank);
+    }
+  }
+  const auto n_merges = static_cast<int64_t>(merges.size());
   for (int64_t id = 0; id < n; ++id) {
     auto it = by_id.find(id);
     if (it == by_id.end()) {
       v.tokens.push_back(absl::StrCat("[PAD", id, "]"));
       v.types.push_back(static_cast<int32_t>(TokenType::kUnused));
+      if (spm) v.scores.push_back(0.0f);
       continue;
     }
     std::string text = it->second;
     TokenType type = TokenType::kNormal;
     if (auto added = added_special.find(id); added != added_special.end()) {
-      if (added->second || LooksSpecial(text)) {
+      if (spm && text == unk_text) {
+        type = TokenType::kUnknown;
+      } else if (added->second || LooksSpecial(text)) {
         type = TokenType::kControl;
       } else {
         type = TokenType::kUserDefined;
         text = absl::StrReplaceAll(text, {{"\xe2\x96\x81", " "}});
       }
+    } else if (spm && IsByteToken(text)) {
+      type = TokenType::kByte;
+    }
+    if (spm) {
+      float score = 0.0f;
+      if (type == TokenType::kNormal) {
+        auto rank = first_rank.find(text);
+        score = static_cast<float>(rank != first_rank.end() ? -rank->second : -(n_merges + id));
+      }
+      v.scores.push_back(score);
     }
     v.tokens.push_back(std::move(text));
     v.types.push_back(static_cast<int32_t>(type));
   }
-
-  for (const Json& merge : model["merges"]) {
-    if (merge.is_string()) {
-      v.merges.push_back(merge.get<std::string>());
-    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
-               merge[1].is_string()) {
-      // transformers >= 4.45 pairs; a space inside a part becomes U+0120.
-      auto part = [](const Json& p) {
-        return absl::StrReplaceAll(p.get<std::string>(), {{" ", "\xc4\xa0"}});
-      };
-      v.merges.push_back(absl::StrCat(part(merge[0]), " ", part(merge[1])));
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(tokenizer_json, ": model.merges: an entry that is not a merge"));
+  if (!spm) {
+    // transformers >= 4.45 writes pairs, where a space inside a part is U+0120.
+    for (const auto& [left, right] : merges) {
+      v.merges.push_back(absl::StrCat(absl::StrReplaceAll(left, {{" ", "\xc4\xa0"}}), " ",
+                                      absl::StrReplaceAll(right, {{" ", "\xc4\xa0"}})));
     }
   }
 

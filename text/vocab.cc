@@ -23,6 +23,18 @@ absl::Status KeyError(const GgufFile& file, std::string_view key, std::string_vi
 }
 
 // A special id: absent keeps `fallback`; present must name a token.
+bool IsHexDigit(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+int HexValue(char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; }
+
+// "<0xXX>", as SentencePiece spells its byte tokens.
+bool IsByteTokenText(std::string_view text) {
+  return text.size() == 6 && text.starts_with("<0x") && IsHexDigit(text[3]) &&
+         IsHexDigit(text[4]) && text[5] == '>';
+}
+
 absl::StatusOr<int32_t> SpecialId(const GgufFile& file, std::string_view key, int32_t fallback,
                                   int32_t n_tokens) {
   if (file.FindKey(key) == nullptr) return fallback;
@@ -48,6 +60,11 @@ std::string Vocab::MergeKey(std::string_view left, std::string_view right) {
   key.append(left).push_back('\0');
   key.append(right);
   return key;
+}
+
+uint8_t Vocab::TokenByte(int32_t id) const {
+  const std::string& text = tokens[static_cast<size_t>(id)];
+  return static_cast<uint8_t>(HexValue(text[3]) * 16 + HexValue(text[4]));
 }
 
 int32_t Vocab::MergeRank(std::string_view left, std::string_view right) const {
@@ -157,15 +174,36 @@ absl::StatusOr<Vocab> Vocab::FromGguf(const GgufFile& file) {
   MG_ASSIGN_OR_RETURN(v.eot, SpecialId(file, "tokenizer.ggml.eot_token_id", kNoToken, n));
   MG_ASSIGN_OR_RETURN(v.unk, SpecialId(file, "tokenizer.ggml.unknown_token_id", default_unk, n));
   MG_ASSIGN_OR_RETURN(v.pad, SpecialId(file, "tokenizer.ggml.padding_token_id", kNoToken, n));
-  auto flag = [&](std::string_view k) { return file.GetBool(k); };
-  MG_ASSIGN_OR_RETURN(v.add_bos,
-                      Optional<bool>(file, "tokenizer.ggml.add_bos_token", spm || llama3, flag));
-  MG_ASSIGN_OR_RETURN(v.add_eos, Optional<bool>(file, "tokenizer.ggml.add_eos_token", false, flag));
+  auto flag_or = [&](std::string_view key, bool absent) {
+    return Optional<bool>(file, key, absent, [&](std::string_view k) { return file.GetBool(k); });
+  };
+  MG_ASSIGN_OR_RETURN(v.add_bos, flag_or("tokenizer.ggml.add_bos_token", spm || llama3));
+  MG_ASSIGN_OR_RETURN(v.add_eos, flag_or("tokenizer.ggml.add_eos_token", false));
   if (v.add_bos && v.bos == kNoToken) {
     return KeyError(file, "tokenizer.ggml.add_bos_token", "BOS is added but there is no BOS token");
   }
   if (v.add_eos && v.eos == kNoToken) {
     return KeyError(file, "tokenizer.ggml.add_eos_token", "EOS is added but there is no EOS token");
+  }
+
+  MG_ASSIGN_OR_RETURN(v.add_space_prefix, flag_or("tokenizer.ggml.add_space_prefix", spm));
+  // Of the pre-tokenizers moegraph runs, llama.cpp turns the clean-up off for qwen2 only.
+  v.clean_spaces = !spm && v.pre != "qwen2";
+  v.byte_token.fill(kNoToken);
+  if (spm) {
+    for (int32_t i = 0; i < n; ++i) {
+      if (v.types[static_cast<size_t>(i)] == TokenType::kByte &&
+          !IsByteTokenText(v.tokens[static_cast<size_t>(i)])) {
+        return KeyError(file, "tokenizer.ggml.token_type",
+                        absl::StrFormat("token %d ('%s') is a byte token not spelled <0xXX>", i,
+                                        v.tokens[static_cast<size_t>(i)]));
+      }
+    }
+    for (int b = 0; b < 256; ++b) {
+      int32_t id = v.Find(absl::StrFormat("<0x%02X>", b));
+      if (id == kNoToken) id = v.Find(std::string(1, static_cast<char>(b)));
+      v.byte_token[static_cast<size_t>(b)] = id;
+    }
   }
 
   // llama.cpp's end-of-generation texts (llama-vocab.cpp, load). Where the file

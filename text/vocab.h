@@ -5,6 +5,7 @@
 // file, the key and the index; nothing here reads a tensor's data.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -50,6 +51,15 @@ struct Vocab {
   int32_t pad = kNoToken;
   bool add_bos = false;
   bool add_eos = false;
+  // llama: a space before text at the start and after each special token
+  // (tokenizer.ggml.add_space_prefix); detokenizing drops it again.
+  bool add_space_prefix = false;
+  // gpt2 but qwen2: detokenizing drops the space before ?!., and in " 's" and
+  // the like, as llama.cpp's clean_up_tokenization_spaces.
+  bool clean_spaces = false;
+  // llama: the token of each byte, for text no merge covers: "<0xXX>", else the
+  // byte itself as a token; kNoToken where the vocabulary has neither.
+  std::array<int32_t, 256> byte_token{};
   // End-of-generation tokens: EOS, EOT, and the tokens llama.cpp recognizes by
   // their text (<|im_end|>, <|endoftext|>, <|eot_id|>, </s>, ...), which it also
   // makes control tokens.
@@ -66,9 +76,13 @@ struct Vocab {
   // The rank of merging left and right, or -1.
   int32_t MergeRank(std::string_view left, std::string_view right) const;
 
+  // llama: the byte a byte token ("<0x0A>") stands for.
+  uint8_t TokenByte(int32_t id) const;
+
   static std::string MergeKey(std::string_view left, std::string_view right);
-  // The vocabulary of file. Also an error: token_embd.weight with more rows than
-  // there are tokens (ids the tokenizer could never produce would be embedded).
+  // The vocabulary of file. Also errors: token_embd.weight with more rows than
+  // there are tokens (ids the tokenizer could never produce would be embedded);
+  // in a llama vocabulary, a byte token not spelled "<0xXX>".
   static absl::StatusOr<Vocab> FromGguf(const GgufFile& file);
 };
 

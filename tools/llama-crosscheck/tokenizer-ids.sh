@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Regenerates the tokenizer tests' expected data from llama.cpp itself
-# (node-llama-cpp's prebuilt CPU build), on fixtures carrying Qwen3's real
-# vocabulary: its tokenization of tests/data/tokenizer/corpus.json
-# (qwen3-llama-ids.json), and its greedy decode of a chat prompt on an f32
-# fixture (qwen3-llama-greedy.json, with the make-fixture flags that write that
-# fixture again). ctest compares against both without node. Needs node and npm.
+# (node-llama-cpp's prebuilt CPU build), on fixtures carrying real
+# vocabularies (Qwen3's and Mistral's, tools/fetch-vocab.sh): its tokenization
+# of tests/data/tokenizer/corpus.json (VOCAB-llama-ids.json), and its greedy
+# decode of a chat prompt on an f32 fixture (VOCAB-llama-greedy.json, with the
+# make-fixture flags that write that fixture again). ctest compares against
+# them without node. Needs node and npm.
 # Usage: tools/llama-crosscheck/tokenizer-ids.sh BUILD_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,22 +19,35 @@ if [[ ! -d "$here/node_modules/node-llama-cpp" ]]; then
 fi
 "$root/tools/fetch-vocab.sh"
 
-"$moegraph" make-fixture --arch qwen3moe --layers 1 --experts 4 --top-k 2 --embd 64 --ff 32 \
-  --quant q8_0 --tokenizer-json "$root/vocab/qwen3/tokenizer.json" -o "$work/qwen3-vocab.gguf"
-node "$here/tokenize.mjs" "$work/qwen3-vocab.gguf" "$root/tests/data/tokenizer/corpus.json" \
-  > "$root/tests/data/tokenizer/qwen3-llama-ids.json"
-echo "wrote tests/data/tokenizer/qwen3-llama-ids.json"
+# ids VOCAB ARCH: llama.cpp's ids for the corpus with vocab/VOCAB on an ARCH fixture.
+ids() {
+  local vocab=$1 arch=$2
+  "$moegraph" make-fixture --arch "$arch" --layers 1 --experts 4 --top-k 2 --embd 64 --ff 32 \
+    --quant q8_0 --tokenizer-json "$root/vocab/$vocab/tokenizer.json" -o "$work/$vocab.gguf"
+  node "$here/tokenize.mjs" "$work/$vocab.gguf" "$root/tests/data/tokenizer/corpus.json" \
+    > "$root/tests/data/tokenizer/$vocab-llama-ids.json"
+  echo "wrote tests/data/tokenizer/$vocab-llama-ids.json"
+}
 
-# f32, so near-ties cannot flip between llama.cpp's arithmetic and moegraph's.
-flags="--arch qwen3moe --layers 2 --experts 4 --top-k 2 --embd 64 --ff 32 --quant f32 --seed 3"
-prompt=$'<|im_start|>user\nWhat is a mixture of experts?<|im_end|>\n<|im_start|>assistant\n'
-# shellcheck disable=SC2086
-"$moegraph" make-fixture $flags --tokenizer-json "$root/vocab/qwen3/tokenizer.json" \
-  -o "$work/qwen3-f32.gguf"
-node "$here/greedy-text.mjs" "$work/qwen3-f32.gguf" "$prompt" 24 |
-  FLAGS="$flags" node -e '
-    const out = JSON.parse(require("fs").readFileSync(0, "utf8"));
-    out.make_fixture_flags = process.env.FLAGS;
-    process.stdout.write(JSON.stringify(out, null, 1) + "\n");' \
-  > "$root/tests/data/tokenizer/qwen3-llama-greedy.json"
-echo "wrote tests/data/tokenizer/qwen3-llama-greedy.json"
+# greedy VOCAB ARCH PROMPT: llama.cpp's greedy decode of PROMPT, 24 tokens, on an
+# f32 fixture (so near-ties cannot flip between llama.cpp's arithmetic and
+# moegraph's) with vocab/VOCAB, and the make-fixture flags that write it again.
+greedy() {
+  local vocab=$1 arch=$2 prompt=$3
+  local flags="--arch $arch --layers 2 --experts 4 --top-k 2 --embd 64 --ff 32 --quant f32 --seed 3"
+  # shellcheck disable=SC2086
+  "$moegraph" make-fixture $flags --tokenizer-json "$root/vocab/$vocab/tokenizer.json" \
+    -o "$work/$vocab-f32.gguf"
+  node "$here/greedy-text.mjs" "$work/$vocab-f32.gguf" "$prompt" 24 |
+    FLAGS="$flags" node -e '
+      const out = JSON.parse(require("fs").readFileSync(0, "utf8"));
+      out.make_fixture_flags = process.env.FLAGS;
+      process.stdout.write(JSON.stringify(out, null, 1) + "\n");' \
+    > "$root/tests/data/tokenizer/$vocab-llama-greedy.json"
+  echo "wrote tests/data/tokenizer/$vocab-llama-greedy.json"
+}
+
+ids qwen3 qwen3moe
+ids mistral mixtral
+greedy qwen3 qwen3moe $'<|im_start|>user\nWhat is a mixture of experts?<|im_end|>\n<|im_start|>assistant\n'
+greedy mistral mixtral '[INST] What is a mixture of experts? [/INST]'
