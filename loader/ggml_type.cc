@@ -58,10 +58,13 @@ constexpr GgmlTypeInfo kTypes[] = {
 };
 constexpr uint32_t kTypeCount = sizeof(kTypes) / sizeof(kTypes[0]);
 
-bool EqualsUpper(std::string_view upper, std::string_view name) {
-  if (upper.size() != name.size()) return false;
-  for (size_t i = 0; i < name.size(); ++i) {
-    if (upper[i] != std::toupper(static_cast<unsigned char>(name[i]))) return false;
+bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
   }
   return true;
 }
@@ -82,7 +85,7 @@ bool ggml_type_from_name(std::string_view name, GgmlType* out) {
   for (uint32_t id = 0; id < kTypeCount; ++id) {
     const GgmlTypeInfo& info = kTypes[id];
     if (info.block_size == 0) continue;
-    if (name == info.name || EqualsUpper(name, info.name)) {
+    if (EqualsIgnoringCase(name, info.name)) {
       *out = static_cast<GgmlType>(id);
       return true;
     }

@@ -58,8 +58,8 @@ const GgmlTypeInfo* ggml_type_info(uint32_t type);
 // Name for messages: ggml's name, or "type N" for an unknown id.
 std::string ggml_type_name(uint32_t type);
 
-// Parses ggml's name ("q4_K", case-sensitive as ggml prints it; "Q4_K" also
-// accepted). Returns false on an unknown name.
+// Parses ggml's name in any case ("q4_K", "Q4_K", "q4_k"), as llama-quantize
+// does. Returns false on an unknown name.
 bool ggml_type_from_name(std::string_view name, GgmlType* out);
 
 // Bytes of one row of n elements; n must be a multiple of the block size.

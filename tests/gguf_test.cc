@@ -88,13 +88,16 @@ TEST(GgmlTypeTest, RemovedIdsAreUnknown) {
   EXPECT_EQ(ggml_type_name(12), "q4_K");
 }
 
-TEST(GgmlTypeTest, NamesParseAsPrintedOrUppercase) {
+TEST(GgmlTypeTest, NamesParseInAnyCase) {
   GgmlType t;
   ASSERT_TRUE(ggml_type_from_name("Q4_K", &t));
   EXPECT_EQ(t, GgmlType::kQ4_K);
   ASSERT_TRUE(ggml_type_from_name("BF16", &t));
   EXPECT_EQ(t, GgmlType::kBF16);
-  EXPECT_FALSE(ggml_type_from_name("q4_k", &t));
+  ASSERT_TRUE(ggml_type_from_name("q4_k", &t));
+  EXPECT_EQ(t, GgmlType::kQ4_K);
+  ASSERT_TRUE(ggml_type_from_name("Q8_0", &t));
+  EXPECT_EQ(t, GgmlType::kQ8_0);
   EXPECT_FALSE(ggml_type_from_name("q4_0_4_4", &t));
   EXPECT_FALSE(ggml_type_from_name("", &t));
 }
