@@ -128,6 +128,13 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
     return absl::InvalidArgumentError(absl::StrFormat(
         "--slots %d must be auto (0) or at least --top-k %d", options.n_slots, cfg.n_expert_used));
   }
+  if (!sampling_params_valid(options.sampling)) {
+    const SamplingParams& p = options.sampling;
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling --temp %g --top-k %d --top-p %g --min-p %g: out of range (temp >= 0, top-k >= "
+        "0, 0 < top-p <= 1, 0 <= min-p <= 1)",
+        p.temperature, p.top_k, p.top_p, p.min_p));
+  }
   if (options.record_routing && options.steps_per_launch != 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "recording the routing reads it back after every step: --steps-per-launch %d must be 1",

@@ -69,6 +69,9 @@ struct CudaEngineOptions {
   // Every step's logits kept on the device ([max_ctx][n_vocab], one more kernel
   // per step), for ReadLogitsRecord: a gate's per-step logits in one readback.
   bool record_logits = false;
+  // How each token is picked (the sampling kernel, kernels/sample_math.h's
+  // decision; the default is greedy).
+  SamplingParams sampling;
   uint64_t rail_bytes = uint64_t{512} << 20;  // GPU memory the budget leaves free
   // Engines that will hold their pools at the same time (moegraph bench's arms
   // with --slots auto): auto takes an even share of the free memory, so each of
@@ -101,8 +104,10 @@ class CudaEngine {
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
 
-  // Greedy decode from position 0: the prompt as T=1 steps, then n_predict
-  // argmax tokens, each fed back but the last, as Oracle::Generate. Residency
+  // Decode from position 0: the prompt as T=1 steps, then n_predict tokens
+  // picked by options.sampling (the draw for position p counted p, so the
+  // tokens equal Oracle::Generate's for equal logits), each fed back but the
+  // last. Residency
   // state and counters carry over from earlier calls; the KV cache restarts.
   // With a sink, each token goes to it after the launch that made it (one more
   // readback per launch when S > 1), and no launch follows the token it stopped

@@ -255,8 +255,10 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
         return launch_record_logits(logits, cfg.n_vocab, step, options.max_ctx,
                                     logits_record.as<float>(), ms);
       };
-    case StepOp::kArgmax:
-      return [=, this] { return launch_argmax(logits, cfg.n_vocab, sampled, ms); };
+    case StepOp::kSample:
+      return [=, this] {
+        return launch_sample(logits, cfg.n_vocab, options.sampling, step, sampled, ms);
+      };
     case StepOp::kRoutingStepEnd:
       return [=, this] {
         return launch_routing_step_end(layer_experts[0].selection, cfg.n_layer * top_k,

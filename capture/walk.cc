@@ -63,7 +63,7 @@ constexpr OpInfo kOps[] = {
     {StepOp::kOutputNorm, "output_norm", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kLmHead, "lm_head", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRecordLogits, "record_logits", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kArgmax, "argmax", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kSample, "sample", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRoutingStepEnd, "routing_step_end", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kEndStep, "end_step", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kTokenCopy, "token_copy", EntryKind::kMemcpyD2H, WalkStream::kMain},
@@ -183,7 +183,7 @@ StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
     w.Add(StepOp::kOutputNorm, step);
     w.Add(StepOp::kLmHead, step);
     if (config.record_logits) w.Add(StepOp::kRecordLogits, step);
-    w.Add(StepOp::kArgmax, step);
+    w.Add(StepOp::kSample, step);
     if (config.routing_step_end) w.Add(StepOp::kRoutingStepEnd, step);
     w.Add(StepOp::kEndStep, step);
   }

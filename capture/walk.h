@@ -91,7 +91,7 @@ enum class StepOp {
   kOutputNorm,
   kLmHead,
   kRecordLogits,  // logits kept per step on the device (CudaEngineOptions::record_logits)
-  kArgmax,
+  kSample,        // the next token: the argmax, or a draw (CudaEngineOptions::sampling)
   kRoutingStepEnd,  // routing replay or record: record the step's selection, advance the cursor
   kEndStep,
   kTokenCopy,

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/moe_math.h"
+#include "kernels/sample_math.h"
 #include "loader/ggml_type.h"
 #include "residency/hazard_policy.h"
 #include "residency/policy.h"
@@ -188,13 +189,13 @@ cudaError_t launch_combine(const float* expert_out, const float* weights, int32_
 cudaError_t launch_argmax(const float* logits, int32_t n, int32_t* token_out,
                           cudaStream_t stream);
 
-// Sampling with temperature and top-p; the random draw is Philox-4x32-10 keyed by
-// seed with counter *step, so a replay with the same seed draws the same tokens.
-// The decision is sample_token of kernels/sample_math.h; temperature 0 is the
-// argmax. Requires temperature >= 0 and 0 < top_p <= 1.
-cudaError_t launch_sample(const float* logits, int32_t n, float temperature, float top_p,
-                          uint64_t seed, const int32_t* step, int32_t* token_out,
-                          cudaStream_t stream);
+// Sampling: top-k, top-p, min-p, temperature and a Philox-4x32-10 draw keyed by
+// params.seed with counter *step (the position whose logits these are), so a
+// replay with the same seed draws the same tokens. The decision is
+// sample_token of kernels/sample_math.h, bit for bit; temperature 0 is the
+// argmax. Requires sampling_params_valid(params).
+cudaError_t launch_sample(const float* logits, int32_t n, const SamplingParams& params,
+                          const int32_t* step, int32_t* token_out, cudaStream_t stream);
 
 // The step's logits kept for later: record[*step * n .. + n) = logits while
 // *step < record_steps (a gate reads every step's logits in one readback).

@@ -2,12 +2,11 @@
 // that lets a captured graph run a whole generation from device memory.
 //
 // Sampling is one block of 1024 threads computing sample_token's steps
-// (kernels/sample_math.h) with block reductions: the max logit, the total weight,
-// a bisection for the top-p threshold (a reduction per halving, weights
-// recomputed from the logits since there is no scratch), the kept mass, then the
-// draw: each thread owns a contiguous run of tokens, thread 0 scans the runs'
-// sums to find the run where the running sum passes u * kept, and that run's
-// thread walks it.
+// (kernels/sample_math.h): the max logit; top-k's bisection on the logits' order
+// keys (a count per halving); top-p's bisection on the weight threshold (a mass
+// per halving, weights recomputed from the logits since there is no scratch);
+// then the draw. Thread t owns run t of the tokens, and every mass is the
+// shared tree of the runs' sums, so the floats are the host's, bit for bit.
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
@@ -16,7 +15,7 @@
 namespace moegraph {
 namespace {
 
-constexpr int kTokenThreads = 1024;
+constexpr int kTokenThreads = kSampleRuns;
 
 // The block's argmax of logits[0..n) (ties to the lowest id), on every thread.
 __device__ int32_t block_argmax(const float* logits, int32_t n, float* value_scratch,
@@ -41,82 +40,109 @@ __global__ void __launch_bounds__(kTokenThreads)
   if (threadIdx.x == 0) *token_out = best;
 }
 
-// The kept mass of logits[0..n) under threshold, on every thread.
-__device__ float kept_mass(const float* logits, int32_t n, float max_logit, float temperature,
-                           float threshold, float* scratch) {
-  float mass = 0.0f;
-  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float w = sample_weight(logits[i], max_logit, temperature);
-    if (nucleus_keeps(w, threshold)) mass += w;
+// The fixed-shape sum (sample_math.h) of the runs' values, thread t holding run
+// t's: the pairwise tree in shared memory, level by level. On every thread.
+__device__ float shaped_sum(float run_value, float* sums) {
+  const int32_t t = static_cast<int32_t>(threadIdx.x);
+  sums[t] = run_value;
+  __syncthreads();
+  for (int32_t stride = 1; stride < kSampleRuns; stride *= 2) {
+    if (t % (2 * stride) == 0 && t + stride < kSampleRuns) sums[t] += sums[t + stride];
+    __syncthreads();
   }
-  return block_sum(mass, scratch);
+  const float total = sums[0];
+  __syncthreads();
+  return total;
 }
 
 __global__ void __launch_bounds__(kTokenThreads)
-    sample_kernel(const float* __restrict__ logits, int32_t n, float temperature, float top_p,
-                  uint64_t seed, const int32_t* __restrict__ step,
-                  int32_t* __restrict__ token_out) {
+    sample_kernel(const float* __restrict__ logits, int32_t n, SamplingParams params,
+                  const int32_t* __restrict__ step, int32_t* __restrict__ token_out) {
   __shared__ float scratch[32];
+  __shared__ double count_scratch[32];
   __shared__ int32_t index_scratch[32];
-  __shared__ float run_sums[kTokenThreads];
+  __shared__ float sums[kSampleRuns];
   __shared__ int32_t chosen_run;
   __shared__ float chosen_base;
-  if (sample_is_greedy(temperature)) {
+  if (sample_is_greedy(params.temperature)) {
     const int32_t best = block_argmax(logits, n, scratch, index_scratch);
     if (threadIdx.x == 0) *token_out = best;
     return;
   }
+  SampleCut cut;
   float local_max = -INFINITY;
   for (int32_t i = threadIdx.x; i < n; i += blockDim.x) local_max = fmaxf(local_max, logits[i]);
-  const float max_logit = block_max(local_max, scratch);
+  cut.max_logit = block_max(local_max, scratch);
 
-  float threshold = 0.0f;
-  if (top_p < 1.0f) {
-    const float target = top_p * kept_mass(logits, n, max_logit, temperature, 0.0f, scratch);
+  if (params.top_k > 0 && params.top_k < n) {
+    uint64_t lo = 0, hi = uint64_t{1} << 32;
+    while (hi - lo > 1) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      double count = 0.0;
+      for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        count += logits[i] == logits[i] && sample_order_key(logits[i]) >= mid ? 1.0 : 0.0;
+      }
+      topk_step(mid, static_cast<int64_t>(block_sum(count, count_scratch)), params.top_k, &lo, &hi);
+    }
+    cut.min_key = static_cast<uint32_t>(lo);
+  }
+
+  // This thread's run, in index order.
+  int32_t run_begin, run_end;
+  sample_run(n, static_cast<int32_t>(threadIdx.x), &run_begin, &run_end);
+  auto cut_mass = [&](const SampleCut& c) {
+    float run_sum = 0.0f;
+    for (int32_t i = run_begin; i < run_end; ++i) run_sum += sample_cut_weight(logits[i], c);
+    return shaped_sum(run_sum, sums);
+  };
+  if (params.top_p < 1.0f) {
+    const float target = params.top_p * cut_mass(cut);
     uint32_t lo = kNucleusLowBits, hi = kNucleusHighBits;
     while (hi - lo > 1) {
-      const uint32_t mid = nucleus_mid(lo, hi);
-      const float mass = kept_mass(logits, n, max_logit, temperature, f32_from_bits(mid), scratch);
-      nucleus_step(mid, mass, target, &lo, &hi);
+      const uint32_t mid = lo + (hi - lo) / 2;
+      SampleCut at_mid = cut;
+      at_mid.min_weight = f32_from_bits(mid);
+      nucleus_step(mid, cut_mass(at_mid), target, &lo, &hi);
     }
-    threshold = f32_from_bits(lo);
+    cut.min_weight = f32_from_bits(lo);
   }
-  const float target = sample_uniform(seed, *step) *
-                       kept_mass(logits, n, max_logit, temperature, threshold, scratch);
+  cut.min_weight = fmaxf(cut.min_weight, params.min_p);
 
-  // The draw: contiguous runs, scanned in order by thread 0.
-  const int32_t run_len = (n + blockDim.x - 1) / blockDim.x;
-  const int32_t run_begin = min(n, static_cast<int32_t>(threadIdx.x) * run_len);
-  const int32_t run_end = min(n, run_begin + run_len);
+  // The draw: the runs' sums scanned in order by thread 0, then the chosen
+  // run's thread walks it.
   float run_sum = 0.0f;
   for (int32_t i = run_begin; i < run_end; ++i) {
-    const float w = sample_weight(logits[i], max_logit, temperature);
-    if (nucleus_keeps(w, threshold)) run_sum += w;
+    run_sum += sample_draw_weight(logits[i], cut, params.temperature);
   }
-  run_sums[threadIdx.x] = run_sum;
+  const float target = sample_uniform(params.seed, *step) * shaped_sum(run_sum, sums);
+  sums[threadIdx.x] = run_sum;
   __syncthreads();
   if (threadIdx.x == 0) {
     // The run where base + run sum first exceeds the target; if rounding leaves
-    // none, the last run with kept mass (its walk then returns its last kept token).
+    // none, the last run with mass (its walk then returns its last kept token).
     float base = 0.0f;
     chosen_run = -1;
-    for (int32_t t = 0; t < static_cast<int32_t>(blockDim.x); ++t) {
-      if (run_sums[t] <= 0.0f) continue;
+    for (int32_t t = 0; t < kSampleRuns; ++t) {
+      if (sums[t] <= 0.0f) continue;
       chosen_run = t;
       chosen_base = base;
-      if (base + run_sums[t] > target) break;
-      base += run_sums[t];
+      if (base + sums[t] > target) break;
+      base += sums[t];
     }
-    // No kept token (every logit NaN): -1, as sample_token, not a stale token.
-    if (chosen_run < 0) *token_out = -1;
   }
   __syncthreads();
+  if (chosen_run < 0) {
+    // Nothing survives (every logit NaN): the argmax, as sample_token.
+    const int32_t best = block_argmax(logits, n, scratch, index_scratch);
+    if (threadIdx.x == 0) *token_out = best;
+    return;
+  }
   if (static_cast<int32_t>(threadIdx.x) != chosen_run) return;
   float running = 0.0f;
   int32_t last = -1;
   for (int32_t i = run_begin; i < run_end; ++i) {
-    const float w = sample_weight(logits[i], max_logit, temperature);
-    if (!nucleus_keeps(w, threshold)) continue;
+    const float w = sample_draw_weight(logits[i], cut, params.temperature);
+    if (w <= 0.0f) continue;
     running += w;
     last = i;
     if (chosen_base + running > target) break;
@@ -158,16 +184,13 @@ cudaError_t launch_argmax(const float* logits, int32_t n, int32_t* token_out, cu
   return launch_kernel<argmax_kernel>(1, kTokenThreads, stream, logits, n, token_out);
 }
 
-cudaError_t launch_sample(const float* logits, int32_t n, float temperature, float top_p,
-                          uint64_t seed, const int32_t* step, int32_t* token_out,
-                          cudaStream_t stream) {
-  // Negated comparisons also reject NaN.
+cudaError_t launch_sample(const float* logits, int32_t n, const SamplingParams& params,
+                          const int32_t* step, int32_t* token_out, cudaStream_t stream) {
   if (logits == nullptr || n <= 0 || step == nullptr || token_out == nullptr ||
-      !(temperature >= 0.0f) || !(temperature <= 3.4e38f) || !(top_p > 0.0f) || !(top_p <= 1.0f)) {
+      !sampling_params_valid(params)) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<sample_kernel>(1, kTokenThreads, stream, logits, n, temperature, top_p, seed,
-                                      step, token_out);
+  return launch_kernel<sample_kernel>(1, kTokenThreads, stream, logits, n, params, step, token_out);
 }
 
 cudaError_t launch_record_logits(const float* logits, int32_t n, const int32_t* step,

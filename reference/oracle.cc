@@ -197,8 +197,14 @@ absl::StatusOr<std::unique_ptr<Oracle>> Oracle::Create(const Model& model, int m
 
 absl::StatusOr<std::vector<int32_t>> Oracle::Generate(absl::Span<const int32_t> prompt,
                                                       int n_predict, GenerateStats* stats,
-                                                      const TokenSink& sink) {
+                                                      const TokenSink& sink,
+                                                      const SamplingParams& sampling) {
   if (prompt.empty()) return absl::InvalidArgumentError("oracle: Generate needs a prompt");
+  if (!sampling_params_valid(sampling)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "oracle: sampling temperature %g, top-k %d, top-p %g, min-p %g out of range",
+        sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p));
+  }
   if (n_predict < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("oracle: n_predict %d must not be negative", n_predict));
@@ -216,13 +222,19 @@ absl::StatusOr<std::vector<int32_t>> Oracle::Generate(absl::Span<const int32_t> 
   std::vector<int32_t> out;
   if (n_predict == 0) return out;
   const size_t n_vocab = logits->size() / prompt.size();
-  out.push_back(ArgMax(absl::MakeConstSpan(*logits).subspan(logits->size() - n_vocab)));
+  // The last row's logits are those of position n_past() - 1.
+  auto pick = [&]() {
+    const float* row = logits->data() + (logits->size() - n_vocab);
+    return sample_token(row, static_cast<int32_t>(n_vocab), sampling,
+                        sample_uniform(sampling.seed, n_past() - 1));
+  };
+  out.push_back(pick());
   bool go_on = sink == nullptr || sink(out.back());
   start = std::chrono::steady_clock::now();
   while (go_on && static_cast<int>(out.size()) < n_predict) {
     logits = Forward({out.back()});
     if (!logits.ok()) return logits.status();
-    out.push_back(ArgMax(*logits));
+    out.push_back(pick());
     ++st.decode_steps;
     go_on = sink == nullptr || sink(out.back());
   }

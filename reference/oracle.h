@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/sample_math.h"
 #include "loader/model_config.h"
 
 namespace moegraph {
@@ -45,14 +46,18 @@ class Oracle {
   virtual int n_past() const = 0;
   virtual void Reset() = 0;
 
-  // Greedy: feeds the prompt, then picks n_predict argmax tokens (ties: lowest
-  // id), feeding each back but the last, so the cache must hold
+  // Feeds the prompt, then picks n_predict tokens by sampling's settings
+  // (sample_token of kernels/sample_math.h, drawing for the logits of position p
+  // with counter p; the default is greedy: the argmax, ties to the lowest id),
+  // feeding each back but the last, so the cache must hold
   // prompt.size() + n_predict - 1 more tokens. Continues from n_past(). With a
   // sink, each token goes to it as it is picked, and the tokens up to the one
-  // the sink stopped at are returned.
+  // the sink stopped at are returned. Errors: settings outside
+  // sampling_params_valid, and Forward's.
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
                                                 GenerateStats* stats = nullptr,
-                                                const TokenSink& sink = nullptr);
+                                                const TokenSink& sink = nullptr,
+                                                const SamplingParams& sampling = {});
 };
 
 }  // namespace moegraph

@@ -195,7 +195,7 @@ TEST(WalkTest, ALayerOfTheDevicePolicyArmRunsInTheDesignsOrder) {
   for (int layer = 0; layer < c.n_layer; ++layer) EXPECT_EQ(OpsOf(walk, 0, layer), want);
   EXPECT_EQ(OpsOf(walk, 0, -1),
             (std::vector<StepOp>{O::kBeginStep, O::kEmbed, O::kOutputNorm, O::kLmHead,
-                                 O::kArgmax, O::kEndStep, O::kTokenCopy}));
+                                 O::kSample, O::kEndStep, O::kTokenCopy}));
   // Layers follow each other: the step starts with begin_step/embed and ends with the token.
   EXPECT_EQ(walk.entries.front().op, StepOp::kBeginStep);
   EXPECT_EQ(walk.entries.back().op, StepOp::kTokenCopy);
@@ -373,7 +373,7 @@ TEST(WalkTest, RecordingLogitsAddsOneKernelBetweenEachLmHeadAndItsArgmax) {
     ASSERT_GT(i, 0u);
     ASSERT_LT(i + 1, recorded.entries.size());
     EXPECT_EQ(recorded.entries[i - 1].op, StepOp::kLmHead);
-    EXPECT_EQ(recorded.entries[i + 1].op, StepOp::kArgmax);
+    EXPECT_EQ(recorded.entries[i + 1].op, StepOp::kSample);
     EXPECT_EQ(e.step, records);
     EXPECT_EQ(e.kind, EntryKind::kKernel);
     EXPECT_EQ(e.stream, WalkStream::kMain);

@@ -72,6 +72,16 @@ TEST_F(CliCudaTest, EveryArmPrintsTheCpuBackendsTokens) {
       Moegraph("run", fixture_path(), "cuda", flags + " --steps-per-launch 4");
   ASSERT_EQ(batched.exit_code, 0) << batched.err;
   EXPECT_EQ(IdsAfter(batched.out, "generated"), want);
+
+  // Sampled with one seed: the device draws the CPU backend's tokens.
+  const std::string sampled = flags + " --temp 1.3 --top-k 30 --top-p 0.97 --seed 4";
+  const ProcessResult cpu_sampled = Moegraph("run", fixture_path(), "cpu", sampled);
+  ASSERT_EQ(cpu_sampled.exit_code, 0) << cpu_sampled.err;
+  const ProcessResult cuda_sampled =
+      Moegraph("run", fixture_path(), "cuda", sampled + " --steps-per-launch 3");
+  ASSERT_EQ(cuda_sampled.exit_code, 0) << cuda_sampled.err;
+  EXPECT_EQ(IdsAfter(cuda_sampled.out, "generated"), IdsAfter(cpu_sampled.out, "generated"));
+  EXPECT_NE(IdsAfter(cpu_sampled.out, "generated"), want);  // not the greedy tokens
 }
 
 TEST_F(CliCudaTest, BenchOnOneRoutingTraceCountsWhatTheCpuBackendCounts) {

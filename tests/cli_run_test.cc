@@ -6,6 +6,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capture/engine.h"
@@ -61,6 +62,48 @@ TEST_F(CliRunTest, GeneratedIdsEqualTheOracleInProcess) {
     EXPECT_EQ(IdsAfter(run.output, "prompt"), prompt) << run.output;
     EXPECT_EQ(IdsAfter(run.output, "generated"), *want) << run.output;
     EXPECT_NE(run.output.find("tok/s"), std::string::npos) << run.output;
+  }
+}
+
+// --temp > 0 samples: one seed gives one generation, another seed another (the
+// fixture's logits are nearly flat), and without --seed the banner prints the
+// random seed it drew, which reproduces the run.
+TEST_F(CliRunTest, SamplingFollowsTheSeedAndTheBannerNamesIt) {
+  const std::string base =
+      "-m " + fixture_path() + " --tokens 1,2,3 -n 12 --temp 1.0 --backend cpu";
+  const CommandResult a = RunMoegraph(base + " --seed 7", false);
+  const CommandResult b = RunMoegraph(base + " --seed 7", false);
+  const CommandResult c = RunMoegraph(base + " --seed 8", false);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(IdsAfter(a.output, "generated"), IdsAfter(b.output, "generated"));
+  EXPECT_NE(IdsAfter(a.output, "generated"), IdsAfter(c.output, "generated"));
+
+  const CommandResult unseeded = RunMoegraph(base, /*with_stderr=*/true);
+  ASSERT_EQ(unseeded.exit_code, 0) << unseeded.output;
+  const size_t at = unseeded.output.find(", seed ");
+  ASSERT_NE(at, std::string::npos) << unseeded.output;
+  const std::string seed = unseeded.output.substr(at + 7, unseeded.output.find('\n', at) - at - 7);
+  EXPECT_TRUE(testing_util::Contains(unseeded.output,
+                                     "sampling: temp 1.00, top-k 40, top-p 0.95, min-p 0.05"));
+  const CommandResult replay = RunMoegraph(base + " --seed " + seed, false);
+  EXPECT_EQ(IdsAfter(replay.output, "generated"), IdsAfter(unseeded.output, "generated"));
+
+  // Greedy by default.
+  const CommandResult greedy = RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 2", true);
+  EXPECT_TRUE(testing_util::Contains(greedy.output, "sampling: greedy (--temp 0)"));
+}
+
+TEST_F(CliRunTest, SamplingSettingsOutOfRangeNameTheFlag) {
+  const std::string base = "-m " + fixture_path() + " --tokens 1,2,3 -n 2 ";
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--temp -0.5", "--temp -0.5 must be 0 (greedy) or positive"},
+           {"--top-k -3", "--top-k -3 must be 0 (off) or positive"},
+           {"--top-p 1.5", "--top-p 1.5 must be in (0, 1]"},
+           {"--min-p -0.1", "--min-p -0.1 must be in [0, 1]"},
+           {"--seed -9", "--seed -9 is negative"}}) {
+    const CommandResult r = RunMoegraph(base + args, /*with_stderr=*/true);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_TRUE(testing_util::Contains(r.output, message)) << args << ": " << r.output;
   }
 }
 

@@ -151,6 +151,25 @@ TEST_P(EngineOracleTest, LogitsMatchTheOracleAndF32TokensAreEqual) {
     absl::StatusOr<std::vector<int32_t>> got = engine->Generate(kPrompt, 12);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, *want);
+
+    // Sampled: the device's draw is the oracle's, bit for bit, on f32 logits
+    // within 1e-6 of each other.
+    CudaEngineOptions options;
+    options.max_ctx = 64;
+    options.n_slots = 3;
+    options.sampling.temperature = 1.2f;
+    options.sampling.top_k = 60;
+    options.sampling.top_p = 0.97f;
+    options.sampling.min_p = 0.002f;
+    options.sampling.seed = 99;
+    absl::StatusOr<std::unique_ptr<CudaEngine>> sampler = CudaEngine::Create(model, options);
+    ASSERT_TRUE(sampler.ok()) << sampler.status();
+    (*oracle)->Reset();
+    want = (*oracle)->Generate(kPrompt, 12, nullptr, nullptr, options.sampling);
+    ASSERT_TRUE(want.ok()) << want.status();
+    got = (*sampler)->Generate(kPrompt, 12);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *want);
   }
 }
 

@@ -301,7 +301,7 @@ TEST_F(KernelsGpuTest, RouterTopKMatchesReference) {
 
 // A NaN logit makes every probability NaN (the f64 sum is NaN). The router must
 // still pick k distinct valid experts, as select_topk does, and sampling must
-// give sample_token's -1 instead of leaving a stale token.
+// give sample_token's token (the argmax, 0) instead of leaving a stale one.
 TEST_F(KernelsGpuTest, NaNLogitsGiveTheHostDecision) {
   std::mt19937 rng(13);
   const int32_t n_expert = 60, k = 4;
@@ -322,12 +322,16 @@ TEST_F(KernelsGpuTest, NaNLogitsGiveTheHostDecision) {
   const std::vector<float> nan_logits(1000, NAN);
   DeviceArray<float> d_nan_logits(nan_logits);
   DeviceArray<int32_t> d_step(std::vector<int32_t>{0}), d_token(std::vector<int32_t>{7});
-  ASSERT_EQ(launch_sample(d_nan_logits.get(), 1000, 0.7f, 0.9f, 1, d_step.get(), d_token.get(),
-                          stream_),
+  SamplingParams params;
+  params.temperature = 0.7f;
+  params.top_p = 0.9f;
+  params.top_k = 40;
+  params.seed = 1;
+  ASSERT_EQ(launch_sample(d_nan_logits.get(), 1000, params, d_step.get(), d_token.get(), stream_),
             cudaSuccess);
   Sync();
-  EXPECT_EQ(d_token.Download()[0], sample_token(nan_logits.data(), 1000, 0.7f, 0.9f, 0.5f));
-  EXPECT_EQ(d_token.Download()[0], -1);
+  EXPECT_EQ(d_token.Download()[0], sample_token(nan_logits.data(), 1000, params, 0.5f));
+  EXPECT_EQ(d_token.Download()[0], 0);
 }
 
 // Residency state on the host (for residency_step) and its copy on the device.
@@ -699,33 +703,46 @@ TEST_F(KernelsGpuTest, ArgmaxTiesGoToTheLowestId) {
   EXPECT_EQ(ArgMax(logits), 70001);
 }
 
-TEST_F(KernelsGpuTest, SamplingMatchesTheHostDecision) {
+// The kernel computes sample_token's floats bit for bit (kernels/sample_math.h),
+// so every setting and draw gives the host's token, even flat logits where many
+// draws land near a boundary.
+TEST_F(KernelsGpuTest, SamplingEqualsTheHostDecisionForEverySetting) {
   std::mt19937 rng(12);
   const uint64_t seed = 0x1234567887654321ull;
   DeviceArray<int32_t> d_step(1), d_token(1), d_argmax(1);
-  // Peaked logits (as a model's are), so a draw landing within float rounding of
-  // a boundary between tokens, where the two sums may differ, is very unlikely.
-  for (int32_t step = 0; step < 12; ++step) {
+  struct Setting {
+    float temperature, top_p;
+    int32_t top_k;
+    float min_p;
+  };
+  const Setting settings[] = {{0.0f, 1.0f, 0, 0.0f},   {0.7f, 1.0f, 0, 0.0f},
+                              {0.7f, 0.9f, 0, 0.0f},   {0.8f, 0.95f, 40, 0.05f},
+                              {1.5f, 0.3f, 0, 0.0f},   {1.0f, 1.0f, 5, 0.0f},
+                              {1.0f, 1.0f, 0, 0.2f},   {0.2f, 0.99f, 1000, 0.01f}};
+  for (int32_t step = 0; step < 8; ++step) {
     const int32_t n = step % 2 == 0 ? 1000 : 151936;
     SCOPED_TRACE("step " + std::to_string(step) + " n " + std::to_string(n));
-    const std::vector<float> logits = Gaussian(rng, n, 4.0f);
+    const std::vector<float> logits = Gaussian(rng, n, step < 4 ? 4.0f : 0.5f);
     DeviceArray<float> d_logits(logits);
     d_step.Upload({step});
     ASSERT_EQ(launch_argmax(d_logits.get(), n, d_argmax.get(), stream_), cudaSuccess);
-    ASSERT_EQ(
-        launch_sample(d_logits.get(), n, 0.0f, 0.9f, seed, d_step.get(), d_token.get(), stream_),
-        cudaSuccess);
-    Sync();
-    EXPECT_EQ(d_token.Download()[0], d_argmax.Download()[0]);
-    // The same draw on the host picks the same token (the sums differ only in order).
-    for (float top_p : {1.0f, 0.9f, 0.3f}) {
-      ASSERT_EQ(
-          launch_sample(d_logits.get(), n, 0.7f, top_p, seed, d_step.get(), d_token.get(), stream_),
-          cudaSuccess);
+    for (const Setting& s : settings) {
+      SamplingParams params;
+      params.temperature = s.temperature;
+      params.top_p = s.top_p;
+      params.top_k = s.top_k;
+      params.min_p = s.min_p;
+      params.seed = seed;
+      ASSERT_EQ(launch_sample(d_logits.get(), n, params, d_step.get(), d_token.get(), stream_),
+                cudaSuccess);
       Sync();
-      const float u = sample_uniform(seed, step);
-      EXPECT_EQ(d_token.Download()[0], sample_token(logits.data(), n, 0.7f, top_p, u))
-          << "top_p " << top_p;
+      const int32_t token = d_token.Download()[0];
+      EXPECT_EQ(token, sample_token(logits.data(), n, params, sample_uniform(seed, step)))
+          << "temperature " << s.temperature << " top_p " << s.top_p << " top_k " << s.top_k
+          << " min_p " << s.min_p;
+      if (s.temperature == 0.0f) {
+        EXPECT_EQ(token, d_argmax.Download()[0]);
+      }
     }
   }
 }
@@ -823,9 +840,14 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_router_topk(d_x.get(), 8, 9, true, d_i.get(), d_x.get(), stream_),
             cudaErrorInvalidValue);
-  EXPECT_EQ(launch_sample(d_x.get(), 10, 1.0f, 0.0f, 1, d_i.get(), d_i.get(), stream_),
+  SamplingParams bad_top_p;
+  bad_top_p.temperature = 1.0f;
+  bad_top_p.top_p = 0.0f;
+  EXPECT_EQ(launch_sample(d_x.get(), 10, bad_top_p, d_i.get(), d_i.get(), stream_),
             cudaErrorInvalidValue);
-  EXPECT_EQ(launch_sample(d_x.get(), 10, NAN, 0.5f, 1, d_i.get(), d_i.get(), stream_),
+  SamplingParams nan_temperature;
+  nan_temperature.temperature = NAN;
+  EXPECT_EQ(launch_sample(d_x.get(), 10, nan_temperature, d_i.get(), d_i.get(), stream_),
             cudaErrorInvalidValue);
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -514,6 +515,21 @@ TEST_P(OracleArchTest, ASinkSeesEachTokenAndCanStopTheDecode) {
   EXPECT_EQ(a->n_past(), static_cast<int>(kPrompt.size()) + 2);
 }
 
+// kPrompt, then n tokens, each pick(the last Forward's logits, the position of
+// its last row), fed back but the last: Generate written out.
+std::vector<int32_t> DecodeByHand(
+    Oracle& oracle, int n, const std::function<int32_t(absl::Span<const float>, int)>& pick) {
+  std::vector<int32_t> out;
+  absl::StatusOr<std::vector<float>> logits = oracle.Forward(kPrompt);
+  while (logits.ok()) {
+    out.push_back(pick(*logits, oracle.n_past() - 1));
+    if (static_cast<int>(out.size()) == n) return out;
+    logits = oracle.Forward({out.back()});
+  }
+  ADD_FAILURE() << logits.status();
+  return out;
+}
+
 TEST_P(OracleArchTest, GenerateIsDeterministicAndMatchesArgmaxDecoding) {
   std::unique_ptr<Oracle> a = NewOracle(32);
   std::unique_ptr<Oracle> b = NewOracle(32);
@@ -532,19 +548,49 @@ TEST_P(OracleArchTest, GenerateIsDeterministicAndMatchesArgmaxDecoding) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *first);
 
-  // Manual greedy loop: argmax of the last row, fed back.
+  // By hand: argmax of the last row, fed back.
   b->Reset();
-  absl::StatusOr<std::vector<float>> logits = b->Forward(kPrompt);
-  ASSERT_TRUE(logits.ok());
   const size_t n_vocab = loaded_->model.config.n_vocab;
-  std::vector<int32_t> manual = {
-      ArgMax(absl::MakeConstSpan(*logits).subspan(logits->size() - n_vocab))};
-  while (manual.size() < 6) {
-    logits = b->Forward({manual.back()});
-    ASSERT_TRUE(logits.ok());
-    manual.push_back(ArgMax(*logits));
-  }
-  EXPECT_EQ(manual, *first);
+  EXPECT_EQ(DecodeByHand(*b, 6,
+                         [&](absl::Span<const float> last, int) {
+                           return ArgMax(last.subspan(last.size() - n_vocab));
+                         }),
+            *first);
+}
+
+// Sampling: each token is sample_token of its row with the draw counted by the
+// row's position; the same seed gives the same tokens, and the settings are
+// checked.
+TEST_P(OracleArchTest, SampledGenerateDrawsByPositionAndSeed) {
+  std::unique_ptr<Oracle> a = NewOracle(32);
+  ASSERT_TRUE(a);
+  SamplingParams sampling;
+  sampling.temperature = 1.5f;
+  sampling.top_k = 50;
+  sampling.top_p = 0.98f;
+  sampling.min_p = 0.001f;
+  sampling.seed = 12345;
+  absl::StatusOr<std::vector<int32_t>> first = a->Generate(kPrompt, 8, nullptr, nullptr, sampling);
+  ASSERT_TRUE(first.ok()) << first.status();
+  a->Reset();
+  absl::StatusOr<std::vector<int32_t>> again = a->Generate(kPrompt, 8, nullptr, nullptr, sampling);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *first);
+
+  a->Reset();
+  const int32_t n_vocab = loaded_->model.config.n_vocab;
+  EXPECT_EQ(DecodeByHand(*a, 8,
+                         [&](absl::Span<const float> rows, int position) {
+                           return sample_token(rows.data() + rows.size() - n_vocab, n_vocab,
+                                               sampling, sample_uniform(sampling.seed, position));
+                         }),
+            *first);
+
+  sampling.top_p = 0.0f;
+  a->Reset();
+  absl::StatusOr<std::vector<int32_t>> bad = a->Generate(kPrompt, 2, nullptr, nullptr, sampling);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(MessageHas(bad.status(), "top-p 0")) << bad.status();
 }
 
 TEST_P(OracleArchTest, MoeLayerOverABatchEqualsRowByRow) {

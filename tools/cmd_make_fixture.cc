@@ -14,6 +14,7 @@
 #include "loader/fixture.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
+#include "loader/status_util.h"
 #include "text/hf_tokenizer.h"
 #include "tools/commands.h"
 
@@ -23,8 +24,10 @@ ABSL_FLAG(int32_t, layers, 0,
 ABSL_FLAG(int32_t, experts, 0,
           "routed experts per layer (0: the command's default: make-fixture 8, trace synth 128, "
           "trace stats and simulate: the largest id in the trace + 1)");
-ABSL_FLAG(int32_t, top_k, 0,
-          "experts used per token (0: the command's default: make-fixture 2, trace synth 8)");
+ABSL_FLAG(int32_t, top_k, moegraph::kUnsetFlag,
+          "make-fixture, trace synth: experts used per token (unset or 0: make-fixture 2, trace "
+          "synth 8); run: sampling keeps the k most likely tokens (unset: 40, as llama.cpp; 0: "
+          "every token)");
 ABSL_FLAG(int32_t, embd, 64, "make-fixture: embedding width");
 ABSL_FLAG(int32_t, ff, 32, "make-fixture: hidden size of one routed expert");
 ABSL_FLAG(int32_t, shared_ff, 0,
@@ -48,8 +51,9 @@ ABSL_FLAG(std::string, quant, "f32",
           "norms, biases and routers stay f32");
 ABSL_FLAG(double, router_skew, 0.0,
           "make-fixture: 0 routes tokens evenly; larger values make a few experts dominate");
-ABSL_FLAG(uint64_t, seed, 1,
-          "make-fixture, trace synth: random seed (the same seed writes the same bytes)");
+ABSL_FLAG(int64_t, seed, moegraph::kUnsetFlag,
+          "random seed: make-fixture, trace synth: the same seed writes the same bytes (unset: "
+          "1); run: the sampler's draws (unset: a random seed, printed)");
 ABSL_FLAG(int32_t, expert_variants, 0,
           "make-fixture: 0: every routed expert distinct; V > 0: expert e is a byte copy of "
           "expert e % V (fast for large fixtures; only for benchmarks whose routing comes from "
@@ -116,7 +120,7 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   }
   spec.n_layer = FlagOr(FLAGS_layers, spec.n_layer);
   spec.n_expert = FlagOr(FLAGS_experts, spec.n_expert);
-  spec.n_expert_used = FlagOr(FLAGS_top_k, spec.n_expert_used);
+  spec.n_expert_used = TopKFlagOr(spec.n_expert_used);
   spec.n_embd = absl::GetFlag(FLAGS_embd);
   spec.n_ff_exp = absl::GetFlag(FLAGS_ff);
   spec.n_ff_shexp = absl::GetFlag(FLAGS_shared_ff);
@@ -132,7 +136,7 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   spec.n_ctx_train = ctx != 0 ? ctx : kDefaultTrainContext;
   if (absl::Status s = ParseQuant(absl::GetFlag(FLAGS_quant), &spec); !s.ok()) return s;
   spec.router_skew = static_cast<float>(absl::GetFlag(FLAGS_router_skew));
-  spec.seed = absl::GetFlag(FLAGS_seed);
+  MG_ASSIGN_OR_RETURN(spec.seed, SeedFlagOr(1));
   spec.expert_variants = absl::GetFlag(FLAGS_expert_variants);
   spec.legacy_experts = absl::GetFlag(FLAGS_legacy_experts);
   spec.tied_output = absl::GetFlag(FLAGS_tied_output);

@@ -1,14 +1,17 @@
-// moegraph run: greedy decode of a text prompt (-p, -f), printed as text while it
-// is generated, or of token ids (--tokens), printed as ids, with tok/s. The CUDA
+// moegraph run: decode of a text prompt (-p, -f), printed as text while it is
+// generated, or of token ids (--tokens), printed as ids, with tok/s; greedy, or
+// sampled with llama.cpp's flags (--temp, --top-k, --top-p, --min-p, --seed). The CUDA
 // engine (capture/engine.h) runs each step as one graph replay with experts in
 // pinned host memory; the CPU backend runs the same expert path on the host:
 // experts repacked into blocks, a residency cache of slots, one T=1 step per token.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +55,14 @@ ABSL_FLAG(int32_t, steps_per_launch, 1,
 ABSL_FLAG(bool, ignore_eos, false,
           "run: with -p/-f, go on past end-of-generation tokens (EOS, EOT, <|im_end|>, ...)");
 ABSL_FLAG(bool, special, false, "run: with -p/-f, print control tokens' text too");
+ABSL_FLAG(float, temp, 0.0f,
+          "run: sampling temperature; 0 is greedy decoding (the argmax), > 0 samples after "
+          "--top-k, --top-p and --min-p");
+ABSL_FLAG(float, top_p, 0.95f,
+          "run: sampling keeps the most likely tokens holding this share of the probability "
+          "(1: off)");
+ABSL_FLAG(float, min_p, 0.05f,
+          "run: sampling drops tokens less likely than this share of the most likely one (0: off)");
 
 namespace moegraph {
 namespace {
@@ -74,6 +85,43 @@ std::string Rate(int tokens, double seconds) {
 }
 
 double Mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// The sampler's settings from --temp, --top-k, --top-p, --min-p and --seed (a
+// random seed when unset, so the banner can print it).
+absl::StatusOr<SamplingParams> ParseSampling() {
+  SamplingParams p;
+  p.temperature = absl::GetFlag(FLAGS_temp);
+  const int32_t top_k = absl::GetFlag(FLAGS_top_k);
+  p.top_k = top_k == kUnsetFlag ? 40 : top_k;
+  p.top_p = absl::GetFlag(FLAGS_top_p);
+  p.min_p = absl::GetFlag(FLAGS_min_p);
+  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--temp %g must be 0 (greedy) or positive", p.temperature));
+  }
+  if (p.top_k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--top-k %d must be 0 (off) or positive", p.top_k));
+  }
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrFormat("--top-p %g must be in (0, 1]", p.top_p));
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrFormat("--min-p %g must be in [0, 1]", p.min_p));
+  }
+  const int64_t seed = absl::GetFlag(FLAGS_seed);
+  if (seed < kUnsetFlag) {
+    return absl::InvalidArgumentError(absl::StrFormat("--seed %d is negative", seed));
+  }
+  p.seed = seed == kUnsetFlag ? std::random_device{}() : static_cast<uint64_t>(seed);
+  return p;
+}
+
+std::string DescribeSampling(const SamplingParams& p) {
+  if (sample_is_greedy(p.temperature)) return "sampling: greedy (--temp 0)";
+  return absl::StrFormat("sampling: temp %.2f, top-k %d, top-p %.2f, min-p %.2f, seed %d",
+                         p.temperature, p.top_k, p.top_p, p.min_p, p.seed);
+}
 
 // --slots N | auto (the default); 0 means auto.
 absl::StatusOr<int32_t> ParseSlots() {
@@ -150,7 +198,8 @@ void PrintTokens(const std::vector<int32_t>& prompt, const std::vector<int32_t>&
 
 // The CPU backend with the doors mapped where they mean something on the host.
 absl::Status RunCpu(const Model& model, const std::vector<int32_t>& prompt, int n_predict, int ctx,
-                    int32_t slots, const ResolvedDoors& doors, const RunOutput& out) {
+                    int32_t slots, const ResolvedDoors& doors, const SamplingParams& sampling,
+                    const RunOutput& out) {
   CpuBackendOptions options;
   options.max_ctx = ctx;
   options.n_slots = slots;
@@ -181,15 +230,17 @@ absl::Status RunCpu(const Model& model, const std::vector<int32_t>& prompt, int 
   std::fprintf(out.info, "%s\n", Banner(*cpu, store, options).c_str());
   GenerateStats stats;
   MG_ASSIGN_OR_RETURN(std::vector<int32_t> generated,
-                      cpu->Generate(prompt, n_predict, &stats, out.sink));
+                      cpu->Generate(prompt, n_predict, &stats, out.sink, sampling));
   if (out.print_ids) PrintTokens(prompt, generated);
   PrintSummary(out.info, "backend cpu", cpu->counters(), stats, generated.size());
   return absl::OkStatus();
 }
 
 absl::Status RunCuda(const Model& model, const std::vector<int32_t>& prompt, int n_predict, int ctx,
-                     int32_t slots, const ResolvedDoors& doors, const RunOutput& out) {
+                     int32_t slots, const ResolvedDoors& doors, const SamplingParams& sampling,
+                     const RunOutput& out) {
   CudaEngineOptions options;
+  options.sampling = sampling;
   options.max_ctx = ctx;
   options.n_slots = slots;
   options.doors = doors.doors;
@@ -261,6 +312,7 @@ absl::Status Run() {
   }
   MG_ASSIGN_OR_RETURN(const ResolvedDoors doors, ResolveDoors(arm, ProcessEnv()));
   MG_ASSIGN_OR_RETURN(const int32_t slots, ParseSlots());
+  MG_ASSIGN_OR_RETURN(const SamplingParams sampling, ParseSampling());
 
   absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
   if (!file.ok()) return file.status();
@@ -312,10 +364,10 @@ absl::Status Run() {
       return true;
     };
   }
-  std::fprintf(out.info, "%s\n", doors.banner.c_str());
-  const absl::Status status = has_device
-                                  ? RunCuda(*model, prompt, n_predict, ctx, slots, doors, out)
-                                  : RunCpu(*model, prompt, n_predict, ctx, slots, doors, out);
+  std::fprintf(out.info, "%s\n%s\n", doors.banner.c_str(), DescribeSampling(sampling).c_str());
+  const absl::Status status =
+      has_device ? RunCuda(*model, prompt, n_predict, ctx, slots, doors, sampling, out)
+                 : RunCpu(*model, prompt, n_predict, ctx, slots, doors, sampling, out);
   if (tokenizer != nullptr) {
     const std::string rest = stream.Flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);

@@ -15,8 +15,6 @@
 #include "residency/trace_synth.h"
 #include "tools/commands.h"
 
-ABSL_DECLARE_FLAG(uint64_t, seed);
-
 ABSL_FLAG(int64_t, steps, 1000, "trace synth: decode steps to generate");
 ABSL_FLAG(double, zipf, 1.0, "trace synth: Zipf exponent of expert popularity (0: uniform)");
 ABSL_FLAG(double, reuse, 0.45,
@@ -74,8 +72,10 @@ int RunSynth(const std::vector<std::string>& args) {
   SynthSpec spec;
   spec.n_layer = FlagOr(FLAGS_layers, spec.n_layer);
   spec.n_expert = FlagOr(FLAGS_experts, spec.n_expert);
-  spec.k = FlagOr(FLAGS_top_k, spec.k);
-  spec.seed = absl::GetFlag(FLAGS_seed);
+  spec.k = TopKFlagOr(spec.k);
+  absl::StatusOr<uint64_t> seed = SeedFlagOr(1);
+  if (!seed.ok()) return Fail(seed.status());
+  spec.seed = *seed;
   spec.n_steps = absl::GetFlag(FLAGS_steps);
   spec.zipf_s = absl::GetFlag(FLAGS_zipf);
   spec.reuse = absl::GetFlag(FLAGS_reuse);

@@ -21,7 +21,12 @@ ABSL_DECLARE_FLAG(int32_t, ctx);    // context size
 // Shared by make-fixture, trace and simulate; 0 means the command's own default.
 ABSL_DECLARE_FLAG(int32_t, layers);
 ABSL_DECLARE_FLAG(int32_t, experts);
+// Shared by make-fixture and trace synth (experts per token) and run (sampling's
+// top-k); kUnsetFlag means the command's default (TopKFlagOr).
 ABSL_DECLARE_FLAG(int32_t, top_k);
+// Shared by make-fixture and trace synth (the bytes written) and run (the
+// sampler's draws); kUnsetFlag means the command's default.
+ABSL_DECLARE_FLAG(int64_t, seed);
 // Shared by run and bench: tokens to generate; kDefaultTokensFlag means the command's default.
 ABSL_DECLARE_FLAG(int32_t, n);
 // Shared by simulate (a list) and run (N or auto); empty means the command's default.
@@ -35,6 +40,7 @@ ABSL_DECLARE_FLAG(std::string, f);
 namespace moegraph {
 
 inline constexpr int32_t kDefaultTokensFlag = -1;
+inline constexpr int32_t kUnsetFlag = -1;
 inline constexpr int32_t kRunDefaultTokens = 16;
 
 // A shared numeric flag whose 0 stands for the command's own default.
@@ -43,6 +49,16 @@ T FlagOr(const absl::Flag<T>& flag, T command_default) {
   const T value = absl::GetFlag(flag);
   return value != T{0} ? value : command_default;
 }
+
+// --top-k for the experts per token: unset or 0 is the command's default.
+inline int32_t TopKFlagOr(int32_t command_default) {
+  const int32_t k = absl::GetFlag(FLAGS_top_k);
+  return k == kUnsetFlag || k == 0 ? command_default : k;
+}
+
+// --seed for make-fixture and trace synth: unset is the command's default;
+// another negative value is an error naming the flag.
+absl::StatusOr<uint64_t> SeedFlagOr(uint64_t command_default);
 
 // A command that reads its model from -m and everything else from flags:
 // exit status 1, with "moegraph NAME: " and the reason on stderr, for a

@@ -28,6 +28,15 @@ ABSL_FLAG(int32_t, ctx, 0,
 
 namespace moegraph {
 
+absl::StatusOr<uint64_t> SeedFlagOr(uint64_t command_default) {
+  const int64_t seed = absl::GetFlag(FLAGS_seed);
+  if (seed == kUnsetFlag) return command_default;
+  if (seed < 0) {
+    return absl::InvalidArgumentError("--seed " + std::to_string(seed) + " is negative");
+  }
+  return static_cast<uint64_t>(seed);
+}
+
 absl::StatusOr<std::optional<std::string>> PromptText() {
   const std::string path = absl::GetFlag(FLAGS_f);
   const std::string prompt = absl::GetFlag(FLAGS_p);
@@ -67,7 +76,9 @@ constexpr Command kCommands[] = {
     {"run",
      "-m FILE (-p TEXT | -f FILE | --tokens 1,2,3) -n N: greedy decode, prints the text "
      "as it comes (or ids) and tok/s",
-     moegraph::RunRun, "m,p,f,tokens,n,ignore_eos,special,ctx,backend,slots,arm,steps_per_launch"},
+     moegraph::RunRun,
+     "m,p,f,tokens,n,ignore_eos,special,temp,top_k,top_p,min_p,seed,ctx,backend,slots,arm,"
+     "steps_per_launch"},
     {"bench",
      "-m FILE [--arms ...] [--slots 16,32|auto] [-n 128] [-r 5]: arms side by side, "
      "llama-bench style",
