@@ -289,7 +289,7 @@ absl::StatusOr<std::shared_ptr<const ExpertStore>> CudaEngine::PinExperts(
 
 absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32_t> prompt,
                                                           int n_predict, GenerateStats* stats,
-                                                          const TokenSink& sink) {
+                                                          const TokenSink& sink, int start) {
   Impl& s = *impl_;
   if (prompt.empty()) return absl::InvalidArgumentError("cuda engine: Generate needs a prompt");
   if (n_predict < 0) {
@@ -303,38 +303,42 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
                           prompt[i], i, s.cfg.n_vocab));
     }
   }
-  const int n_prompt = static_cast<int>(prompt.size());
+  if (start < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cuda engine: start position %d must not be negative", start));
+  }
+  // Steps run positions [start, n_prompt + decode_steps): the prompt buffer
+  // holds ids by position, so the length counts the kept positions too.
+  const int n_prompt = start + static_cast<int>(prompt.size());
   const int decode_steps = n_predict > 0 ? n_predict - 1 : 0;
   if (n_prompt + decode_steps > s.options.max_ctx) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "cuda engine: %d prompt tokens and %d generated exceed the context size %d (--ctx)",
-        n_prompt, n_predict, s.options.max_ctx));
+        "cuda engine: %d kept positions, %d prompt tokens and %d generated exceed the context "
+        "size %d (--ctx)",
+        start, prompt.size(), n_predict, s.options.max_ctx));
   }
   GenerateStats local;
   GenerateStats& st = stats != nullptr ? *stats : local;
   st = GenerateStats();
 
-  // The length and the ids in one upload, so every walk and graph serves any prompt.
-  std::vector<int32_t> length_and_ids;
-  length_and_ids.reserve(prompt.size() + 1);
-  length_and_ids.push_back(n_prompt);
-  length_and_ids.insert(length_and_ids.end(), prompt.begin(), prompt.end());
-  MG_RETURN_IF_ERROR(s.Upload(s.n_prompt, length_and_ids.data(), length_and_ids.size() * 4,
-                              "the prompt"));
-  MG_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(s.step, 0, sizeof(int32_t), s.main),
-                                "resetting the step counter"));
+  // The length, then the ids at their positions, so every walk and graph
+  // serves any prompt; the step counter starts at `start`.
+  MG_RETURN_IF_ERROR(s.Upload(s.n_prompt, &n_prompt, sizeof(int32_t), "the prompt's length"));
+  MG_RETURN_IF_ERROR(
+      s.Upload(s.prompt + start, prompt.data(), prompt.size() * sizeof(int32_t), "the prompt"));
+  MG_RETURN_IF_ERROR(s.Upload(s.step, &start, sizeof(int32_t), "the step counter"));
 
-  auto start = std::chrono::steady_clock::now();
-  MG_RETURN_IF_ERROR(s.RunSteps(n_prompt).status());
-  st.prompt_tokens = n_prompt;
-  st.prompt_seconds = SecondsSince(start);
+  auto clock = std::chrono::steady_clock::now();
+  MG_RETURN_IF_ERROR(s.RunSteps(static_cast<int>(prompt.size())).status());
+  st.prompt_tokens = static_cast<int>(prompt.size());
+  st.prompt_seconds = SecondsSince(clock);
   std::vector<int32_t> out;
   if (n_predict == 0) return out;
-  start = std::chrono::steady_clock::now();
+  clock = std::chrono::steady_clock::now();
   if (sink == nullptr) {
     MG_RETURN_IF_ERROR(s.RunSteps(decode_steps).status());
     st.decode_steps = decode_steps;
-    st.decode_seconds = SecondsSince(start);
+    st.decode_seconds = SecondsSince(clock);
     out.resize(static_cast<size_t>(n_predict));
     MG_RETURN_IF_ERROR(s.Download(out.data(), s.out_tokens + (n_prompt - 1),
                                   out.size() * sizeof(int32_t), "the generated tokens"));
@@ -357,7 +361,7 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
         }
         return true;
       }));
-  st.decode_seconds = SecondsSince(start);
+  st.decode_seconds = SecondsSince(clock);
   return out;
 }
 

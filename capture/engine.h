@@ -104,17 +104,18 @@ class CudaEngine {
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
 
-  // Decode from position 0: the prompt as T=1 steps, then n_predict tokens
-  // picked by options.sampling (the draw for position p counted p, so the
-  // tokens equal Oracle::Generate's for equal logits), each fed back but the
-  // last. Residency
+  // Decode from position `start`: the prompt as T=1 steps, then n_predict
+  // tokens picked by options.sampling (the draw for position p counted p, so
+  // the tokens equal Oracle::Generate's for equal logits), each fed back but
+  // the last. The KV cache below `start` is kept from earlier calls (a chat's
+  // next turn prefills only its own tokens); start 0 begins anew. Residency
   // state and counters carry over from earlier calls; the KV cache restarts.
   // With a sink, each token goes to it after the launch that made it (one more
   // readback per launch when S > 1), and no launch follows the token it stopped
   // at; the tokens up to that one are returned.
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
                                                 GenerateStats* stats = nullptr,
-                                                const TokenSink& sink = nullptr);
+                                                const TokenSink& sink = nullptr, int start = 0);
 
   // Logits of the last step run (one readback, outside any walk).
   absl::StatusOr<std::vector<float>> LastLogits();

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,36 @@ TEST_F(CliCudaTest, EveryArmPrintsTheCpuBackendsTokens) {
   ASSERT_EQ(cuda_sampled.exit_code, 0) << cuda_sampled.err;
   EXPECT_EQ(IdsAfter(cuda_sampled.out, "generated"), IdsAfter(cpu_sampled.out, "generated"));
   EXPECT_NE(IdsAfter(cpu_sampled.out, "generated"), want);  // not the greedy tokens
+}
+
+// The turns' lines of a chat's stderr, without their rates.
+std::vector<std::string> TurnLines(const std::string& err) {
+  std::vector<std::string> out;
+  std::istringstream lines(err);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("turn ", 0) == 0) out.push_back(line.substr(0, line.find(';')));
+  }
+  return out;
+}
+
+// A chat on the device keeps its KV cache between turns as the CPU backend
+// does: the same replies, the same prefills at the same positions.
+TEST_F(CliCudaTest, ChatContinuesOnTheDeviceAsOnTheCpu) {
+  const std::string input = "first message\nsecond one\nand a third\n";
+  const std::vector<std::string> args = {MOEGRAPH_BIN, "chat", "-m",    fixture_path(),
+                                         "-n",         "5",    "--ctx", "256"};
+  std::vector<std::string> cpu_args = args, cuda_args = args;
+  cpu_args.insert(cpu_args.end(), {"--backend", "cpu"});
+  cuda_args.insert(cuda_args.end(), {"--backend", "cuda", "--steps-per-launch", "2"});
+  const ProcessResult cpu = testing_util::RunProcess(cpu_args, input);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const ProcessResult cuda = testing_util::RunProcess(cuda_args, input);
+  ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+  EXPECT_EQ(cuda.out, cpu.out);
+  const std::vector<std::string> turns = TurnLines(cpu.err);
+  ASSERT_EQ(turns.size(), 3u) << cpu.err;
+  EXPECT_EQ(TurnLines(cuda.err), turns) << cuda.err;
 }
 
 TEST_F(CliCudaTest, BenchOnOneRoutingTraceCountsWhatTheCpuBackendCounts) {

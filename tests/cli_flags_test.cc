@@ -21,8 +21,8 @@ using testing_util::Contains;
 using testing_util::ProcessResult;
 using testing_util::RunProcess;
 
-const std::vector<std::string> kCommands = {"inspect",  "make-fixture", "run",     "bench",
-                                            "tokenize", "trace",        "simulate"};
+const std::vector<std::string> kCommands = {"inspect", "make-fixture", "run",   "chat",
+                                            "bench",   "tokenize",     "trace", "simulate"};
 
 // The names of the flags tools/*.cc define with ABSL_FLAG.
 std::set<std::string> DefinedFlags() {

@@ -170,6 +170,24 @@ TEST_P(EngineOracleTest, LogitsMatchTheOracleAndF32TokensAreEqual) {
     got = (*sampler)->Generate(kPrompt, 12);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, *want);
+
+    // A second call that keeps the KV cache (a chat's next turn): the oracle
+    // continues from n_past(), the engine from the position it is given.
+    (*oracle)->Reset();
+    absl::StatusOr<std::vector<int32_t>> first = (*oracle)->Generate(kPrompt, 5);
+    ASSERT_TRUE(first.ok()) << first.status();
+    const int kept = (*oracle)->n_past();
+    const std::vector<int32_t> next = {first->back(), 7, 8};
+    want = (*oracle)->Generate(next, 6);
+    ASSERT_TRUE(want.ok()) << want.status();
+    got = engine->Generate(kPrompt, 5);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *first);
+    GenerateStats stats;
+    got = engine->Generate(next, 6, &stats, nullptr, kept);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *want);
+    EXPECT_EQ(stats.prompt_tokens, 3);
   }
 }
 

@@ -1,5 +1,6 @@
 #include "tests/test_util.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,9 +74,14 @@ CommandResult RunCommand(const std::string& shell_command) {
   return result;
 }
 
-ProcessResult RunProcess(const std::vector<std::string>& argv) {
+ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string& stdin_text) {
   ProcessResult result;
   if (argv.empty()) return result;
+  std::string input_path;
+  if (!stdin_text.empty()) {
+    input_path = TempPath("stdin_" + std::to_string(::getpid()));
+    std::ofstream(input_path, std::ios::binary) << stdin_text;
+  }
   int out_pipe[2];
   int err_pipe[2];
   if (::pipe(out_pipe) != 0) return result;
@@ -86,6 +92,12 @@ ProcessResult RunProcess(const std::vector<std::string>& argv) {
   }
   const pid_t pid = ::fork();
   if (pid == 0) {
+    if (!input_path.empty()) {
+      const int in = ::open(input_path.c_str(), O_RDONLY);
+      if (in < 0) ::_exit(126);
+      ::dup2(in, STDIN_FILENO);
+      ::close(in);
+    }
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
     for (const int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
@@ -125,6 +137,7 @@ ProcessResult RunProcess(const std::vector<std::string>& argv) {
   }
   int status = 0;
   if (pid > 0 && ::waitpid(pid, &status, 0) == pid) result.exit_code = ExitCode(status);
+  if (!input_path.empty()) std::remove(input_path.c_str());
   return result;
 }
 

@@ -62,8 +62,9 @@ struct ProcessResult {
 };
 
 // Runs argv[0] (a path, no shell) with argv and returns its exit code, stdout and
-// stderr apart.
-ProcessResult RunProcess(const std::vector<std::string>& argv);
+// stderr apart; the process reads stdin_text on its stdin (a file, not a terminal).
+ProcessResult RunProcess(const std::vector<std::string>& argv,
+                         const std::string& stdin_text = std::string());
 
 // Runs argv followed by the words of args (split at spaces), as RunProcess does.
 ProcessResult RunProcessWithArgs(std::vector<std::string> argv, const std::string& args);

@@ -40,9 +40,9 @@
 #include "reference/cpu_backend.h"
 #include "residency/trace.h"
 #include "tools/commands.h"
+#include "tools/decoder.h"
 
-// Defined by run (tools/cmd_run.cc).
-ABSL_DECLARE_FLAG(std::string, backend);
+// Defined with the decoding flags (tools/decoder.cc).
 ABSL_DECLARE_FLAG(int32_t, steps_per_launch);
 
 ABSL_FLAG(std::string, arms, "resident,graph,eager,host,stage",
@@ -468,16 +468,7 @@ absl::StatusOr<Plan> MakePlan() {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--steps-per-launch %d must be at least 1", absl::GetFlag(FLAGS_steps_per_launch)));
   }
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "cpu" && backend != "cuda" && backend != "auto") {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--backend '%s' is not one of cpu, cuda, auto", backend));
-  }
-  plan.cuda = backend != "cpu" && CudaDeviceCount() > 0;
-  if (backend == "cuda" && !plan.cuda) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--backend cuda: no CUDA device is available (", NoCudaDeviceReason(), ")"));
-  }
+  MG_ASSIGN_OR_RETURN(plan.cuda, BackendIsCuda());
   return plan;
 }
 

@@ -36,6 +36,8 @@ ABSL_DECLARE_FLAG(std::string, slots);
 ABSL_DECLARE_FLAG(std::string, p);
 // Shared by run and tokenize: the text from a file instead of -p.
 ABSL_DECLARE_FLAG(std::string, f);
+// Shared by run and chat: print control tokens' text too.
+ABSL_DECLARE_FLAG(bool, special);
 
 namespace moegraph {
 
@@ -88,5 +90,6 @@ int RunTrace(const std::vector<std::string>& args);
 int RunSimulate(const std::vector<std::string>& args);
 int RunBench(const std::vector<std::string>& args);
 int RunTokenize(const std::vector<std::string>& args);
+int RunChat(const std::vector<std::string>& args);
 
 }  // namespace moegraph

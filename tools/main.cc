@@ -79,6 +79,12 @@ constexpr Command kCommands[] = {
      moegraph::RunRun,
      "m,p,f,tokens,n,ignore_eos,special,temp,top_k,top_p,min_p,seed,ctx,backend,slots,arm,"
      "steps_per_launch"},
+    {"chat",
+     "-m FILE [--system TEXT] [--chat-template NAME]: a conversation, one message a line "
+     "(a terminal or a pipe; EOF ends), the KV cache kept between turns",
+     moegraph::RunChat,
+     "m,system,chat_template,verbose_prompt,n,special,temp,top_k,top_p,min_p,seed,ctx,backend,"
+     "slots,arm,steps_per_launch"},
     {"bench",
      "-m FILE [--arms ...] [--slots 16,32|auto] [-n 128] [-r 5]: arms side by side, "
      "llama-bench style",

@@ -1,0 +1,72 @@
+// The backend a decoding command (run, chat) drives: the CPU backend or the
+// CUDA engine, picked and set up by --backend, --arm (and the environment's
+// doors), --slots, --steps-per-launch and the sampling flags (--temp, --top-k,
+// --top-p, --min-p, --seed), with the start-up lines and the summary line the
+// commands print.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "capture/doors.h"
+#include "capture/engine.h"
+#include "kernels/sample_math.h"
+#include "loader/model_config.h"
+#include "reference/cpu_backend.h"
+#include "reference/oracle.h"
+
+namespace moegraph {
+
+struct DecoderFlags {
+  bool cuda = false;  // --backend cuda, or auto with a device
+  int32_t slots = 0;  // --slots; 0: auto
+  ResolvedDoors doors;
+  int steps_per_launch = 1;
+  SamplingParams sampling;  // --seed unset: a random seed, drawn here
+};
+
+// --backend: true for cuda, or auto where a device exists; an error for
+// another name or for cuda without a device.
+absl::StatusOr<bool> BackendIsCuda();
+
+// Reads and checks the flags, each error naming its flag; no model is needed.
+absl::StatusOr<DecoderFlags> ReadDecoderFlags();
+
+// "sampling: greedy (--temp 0)" or the settings with the seed, for the banner.
+std::string DescribeSampling(const SamplingParams& p);
+
+class Decoder {
+ public:
+  // Makes the backend for model with a KV cache of max_ctx positions, printing
+  // its start-up lines (notes, the slot arithmetic) to info.
+  static absl::StatusOr<std::unique_ptr<Decoder>> Create(const Model& model,
+                                                         const DecoderFlags& flags, int max_ctx,
+                                                         std::FILE* info);
+  ~Decoder();
+
+  // prompt at positions start.. (the KV cache below start kept from earlier
+  // calls; 0 begins anew), then n_predict tokens, each fed back but the last.
+  // The CPU backend continues only where it stopped (start is 0 or the
+  // positions it holds).
+  absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
+                                                int start, GenerateStats* stats,
+                                                const TokenSink& sink);
+
+  // "backend cpu: N tokens (P prompt, x tok/s; G generated, y tok/s); hit ..."
+  // with the counters so far.
+  absl::Status PrintSummary(std::FILE* out, const GenerateStats& stats, size_t generated);
+
+ private:
+  Decoder() = default;
+  std::unique_ptr<ExpertStore> store_;  // the CPU backend's experts
+  std::unique_ptr<CpuBackend> cpu_;
+  std::unique_ptr<CudaEngine> cuda_;
+  SamplingParams sampling_;
+};
+
+}  // namespace moegraph
