@@ -322,11 +322,23 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
   st = GenerateStats();
 
   // The length, then the ids at their positions, so every walk and graph
-  // serves any prompt; the step counter starts at `start`.
-  MG_RETURN_IF_ERROR(s.Upload(s.n_prompt, &n_prompt, sizeof(int32_t), "the prompt's length"));
-  MG_RETURN_IF_ERROR(
-      s.Upload(s.prompt + start, prompt.data(), prompt.size() * sizeof(int32_t), "the prompt"));
-  MG_RETURN_IF_ERROR(s.Upload(s.step, &start, sizeof(int32_t), "the step counter"));
+  // serves any prompt; the step counter starts at `start`. From position 0 the
+  // length and the ids are one upload (the gates count one per prompt).
+  if (start == 0) {
+    std::vector<int32_t> length_and_ids;
+    length_and_ids.reserve(prompt.size() + 1);
+    length_and_ids.push_back(n_prompt);
+    length_and_ids.insert(length_and_ids.end(), prompt.begin(), prompt.end());
+    MG_RETURN_IF_ERROR(s.Upload(s.n_prompt, length_and_ids.data(),
+                                length_and_ids.size() * sizeof(int32_t), "the prompt"));
+    MG_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(s.step, 0, sizeof(int32_t), s.main),
+                                  "resetting the step counter"));
+  } else {
+    MG_RETURN_IF_ERROR(s.Upload(s.n_prompt, &n_prompt, sizeof(int32_t), "the prompt's length"));
+    MG_RETURN_IF_ERROR(
+        s.Upload(s.prompt + start, prompt.data(), prompt.size() * sizeof(int32_t), "the prompt"));
+    MG_RETURN_IF_ERROR(s.Upload(s.step, &start, sizeof(int32_t), "the step counter"));
+  }
 
   auto clock = std::chrono::steady_clock::now();
   MG_RETURN_IF_ERROR(s.RunSteps(static_cast<int>(prompt.size())).status());

@@ -497,7 +497,6 @@ bool HasQuantizedExperts(const Model& model) {
 
 absl::StatusOr<GateResult> OracleNmse(GateContext& context) {
   constexpr int kSteps = 16;
-  const bool cuda = context.backend == Backend::kCuda;
   std::vector<std::string> parts;
   for (const NamedModel& named : context.oracle_models) {
     const Model& model = *named.model;
@@ -519,13 +518,7 @@ absl::StatusOr<GateResult> OracleNmse(GateContext& context) {
                                    run.transcript.logits.begin() + (i + 1) * n_vocab);
       const double nmse = Nmse(got, want);
       worst = std::max(worst, nmse);
-      if (!cuda && !BitEqual(got, want)) {
-        return Fail(absl::StrFormat(
-            "%s: step %d logits differ from the oracle's (NMSE %.3g); the CPU backend must be "
-            "bit-identical",
-            named.name, i, nmse));
-      }
-      if (cuda && !(nmse < bound)) {
+      if (!(nmse < bound)) {
         return Fail(
             absl::StrFormat("%s: step %d NMSE %.3g, bound %.0e", named.name, i, nmse, bound));
       }
@@ -533,8 +526,7 @@ absl::StatusOr<GateResult> OracleNmse(GateContext& context) {
         MG_ASSIGN_OR_RETURN(want, oracle->Forward({run.transcript.tokens[i]}));
       }
     }
-    parts.push_back(cuda ? absl::StrFormat("%s max NMSE %.2e < %.0e", named.name, worst, bound)
-                         : absl::StrFormat("%s NMSE 0 (bit-identical)", named.name));
+    parts.push_back(absl::StrFormat("%s max NMSE %.2e < %.0e", named.name, worst, bound));
   }
   return Pass(absl::StrFormat("%d steps each: %s", kSteps, absl::StrJoin(parts, "; ")));
 }
@@ -690,8 +682,8 @@ std::vector<Gate> AllGates() {
                    "counter on their arm and leave it flat otherwise",
                    true, Guarded(DoorEngagementCuda)});
   gates.push_back({"oracle-nmse",
-                   "logits against the CPU oracle: bit-identical on the CPU backend, NMSE "
-                   "under 5e-4 (quantized experts) or 1e-6 (f32) on CUDA",
+                   "logits against the CPU oracle: NMSE under 5e-4 (quantized experts) or "
+                   "1e-6 (f32)",
                    false, Guarded(OracleNmse)});
   gates.push_back({"anchor-replay",
                    "one prompt decoded 4 times, other prompts churning the cache in between: "

@@ -123,6 +123,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   SlotExperts(const ExpertStore& store, int k, const RoutingTrace* routing_trace)
       : store_(store), k_(k), routing_trace_(routing_trace) {
     local_layer_.resize(static_cast<size_t>(store.n_layer()));
+    batch_rows_.resize(static_cast<size_t>(store.n_layer()));
   }
 
   absl::Status AddPools(const CpuBackendOptions& options) {
@@ -199,12 +200,14 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     }
   }
 
-  // Routing replay: the step being computed is the count of steps done so far.
+  // Routing replay: the step being computed is the count of steps done so far,
+  // plus the row's place in its batch (rows come in order, once per layer).
   void Route(int layer, absl::Span<int32_t> experts, absl::Span<double> weights) override {
+    const uint64_t batch_row = batch_rows_[static_cast<size_t>(layer)]++;
     if (routing_trace_ == nullptr) return;
     const RoutingTrace& trace = *routing_trace_;
     const int64_t step =
-        static_cast<int64_t>(counters_.steps % static_cast<uint64_t>(trace.n_steps));
+        static_cast<int64_t>((counters_.steps + batch_row) % static_cast<uint64_t>(trace.n_steps));
     if (!trace.present(step, layer)) return;
     const size_t row = trace.row_offset(step, layer);
     for (int r = 0; r < k_; ++r) {
@@ -213,7 +216,22 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     }
   }
 
-  void CountStep() { ++counters_.steps; }
+  // Every pool holds all of its class's experts: nothing is ever evicted.
+  bool ViewsOutliveCalls() const override {
+    for (const Pool& pool : pools_) {
+      if (!pool.cache.has_value() ||
+          pool.info.n_slots < static_cast<int32_t>(pool.info.layers.size()) * store_.n_expert()) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // n tokens (one batch) done.
+  void CountSteps(int n) {
+    counters_.steps += static_cast<uint64_t>(n);
+    std::fill(batch_rows_.begin(), batch_rows_.end(), 0);
+  }
   const EngineCounters& counters() const { return counters_; }
   const std::vector<Pool>& pools() const { return pools_; }
   const std::vector<int32_t>& routing() const { return routing_; }
@@ -241,6 +259,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   const int k_;
   const RoutingTrace* routing_trace_;
   std::vector<int32_t> local_layer_;  // model layer -> its number in its class's cache
+  std::vector<uint64_t> batch_rows_;  // per layer: rows routed so far in this batch
   std::vector<Pool> pools_;
   EngineCounters counters_;
   std::vector<int32_t> routing_;
@@ -268,14 +287,28 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Model& mode
   for (const SlotExperts::Pool& pool : backend->experts_->pools()) {
     backend->pools_.push_back(pool.info);
   }
-  MG_ASSIGN_OR_RETURN(backend->oracle_,
-                      Oracle::Create(model, options.max_ctx, backend->experts_.get()));
+  if (options.oracle_arithmetic) {
+    MG_ASSIGN_OR_RETURN(backend->oracle_,
+                        Oracle::Create(model, options.max_ctx, backend->experts_.get()));
+  } else {
+    MG_ASSIGN_OR_RETURN(backend->oracle_, CreateCpuForward(model, options.max_ctx,
+                                                           backend->experts_.get(), options.fast));
+  }
   return backend;
 }
 
 CpuBackend::~CpuBackend() = default;
 
 absl::StatusOr<std::vector<float>> CpuBackend::Forward(absl::Span<const int32_t> tokens) {
+  return Run(tokens, /*all_logits=*/true);
+}
+
+absl::StatusOr<std::vector<float>> CpuBackend::ForwardLast(absl::Span<const int32_t> tokens) {
+  return Run(tokens, /*all_logits=*/false);
+}
+
+absl::StatusOr<std::vector<float>> CpuBackend::Run(absl::Span<const int32_t> tokens,
+                                                   bool all_logits) {
   if (tokens.empty()) {
     return absl::InvalidArgumentError("cpu backend: Forward needs at least one token");
   }
@@ -293,11 +326,17 @@ absl::StatusOr<std::vector<float>> CpuBackend::Forward(absl::Span<const int32_t>
         absl::StrFormat("cpu backend: %d cached + %d new tokens exceed the context size %d",
                         n_past(), tokens.size(), max_ctx_));
   }
+  if (experts_->ViewsOutliveCalls()) {
+    absl::StatusOr<std::vector<float>> logits =
+        all_logits ? oracle_->Forward(tokens) : oracle_->ForwardLast(tokens);
+    experts_->CountSteps(static_cast<int>(tokens.size()));
+    return logits;
+  }
   std::vector<float> logits;
-  for (const int32_t token : tokens) {
-    MG_ASSIGN_OR_RETURN(std::vector<float> step, oracle_->Forward({token}));
-    experts_->CountStep();
-    logits.insert(logits.end(), step.begin(), step.end());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    MG_ASSIGN_OR_RETURN(std::vector<float> step, oracle_->Forward({tokens[i]}));
+    experts_->CountSteps(1);
+    if (all_logits || i + 1 == tokens.size()) logits.insert(logits.end(), step.begin(), step.end());
   }
   return logits;
 }
@@ -305,6 +344,8 @@ absl::StatusOr<std::vector<float>> CpuBackend::Forward(absl::Span<const int32_t>
 int CpuBackend::n_past() const { return oracle_->n_past(); }
 
 void CpuBackend::Reset() { oracle_->Reset(); }
+
+bool CpuBackend::BatchesPrompts() const { return experts_->ViewsOutliveCalls(); }
 
 const EngineCounters& CpuBackend::counters() const { return experts_->counters(); }
 

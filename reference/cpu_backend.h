@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "cpu/forward.h"
 #include "loader/model_config.h"
 #include "loader/placement.h"
 #include "reference/oracle.h"
@@ -46,6 +47,11 @@ struct CpuBackendOptions {
   // trace's weights (uniform 1/k when it has none); a row the trace lacks keeps
   // the router's. Null: the router decides. Must outlive the backend.
   const RoutingTrace* routing_trace = nullptr;
+  // The arithmetic: the fast path (cpu/forward.h: threads, SIMD, quantized
+  // activations) or, with oracle_arithmetic, the oracle's own (f64, one thread),
+  // for checks that need the oracle's bits.
+  CpuForwardOptions fast;
+  bool oracle_arithmetic = false;
 };
 
 // A trace that can stand in for the model's router: n_layer and k equal the
@@ -72,7 +78,7 @@ struct SlotPoolInfo {
   size_t pool_bytes() const { return block_bytes * static_cast<size_t>(n_slots); }
 };
 
-// Drives like the oracle (Forward, Generate); Forward runs one step per token.
+// Drives like the oracle (Forward, Generate).
 // Reset clears the KV cache only: resident experts and counters carry over.
 class CpuBackend final : public Oracle {
  public:
@@ -84,10 +90,15 @@ class CpuBackend final : public Oracle {
                                                             const CpuBackendOptions& options);
   ~CpuBackend() override;
 
+  // A batch runs as one batch where the slots hold every expert (the residency
+  // steps then count the same in any order), else as T=1 steps, token by token.
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) override;
+  absl::StatusOr<std::vector<float>> ForwardLast(absl::Span<const int32_t> tokens) override;
   int n_past() const override;
   void Reset() override;
 
+  // Whether a batch of tokens runs as one batch (every expert resident).
+  bool BatchesPrompts() const;
   const EngineCounters& counters() const;
   // One per size class, indexed like store.size_classes().
   const std::vector<SlotPoolInfo>& pools() const;
@@ -110,6 +121,8 @@ class CpuBackend final : public Oracle {
   // Declared before oracle_, which calls into it, so it is destroyed after.
   std::unique_ptr<SlotExperts> experts_;
   std::unique_ptr<Oracle> oracle_;
+
+  absl::StatusOr<std::vector<float>> Run(absl::Span<const int32_t> tokens, bool all_logits);
 };
 
 }  // namespace moegraph

@@ -232,6 +232,27 @@ void ModelExpertProvider::Provide(int layer, absl::Span<const int32_t> experts,
   }
 }
 
+void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm,
+                   std::vector<int32_t>* chosen, std::vector<double>* weight) {
+  const int64_t n_rows = RowCount(probs.size(), n_expert, "SelectExperts: rows of n_expert");
+  chosen->assign(static_cast<size_t>(n_rows * k), 0);
+  weight->assign(chosen->size(), 0.0);
+  for (int64_t t = 0; t < n_rows; ++t) {
+    absl::Span<const float> row(probs.data() + t * n_expert, static_cast<size_t>(n_expert));
+    const std::vector<int32_t> top = TopK(row, k);
+    double sum = 0.0;
+    for (int i = 0; i < k; ++i) {
+      (*chosen)[t * k + i] = top[i];
+      (*weight)[t * k + i] = row[top[i]];
+      sum += row[top[i]];
+    }
+    // norm_w: the selected weights divided by their sum (ggml_sum_rows, ggml_div).
+    if (norm) {
+      for (int i = 0; i < k; ++i) (*weight)[t * k + i] /= sum;
+    }
+  }
+}
+
 void MoeFfn(const Model& model, int layer, absl::Span<const float> x, absl::Span<float> out,
             std::vector<int32_t>* selected) {
   ModelExpertProvider experts(model);
@@ -253,21 +274,10 @@ void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<c
   std::vector<float> probs(static_cast<size_t>(n_rows * n_expert));
   MatMul(weight_view(*lt.router), x, absl::MakeSpan(probs));
   Softmax(n_expert, absl::MakeSpan(probs));
-  std::vector<int32_t> chosen(static_cast<size_t>(n_rows * k));
-  std::vector<double> weight(chosen.size());
+  std::vector<int32_t> chosen;
+  std::vector<double> weight;
+  SelectExperts(probs, n_expert, k, cfg.norm_topk_prob, &chosen, &weight);
   for (int64_t t = 0; t < n_rows; ++t) {
-    absl::Span<const float> row(probs.data() + t * n_expert, static_cast<size_t>(n_expert));
-    const std::vector<int32_t> top = TopK(row, k);
-    double sum = 0.0;
-    for (int i = 0; i < k; ++i) {
-      chosen[t * k + i] = top[i];
-      weight[t * k + i] = row[top[i]];
-      sum += row[top[i]];
-    }
-    // norm_w: the selected weights divided by their sum (ggml_sum_rows, ggml_div).
-    if (cfg.norm_topk_prob) {
-      for (int i = 0; i < k; ++i) weight[t * k + i] /= sum;
-    }
     experts.Route(layer, absl::MakeSpan(chosen).subspan(t * k, k),
                   absl::MakeSpan(weight).subspan(t * k, k));
   }

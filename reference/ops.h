@@ -94,6 +94,10 @@ class ExpertProvider {
   // override rewrites both. The default keeps the router's choice.
   virtual void Route(int /*layer*/, absl::Span<int32_t> /*experts*/,
                      absl::Span<double> /*weights*/) {}
+  // Whether the views Provide fills stay valid through later calls (until the
+  // next Forward), so a batch's experts can run after all its rows are asked;
+  // a cache that may evict says no.
+  virtual bool ViewsOutliveCalls() const { return true; }
 };
 
 // The model's own slices (Model::expert).
@@ -106,6 +110,12 @@ class ModelExpertProvider final : public ExpertProvider {
  private:
   const Model& model_;
 };
+
+// The router's choice for each row of probs (rows of n_expert, softmaxed): the
+// top k ids in rank order and their probabilities, divided by their sum when
+// norm (norm_topk_prob), at [row * k, row * k + k) of chosen and weight.
+void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm,
+                   std::vector<int32_t>* chosen, std::vector<double>* weight);
 
 // The feed-forward block of one MoE layer (llm_graph_context::build_moe_ffn,
 // plus the qwen2moe shared expert) on rows of n_embd that are already

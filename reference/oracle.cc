@@ -195,6 +195,14 @@ absl::StatusOr<std::unique_ptr<Oracle>> Oracle::Create(const Model& model, int m
   return std::unique_ptr<Oracle>(new CpuOracle(model, max_ctx, experts));
 }
 
+absl::StatusOr<std::vector<float>> Oracle::ForwardLast(absl::Span<const int32_t> tokens) {
+  absl::StatusOr<std::vector<float>> logits = Forward(tokens);
+  if (!logits.ok() || tokens.size() == 1) return logits;
+  const size_t n_vocab = logits->size() / tokens.size();
+  logits->erase(logits->begin(), logits->end() - static_cast<std::ptrdiff_t>(n_vocab));
+  return logits;
+}
+
 absl::StatusOr<std::vector<int32_t>> Oracle::Generate(absl::Span<const int32_t> prompt,
                                                       int n_predict, GenerateStats* stats,
                                                       const TokenSink& sink,
@@ -214,17 +222,17 @@ absl::StatusOr<std::vector<int32_t>> Oracle::Generate(absl::Span<const int32_t> 
   st = GenerateStats();
 
   auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<float>> logits = Forward(prompt);
+  absl::StatusOr<std::vector<float>> logits = ForwardLast(prompt);
   if (!logits.ok()) return logits.status();
   st.prompt_tokens = static_cast<int>(prompt.size());
   st.prompt_seconds = SecondsSince(start);
 
   std::vector<int32_t> out;
   if (n_predict == 0) return out;
-  const size_t n_vocab = logits->size() / prompt.size();
-  // The last row's logits are those of position n_past() - 1.
+  const size_t n_vocab = logits->size();
+  // The logits are those of position n_past() - 1.
   auto pick = [&]() {
-    const float* row = logits->data() + (logits->size() - n_vocab);
+    const float* row = logits->data();
     return sample_token(row, static_cast<int32_t>(n_vocab), sampling,
                         sample_uniform(sampling.seed, n_past() - 1));
   };
@@ -232,7 +240,7 @@ absl::StatusOr<std::vector<int32_t>> Oracle::Generate(absl::Span<const int32_t> 
   bool go_on = sink == nullptr || sink(out.back());
   start = std::chrono::steady_clock::now();
   while (go_on && static_cast<int>(out.size()) < n_predict) {
-    logits = Forward({out.back()});
+    logits = ForwardLast({out.back()});
     if (!logits.ok()) return logits.status();
     out.push_back(pick());
     ++st.decode_steps;

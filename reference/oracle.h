@@ -43,6 +43,9 @@ class Oracle {
   // the cache; returns logits, T rows of n_vocab. Tokens out of range and a full
   // cache are errors naming the token or the context size.
   virtual absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) = 0;
+  // Forward, returning the last row's logits only (a prompt's other rows are
+  // not read; a backend may skip computing them).
+  virtual absl::StatusOr<std::vector<float>> ForwardLast(absl::Span<const int32_t> tokens);
   virtual int n_past() const = 0;
   virtual void Reset() = 0;
 

@@ -125,6 +125,7 @@ TEST_P(CpuBackendOracleTest, TokensAndLogitsEqualTheOracleBitForBit) {
 
   CpuBackendOptions options;
   options.max_ctx = kMaxCtx;
+  options.oracle_arithmetic = true;  // the pipeline, checked against the oracle bit for bit
   options.n_slots = slot_case.n_slots;
   options.policy = slot_case.policy;
   options.pool_mode = slot_case.pool_mode;
@@ -391,6 +392,7 @@ TEST(CpuBackendSizeClassTest, TwoSizeClassesRunTwoPoolsAndMatchTheOracle) {
   CpuBackendOptions options;
   options.max_ctx = kMaxCtx;
   options.n_slots = 6;  // 4 for the two f32 layers, 2 for the q8_0 one
+  options.oracle_arithmetic = true;
   absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
       CpuBackend::Create(model, *store, options);
   ASSERT_TRUE(backend.ok()) << backend.status();

@@ -4,8 +4,9 @@
 // ignore --slots (resident holds every expert, stage has k scratch slots) run
 // once, with the first slot count's group.
 //
-// Tests: pp<p> feeds p prompt tokens (one T=1 step each, as decode does) and
-// times them; tg<n> feeds one token and generates n, timing all n steps. Each
+// Tests: pp<p> feeds p prompt tokens and times them (CUDA: one T=1 step each,
+// as decode does; the CPU backend: one batch where every expert is resident,
+// else T=1 steps); tg<n> feeds one token and generates n, timing all n steps. Each
 // (engine, test) runs once untimed first (graph capture, cache warm-up).
 #include <unistd.h>
 
@@ -115,11 +116,12 @@ class CpuTarget final : public Target {
  public:
   static absl::StatusOr<std::unique_ptr<Target>> Create(const Model& model,
                                                         const ExpertStore& store,
-                                                        const Doors& doors, Arm arm,
-                                                        int32_t slots, int ctx,
+                                                        const Doors& doors, Arm arm, int32_t slots,
+                                                        int ctx, const CpuForwardOptions& cpu,
                                                         const RoutingTrace* trace) {
     CpuBackendOptions options;
     options.max_ctx = ctx;
+    options.fast = cpu;
     options.n_slots = arm == Arm::kResident ? 0 : slots;
     options.policy = doors.policy;
     options.protected_frac = doors.protected_frac;
@@ -428,6 +430,7 @@ struct Plan {
   int ctx = 0;
   bool json = false;
   bool cuda = false;
+  CpuForwardOptions cpu;  // -t, --kv-type
 };
 
 absl::StatusOr<Plan> MakePlan() {
@@ -469,6 +472,7 @@ absl::StatusOr<Plan> MakePlan() {
         "--steps-per-launch %d must be at least 1", absl::GetFlag(FLAGS_steps_per_launch)));
   }
   MG_ASSIGN_OR_RETURN(plan.cuda, BackendIsCuda());
+  MG_ASSIGN_OR_RETURN(plan.cpu, ReadCpuFlags());
   return plan;
 }
 
@@ -617,7 +621,7 @@ absl::Status Bench() {
                                          e.slots_requested == 0 && slots == 0 ? sharing : 1,
                                          plan.ctx, trace_ptr, record_steps)
                     : CpuTarget::Create(model, *store, doors[e.arm], plan.arms[e.arm], slots,
-                                        plan.ctx, trace_ptr);
+                                        plan.ctx, plan.cpu, trace_ptr);
       if (!target.ok()) {
         return Prefixed(target.status(), absl::StrCat("arm ", Av(ArmName(plan.arms[e.arm]))));
       }

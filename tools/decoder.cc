@@ -13,6 +13,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cpu/simd_kernels.h"
+#include "cpu/thread_pool.h"
 #include "loader/status_util.h"
 #include "residency/simulator.h"
 #include "tools/commands.h"
@@ -34,6 +36,10 @@ ABSL_FLAG(float, top_p, 0.95f,
 ABSL_FLAG(float, min_p, 0.05f,
           "run, chat: sampling drops tokens less likely than this share of the most likely one "
           "(0: off)");
+
+ABSL_FLAG(int32_t, t, 0, "run, chat, bench: CPU backend threads (0: the physical cores)");
+ABSL_FLAG(std::string, kv_type, "f16",
+          "run, chat, bench: the CPU backend's KV cache element type, f16 or f32");
 
 namespace moegraph {
 namespace {
@@ -144,8 +150,27 @@ absl::StatusOr<bool> BackendIsCuda() {
   return cuda;
 }
 
+absl::StatusOr<CpuForwardOptions> ReadCpuFlags() {
+  CpuForwardOptions options;
+  options.threads = absl::GetFlag(FLAGS_t);
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "-t %d: threads must be positive (0: the physical cores)", options.threads));
+  }
+  const std::string kv = absl::GetFlag(FLAGS_kv_type);
+  if (kv == "f16") {
+    options.kv_type = KvCacheType::kF16;
+  } else if (kv == "f32") {
+    options.kv_type = KvCacheType::kF32;
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat("--kv-type '%s' is not f16 or f32", kv));
+  }
+  return options;
+}
+
 absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
   DecoderFlags flags;
+  MG_ASSIGN_OR_RETURN(flags.cpu, ReadCpuFlags());
   MG_ASSIGN_OR_RETURN(flags.cuda, BackendIsCuda());
   flags.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
   if (flags.steps_per_launch < 1) {
@@ -185,6 +210,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   options.policy = flags.doors.doors.policy;
   options.protected_frac = flags.doors.doors.protected_frac;
   options.cache = flags.doors.doors.moe_cache;
+  options.fast = flags.cpu;
   switch (flags.doors.arm) {
     case Arm::kResident:
       options.n_slots = 0;
@@ -208,6 +234,10 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   d->store_ = std::make_unique<ExpertStore>(std::move(store));
   MG_ASSIGN_OR_RETURN(d->cpu_, CpuBackend::Create(model, *d->store_, options));
   std::fprintf(info, "%s\n", Banner(*d->cpu_, *d->store_, options).c_str());
+  std::fprintf(info, "backend cpu: %d threads, SIMD %s, KV cache %s; a prompt runs %s\n",
+               options.fast.threads > 0 ? options.fast.threads : PhysicalCores(),
+               SimdTargetName().c_str(), options.fast.kv_type == KvCacheType::kF16 ? "f16" : "f32",
+               d->cpu_->BatchesPrompts() ? "as one batch" : "token by token (slots < experts)");
   return d;
 }
 

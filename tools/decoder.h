@@ -1,8 +1,8 @@
 // The backend a decoding command (run, chat) drives: the CPU backend or the
 // CUDA engine, picked and set up by --backend, --arm (and the environment's
-// doors), --slots, --steps-per-launch and the sampling flags (--temp, --top-k,
-// --top-p, --min-p, --seed), with the start-up lines and the summary line the
-// commands print.
+// doors), --slots, --steps-per-launch, the CPU path's -t and --kv-type and the
+// sampling flags (--temp, --top-k, --top-p, --min-p, --seed), with the start-up lines and the
+// summary line the commands print.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "capture/doors.h"
 #include "capture/engine.h"
+#include "cpu/forward.h"
 #include "kernels/sample_math.h"
 #include "loader/model_config.h"
 #include "reference/cpu_backend.h"
@@ -28,7 +29,11 @@ struct DecoderFlags {
   ResolvedDoors doors;
   int steps_per_launch = 1;
   SamplingParams sampling;  // --seed unset: a random seed, drawn here
+  CpuForwardOptions cpu;    // -t, --kv-type
 };
+
+// -t and --kv-type, each error naming its flag.
+absl::StatusOr<CpuForwardOptions> ReadCpuFlags();
 
 // --backend: true for cuda, or auto where a device exists; an error for
 // another name or for cuda without a device.

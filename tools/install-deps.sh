@@ -2,11 +2,12 @@
 # Installs the Debian packages moegraph builds with, when they are missing.
 # As root it runs apt-get; otherwise it prints the exact command and stops.
 # The CUDA toolkit itself is a precondition (nvcc in /usr/local/cuda or on PATH);
-# the emulated tree needs only Boost.Context (the fibers of emulator/).
+# the emulated tree needs only Boost.Context (the fibers of emulator/); the CPU
+# path's SIMD kernels use Highway (libhwy-dev).
 set -euo pipefail
 
 packages=(cmake make g++ clang libclang-rt-14-dev libabsl-dev libgtest-dev libbenchmark-dev gnuplot-nox
-  libboost-context-dev libpcre2-dev nlohmann-json3-dev pkg-config)
+  libboost-context-dev libpcre2-dev nlohmann-json3-dev pkg-config libhwy-dev)
 
 missing=()
 for p in "${packages[@]}"; do

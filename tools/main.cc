@@ -78,18 +78,18 @@ constexpr Command kCommands[] = {
      "as it comes (or ids) and tok/s",
      moegraph::RunRun,
      "m,p,f,tokens,n,ignore_eos,special,temp,top_k,top_p,min_p,seed,ctx,backend,slots,arm,"
-     "steps_per_launch"},
+     "steps_per_launch,t,kv_type"},
     {"chat",
      "-m FILE [--system TEXT] [--chat-template NAME]: a conversation, one message a line "
      "(a terminal or a pipe; EOF ends), the KV cache kept between turns",
      moegraph::RunChat,
      "m,system,chat_template,verbose_prompt,n,special,temp,top_k,top_p,min_p,seed,ctx,backend,"
-     "slots,arm,steps_per_launch"},
+     "slots,arm,steps_per_launch,t,kv_type"},
     {"bench",
      "-m FILE [--arms ...] [--slots 16,32|auto] [-n 128] [-r 5]: arms side by side, "
      "llama-bench style",
      moegraph::RunBench,
-     "m,p,n,arms,slots,r,o,routing_trace,record_routing,ctx,backend,steps_per_launch"},
+     "m,p,n,arms,slots,r,o,routing_trace,record_routing,ctx,backend,steps_per_launch,t,kv_type"},
     {"tokenize",
      "-m FILE -p TEXT | -f FILE [--ids] [--no-bos] [--no-parse-special]: text to "
      "token ids with the file's vocabulary, like llama-tokenize",

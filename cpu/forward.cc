@@ -1,0 +1,532 @@
+// The forward pass mirrors reference/oracle.cc step for step (see there for the
+// graph and where it comes from); only the arithmetic differs.
+#include "cpu/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "cpu/act_quant.h"
+#include "cpu/simd_kernels.h"
+#include "cpu/thread_pool.h"
+#include "loader/quant.h"
+
+namespace moegraph {
+namespace {
+
+// Weight rows per task: enough tasks to balance the threads, rows enough to
+// amortize a task.
+int64_t RowsPerTask(int64_t rows, int threads, int64_t n_act) {
+  if (threads <= 1) return rows;
+  const int64_t min_rows = n_act > 4 ? 4 : 16;
+  return std::max(min_rows, rows / (8 * static_cast<int64_t>(threads)));
+}
+
+bool CpuPathComputes(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::vector<float> OptionalTensor(const GgufTensor* t) {
+  return t == nullptr ? std::vector<float>() : TensorToFloat(*t);
+}
+
+struct LayerVectors {
+  std::vector<float> attn_norm, ffn_norm, q_norm, k_norm, bq, bk, bv;
+};
+
+// Activation rows quantized for one weight type.
+struct Acts {
+  ActType type = ActType::kF32;
+  size_t row_bytes = 0;
+  int64_t rows = 0;
+  std::vector<uint8_t> data;
+  const uint8_t* row(int64_t r) const { return data.data() + static_cast<size_t>(r) * row_bytes; }
+};
+
+// One matmul job of a batch of them run as one pool job: out rows of w for the
+// activation rows act (all of them, contiguous).
+struct MatJob {
+  WeightView w;
+  const Acts* act = nullptr;
+  int64_t act_begin = 0, n_act = 0;
+  float* out = nullptr;  // out[t * w.rows + r]
+};
+
+class CpuForward final : public Oracle {
+ public:
+  CpuForward(const Model& model, int max_ctx, ExpertProvider* experts,
+             const CpuForwardOptions& options)
+      : model_(model),
+        max_ctx_(max_ctx),
+        model_experts_(model),
+        experts_(experts != nullptr ? experts : &model_experts_),
+        pool_(options.threads > 0 ? options.threads : PhysicalCores()),
+        kv_f16_(options.kv_type == KvCacheType::kF16) {
+    const ModelConfig& cfg = model.config;
+    for (const LayerTensors& lt : model.layers) {
+      layers_.push_back({TensorToFloat(*lt.attn_norm), TensorToFloat(*lt.ffn_norm),
+                         OptionalTensor(lt.q_norm), OptionalTensor(lt.k_norm),
+                         OptionalTensor(lt.bq), OptionalTensor(lt.bk), OptionalTensor(lt.bv)});
+    }
+    output_norm_ = TensorToFloat(*model.output_norm);
+    const size_t kv = static_cast<size_t>(max_ctx) * cfg.n_head_kv * cfg.head_dim;
+    k_cache_.assign(model.layers.size(), std::vector<uint8_t>(kv * (kv_f16_ ? 2 : 4)));
+    v_cache_.assign(model.layers.size(), std::vector<uint8_t>(kv * (kv_f16_ ? 2 : 4)));
+  }
+
+  absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) override {
+    return Run(tokens, /*all_logits=*/true);
+  }
+  absl::StatusOr<std::vector<float>> ForwardLast(absl::Span<const int32_t> tokens) override {
+    return Run(tokens, /*all_logits=*/false);
+  }
+  int n_past() const override { return n_past_; }
+  void Reset() override { n_past_ = 0; }
+
+ private:
+  absl::StatusOr<std::vector<float>> Run(absl::Span<const int32_t> tokens, bool all_logits);
+  void Quantize(GgmlType w_type, const float* x, int64_t rows, int64_t cols, Acts* out);
+  void MatMuls(absl::Span<const MatJob> jobs);
+  void MatMul(const WeightView& w, const float* x, int64_t rows, float* out);
+  void AttentionBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
+  void Rope(float* x, int n_head, int64_t n);
+  void MoeBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
+  void Experts(int il, const std::vector<float>& h, absl::Span<const int64_t> rows,
+               absl::Span<const int32_t> chosen, absl::Span<const ExpertWeights> views,
+               std::vector<float>* expert_out);
+
+  const Model& model_;
+  const int max_ctx_;
+  ModelExpertProvider model_experts_;
+  ExpertProvider* experts_;
+  ThreadPool pool_;
+  const bool kv_f16_;
+  int n_past_ = 0;
+  std::vector<LayerVectors> layers_;
+  std::vector<float> output_norm_;
+  std::vector<std::vector<uint8_t>> k_cache_, v_cache_;  // [pos][n_head_kv][head_dim]
+  std::vector<double> rope_cos_, rope_sin_;              // [row][head_dim / 2] of this batch
+  Acts acts_;
+};
+
+void CpuForward::Quantize(GgmlType w_type, const float* x, int64_t rows, int64_t cols, Acts* out) {
+  out->type = act_type_for(w_type);
+  out->row_bytes = act_row_bytes(out->type, cols);
+  out->rows = rows;
+  out->data.resize(out->row_bytes * static_cast<size_t>(rows));
+  pool_.Run(rows, [&](int64_t r) {
+    quantize_act_row(out->type, x + r * cols, cols, out->data.data() + r * out->row_bytes);
+  });
+}
+
+void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
+  // Tasks: every job's row blocks, one after the other.
+  std::vector<int64_t> first_task(jobs.size() + 1, 0);
+  std::vector<int64_t> block(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    block[j] = RowsPerTask(jobs[j].w.rows, pool_.size(), jobs[j].n_act);
+    first_task[j + 1] = first_task[j] + (jobs[j].w.rows + block[j] - 1) / block[j];
+  }
+  pool_.Run(first_task.back(), [&](int64_t task) {
+    const size_t j = static_cast<size_t>(
+        std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1);
+    const MatJob& job = jobs[j];
+    MatMulArgs a;
+    a.type = job.w.type;
+    a.w = job.w.data;
+    a.w_row_bytes = job.w.row_bytes;
+    a.cols = job.w.cols;
+    a.row_begin = (task - first_task[j]) * block[j];
+    a.row_end = std::min(job.w.rows, a.row_begin + block[j]);
+    a.act = job.act->row(job.act_begin);
+    a.act_row_bytes = job.act->row_bytes;
+    a.n_act = job.n_act;
+    a.out = job.out;
+    a.out_stride = job.w.rows;
+    SimdMatMulRows(a);
+  });
+}
+
+void CpuForward::MatMul(const WeightView& w, const float* x, int64_t rows, float* out) {
+  Quantize(w.type, x, rows, w.cols, &acts_);
+  const MatJob job{w, &acts_, 0, rows, out};
+  MatMuls({&job, 1});
+}
+
+void CpuForward::Rope(float* x, int n_head, int64_t n) {
+  const ModelConfig& cfg = model_.config;
+  const int half = cfg.head_dim / 2;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int h = 0; h < n_head; ++h) {
+      float* head = x + (t * n_head + h) * cfg.head_dim;
+      for (int i = 0; i < half; ++i) {
+        float* a = cfg.rope_type == RopeType::kNorm ? head + 2 * i : head + i;
+        float* b = cfg.rope_type == RopeType::kNorm ? head + 2 * i + 1 : head + i + half;
+        const double c = rope_cos_[t * half + i];
+        const double s = rope_sin_[t * half + i];
+        const double x0 = *a;
+        const double x1 = *b;
+        *a = static_cast<float>(x0 * c - x1 * s);
+        *b = static_cast<float>(x0 * s + x1 * c);
+      }
+    }
+  }
+}
+
+void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
+                                std::vector<float>* out) {
+  const ModelConfig& cfg = model_.config;
+  const LayerTensors& lt = model_.layers[il];
+  const LayerVectors& lv = layers_[il];
+  const int64_t q_len = static_cast<int64_t>(cfg.n_head) * cfg.head_dim;
+  const int64_t kv_len = static_cast<int64_t>(cfg.n_head_kv) * cfg.head_dim;
+
+  std::vector<float> q(n * q_len), k(n * kv_len), v(n * kv_len);
+  {
+    Quantize(lt.wq->ggml_type(), h.data(), n, cfg.n_embd, &acts_);
+    // q, k and v share the input; one pool job when their types share its form.
+    const WeightView wq = weight_view(*lt.wq), wk = weight_view(*lt.wk), wv = weight_view(*lt.wv);
+    if (act_type_for(wk.type) == acts_.type && act_type_for(wv.type) == acts_.type) {
+      const MatJob jobs[] = {
+          {wq, &acts_, 0, n, q.data()}, {wk, &acts_, 0, n, k.data()}, {wv, &acts_, 0, n, v.data()}};
+      MatMuls(jobs);
+    } else {
+      MatMul(wq, h.data(), n, q.data());
+      MatMul(wk, h.data(), n, k.data());
+      MatMul(wv, h.data(), n, v.data());
+    }
+  }
+  if (!lv.bq.empty()) AddBias(lv.bq, absl::MakeSpan(q));
+  if (!lv.bk.empty()) AddBias(lv.bk, absl::MakeSpan(k));
+  if (!lv.bv.empty()) AddBias(lv.bv, absl::MakeSpan(v));
+  if (!lv.q_norm.empty()) RmsNorm(q, lv.q_norm, cfg.rms_eps, absl::MakeSpan(q));
+  if (!lv.k_norm.empty()) RmsNorm(k, lv.k_norm, cfg.rms_eps, absl::MakeSpan(k));
+  Rope(q.data(), cfg.n_head, n);
+  Rope(k.data(), cfg.n_head_kv, n);
+
+  // Append to the cache at positions n_past_ .. n_past_ + n - 1.
+  const size_t elem = kv_f16_ ? 2 : 4;
+  uint8_t* kc = k_cache_[il].data() + static_cast<size_t>(n_past_ * kv_len) * elem;
+  uint8_t* vc = v_cache_[il].data() + static_cast<size_t>(n_past_ * kv_len) * elem;
+  if (kv_f16_) {
+    for (size_t i = 0; i < k.size(); ++i) {
+      reinterpret_cast<uint16_t*>(kc)[i] = f32_to_f16(k[i]);
+      reinterpret_cast<uint16_t*>(vc)[i] = f32_to_f16(v[i]);
+    }
+  } else {
+    std::memcpy(kc, k.data(), k.size() * 4);
+    std::memcpy(vc, v.data(), v.size() * 4);
+  }
+
+  // One task per (row, head): softmax(scale q.k) . v over positions 0..pos.
+  std::vector<float> attn(q.size());
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  const int group = cfg.n_head / cfg.n_head_kv;
+  const uint8_t* k_all = k_cache_[il].data();
+  const uint8_t* v_all = v_cache_[il].data();
+  pool_.Run(n * cfg.n_head, [&](int64_t task) {
+    const int64_t t = task / cfg.n_head;
+    const int hd = static_cast<int>(task % cfg.n_head);
+    const int64_t n_seen = n_past_ + t + 1;
+    const float* qh = q.data() + t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
+    const size_t kv_off = static_cast<size_t>(hd / group) * cfg.head_dim;
+    thread_local std::vector<float> scores;
+    scores.resize(static_cast<size_t>(n_seen));
+    float max = -INFINITY;
+    for (int64_t j = 0; j < n_seen; ++j) {
+      const size_t at = (static_cast<size_t>(j) * kv_len + kv_off) * elem;
+      scores[j] =
+          kq_scale *
+          (kv_f16_ ? SimdDotF16(qh, reinterpret_cast<const uint16_t*>(k_all + at), cfg.head_dim)
+                   : SimdDotF32(qh, reinterpret_cast<const float*>(k_all + at), cfg.head_dim));
+      max = std::max(max, scores[j]);
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < n_seen; ++j) {
+      scores[j] = std::exp(scores[j] - max);
+      sum += scores[j];
+    }
+    float* oh = attn.data() + t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
+    std::fill_n(oh, cfg.head_dim, 0.0f);
+    for (int64_t j = 0; j < n_seen; ++j) {
+      const size_t at = (static_cast<size_t>(j) * kv_len + kv_off) * elem;
+      if (kv_f16_) {
+        SimdAxpyF16(scores[j], reinterpret_cast<const uint16_t*>(v_all + at), oh, cfg.head_dim);
+      } else {
+        SimdAxpyF32(scores[j], reinterpret_cast<const float*>(v_all + at), oh, cfg.head_dim);
+      }
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int d = 0; d < cfg.head_dim; ++d) oh[d] *= inv;
+  });
+  out->resize(static_cast<size_t>(n * cfg.n_embd));
+  MatMul(weight_view(*lt.wo), attn.data(), n, out->data());
+}
+
+// The experts for rows (indices into h), chosen[i * k + r] with views[i * k + r]:
+// gate and up for every (row, rank) at once, swiglu, then down; each (row, rank)
+// output lands in expert_out[(i * k + r) * n_embd].
+void CpuForward::Experts(int il, const std::vector<float>& h, absl::Span<const int64_t> rows,
+                         absl::Span<const int32_t> chosen, absl::Span<const ExpertWeights> views,
+                         std::vector<float>* expert_out) {
+  (void)il;
+  const ModelConfig& cfg = model_.config;
+  const int k = cfg.n_expert_used;
+  const int64_t n_embd = cfg.n_embd;
+  const int64_t n_pairs = static_cast<int64_t>(rows.size()) * k;
+  // Group the (row, rank) pairs by expert, in first-seen order.
+  std::vector<int32_t> experts;
+  std::vector<std::vector<int64_t>> pairs_of;
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    const auto it = std::find(experts.begin(), experts.end(), chosen[p]);
+    if (it == experts.end()) {
+      experts.push_back(chosen[p]);
+      pairs_of.push_back({p});
+    } else {
+      pairs_of[it - experts.begin()].push_back(p);
+    }
+  }
+  // Each expert's input rows, quantized for its gate/up type, contiguous.
+  const size_t n_groups = experts.size();
+  std::vector<Acts> in(n_groups);
+  const int64_t ff = views[0].gate.rows;
+  std::vector<std::vector<float>> gate(n_groups), up(n_groups);
+  std::vector<MatJob> jobs;
+  for (size_t g = 0; g < n_groups; ++g) {
+    const ExpertWeights& w = views[pairs_of[g][0]];
+    in[g].type = act_type_for(w.gate.type);
+    in[g].row_bytes = act_row_bytes(in[g].type, n_embd);
+    in[g].rows = static_cast<int64_t>(pairs_of[g].size());
+    in[g].data.resize(in[g].row_bytes * pairs_of[g].size());
+    gate[g].resize(pairs_of[g].size() * ff);
+    up[g].resize(pairs_of[g].size() * ff);
+  }
+  std::vector<std::pair<size_t, size_t>> quantize_tasks;
+  for (size_t g = 0; g < n_groups; ++g) {
+    for (size_t i = 0; i < pairs_of[g].size(); ++i) quantize_tasks.push_back({g, i});
+  }
+  pool_.Run(static_cast<int64_t>(quantize_tasks.size()), [&](int64_t task) {
+    const auto [g, i] = quantize_tasks[task];
+    const int64_t row = rows[pairs_of[g][i] / k];
+    quantize_act_row(in[g].type, h.data() + row * n_embd, n_embd,
+                     in[g].data.data() + i * in[g].row_bytes);
+  });
+  for (size_t g = 0; g < n_groups; ++g) {
+    const ExpertWeights& w = views[pairs_of[g][0]];
+    jobs.push_back({w.gate, &in[g], 0, in[g].rows, gate[g].data()});
+    jobs.push_back({w.up, &in[g], 0, in[g].rows, up[g].data()});
+  }
+  MatMuls(jobs);
+
+  // swiglu, then the down projection's input.
+  std::vector<Acts> mid(n_groups);
+  std::vector<std::vector<float>> down(n_groups);
+  for (size_t g = 0; g < n_groups; ++g) {
+    const ExpertWeights& w = views[pairs_of[g][0]];
+    mid[g].type = act_type_for(w.down.type);
+    mid[g].row_bytes = act_row_bytes(mid[g].type, ff);
+    mid[g].rows = in[g].rows;
+    mid[g].data.resize(mid[g].row_bytes * pairs_of[g].size());
+    down[g].resize(pairs_of[g].size() * n_embd);
+  }
+  pool_.Run(static_cast<int64_t>(quantize_tasks.size()), [&](int64_t task) {
+    const auto [g, i] = quantize_tasks[task];
+    float* gi = gate[g].data() + i * ff;
+    Swiglu({gi, static_cast<size_t>(ff)}, {up[g].data() + i * ff, static_cast<size_t>(ff)},
+           {gi, static_cast<size_t>(ff)});
+    quantize_act_row(mid[g].type, gi, ff, mid[g].data.data() + i * mid[g].row_bytes);
+  });
+  jobs.clear();
+  for (size_t g = 0; g < n_groups; ++g) {
+    jobs.push_back({views[pairs_of[g][0]].down, &mid[g], 0, mid[g].rows, down[g].data()});
+  }
+  MatMuls(jobs);
+  expert_out->resize(static_cast<size_t>(n_pairs * n_embd));
+  for (size_t g = 0; g < n_groups; ++g) {
+    for (size_t i = 0; i < pairs_of[g].size(); ++i) {
+      std::copy_n(down[g].data() + i * n_embd, n_embd,
+                  expert_out->data() + pairs_of[g][i] * n_embd);
+    }
+  }
+}
+
+void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out) {
+  const ModelConfig& cfg = model_.config;
+  const LayerTensors& lt = model_.layers[il];
+  const int64_t n_embd = cfg.n_embd;
+  const int k = cfg.n_expert_used;
+
+  // The router as the oracle's: softmax over all experts, top-k, norm_w.
+  std::vector<float> probs(static_cast<size_t>(n * cfg.n_expert));
+  MatMul(weight_view(*lt.router), h.data(), n, probs.data());
+  Softmax(cfg.n_expert, absl::MakeSpan(probs));
+  std::vector<int32_t> chosen;
+  std::vector<double> weight;
+  SelectExperts(probs, cfg.n_expert, k, cfg.norm_topk_prob, &chosen, &weight);
+  for (int64_t t = 0; t < n; ++t) {
+    experts_->Route(il, absl::MakeSpan(chosen).subspan(t * k, k),
+                    absl::MakeSpan(weight).subspan(t * k, k));
+  }
+
+  // The provider is asked row by row, in order (its residency steps per token).
+  // Where its views outlive later calls, every row's experts run as one batch;
+  // else each row's run before the next row is asked.
+  std::vector<float> expert_out(static_cast<size_t>(n * k * n_embd));
+  std::vector<ExpertWeights> views(static_cast<size_t>(n * k));
+  std::vector<float> part;
+  const bool batch = experts_->ViewsOutliveCalls();
+  std::vector<int64_t> rows;
+  for (int64_t t = 0; t < n; ++t) {
+    experts_->Provide(il, absl::MakeConstSpan(chosen).subspan(t * k, k),
+                      absl::MakeSpan(views).subspan(t * k, k));
+    if (batch) {
+      rows.push_back(t);
+      continue;
+    }
+    const int64_t row[] = {t};
+    Experts(il, h, row, absl::MakeConstSpan(chosen).subspan(t * k, k),
+            absl::MakeConstSpan(views).subspan(t * k, k), &part);
+    std::copy(part.begin(), part.end(), expert_out.begin() + t * k * n_embd);
+  }
+  if (batch) Experts(il, h, rows, chosen, views, &expert_out);
+
+  std::vector<float> shared, shared_logit;
+  if (lt.shexp_gate != nullptr) {
+    const WeightView sg = weight_view(*lt.shexp_gate), su = weight_view(*lt.shexp_up),
+                     sd = weight_view(*lt.shexp_down);
+    std::vector<float> g(static_cast<size_t>(n * sg.rows)), u(g.size());
+    Quantize(sg.type, h.data(), n, n_embd, &acts_);
+    const MatJob jobs[] = {{sg, &acts_, 0, n, g.data()}};
+    MatMuls(jobs);
+    MatMul(su, h.data(), n, u.data());
+    Swiglu(g, u, absl::MakeSpan(g));
+    shared.resize(static_cast<size_t>(n * n_embd));
+    MatMul(sd, g.data(), n, shared.data());
+    shared_logit.resize(static_cast<size_t>(n));
+    MatMul(weight_view(*lt.shexp_gate_inp), h.data(), n, shared_logit.data());
+  }
+
+  out->resize(static_cast<size_t>(n * n_embd));
+  for (int64_t t = 0; t < n; ++t) {
+    const double shared_scale = shared.empty() ? 0.0 : Sigmoid(shared_logit[t]);
+    for (int64_t i = 0; i < n_embd; ++i) {
+      double acc = 0.0;
+      for (int r = 0; r < k; ++r) acc += weight[t * k + r] * expert_out[(t * k + r) * n_embd + i];
+      if (!shared.empty()) acc += shared_scale * shared[t * n_embd + i];
+      (*out)[t * n_embd + i] = static_cast<float>(acc);
+    }
+  }
+}
+
+absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tokens,
+                                                   bool all_logits) {
+  const ModelConfig& cfg = model_.config;
+  if (tokens.empty()) return absl::InvalidArgumentError("cpu: Forward needs at least one token");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= cfg.n_vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cpu: token %d at index %d is outside the vocabulary [0, %d)", tokens[i],
+                          i, cfg.n_vocab));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n > max_ctx_ - n_past_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "cpu: %d cached + %d new tokens exceed the context size %d", n_past_, n, max_ctx_));
+  }
+  const int64_t n_embd = cfg.n_embd;
+
+  // RoPE angles of this batch's positions, as the oracle computes them.
+  const int half = cfg.head_dim / 2;
+  rope_cos_.resize(static_cast<size_t>(n * half));
+  rope_sin_.resize(rope_cos_.size());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int i = 0; i < half; ++i) {
+      const double theta =
+          static_cast<double>(n_past_ + t) * std::pow(static_cast<double>(cfg.rope_freq_base),
+                                                      -2.0 * i / static_cast<double>(cfg.head_dim));
+      rope_cos_[t * half + i] = std::cos(theta);
+      rope_sin_[t * half + i] = std::sin(theta);
+    }
+  }
+
+  std::vector<float> x(static_cast<size_t>(n * n_embd));
+  const WeightView embd = weight_view(*model_.token_embd);
+  for (int64_t t = 0; t < n; ++t) DequantizeRow(embd, tokens[t], x.data() + t * n_embd);
+
+  std::vector<float> h(x.size()), block_out;
+  for (int il = 0; il < cfg.n_layer; ++il) {
+    RmsNorm(x, layers_[il].attn_norm, cfg.rms_eps, absl::MakeSpan(h));
+    AttentionBlock(il, h, n, &block_out);
+    AddInPlace(block_out, absl::MakeSpan(x));
+    RmsNorm(x, layers_[il].ffn_norm, cfg.rms_eps, absl::MakeSpan(h));
+    MoeBlock(il, h, n, &block_out);
+    AddInPlace(block_out, absl::MakeSpan(x));
+  }
+  n_past_ += static_cast<int>(n);
+
+  // Logits for every row, or the last row only (a prompt's other rows are not read).
+  const int64_t first = all_logits ? 0 : n - 1;
+  const int64_t n_out = n - first;
+  std::vector<float> normed(static_cast<size_t>(n_out * n_embd));
+  RmsNorm(absl::MakeConstSpan(x).subspan(first * n_embd), output_norm_, cfg.rms_eps,
+          absl::MakeSpan(normed));
+  std::vector<float> logits(static_cast<size_t>(n_out * cfg.n_vocab));
+  MatMul(weight_view(*model_.output), normed.data(), n_out, logits.data());
+  return logits;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int max_ctx,
+                                                         ExpertProvider* experts,
+                                                         const CpuForwardOptions& options) {
+  if (max_ctx <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cpu: context size %d must be positive", max_ctx));
+  }
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "-t %d: threads must be positive (0: the physical cores)", options.threads));
+  }
+  const ModelConfig& cfg = model.config;
+  std::vector<const GgufTensor*> matrices = {model.output};
+  for (const LayerTensors& lt : model.layers) {
+    for (const GgufTensor* t :
+         {lt.wq, lt.wk, lt.wv, lt.wo, lt.router, lt.gate_exps, lt.up_exps, lt.down_exps,
+          lt.shexp_gate, lt.shexp_up, lt.shexp_down, lt.shexp_gate_inp}) {
+      matrices.push_back(t);
+    }
+    for (const auto* legacy : {&lt.gate_legacy, &lt.up_legacy, &lt.down_legacy}) {
+      matrices.insert(matrices.end(), legacy->begin(), legacy->end());
+    }
+  }
+  for (const GgufTensor* t : matrices) {
+    if (t != nullptr && !CpuPathComputes(t->ggml_type())) {
+      return model.file->TensorError(
+          *t, absl::StrFormat("type %s is not supported by the CPU backend's fast path",
+                              ggml_type_name(t->type)));
+    }
+  }
+  if (cfg.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("cpu: head_dim %d is odd", cfg.head_dim));
+  }
+  return std::unique_ptr<Oracle>(new CpuForward(model, max_ctx, experts, options));
+}
+
+}  // namespace moegraph

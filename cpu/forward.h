@@ -1,0 +1,36 @@
+// The fast CPU forward pass: the oracle's graph (reference/oracle.cc) computed
+// the way ggml's CPU backend computes it, with a persistent thread pool, each
+// matmul input quantized once to the weights' dot type and SIMD dot products
+// (cpu/simd_kernels.h), f32 activations, and an f16 (or f32) KV cache. A batch
+// of tokens (the prompt) goes through as one batch: each matmul reads a weight
+// row once for all of the batch's rows, and the routed experts run once on the
+// rows routed to them.
+//
+// Every output element is computed by one call of one function, whatever the
+// batch size, the thread count or where an expert's weights live, so a batch
+// equals its tokens fed one by one, and 1 thread equals N, bit for bit.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "loader/model_config.h"
+#include "reference/ops.h"
+#include "reference/oracle.h"
+
+namespace moegraph {
+
+enum class KvCacheType { kF16, kF32 };
+
+struct CpuForwardOptions {
+  int threads = 0;                          // 0: the physical cores
+  KvCacheType kv_type = KvCacheType::kF16;  // llama.cpp's default
+};
+
+// Like Oracle::Create, with the fast path's arithmetic. Errors name the tensor
+// whose type the path cannot compute, or the bad option.
+absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int max_ctx,
+                                                         ExpertProvider* experts,
+                                                         const CpuForwardOptions& options);
+
+}  // namespace moegraph

@@ -1,0 +1,50 @@
+// The CPU path's inner loops in Google Highway, compiled for several targets
+// (AVX-512, AVX2, and Highway's portable code, EMU128 or SCALAR) and picked at run
+// time for the CPU at hand. Each weight row's dot with an activation row is one
+// call of one function whatever the batch, the thread count or where the row
+// lives, so results do not depend on them; they do depend on the target (the
+// order of the additions differs), which the tests cover one by one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loader/ggml_type.h"
+
+namespace moegraph {
+
+// out[t * out_stride + r] = dot(weight row r, activation row t) for r in
+// [row_begin, row_end) and t < n_act. Activation rows are in act_type_for(type)'s
+// form (cpu/act_quant.h), act_row_bytes apart.
+struct MatMulArgs {
+  GgmlType type = GgmlType::kF32;
+  const uint8_t* w = nullptr;
+  size_t w_row_bytes = 0;
+  int64_t cols = 0;
+  int64_t row_begin = 0, row_end = 0;
+  const uint8_t* act = nullptr;
+  size_t act_row_bytes = 0;
+  int64_t n_act = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+};
+void SimdMatMulRows(const MatMulArgs& args);
+
+// Sum of a[i] * b[i]; b as f32 or f16 bits (the KV cache's two forms).
+float SimdDotF32(const float* a, const float* b, int64_t n);
+float SimdDotF16(const float* a, const uint16_t* b, int64_t n);
+// y[i] += alpha * x[i]; x as f32 or f16 bits.
+void SimdAxpyF32(float alpha, const float* x, float* y, int64_t n);
+void SimdAxpyF16(float alpha, const uint16_t* x, float* y, int64_t n);
+
+// The target the calls above run on ("AVX3", "AVX2", "SCALAR", ...).
+std::string SimdTargetName();
+// The targets this build holds code for that this CPU can run, best first.
+std::vector<int64_t> SimdTargets();
+std::string SimdTargetName(int64_t target);
+// Restricts the calls above to one target of SimdTargets() (0: back to the best).
+void SimdForceTarget(int64_t target);
+
+}  // namespace moegraph

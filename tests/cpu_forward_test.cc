@@ -1,0 +1,203 @@
+// The CPU backend's fast path against the oracle: greedy tokens equal on f32
+// fixtures of every architecture, logits within llama.cpp's NMSE bound for
+// quantized matmuls on quantized ones, on every SIMD target; and the fast
+// path's own invariants, bit for bit: a batch equals its tokens one by one, one
+// thread equals two, and the expert cache (on, off, any slot count) changes
+// nothing but where the weights are read from.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/forward.h"
+#include "cpu/simd_kernels.h"
+#include "loader/placement.h"
+#include "reference/cpu_backend.h"
+#include "reference/oracle.h"
+#include "tests/test_util.h"
+
+namespace moegraph {
+namespace {
+
+using testing_util::LoadedModel;
+using testing_util::LoadFixture;
+
+// llama.cpp's test-backend-ops bound for quantized matmuls.
+constexpr double kMaxNmse = 5e-4;
+const std::vector<int32_t> kPrompt = {3, 17, 101, 42, 42, 0, 127, 64, 9, 77};
+
+double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0.0, norm = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return err / norm;
+}
+
+struct Case {
+  const char* name;
+  Arch arch;
+  GgmlType dense, expert;
+  bool legacy = false;
+  int n_head_kv = 2;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::unique_ptr<LoadedModel> Load(const Case& c) {
+  FixtureSpec spec;
+  spec.arch = c.arch;
+  spec.dense_type = c.dense;
+  spec.expert_type = c.expert;
+  spec.legacy_experts = c.legacy;
+  spec.n_head_kv = c.n_head_kv;
+  spec.n_embd = 256;
+  spec.n_ff_exp = 256;
+  spec.n_head = 4;
+  spec.n_vocab = 128;
+  spec.router_skew = 1.0f;
+  spec.seed = 11;
+  absl::StatusOr<std::unique_ptr<LoadedModel>> loaded = LoadFixture(spec);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  return loaded.ok() ? std::move(*loaded) : nullptr;
+}
+
+std::unique_ptr<Oracle> Fast(const Model& model, int threads, KvCacheType kv = KvCacheType::kF16) {
+  absl::StatusOr<std::unique_ptr<Oracle>> f =
+      CreateCpuForward(model, 64, nullptr, {.threads = threads, .kv_type = kv});
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? std::move(*f) : nullptr;
+}
+
+std::vector<float> Logits(Oracle& o, const std::vector<int32_t>& tokens) {
+  absl::StatusOr<std::vector<float>> logits = o.Forward(tokens);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *logits : std::vector<float>();
+}
+
+class ForwardTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void TearDown() override { SimdForceTarget(0); }
+};
+
+// f32 fixtures: the same greedy tokens as the oracle, on every target.
+TEST_P(ForwardTest, GreedyTokensEqualTheOraclesOnF32AndLogitsAreCloseOtherwise) {
+  const std::unique_ptr<LoadedModel> m = Load(GetParam());
+  ASSERT_NE(m, nullptr);
+  absl::StatusOr<std::unique_ptr<Oracle>> oracle = Oracle::Create(m->model, 64);
+  ASSERT_TRUE(oracle.ok()) << oracle.status();
+  const std::vector<float> want = Logits(**oracle, kPrompt);
+  (*oracle)->Reset();
+  absl::StatusOr<std::vector<int32_t>> want_tokens = (*oracle)->Generate(kPrompt, 12);
+  ASSERT_TRUE(want_tokens.ok()) << want_tokens.status();
+  const bool f32 = GetParam().dense == GgmlType::kF32 && GetParam().expert == GgmlType::kF32;
+  for (const int64_t target : SimdTargets()) {
+    SimdForceTarget(target);
+    const std::unique_ptr<Oracle> fast = Fast(m->model, 2);
+    ASSERT_NE(fast, nullptr);
+    const std::vector<float> got = Logits(*fast, kPrompt);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LT(Nmse(got, want), f32 ? 1e-8 : kMaxNmse) << SimdTargetName(target);
+    if (f32) {
+      fast->Reset();
+      absl::StatusOr<std::vector<int32_t>> tokens = fast->Generate(kPrompt, 12);
+      ASSERT_TRUE(tokens.ok()) << tokens.status();
+      EXPECT_EQ(*tokens, *want_tokens) << SimdTargetName(target);
+    }
+  }
+}
+
+TEST_P(ForwardTest, ABatchEqualsItsTokensOneByOneAndOneThreadEqualsTwo) {
+  const std::unique_ptr<LoadedModel> m = Load(GetParam());
+  ASSERT_NE(m, nullptr);
+  const std::unique_ptr<Oracle> batch = Fast(m->model, 2);
+  const std::vector<float> all = Logits(*batch, kPrompt);
+  const std::unique_ptr<Oracle> single = Fast(m->model, 1);
+  std::vector<float> one_by_one;
+  for (const int32_t t : kPrompt) {
+    const std::vector<float> row = Logits(*single, {t});
+    one_by_one.insert(one_by_one.end(), row.begin(), row.end());
+  }
+  EXPECT_EQ(all, one_by_one);
+  // ForwardLast is the last row of Forward.
+  batch->Reset();
+  absl::StatusOr<std::vector<float>> last = batch->ForwardLast(kPrompt);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(*last, std::vector<float>(all.end() - last->size(), all.end()));
+}
+
+// Within the quantized bound (quantizing the activations magnifies the f16
+// cache's rounding where the weights are quantized).
+TEST_P(ForwardTest, AnF32KvCacheIsCloseToTheF16One) {
+  const std::unique_ptr<LoadedModel> m = Load(GetParam());
+  ASSERT_NE(m, nullptr);
+  const std::vector<float> f16 = Logits(*Fast(m->model, 2, KvCacheType::kF16), kPrompt);
+  const std::vector<float> f32 = Logits(*Fast(m->model, 2, KvCacheType::kF32), kPrompt);
+  EXPECT_NE(f16, f32);
+  EXPECT_LT(Nmse(f16, f32), kMaxNmse);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, ForwardTest,
+    ::testing::Values(
+        Case{"qwen3moe_f32", Arch::kQwen3Moe, GgmlType::kF32, GgmlType::kF32},
+        Case{"olmoe_f32", Arch::kOlmoe, GgmlType::kF32, GgmlType::kF32, false, 4},
+        Case{"qwen2moe_f32", Arch::kQwen2Moe, GgmlType::kF32, GgmlType::kF32},
+        Case{"mixtral_f32", Arch::kMixtral, GgmlType::kF32, GgmlType::kF32},
+        Case{"qwen3moe_q8_0_q4_K", Arch::kQwen3Moe, GgmlType::kQ8_0, GgmlType::kQ4_K},
+        Case{"olmoe_q4_0_q5_K", Arch::kOlmoe, GgmlType::kQ4_0, GgmlType::kQ5_K, false, 4},
+        Case{"qwen2moe_f16_q6_K", Arch::kQwen2Moe, GgmlType::kF16, GgmlType::kQ6_K},
+        Case{"mixtral_bf16_q8_0_legacy", Arch::kMixtral, GgmlType::kBF16, GgmlType::kQ8_0, true}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// The residency pipeline around the fast path: any slot count, the cache off,
+// and the oracle's arithmetic as a switch.
+TEST(CpuBackendFastTest, SlotsAndTheCacheChangeNothingButAddresses) {
+  const std::unique_ptr<LoadedModel> m =
+      Load({"q", Arch::kQwen3Moe, GgmlType::kQ8_0, GgmlType::kQ4_K});
+  ASSERT_NE(m, nullptr);
+  absl::StatusOr<ExpertStore> store = ExpertStore::Create(m->model);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<float> first;
+  for (const auto& [slots, cache] :
+       std::vector<std::pair<int, bool>>{{0, true}, {2, true}, {5, true}, {16, true}, {0, false}}) {
+    CpuBackendOptions options;
+    options.max_ctx = 64;
+    options.n_slots = slots;
+    options.cache = cache;
+    options.fast.threads = 2;
+    absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
+        CpuBackend::Create(m->model, *store, options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    const std::vector<float> logits = Logits(**backend, kPrompt);
+    EXPECT_EQ((*backend)->counters().steps, kPrompt.size());
+    if (first.empty()) {
+      first = logits;
+    } else {
+      EXPECT_EQ(logits, first) << "slots " << slots << " cache " << cache;
+    }
+  }
+  CpuBackendOptions options;
+  options.max_ctx = 64;
+  options.oracle_arithmetic = true;
+  absl::StatusOr<std::unique_ptr<CpuBackend>> exact = CpuBackend::Create(m->model, *store, options);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  absl::StatusOr<std::unique_ptr<Oracle>> oracle = Oracle::Create(m->model, 64);
+  ASSERT_TRUE(oracle.ok());
+  EXPECT_EQ(Logits(**exact, kPrompt), Logits(**oracle, kPrompt));
+}
+
+TEST(CpuBackendFastTest, BadThreadCountsAreErrorsNamingTheFlag) {
+  const std::unique_ptr<LoadedModel> m =
+      Load({"q", Arch::kQwen3Moe, GgmlType::kF32, GgmlType::kF32});
+  ASSERT_NE(m, nullptr);
+  absl::StatusOr<std::unique_ptr<Oracle>> f =
+      CreateCpuForward(m->model, 8, nullptr, {.threads = -2});
+  ASSERT_FALSE(f.ok());
+  EXPECT_TRUE(testing_util::MessageHas(f.status(), "-t -2")) << f.status();
+}
+
+}  // namespace
+}  // namespace moegraph

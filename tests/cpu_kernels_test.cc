@@ -1,0 +1,210 @@
+// The CPU path's pieces: activation quantization as ggml's reference code, the
+// SIMD dot products on every target this machine runs (the portable one,
+// EMU128 or SCALAR, included) against the scalar ones, and the thread pool.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "cpu/act_quant.h"
+#include "cpu/simd_kernels.h"
+#include "cpu/thread_pool.h"
+#include "loader/ggml_type.h"
+#include "loader/quant.h"
+#include "loader/quantize.h"
+
+namespace moegraph {
+namespace {
+
+constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
+                               GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+std::vector<float> RandomFloats(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// rows x cols weights of type, quantized from random floats (kept in `values`).
+std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed,
+                                   std::vector<float>* values) {
+  *values = RandomFloats(rows * cols, seed, 0.05f);
+  const size_t row_bytes = ggml_row_size(type, cols);
+  std::vector<uint8_t> w(row_bytes * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_row(type, values->data() + r * cols, w.data() + r * row_bytes, cols);
+    dequantize_row(type, w.data() + r * row_bytes, values->data() + r * cols, cols);
+  }
+  return w;
+}
+
+// Restores the best target when a test that forced one ends.
+class SimdTargetsTest : public ::testing::Test {
+ protected:
+  void TearDown() override { SimdForceTarget(0); }
+};
+
+TEST(ActQuantTest, Q8_0MatchesGgmlsReference) {
+  std::vector<float> x = RandomFloats(64, 1);
+  x[5] = 0.0f;
+  std::vector<uint8_t> q(act_row_bytes(ActType::kQ8_0, 64));
+  quantize_act_row(ActType::kQ8_0, x.data(), 64, q.data());
+  const auto* b = reinterpret_cast<const block_q8_0*>(q.data());
+  for (int blk = 0; blk < 2; ++blk) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[blk * 32 + j]));
+    const float d = amax / 127.0f;
+    EXPECT_EQ(b[blk].d, f32_to_f16(d));
+    for (int j = 0; j < 32; ++j) {
+      EXPECT_EQ(b[blk].qs[j], static_cast<int8_t>(std::round(x[blk * 32 + j] / d))) << j;
+    }
+  }
+}
+
+TEST(ActQuantTest, Q8_KKeepsTheSignedMaxAtMinus127AndSumsEach16) {
+  std::vector<float> x = RandomFloats(256, 2);
+  x[77] = 9.0f;  // the largest magnitude, positive: ggml's iscale = -127 / max
+  std::vector<uint8_t> q(act_row_bytes(ActType::kQ8_K, 256));
+  quantize_act_row(ActType::kQ8_K, x.data(), 256, q.data());
+  const auto* b = reinterpret_cast<const block_q8_K*>(q.data());
+  EXPECT_EQ(b->qs[77], -127);
+  EXPECT_FLOAT_EQ(b->d, -9.0f / 127.0f);
+  for (int g = 0; g < 16; ++g) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += b->qs[16 * g + i];
+    EXPECT_EQ(b->bsums[g], sum);
+  }
+  // All zero: d 0 and zero quants, no division by zero.
+  std::vector<float> zeros(256, 0.0f);
+  quantize_act_row(ActType::kQ8_K, zeros.data(), 256, q.data());
+  EXPECT_EQ(b->d, 0.0f);
+  EXPECT_EQ(b->qs[0], 0);
+}
+
+// The scalar dot equals the dequantized weights dotted (in f64) with the
+// dequantized activations, up to float rounding: the integer path is exact.
+TEST(ActQuantTest, ScalarDotsEqualTheDequantizedDot) {
+  constexpr int64_t kCols = 512;
+  for (const GgmlType type : kTypes) {
+    std::vector<float> w_values;
+    const std::vector<uint8_t> w = RandomWeights(type, 1, kCols, 3, &w_values);
+    const std::vector<float> x = RandomFloats(kCols, 4);
+    const ActType at = act_type_for(type);
+    std::vector<uint8_t> act(act_row_bytes(at, kCols));
+    quantize_act_row(at, x.data(), kCols, act.data());
+    std::vector<float> x_seen(kCols);
+    if (at == ActType::kQ8_0) {
+      dequantize_row(GgmlType::kQ8_0, act.data(), x_seen.data(), kCols);
+    } else if (at == ActType::kQ8_K) {
+      const auto* b = reinterpret_cast<const block_q8_K*>(act.data());
+      for (int64_t i = 0; i < kCols; ++i) x_seen[i] = b[i / 256].d * b[i / 256].qs[i % 256];
+    } else {
+      x_seen = x;
+    }
+    double want = 0.0, magnitude = 0.0;
+    for (int64_t i = 0; i < kCols; ++i) {
+      want += static_cast<double>(w_values[i]) * x_seen[i];
+      magnitude += std::fabs(static_cast<double>(w_values[i]) * x_seen[i]);
+    }
+    const float got = dot_row_ref(type, w.data(), act.data(), kCols);
+    EXPECT_NEAR(got, want, 1e-5 * magnitude) << ggml_type_name(static_cast<uint32_t>(type));
+  }
+}
+
+TEST_F(SimdTargetsTest, EveryTargetEqualsTheScalarDotsUpToRounding) {
+  constexpr int64_t kRows = 7, kCols = 768, kAct = 3;
+  const std::vector<int64_t> targets = SimdTargets();
+  ASSERT_FALSE(targets.empty());
+  bool saw_portable = false;
+  for (const int64_t target : targets) {
+    saw_portable |= SimdTargetName(target) == "EMU128" || SimdTargetName(target) == "SCALAR";
+  }
+  EXPECT_TRUE(saw_portable) << "the portable target must be built and tested";
+  for (const GgmlType type : kTypes) {
+    std::vector<float> w_values;
+    const std::vector<uint8_t> w = RandomWeights(type, kRows, kCols, 5, &w_values);
+    const ActType at = act_type_for(type);
+    const size_t arb = act_row_bytes(at, kCols);
+    std::vector<uint8_t> act(arb * kAct);
+    for (int t = 0; t < kAct; ++t) {
+      const std::vector<float> x = RandomFloats(kCols, 10 + t);
+      quantize_act_row(at, x.data(), kCols, act.data() + t * arb);
+    }
+    for (const int64_t target : targets) {
+      SimdForceTarget(target);
+      ASSERT_EQ(SimdTargetName(), SimdTargetName(target));
+      std::vector<float> out(kRows * kAct, NAN);
+      MatMulArgs a;
+      a.type = type;
+      a.w = w.data();
+      a.w_row_bytes = ggml_row_size(type, kCols);
+      a.cols = kCols;
+      a.row_begin = 1;  // row 0 untouched
+      a.row_end = kRows;
+      a.act = act.data();
+      a.act_row_bytes = arb;
+      a.n_act = kAct;
+      a.out = out.data();
+      a.out_stride = kRows;
+      SimdMatMulRows(a);
+      for (int t = 0; t < kAct; ++t) {
+        EXPECT_TRUE(std::isnan(out[t * kRows])) << "row 0 is outside the range";
+        for (int64_t r = 1; r < kRows; ++r) {
+          const float want =
+              dot_row_ref(type, w.data() + r * a.w_row_bytes, act.data() + t * arb, kCols);
+          EXPECT_NEAR(out[t * kRows + r], want, 2e-5f * (std::fabs(want) + 1.0f))
+              << SimdTargetName(target) << " " << ggml_type_name(static_cast<uint32_t>(type))
+              << " row " << r << " act " << t;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(SimdTargetsTest, AttentionHelpersOnEveryTarget) {
+  for (const int64_t n : {1, 7, 64, 100}) {
+    const std::vector<float> a = RandomFloats(n, 20), b = RandomFloats(n, 21);
+    std::vector<uint16_t> b16(static_cast<size_t>(n));
+    double want = 0.0, want16 = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      b16[i] = f32_to_f16(b[i]);
+      want += static_cast<double>(a[i]) * b[i];
+      want16 += static_cast<double>(a[i]) * f16_to_f32(b16[i]);
+    }
+    for (const int64_t target : SimdTargets()) {
+      SimdForceTarget(target);
+      EXPECT_NEAR(SimdDotF32(a.data(), b.data(), n), want, 1e-4) << SimdTargetName(target);
+      EXPECT_NEAR(SimdDotF16(a.data(), b16.data(), n), want16, 1e-4) << SimdTargetName(target);
+      std::vector<float> y(a), y16(a);
+      SimdAxpyF32(0.5f, b.data(), y.data(), n);
+      SimdAxpyF16(0.5f, b16.data(), y16.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        EXPECT_FLOAT_EQ(y[i], std::fma(0.5f, b[i], a[i])) << i;
+        EXPECT_FLOAT_EQ(y16[i], std::fma(0.5f, f16_to_f32(b16[i]), a[i])) << i;
+      }
+    }
+  }
+}
+
+TEST(ThreadPoolTest, EveryTaskRunsOnceInEveryJob) {
+  for (const int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    for (int job = 0; job < 100; ++job) {
+      const int64_t n = job % 13;
+      std::vector<std::atomic<int>> runs(static_cast<size_t>(n));
+      pool.Run(n, [&](int64_t task) { runs[task].fetch_add(1); });
+      for (int64_t t = 0; t < n; ++t) ASSERT_EQ(runs[t].load(), 1) << job << " " << t;
+    }
+  }
+}
+
+TEST(ThreadPoolTest, PhysicalCoresIsPositive) { EXPECT_GE(PhysicalCores(), 1); }
+
+}  // namespace
+}  // namespace moegraph
