@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -103,10 +105,13 @@ class CpuForward final : public Oracle {
   void Quantize(GgmlType w_type, const float* x, int64_t rows, int64_t cols, Acts* out);
   void MatMuls(absl::Span<const MatJob> jobs);
   void MatMul(const WeightView& w, const float* x, int64_t rows, float* out);
+  // out = w x for every (w, out), all w of x's width: x quantized once per form.
+  void MatMulsOfOneInput(const float* x, int64_t rows,
+                         std::initializer_list<std::pair<WeightView, float*>> products);
   void AttentionBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
   void Rope(float* x, int n_head, int64_t n);
   void MoeBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
-  void Experts(int il, const std::vector<float>& h, absl::Span<const int64_t> rows,
+  void Experts(const std::vector<float>& h, absl::Span<const int64_t> rows,
                absl::Span<const int32_t> chosen, absl::Span<const ExpertWeights> views,
                std::vector<float>* expert_out);
 
@@ -162,6 +167,23 @@ void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
   });
 }
 
+void CpuForward::MatMulsOfOneInput(const float* x, int64_t rows,
+                                   std::initializer_list<std::pair<WeightView, float*>> products) {
+  // One quantization and one pool job per activation form among the weights.
+  std::vector<ActType> done;
+  for (const auto& [w, out] : products) {
+    const ActType form = act_type_for(w.type);
+    if (std::find(done.begin(), done.end(), form) != done.end()) continue;
+    done.push_back(form);
+    Quantize(w.type, x, rows, w.cols, &acts_);
+    std::vector<MatJob> jobs;
+    for (const auto& [w2, out2] : products) {
+      if (act_type_for(w2.type) == form) jobs.push_back({w2, &acts_, 0, rows, out2});
+    }
+    MatMuls(jobs);
+  }
+}
+
 void CpuForward::MatMul(const WeightView& w, const float* x, int64_t rows, float* out) {
   Quantize(w.type, x, rows, w.cols, &acts_);
   const MatJob job{w, &acts_, 0, rows, out};
@@ -197,20 +219,10 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
   const int64_t kv_len = static_cast<int64_t>(cfg.n_head_kv) * cfg.head_dim;
 
   std::vector<float> q(n * q_len), k(n * kv_len), v(n * kv_len);
-  {
-    Quantize(lt.wq->ggml_type(), h.data(), n, cfg.n_embd, &acts_);
-    // q, k and v share the input; one pool job when their types share its form.
-    const WeightView wq = weight_view(*lt.wq), wk = weight_view(*lt.wk), wv = weight_view(*lt.wv);
-    if (act_type_for(wk.type) == acts_.type && act_type_for(wv.type) == acts_.type) {
-      const MatJob jobs[] = {
-          {wq, &acts_, 0, n, q.data()}, {wk, &acts_, 0, n, k.data()}, {wv, &acts_, 0, n, v.data()}};
-      MatMuls(jobs);
-    } else {
-      MatMul(wq, h.data(), n, q.data());
-      MatMul(wk, h.data(), n, k.data());
-      MatMul(wv, h.data(), n, v.data());
-    }
-  }
+  MatMulsOfOneInput(h.data(), n,
+                    {{weight_view(*lt.wq), q.data()},
+                     {weight_view(*lt.wk), k.data()},
+                     {weight_view(*lt.wv), v.data()}});
   if (!lv.bq.empty()) AddBias(lv.bq, absl::MakeSpan(q));
   if (!lv.bk.empty()) AddBias(lv.bk, absl::MakeSpan(k));
   if (!lv.bv.empty()) AddBias(lv.bv, absl::MakeSpan(v));
@@ -281,10 +293,9 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
 // The experts for rows (indices into h), chosen[i * k + r] with views[i * k + r]:
 // gate and up for every (row, rank) at once, swiglu, then down; each (row, rank)
 // output lands in expert_out[(i * k + r) * n_embd].
-void CpuForward::Experts(int il, const std::vector<float>& h, absl::Span<const int64_t> rows,
+void CpuForward::Experts(const std::vector<float>& h, absl::Span<const int64_t> rows,
                          absl::Span<const int32_t> chosen, absl::Span<const ExpertWeights> views,
                          std::vector<float>* expert_out) {
-  (void)il;
   const ModelConfig& cfg = model_.config;
   const int k = cfg.n_expert_used;
   const int64_t n_embd = cfg.n_embd;
@@ -399,26 +410,24 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
       continue;
     }
     const int64_t row[] = {t};
-    Experts(il, h, row, absl::MakeConstSpan(chosen).subspan(t * k, k),
+    Experts(h, row, absl::MakeConstSpan(chosen).subspan(t * k, k),
             absl::MakeConstSpan(views).subspan(t * k, k), &part);
     std::copy(part.begin(), part.end(), expert_out.begin() + t * k * n_embd);
   }
-  if (batch) Experts(il, h, rows, chosen, views, &expert_out);
+  if (batch) Experts(h, rows, chosen, views, &expert_out);
 
   std::vector<float> shared, shared_logit;
   if (lt.shexp_gate != nullptr) {
     const WeightView sg = weight_view(*lt.shexp_gate), su = weight_view(*lt.shexp_up),
                      sd = weight_view(*lt.shexp_down);
     std::vector<float> g(static_cast<size_t>(n * sg.rows)), u(g.size());
-    Quantize(sg.type, h.data(), n, n_embd, &acts_);
-    const MatJob jobs[] = {{sg, &acts_, 0, n, g.data()}};
-    MatMuls(jobs);
-    MatMul(su, h.data(), n, u.data());
+    shared_logit.resize(static_cast<size_t>(n));
+    MatMulsOfOneInput(
+        h.data(), n,
+        {{sg, g.data()}, {su, u.data()}, {weight_view(*lt.shexp_gate_inp), shared_logit.data()}});
     Swiglu(g, u, absl::MakeSpan(g));
     shared.resize(static_cast<size_t>(n * n_embd));
     MatMul(sd, g.data(), n, shared.data());
-    shared_logit.resize(static_cast<size_t>(n));
-    MatMul(weight_view(*lt.shexp_gate_inp), h.data(), n, shared_logit.data());
   }
 
   out->resize(static_cast<size_t>(n * n_embd));

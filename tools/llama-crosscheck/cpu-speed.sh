@@ -10,10 +10,7 @@
 # model loading untimed. Repetitions interleave (moegraph, llama.cpp, moegraph,
 # llama.cpp, ...; REPS of each, default 2) and the table gives their means.
 # "tokens equal" compares `moegraph run --tokens 10 -n 64` with llama.cpp's 64
-# greedy tokens after the same prompt. moegraph's thread count is also read
-# from /proc while it runs (its process's threads, sampled): when the binary has
-# no -t flag yet, it runs once per repetition at its own default and every
-# threads row shows those numbers (marked, with the count seen).
+# greedy tokens after the same prompt. Both run at -t 1 and -t 2.
 # Fixtures: small (8 layers, 32 experts top-4, embd 1024, ff 512: 305 MiB) and
 # large (12 layers, 48 experts top-8, embd 2048, ff 768: about 1.7 GiB); --quick
 # runs only the small one. (--ff must be a multiple of 256, q4_K's block.)
@@ -38,14 +35,6 @@ if [[ ! -d "$here/node_modules/node-llama-cpp" ]]; then
   (cd "$here" && npm install --omit=optional --no-audit --no-fund --silent)
 fi
 
-# -t (threads) on bench and run, once the binary has it.
-bench_help=$("$moegraph" bench --help 2>&1 || true)
-run_help=$("$moegraph" run --help 2>&1 || true)
-threads_flag=0
-if grep -qE '^  -t$' <<< "$bench_help" && grep -qE '^  -t$' <<< "$run_help"; then
-  threads_flag=1
-fi
-
 common="--arch qwen3moe --heads 16 --kv-heads 4 --vocab 32000 --quant q8_0,expert=q4_K --seed 1"
 fixtures=("small:--layers 8 --experts 32 --top-k 4 --embd 1024 --ff 512")
 if [[ $quick -eq 0 ]]; then
@@ -63,48 +52,28 @@ for fixture in "${fixtures[@]}"; do
   echo "$name $(stat -c %s "$work/$name.gguf")" >> "$work/fixtures.txt"
 done
 
-# Runs moegraph (OUT ERR ARGS...) with stdout to OUT and stderr to ERR; prints
-# the most threads its process was seen to have (sampled every 0.2 s).
-moegraph_counting_threads() {
-  local out=$1 err=$2 pid n seen=0
+# Runs moegraph with stdout to OUT and stderr to ERR, shown only when it fails.
+moegraph_to() {
+  local out=$1 err=$2
   shift 2
-  "$moegraph" "$@" > "$out" 2> "$err" &
-  pid=$!
-  while [[ $(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null || echo Z) != Z ]]; do
-    n=$(find "/proc/$pid/task" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l) || n=0
-    if ((n > seen)); then seen=$n; fi
-    sleep 0.2
-  done
-  wait "$pid" || { cat "$err" >&2; return 1; }
-  echo "$seen"
+  "$moegraph" "$@" > "$out" 2> "$err" || { cat "$err" >&2; return 1; }
 }
 
-# moegraph runs once per thread count with -t, else once (tag "default").
 for fixture in "${fixtures[@]}"; do
   name=${fixture%%:*}
   file="$work/$name.gguf"
   for ((rep = 0; rep <= reps; ++rep)); do  # rep 0: the tokens (moegraph run)
     for t in "${threads_list[@]}"; do
-      tflag=(-t "$t") tag=$t
-      if [[ $threads_flag -eq 0 ]]; then
-        tflag=() tag=default
-        [[ $t == "${threads_list[0]}" ]] || tag=
-      fi
       if [[ $rep -eq 0 ]]; then
-        if [[ -n $tag ]]; then
-          echo "cpu-speed: $name: moegraph run, threads $tag" >&2
-          moegraph_counting_threads "$work/run.out" "$work/run.err" run -m "$file" --backend cpu \
-            --tokens 10 -n 64 "${tflag[@]}" > /dev/null
-          sed -n 's/^generated: //p' "$work/run.out" > "$work/mg-$name-t$tag.tokens"
-        fi
+        echo "cpu-speed: $name: moegraph run, threads $t" >&2
+        moegraph_to "$work/run.out" "$work/run.err" run -m "$file" --backend cpu --tokens 10 -n 64 \
+          -t "$t"
+        sed -n 's/^generated: //p' "$work/run.out" > "$work/mg-$name-t$t.tokens"
         continue
       fi
-      if [[ -n $tag ]]; then
-        echo "cpu-speed: $name: moegraph bench, threads $tag, repetition $rep/$reps" >&2
-        moegraph_counting_threads "$work/mg-$name-t$tag-r$rep.json" "$work/bench.err" bench \
-          -m "$file" --backend cpu --arms resident -p 512 -n 64 "${tflag[@]}" -r 1 -o json \
-          > "$work/mg-$name-t$tag-r$rep.threads"
-      fi
+      echo "cpu-speed: $name: moegraph bench, threads $t, repetition $rep/$reps" >&2
+      moegraph_to "$work/mg-$name-t$t-r$rep.json" "$work/bench.err" bench -m "$file" \
+        --backend cpu --arms resident -p 512 -n 64 -t "$t" -r 1 -o json
       echo "cpu-speed: $name: llama.cpp, threads $t, repetition $rep/$reps" >&2
       node "$here/cpu-speed.mjs" "$file" "$t" > "$work/ll-$name-t$t-r$rep.json"
     done
@@ -112,10 +81,10 @@ for fixture in "${fixtures[@]}"; do
 done
 
 # shellcheck disable=SC2016  # JavaScript, not shell expansions
-REPS=$reps THREADS_FLAG=$threads_flag LOAD=$load THREADS="${threads_list[*]}" node -e '
+REPS=$reps LOAD=$load THREADS="${threads_list[*]}" node -e '
   const fs = require("fs");
   const [dir, here] = process.argv.slice(1);
-  const env = process.env, reps = Number(env.REPS), threadsFlag = env.THREADS_FLAG === "1";
+  const env = process.env, reps = Number(env.REPS);
   const read = (f) => JSON.parse(fs.readFileSync(`${dir}/${f}`, "utf8"));
   const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
   const human = (b) => b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(2)} GiB` : `${(b / 2 ** 20).toFixed(0)} MiB`;
@@ -129,24 +98,16 @@ REPS=$reps THREADS_FLAG=$threads_flag LOAD=$load THREADS="${threads_list[*]}" no
   console.log("");
   console.log("| fixture | size | threads | test | moegraph t/s | llama.cpp t/s | ratio | tokens equal |");
   console.log("| --- | --- | --- | --- | --- | --- | --- | --- |");
-  const notes = new Set(), defaults = new Set();
+  const notes = new Set();
   for (const line of fs.readFileSync(`${dir}/fixtures.txt`, "utf8").trim().split("\n")) {
     const [name, bytes] = line.split(" ");
     for (const t of env.THREADS.split(" ").map(Number)) {
-      const mt = threadsFlag ? t : "default";  // which moegraph run this row shows
       const ll = Array.from({length: reps}, (_, r) => read(`ll-${name}-t${t}-r${r + 1}.json`));
-      const mg = Array.from({length: reps}, (_, r) => read(`mg-${name}-t${mt}-r${r + 1}.json`));
+      const mg = Array.from({length: reps}, (_, r) => read(`mg-${name}-t${t}-r${r + 1}.json`));
       for (const x of ll) {
         if (x.threads !== t) notes.add(`llama.cpp ran ${x.threads} threads where ${t} were asked`);
       }
-      const seen = [...new Set(Array.from({length: reps}, (_, r) =>
-        Number(fs.readFileSync(`${dir}/mg-${name}-t${mt}-r${r + 1}.threads`, "utf8"))))].join(" or ");
-      if (!threadsFlag) {
-        defaults.add(`${seen} threads on ${name}`);
-      } else if (seen !== String(t)) {
-        notes.add(`moegraph -t ${t} on ${name}: its process had ${seen} threads`);
-      }
-      const ours = fs.readFileSync(`${dir}/mg-${name}-t${mt}.tokens`, "utf8").trim();
+      const ours = fs.readFileSync(`${dir}/mg-${name}-t${t}.tokens`, "utf8").trim();
       const theirs = ll.map((x) => x.tokens.join(" "));
       let equal = "yes";
       if (ours !== theirs[0]) {  // where they part, counting generated tokens from 1
@@ -159,16 +120,10 @@ REPS=$reps THREADS_FLAG=$threads_flag LOAD=$load THREADS="${threads_list[*]}" no
       for (const test of ["pp512", "tg64"]) {
         const m = mean(mg.map((rows) => rows.find((row) => row.test === test && row.arm === "resident").avg_ts));
         const l = mean(ll.map((x) => x[test]));
-        const mark = threadsFlag ? "" : " *";
-        console.log(`| ${name} | ${human(Number(bytes))} | ${t} | ${test} | ${m.toFixed(2)}${mark} | ` +
+        console.log(`| ${name} | ${human(Number(bytes))} | ${t} | ${test} | ${m.toFixed(2)} | ` +
                     `${l.toFixed(2)} | ${(m / l).toFixed(2)} | ${equal} |`);
       }
     }
-  }
-  if (!threadsFlag) {
-    notes.add(`* moegraph bench and run have no -t yet: moegraph ran at its own default, once ` +
-              `per repetition, and every threads row shows those numbers; its process had ` +
-              `${[...defaults].join(", ")}`);
   }
   console.log("");
   for (const n of notes) console.log(`note: ${n}`);
