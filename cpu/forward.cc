@@ -86,9 +86,9 @@ class CpuForward final : public Oracle {
                          OptionalTensor(lt.bq), OptionalTensor(lt.bk), OptionalTensor(lt.bv)});
     }
     output_norm_ = TensorToFloat(*model.output_norm);
-    const size_t kv = static_cast<size_t>(max_ctx) * cfg.n_head_kv * cfg.head_dim;
-    k_cache_.assign(model.layers.size(), std::vector<uint8_t>(kv * (kv_f16_ ? 2 : 4)));
-    v_cache_.assign(model.layers.size(), std::vector<uint8_t>(kv * (kv_f16_ ? 2 : 4)));
+    const size_t layer_bytes = KvCacheBytes(cfg, max_ctx, options.kv_type) / cfg.n_layer / 2;
+    k_cache_.assign(model.layers.size(), std::vector<uint8_t>(layer_bytes));
+    v_cache_.assign(model.layers.size(), std::vector<uint8_t>(layer_bytes));
   }
 
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) override {
@@ -127,6 +127,21 @@ class CpuForward final : public Oracle {
   std::vector<std::vector<uint8_t>> k_cache_, v_cache_;  // [pos][n_head_kv][head_dim]
   std::vector<double> rope_cos_, rope_sin_;              // [row][head_dim / 2] of this batch
   Acts acts_;
+  // Buffers of a forward pass, kept between layers and calls: resizing within
+  // their capacity neither allocates nor clears (a prompt's fresh megabytes each
+  // layer cost page faults and memsets).
+  struct Scratch {
+    std::vector<float> x, h, block_out;                                // Run
+    std::vector<float> q, k, v, attn;                                  // AttentionBlock
+    std::vector<float> probs, expert_out, part, shared, shared_logit;  // MoeBlock
+    std::vector<float> shexp_gate, shexp_up;
+    std::vector<int32_t> chosen;
+    std::vector<double> weight;
+    std::vector<ExpertWeights> views;
+    std::vector<int64_t> rows;
+    std::vector<Acts> in, mid;  // Experts, per expert group
+    std::vector<std::vector<float>> gate, up, down;
+  } s_;
 };
 
 void CpuForward::Quantize(GgmlType w_type, const float* x, int64_t rows, int64_t cols, Acts* out) {
@@ -218,7 +233,12 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
   const int64_t q_len = static_cast<int64_t>(cfg.n_head) * cfg.head_dim;
   const int64_t kv_len = static_cast<int64_t>(cfg.n_head_kv) * cfg.head_dim;
 
-  std::vector<float> q(n * q_len), k(n * kv_len), v(n * kv_len);
+  std::vector<float>& q = s_.q;
+  std::vector<float>& k = s_.k;
+  std::vector<float>& v = s_.v;
+  q.resize(static_cast<size_t>(n * q_len));
+  k.resize(static_cast<size_t>(n * kv_len));
+  v.resize(static_cast<size_t>(n * kv_len));
   MatMulsOfOneInput(h.data(), n,
                     {{weight_view(*lt.wq), q.data()},
                      {weight_view(*lt.wk), k.data()},
@@ -246,7 +266,8 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
   }
 
   // One task per (row, head): softmax(scale q.k) . v over positions 0..pos.
-  std::vector<float> attn(q.size());
+  std::vector<float>& attn = s_.attn;
+  attn.resize(q.size());
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   const int group = cfg.n_head / cfg.n_head_kv;
   const uint8_t* k_all = k_cache_[il].data();
@@ -314,9 +335,15 @@ void CpuForward::Experts(const std::vector<float>& h, absl::Span<const int64_t> 
   }
   // Each expert's input rows, quantized for its gate/up type, contiguous.
   const size_t n_groups = experts.size();
-  std::vector<Acts> in(n_groups);
+  // Grown, never shrunk: each group's buffers keep their capacity.
+  for (auto* v : {&s_.gate, &s_.up, &s_.down}) v->resize(std::max(v->size(), n_groups));
+  for (auto* v : {&s_.in, &s_.mid}) v->resize(std::max(v->size(), n_groups));
+  std::vector<Acts>& in = s_.in;
+  std::vector<Acts>& mid = s_.mid;
+  std::vector<std::vector<float>>& gate = s_.gate;
+  std::vector<std::vector<float>>& up = s_.up;
+  std::vector<std::vector<float>>& down = s_.down;
   const int64_t ff = views[0].gate.rows;
-  std::vector<std::vector<float>> gate(n_groups), up(n_groups);
   std::vector<MatJob> jobs;
   for (size_t g = 0; g < n_groups; ++g) {
     const ExpertWeights& w = views[pairs_of[g][0]];
@@ -345,8 +372,6 @@ void CpuForward::Experts(const std::vector<float>& h, absl::Span<const int64_t> 
   MatMuls(jobs);
 
   // swiglu, then the down projection's input.
-  std::vector<Acts> mid(n_groups);
-  std::vector<std::vector<float>> down(n_groups);
   for (size_t g = 0; g < n_groups; ++g) {
     const ExpertWeights& w = views[pairs_of[g][0]];
     mid[g].type = act_type_for(w.down.type);
@@ -383,11 +408,12 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
   const int k = cfg.n_expert_used;
 
   // The router as the oracle's: softmax over all experts, top-k, norm_w.
-  std::vector<float> probs(static_cast<size_t>(n * cfg.n_expert));
+  std::vector<float>& probs = s_.probs;
+  probs.resize(static_cast<size_t>(n * cfg.n_expert));
   MatMul(weight_view(*lt.router), h.data(), n, probs.data());
   Softmax(cfg.n_expert, absl::MakeSpan(probs));
-  std::vector<int32_t> chosen;
-  std::vector<double> weight;
+  std::vector<int32_t>& chosen = s_.chosen;
+  std::vector<double>& weight = s_.weight;
   SelectExperts(probs, cfg.n_expert, k, cfg.norm_topk_prob, &chosen, &weight);
   for (int64_t t = 0; t < n; ++t) {
     experts_->Route(il, absl::MakeSpan(chosen).subspan(t * k, k),
@@ -397,11 +423,14 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
   // The provider is asked row by row, in order (its residency steps per token).
   // Where its views outlive later calls, every row's experts run as one batch;
   // else each row's run before the next row is asked.
-  std::vector<float> expert_out(static_cast<size_t>(n * k * n_embd));
-  std::vector<ExpertWeights> views(static_cast<size_t>(n * k));
-  std::vector<float> part;
+  std::vector<float>& expert_out = s_.expert_out;
+  expert_out.resize(static_cast<size_t>(n * k * n_embd));
+  std::vector<ExpertWeights>& views = s_.views;
+  views.resize(static_cast<size_t>(n * k));
+  std::vector<float>& part = s_.part;
   const bool batch = experts_->ViewsOutliveCalls();
-  std::vector<int64_t> rows;
+  std::vector<int64_t>& rows = s_.rows;
+  rows.clear();
   for (int64_t t = 0; t < n; ++t) {
     experts_->Provide(il, absl::MakeConstSpan(chosen).subspan(t * k, k),
                       absl::MakeSpan(views).subspan(t * k, k));
@@ -416,11 +445,16 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
   }
   if (batch) Experts(h, rows, chosen, views, &expert_out);
 
-  std::vector<float> shared, shared_logit;
+  std::vector<float>& shared = s_.shared;
+  std::vector<float>& shared_logit = s_.shared_logit;
+  shared.clear();
   if (lt.shexp_gate != nullptr) {
     const WeightView sg = weight_view(*lt.shexp_gate), su = weight_view(*lt.shexp_up),
                      sd = weight_view(*lt.shexp_down);
-    std::vector<float> g(static_cast<size_t>(n * sg.rows)), u(g.size());
+    std::vector<float>& g = s_.shexp_gate;
+    std::vector<float>& u = s_.shexp_up;
+    g.resize(static_cast<size_t>(n * sg.rows));
+    u.resize(g.size());
     shared_logit.resize(static_cast<size_t>(n));
     MatMulsOfOneInput(
         h.data(), n,
@@ -474,11 +508,14 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
     }
   }
 
-  std::vector<float> x(static_cast<size_t>(n * n_embd));
+  std::vector<float>& x = s_.x;
+  x.resize(static_cast<size_t>(n * n_embd));
   const WeightView embd = weight_view(*model_.token_embd);
   for (int64_t t = 0; t < n; ++t) DequantizeRow(embd, tokens[t], x.data() + t * n_embd);
 
-  std::vector<float> h(x.size()), block_out;
+  std::vector<float>& h = s_.h;
+  std::vector<float>& block_out = s_.block_out;
+  h.resize(x.size());
   for (int il = 0; il < cfg.n_layer; ++il) {
     RmsNorm(x, layers_[il].attn_norm, cfg.rms_eps, absl::MakeSpan(h));
     AttentionBlock(il, h, n, &block_out);
@@ -501,6 +538,12 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
 }
 
 }  // namespace
+
+size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type) {
+  const size_t elem = type == KvCacheType::kF16 ? 2 : 4;
+  return 2 * static_cast<size_t>(config.n_layer) * static_cast<size_t>(max_ctx) *
+         static_cast<size_t>(config.n_head_kv) * static_cast<size_t>(config.head_dim) * elem;
+}
 
 absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int max_ctx,
                                                          ExpertProvider* experts,

@@ -27,6 +27,9 @@ struct CpuForwardOptions {
   KvCacheType kv_type = KvCacheType::kF16;  // llama.cpp's default
 };
 
+// The bytes of the K and V caches CreateCpuForward allocates for max_ctx positions.
+size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type);
+
 // Like Oracle::Create, with the fast path's arithmetic. Errors name the tensor
 // whose type the path cannot compute, or the bad option.
 absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int max_ctx,

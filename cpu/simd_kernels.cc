@@ -2,11 +2,12 @@
 // the functions in HWY_NAMESPACE are that target's, the ones after HWY_ONCE
 // dispatch to the best target the CPU supports.
 //
-// The integer dot products widen int8 to int16 and multiply-add pairs into
-// int32 (ReorderWidenMulAccumulate: pmaddwd on x86). A K-quant's group scale
-// multiplies the int16 products inside that multiply-add, as ggml's AVX2 code
-// does, so one int32 accumulator serves a whole super-block; the block scales
-// (and the q8_0 scales) multiply the int32 sums in f32.
+// The integer dot products multiply u8 by i8 in pairs into int16 (vpmaddubsw
+// on x86; the portable target widens both to int16 first), then multiply-add
+// int16 pairs into int32 (pmaddwd). A K-quant's group scale multiplies the
+// int16 products inside that multiply-add, as ggml's AVX2 code does, so one
+// int32 accumulator serves a whole super-block; the block scales (and the q8_0
+// scales) multiply the int32 sums in f32.
 // Every target the CPU may have (AVX-512, AVX2) and the portable one (EMU128,
 // or SCALAR where the compiler is too old for EMU128: GCC before 12.3), which
 // the tests run too; SSSE3 and SSE4 would only add compile time.
@@ -18,16 +19,26 @@
 #define HWY_TARGET_INCLUDE "cpu/simd_kernels.cc"
 #include "cpu/simd_kernels.h"
 
+#include <cstring>
+
 #include "cpu/act_quant.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "loader/quant.h"
+
+// The x86 targets unpack each weight block once for several activation rows
+// (DotTile); the portable one takes one row at a time.
+#undef MOEGRAPH_X86_TILES
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
+#define MOEGRAPH_X86_TILES 1
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace moegraph {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+#ifndef MOEGRAPH_X86_TILES
 using D16 = hn::ScalableTag<int16_t>;       // 32-element groups: 1, 2 or 4 vectors
 using D16x16 = hn::CappedTag<int16_t, 16>;  // 16-element groups (q6_K, q4_0 halves)
 
@@ -171,6 +182,8 @@ float DotQ6K(const block_q6_K* x, const block_q8_K* y, int64_t nb) {
   return sum;
 }
 
+#endif  // !MOEGRAPH_X86_TILES
+
 // Element rows: four accumulators hide the multiply-add latency.
 template <class Load>
 float DotElements(const float* a, int64_t count, const Load& load) {
@@ -238,7 +251,202 @@ void AxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
   });
 }
 
+#ifdef MOEGRAPH_X86_TILES
+// x86 (AVX2, and AVX-512 at 256 bits): ggml's AVX2 scheme, a weight block read
+// once for up to kTile activation rows. Highway 1.0.3 (Debian 12) lacks the
+// u8 x i8 pairwise multiply-add (SatWidenMulPairwiseAdd, added in Highway 1.1)
+// and the i8 sign transfer, so MulPairs and SignOf wrap the intrinsics every
+// AVX2 CPU has (vpmaddubsw, vpsignb), and F16 the F16C conversion. No int16 saturates: weights are
+// at most 63, activations at most 127 in magnitude, and 2 * 63 * 127 < 32767.
+using DU8 = hn::Full256<uint8_t>;
+using DI8 = hn::Full256<int8_t>;
+using DI16 = hn::Full256<int16_t>;
+using DI32 = hn::Full256<int32_t>;
+using DF32 = hn::Full256<float>;
+using VI32 = hn::Vec256<int32_t>;
+using VF32 = hn::Vec256<float>;
+
+HWY_INLINE hn::Vec256<int16_t> MulPairs(hn::Vec256<uint8_t> a, hn::Vec256<int8_t> b) {
+  return hn::Vec256<int16_t>{_mm256_maddubs_epi16(a.raw, b.raw)};
+}
+// b with the sign of s (0 where s is 0).
+HWY_INLINE hn::Vec256<int8_t> SignOf(hn::Vec256<int8_t> b, hn::Vec256<int8_t> s) {
+  return hn::Vec256<int8_t>{_mm256_sign_epi8(b.raw, s.raw)};
+}
+// acc + the int16 pairs of p times scale, summed in pairs (vpmaddwd).
+HWY_INLINE VI32 MulAddPairs(hn::Vec256<int16_t> p, hn::Vec256<int16_t> scale, VI32 acc) {
+  VI32 unused = hn::Zero(DI32());
+  return hn::ReorderWidenMulAccumulate(DI32(), p, scale, acc, unused);
+}
+// Sums of 4 products of x and y (signed 32-element blocks) in 8 lanes.
+HWY_INLINE VI32 DotI8(hn::Vec256<uint8_t> abs_x, hn::Vec256<int8_t> x, hn::Vec256<int8_t> y) {
+  return MulAddPairs(MulPairs(abs_x, SignOf(y, x)), hn::Set(DI16(), 1), hn::Zero(DI32()));
+}
+HWY_INLINE float ReduceF32(VF32 v) { return hn::GetLane(hn::SumOfLanes(DF32(), v)); }
+// A block scale: F16C's conversion (exact, as f16_to_f32) without its branches.
+HWY_INLINE float F16(uint16_t h) { return _cvtsh_ss(h); }
+
+template <int N>
+void DotQ8_0Tile(const block_q8_0* x, const block_q8_0* const* y, int64_t nb, float* out) {
+  VF32 acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = hn::Zero(DF32());
+  for (int64_t b = 0; b < nb; ++b) {
+    const auto w = hn::LoadU(DI8(), x[b].qs);
+    const auto abs_w = hn::BitCast(DU8(), hn::Abs(w));
+    const float dx = F16(x[b].d);
+    for (int n = 0; n < N; ++n) {
+      const VI32 s = DotI8(abs_w, w, hn::LoadU(DI8(), y[n][b].qs));
+      acc[n] = hn::MulAdd(hn::ConvertTo(DF32(), s), hn::Set(DF32(), dx * F16(y[n][b].d)), acc[n]);
+    }
+  }
+  for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
+}
+
+template <int N>
+void DotQ4_0Tile(const block_q4_0* x, const block_q8_0* const* y, int64_t nb, float* out) {
+  const hn::Full128<uint8_t> d128;
+  VF32 acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = hn::Zero(DF32());
+  for (int64_t b = 0; b < nb; ++b) {
+    const auto q = hn::LoadU(d128, x[b].qs);  // elements i (low nibble) and i + 16 (high)
+    const auto nibbles =
+        hn::Combine(DU8(), hn::ShiftRight<4>(q), hn::And(q, hn::Set(d128, uint8_t{0x0F})));
+    const auto w = hn::Sub(hn::BitCast(DI8(), nibbles), hn::Set(DI8(), int8_t{8}));
+    const auto abs_w = hn::BitCast(DU8(), hn::Abs(w));
+    const float dx = F16(x[b].d);
+    for (int n = 0; n < N; ++n) {
+      const VI32 s = DotI8(abs_w, w, hn::LoadU(DI8(), y[n][b].qs));
+      acc[n] = hn::MulAdd(hn::ConvertTo(DF32(), s), hn::Set(DF32(), dx * F16(y[n][b].d)), acc[n]);
+    }
+  }
+  for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
+}
+
+// q4_K/q5_K's eight 6-bit scales and mins from their 12 bytes at once, as
+// ggml's SIMD code unpacks them (get_scale_min_k4, four bytes at a time).
+HWY_INLINE void UnpackScalesMinsK4(const uint8_t* packed, uint8_t* sc, uint8_t* mn) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
+  uint32_t u[3];
+  std::memcpy(u, packed, 12);
+  const uint32_t scales[2] = {u[0] & kLow6, (u[2] & kLow4) | (((u[0] >> 6) & kTop2) << 4)};
+  const uint32_t mins[2] = {u[1] & kLow6, ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kTop2) << 4)};
+  std::memcpy(sc, scales, 8);
+  std::memcpy(mn, mins, 8);
+}
+
+// q4_K and q5_K (kFive): chunk c's 32 bytes hold elements [64c, 64c + 32) in
+// their low nibbles (scale 2c) and [64c + 32, 64c + 64) in their high ones
+// (scale 2c + 1); the mins meet the activations' 16-element sums (bsums).
+template <bool kFive, int N, typename Block>
+void DotK45Tile(const Block* x, const block_q8_K* const* y, int64_t nb, float* out) {
+  const auto mask = hn::Set(DU8(), uint8_t{0x0F});
+  const auto one = hn::Set(DU8(), uint8_t{1});
+  VF32 acc[N], acc_min[N];
+  for (int n = 0; n < N; ++n) acc[n] = acc_min[n] = hn::Zero(DF32());
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t sc[8], mn[8];
+    UnpackScalesMinsK4(x[b].scales, sc, mn);
+    const hn::Full128<int16_t> d16x8;
+    const auto m8 = hn::PromoteTo(d16x8, hn::LoadU(hn::Full64<uint8_t>(), mn));
+    const auto mins16 =  // min j for bsums 2j and 2j + 1
+        hn::Combine(DI16(), hn::InterleaveUpper(d16x8, m8, m8), hn::InterleaveLower(m8, m8));
+    VI32 sumi[N];
+    for (int n = 0; n < N; ++n) sumi[n] = hn::Zero(DI32());
+    for (int c = 0; c < 4; ++c) {
+      const auto q = hn::LoadU(DU8(), x[b].qs + 32 * c);
+      auto lo = hn::And(q, mask);
+      auto hi = hn::ShiftRight<4>(q);
+      if constexpr (kFive) {
+        const auto h = hn::LoadU(DU8(), x[b].qh);
+        lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c), one)));
+        hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c + 1), one)));
+      }
+      const auto scale_lo = hn::Set(DI16(), static_cast<int16_t>(sc[2 * c]));
+      const auto scale_hi = hn::Set(DI16(), static_cast<int16_t>(sc[2 * c + 1]));
+      for (int n = 0; n < N; ++n) {
+        const int8_t* a = y[n][b].qs + 64 * c;
+        sumi[n] = MulAddPairs(MulPairs(lo, hn::LoadU(DI8(), a)), scale_lo, sumi[n]);
+        sumi[n] = MulAddPairs(MulPairs(hi, hn::LoadU(DI8(), a + 32)), scale_hi, sumi[n]);
+      }
+    }
+    const float d = F16(x[b].d), dmin = F16(x[b].dmin);
+    for (int n = 0; n < N; ++n) {
+      const VI32 summ = MulAddPairs(hn::LoadU(DI16(), y[n][b].bsums), mins16, hn::Zero(DI32()));
+      acc[n] = hn::MulAdd(hn::ConvertTo(DF32(), sumi[n]), hn::Set(DF32(), d * y[n][b].d), acc[n]);
+      acc_min[n] =
+          hn::MulAdd(hn::ConvertTo(DF32(), summ), hn::Set(DF32(), dmin * y[n][b].d), acc_min[n]);
+    }
+  }
+  for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]) - ReduceF32(acc_min[n]);
+}
+
+// q6_K: per 128-element half, byte l of ql, ql + 32 and qh gives elements l,
+// l + 32, l + 64 and l + 96 as unsigned 6-bit values; the bias of 32 comes off
+// through the activations' bsums, 32 * sum(scale * bsum).
+template <int N>
+void DotQ6KTile(const block_q6_K* x, const block_q8_K* const* y, int64_t nb, float* out) {
+  const hn::Full128<int16_t> d16x8;
+  const auto mask = hn::Set(DU8(), uint8_t{0x0F});
+  const auto three = hn::Set(DU8(), uint8_t{3});
+  VF32 acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = hn::Zero(DF32());
+  for (int64_t b = 0; b < nb; ++b) {
+    alignas(32) int16_t scales[16];
+    for (int j = 0; j < 16; ++j) scales[j] = x[b].scales[j];
+    const auto scales16 = hn::Load(DI16(), scales);
+    VI32 sumi[N];
+    for (int n = 0; n < N; ++n) sumi[n] = hn::Zero(DI32());
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = x[b].ql + 64 * half;
+      const auto l0 = hn::LoadU(DU8(), ql);
+      const auto l1 = hn::LoadU(DU8(), ql + 32);
+      const auto h = hn::LoadU(DU8(), x[b].qh + 32 * half);
+      const hn::Vec256<uint8_t> w[4] = {
+          hn::Or(hn::And(l0, mask), hn::ShiftLeft<4>(hn::And(h, three))),
+          hn::Or(hn::And(l1, mask), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<2>(h), three))),
+          hn::Or(hn::ShiftRight<4>(l0), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<4>(h), three))),
+          hn::Or(hn::ShiftRight<4>(l1), hn::ShiftLeft<4>(hn::ShiftRight<6>(h)))};
+      hn::Vec256<int16_t> scale[4];  // 16 elements (8 pairs) per scale
+      for (int k = 0; k < 4; ++k) {
+        const int8_t* s = x[b].scales + 8 * half + 2 * k;
+        scale[k] =
+            hn::Combine(DI16(), hn::Set(d16x8, int16_t{s[1]}), hn::Set(d16x8, int16_t{s[0]}));
+      }
+      for (int n = 0; n < N; ++n) {
+        const int8_t* a = y[n][b].qs + 128 * half;
+        for (int k = 0; k < 4; ++k) {
+          sumi[n] = MulAddPairs(MulPairs(w[k], hn::LoadU(DI8(), a + 32 * k)), scale[k], sumi[n]);
+        }
+      }
+    }
+    const float d = F16(x[b].d);
+    for (int n = 0; n < N; ++n) {
+      const VI32 bias = MulAddPairs(hn::LoadU(DI16(), y[n][b].bsums), scales16, hn::Zero(DI32()));
+      const VI32 s = hn::Sub(sumi[n], hn::ShiftLeft<5>(bias));
+      acc[n] = hn::MulAdd(hn::ConvertTo(DF32(), s), hn::Set(DF32(), d * y[n][b].d), acc[n]);
+    }
+  }
+  for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
+}
+
+template <int N>
+void DotTile(GgmlType type, const uint8_t* w, const uint8_t* const* act, int64_t cols, float* out);
+#endif  // MOEGRAPH_X86_TILES
+
 float DotRow(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t cols) {
+  switch (type) {
+    case GgmlType::kF16:
+      return DotF16(reinterpret_cast<const float*>(act), reinterpret_cast<const uint16_t*>(w),
+                    cols);
+    case GgmlType::kBF16:
+      return DotBF16(reinterpret_cast<const float*>(act), reinterpret_cast<const uint16_t*>(w),
+                     cols);
+    case GgmlType::kF32:
+      return DotF32(reinterpret_cast<const float*>(act), reinterpret_cast<const float*>(w), cols);
+    default:
+      break;
+  }
+#ifndef MOEGRAPH_X86_TILES
   switch (type) {
     case GgmlType::kQ8_0:
       return DotQ8_0(reinterpret_cast<const block_q8_0*>(w),
@@ -252,27 +460,68 @@ float DotRow(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t cols) 
     case GgmlType::kQ5_K:
       return DotK45<true>(reinterpret_cast<const block_q5_K*>(w),
                           reinterpret_cast<const block_q8_K*>(act), cols / QK_K);
-    case GgmlType::kQ6_K:
+    default:
       return DotQ6K(reinterpret_cast<const block_q6_K*>(w),
                     reinterpret_cast<const block_q8_K*>(act), cols / QK_K);
-    case GgmlType::kF16:
-      return DotF16(reinterpret_cast<const float*>(act), reinterpret_cast<const uint16_t*>(w),
-                    cols);
-    case GgmlType::kBF16:
-      return DotBF16(reinterpret_cast<const float*>(act), reinterpret_cast<const uint16_t*>(w),
-                     cols);
-    default:
-      return DotF32(reinterpret_cast<const float*>(act), reinterpret_cast<const float*>(w), cols);
   }
+#else
+  float out = 0.0f;
+  DotTile<1>(type, w, &act, cols, &out);
+  return out;
+#endif
+}
+
+#ifdef MOEGRAPH_X86_TILES
+// One weight row with N activation rows; each result is what N = 1 gives.
+template <int N>
+void DotTile(GgmlType type, const uint8_t* w, const uint8_t* const* act, int64_t cols, float* out) {
+  switch (type) {
+    case GgmlType::kQ8_0:
+      return DotQ8_0Tile<N>(reinterpret_cast<const block_q8_0*>(w),
+                            reinterpret_cast<const block_q8_0* const*>(act), cols / QK8_0, out);
+    case GgmlType::kQ4_0:
+      return DotQ4_0Tile<N>(reinterpret_cast<const block_q4_0*>(w),
+                            reinterpret_cast<const block_q8_0* const*>(act), cols / QK4_0, out);
+    case GgmlType::kQ4_K:
+      return DotK45Tile<false, N>(reinterpret_cast<const block_q4_K*>(w),
+                                  reinterpret_cast<const block_q8_K* const*>(act), cols / QK_K,
+                                  out);
+    case GgmlType::kQ5_K:
+      return DotK45Tile<true, N>(reinterpret_cast<const block_q5_K*>(w),
+                                 reinterpret_cast<const block_q8_K* const*>(act), cols / QK_K, out);
+    case GgmlType::kQ6_K:
+      return DotQ6KTile<N>(reinterpret_cast<const block_q6_K*>(w),
+                           reinterpret_cast<const block_q8_K* const*>(act), cols / QK_K, out);
+    default:
+      for (int n = 0; n < N; ++n) out[n] = DotRow(type, w, act[n], cols);
+  }
+}
+#else
+template <int N>
+void DotTile(GgmlType type, const uint8_t* w, const uint8_t* const* act, int64_t cols, float* out) {
+  for (int n = 0; n < N; ++n) out[n] = DotRow(type, w, act[n], cols);
+}
+#endif
+
+// Activation rows per pass over a weight row: its blocks are unpacked once for
+// all of them.
+constexpr int kTile = 4;
+
+template <int N>
+void RowTimesActs(const MatMulArgs& m, const uint8_t* w, int64_t r, int64_t t) {
+  const uint8_t* act[N];
+  float out[N];
+  for (int n = 0; n < N; ++n) act[n] = m.act + static_cast<size_t>(t + n) * m.act_row_bytes;
+  DotTile<N>(m.type, w, act, m.cols, out);
+  for (int n = 0; n < N; ++n) m.out[(t + n) * m.out_stride + r] = out[n];
 }
 
 void MatMulRows(const MatMulArgs& m) {
   for (int64_t r = m.row_begin; r < m.row_end; ++r) {
     const uint8_t* w = m.w + static_cast<size_t>(r) * m.w_row_bytes;
-    for (int64_t t = 0; t < m.n_act; ++t) {
-      m.out[t * m.out_stride + r] =
-          DotRow(m.type, w, m.act + static_cast<size_t>(t) * m.act_row_bytes, m.cols);
-    }
+    int64_t t = 0;
+    for (; t + kTile <= m.n_act; t += kTile) RowTimesActs<kTile>(m, w, r, t);
+    for (; t < m.n_act; ++t) RowTimesActs<1>(m, w, r, t);
   }
 }
 

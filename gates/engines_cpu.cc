@@ -67,7 +67,8 @@ class CpuGateEngine final : public GateEngine {
 CpuBackendOptions OptionsOf(const ArmSpec& spec) {
   CpuBackendOptions options;
   options.max_ctx = spec.max_ctx;
-  options.n_slots = spec.doors.resident ? 0 : spec.n_slots;
+  options.n_slots = spec.n_slots;
+  options.resident = spec.doors.resident;
   options.policy = spec.doors.policy;
   options.protected_frac = spec.doors.protected_frac;
   options.cache = spec.doors.moe_cache;
@@ -83,12 +84,12 @@ EngineFactory CpuEngineFactory() {
   return [stores](const Model& model,
                   const ArmSpec& spec) -> absl::StatusOr<std::unique_ptr<GateEngine>> {
     std::unique_ptr<ExpertStore>& store = (*stores)[&model];
-    if (store == nullptr) {
+    if (store == nullptr && !spec.doors.resident) {  // resident reads the file in place
       MG_ASSIGN_OR_RETURN(ExpertStore created, ExpertStore::Create(model));
       store = std::make_unique<ExpertStore>(std::move(created));
     }
     MG_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
-                        CpuBackend::Create(model, *store, OptionsOf(spec)));
+                        CpuBackend::Create(model, store.get(), OptionsOf(spec)));
     return std::make_unique<CpuGateEngine>(stores, std::move(backend));
   };
 }

@@ -120,18 +120,20 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     }
   };
 
-  SlotExperts(const ExpertStore& store, int k, const RoutingTrace* routing_trace)
-      : store_(store), k_(k), routing_trace_(routing_trace) {
-    local_layer_.resize(static_cast<size_t>(store.n_layer()));
-    batch_rows_.resize(static_cast<size_t>(store.n_layer()));
+  // store null: resident, every expert read in place from model's file.
+  SlotExperts(const Model& model, const ExpertStore* store, int k,
+              const RoutingTrace* routing_trace)
+      : model_(model), store_(store), k_(k), routing_trace_(routing_trace) {
+    local_layer_.resize(static_cast<size_t>(model.config.n_layer));
+    batch_rows_.resize(static_cast<size_t>(model.config.n_layer));
   }
 
   absl::Status AddPools(const CpuBackendOptions& options) {
-    const std::vector<SizeClass>& classes = store_.size_classes();
-    const int n_layer = store_.n_layer();
+    const std::vector<SizeClass>& classes = store_->size_classes();
+    const int n_layer = store_->n_layer();
     int32_t requested = options.n_slots;
     if (requested == 0) {
-      requested = n_layer * store_.n_expert();
+      requested = n_layer * store_->n_expert();
       if (options.cache) {
         MG_ASSIGN_OR_RETURN(requested, AutoSlots(options, classes, requested, k_));
       }
@@ -153,7 +155,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
         }
         CacheConfig config;
         config.n_layer = static_cast<int32_t>(classes[c].layers.size());
-        config.n_expert = store_.n_expert();
+        config.n_expert = store_->n_expert();
         config.k = k_;
         config.n_slots = split[c];
         config.protected_frac = options.protected_frac;
@@ -182,7 +184,16 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     MG_CHECK(static_cast<int>(experts.size()) == k_ && weights.size() == experts.size(),
              "CpuBackend: k experts and k views per provide");
     routing_.insert(routing_.end(), experts.begin(), experts.end());
-    Pool& pool = pools_[static_cast<size_t>(store_.class_of(layer))];
+    if (store_ == nullptr) {
+      for (int r = 0; r < k_; ++r) {
+        weights[r] = {model_.expert(layer, ExpertProj::kGate, experts[r]),
+                      model_.expert(layer, ExpertProj::kUp, experts[r]),
+                      model_.expert(layer, ExpertProj::kDown, experts[r])};
+      }
+      counters_.hits += static_cast<uint64_t>(k_);
+      return;
+    }
+    Pool& pool = pools_[static_cast<size_t>(store_->class_of(layer))];
     if (pool.cache.has_value()) {
       const LayerStep& step =
           pool.cache->Step(local_layer_[static_cast<size_t>(layer)], experts.data());
@@ -216,11 +227,12 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     }
   }
 
-  // Every pool holds all of its class's experts: nothing is ever evicted.
+  // Resident, or every pool holds all of its class's experts: nothing is ever
+  // evicted.
   bool ViewsOutliveCalls() const override {
     for (const Pool& pool : pools_) {
       if (!pool.cache.has_value() ||
-          pool.info.n_slots < static_cast<int32_t>(pool.info.layers.size()) * store_.n_expert()) {
+          pool.info.n_slots < static_cast<int32_t>(pool.info.layers.size()) * store_->n_expert()) {
         return false;
       }
     }
@@ -239,7 +251,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
  private:
   void Stage(Pool& pool, int32_t slot, int layer, int32_t expert) {
     const auto start = std::chrono::steady_clock::now();
-    std::memcpy(pool.slot(slot), store_.block(layer, expert), pool.info.block_bytes);
+    std::memcpy(pool.slot(slot), store_->block(layer, expert), pool.info.block_bytes);
     const auto elapsed = std::chrono::steady_clock::now() - start;
     counters_.stage_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
@@ -248,14 +260,15 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   }
 
   ExpertWeights SlotWeights(const Pool& pool, int32_t slot, int layer) const {
-    const ExpertBlockLayout& layout = store_.layout(layer);
+    const ExpertBlockLayout& layout = store_->layout(layer);
     const uint8_t* block = pool.slot(slot);
     return {ProjectionView(layout, ExpertProj::kGate, block),
             ProjectionView(layout, ExpertProj::kUp, block),
             ProjectionView(layout, ExpertProj::kDown, block)};
   }
 
-  const ExpertStore& store_;
+  const Model& model_;
+  const ExpertStore* store_;  // null: resident
   const int k_;
   const RoutingTrace* routing_trace_;
   std::vector<int32_t> local_layer_;  // model layer -> its number in its class's cache
@@ -266,9 +279,12 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
 };
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Model& model,
-                                                               const ExpertStore& store,
+                                                               const ExpertStore* store,
                                                                const CpuBackendOptions& options) {
-  MG_CHECK(store.n_layer() == model.config.n_layer && store.n_expert() == model.config.n_expert,
+  MG_CHECK(options.resident || store != nullptr, "CpuBackend: no expert store and not resident");
+  if (options.resident) store = nullptr;
+  MG_CHECK(store == nullptr || (store->n_layer() == model.config.n_layer &&
+                                store->n_expert() == model.config.n_expert),
            "CpuBackend: the expert store was built from another model");
   if (options.n_slots < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -281,9 +297,9 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Model& mode
   std::unique_ptr<CpuBackend> backend(new CpuBackend());
   backend->model_ = &model;
   backend->max_ctx_ = options.max_ctx;
-  backend->experts_ = std::make_unique<SlotExperts>(store, model.config.n_expert_used,
-                                                   options.routing_trace);
-  MG_RETURN_IF_ERROR(backend->experts_->AddPools(options));
+  backend->experts_ = std::make_unique<SlotExperts>(model, store, model.config.n_expert_used,
+                                                    options.routing_trace);
+  if (store != nullptr) MG_RETURN_IF_ERROR(backend->experts_->AddPools(options));
   for (const SlotExperts::Pool& pool : backend->experts_->pools()) {
     backend->pools_.push_back(pool.info);
   }

@@ -3,7 +3,9 @@
 // layer the residency policy decides hits and misses, each missed expert's block
 // is staged from the ExpertStore into a host slot, and the experts compute from
 // the slots. Combine runs in router rank order, so tokens and logits equal the
-// oracle's bit for bit whatever hit or missed.
+// oracle's bit for bit whatever hit or missed. Resident (the CUDA engine's
+// resident arm): no store, no slots, no policy; every expert is read in place
+// from the model's mapped file, as the dense weights always are.
 //
 // Slots: one pool per size class of the store (layers with identical block
 // layouts). A policy cache has one slot size, so each class gets its own cache,
@@ -42,6 +44,9 @@ struct CpuBackendOptions {
   // false: MOEGRAPH_MOE_CACHE=0, every selected expert is staged each step into
   // k scratch slots of its class, and no residency state is kept.
   bool cache = true;
+  // Every expert read in place from the model's file (n_slots, the policy and
+  // cache are then unused): no copy, every computed expert a hit.
+  bool resident = false;
   // Routing replay (moegraph bench --routing-trace): step s, layer l takes the
   // trace's row (s mod n_steps, l) instead of the router's selection, with the
   // trace's weights (uniform 1/k when it has none); a row the trace lacks keeps
@@ -83,10 +88,11 @@ struct SlotPoolInfo {
 class CpuBackend final : public Oracle {
  public:
   // model, its file and store must outlive the backend; store must hold model's
-  // experts. Errors name the flag: a pool below --top-k slots, a bad
-  // --protected-frac, a context size below 1, a slot pool that cannot be allocated.
+  // experts, and may be null only with options.resident (which never reads it).
+  // Errors name the flag: a pool below --top-k slots, a bad --protected-frac, a
+  // context size below 1, a slot pool that cannot be allocated.
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const Model& model,
-                                                            const ExpertStore& store,
+                                                            const ExpertStore* store,
                                                             const CpuBackendOptions& options);
   ~CpuBackend() override;
 
@@ -100,7 +106,7 @@ class CpuBackend final : public Oracle {
   // Whether a batch of tokens runs as one batch (every expert resident).
   bool BatchesPrompts() const;
   const EngineCounters& counters() const;
-  // One per size class, indexed like store.size_classes().
+  // One per size class, indexed like store.size_classes(); none when resident.
   const std::vector<SlotPoolInfo>& pools() const;
   // The residency state of a size class's pool; null with the cache off.
   const PolicyCache* cache(int size_class) const;

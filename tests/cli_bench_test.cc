@@ -52,11 +52,12 @@ TEST_F(CliBenchTest, MarkdownHasOneRowPerArmSlotsAndTest) {
       Bench(fixture_path(), "--arms resident,graph,host,stage --slots 4,8 -p 3 -n 5 -r 2");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(testing_util::Contains(r.out, "note: backend cpu"));
-  // resident and stage ignore --slots (they hold every expert and k scratch slots).
-  const std::vector<std::string> expected = {
-      "resident 16 pp3", "resident 16 tg5", "graph 4 pp3", "graph 4 tg5", "graph 8 pp3",
-      "graph 8 tg5",     "host 4 pp3",      "host 4 tg5",  "host 8 pp3",  "host 8 tg5",
-      "stage 2 pp3",     "stage 2 tg5"};
+  // resident and stage ignore --slots: the CPU's resident arm reads every expert
+  // in place (no slots), stage has k scratch slots.
+  const std::vector<std::string> expected = {"resident 0 pp3", "resident 0 tg5", "graph 4 pp3",
+                                             "graph 4 tg5",    "graph 8 pp3",    "graph 8 tg5",
+                                             "host 4 pp3",     "host 4 tg5",     "host 8 pp3",
+                                             "host 8 tg5",     "stage 2 pp3",    "stage 2 tg5"};
   const std::vector<std::vector<std::string>> rows = BenchTableRows(r.out);
   ASSERT_EQ(rows.size(), expected.size()) << r.out;
   for (size_t i = 0; i < rows.size(); ++i) {

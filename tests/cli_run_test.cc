@@ -3,6 +3,7 @@
 // counts, and its banner and summary lines against the fixture's geometry.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -123,10 +124,25 @@ double NumberBefore(const std::string& output, const std::string& label,
 }
 
 TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
-  // The fixture has 2 layers of 8 experts: auto gives 16 slots, nothing is evicted.
-  const CommandResult all = RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 8", false);
+  // --slots auto on the CPU is resident: the experts are read in place, each a hit.
+  const CommandResult in_place =
+      RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 8", false);
+  ASSERT_EQ(in_place.exit_code, 0) << in_place.output;
+  EXPECT_TRUE(testing_util::Contains(in_place.output,
+                                     "backend cpu: resident, every expert read "
+                                     "in place from the model file"))
+      << in_place.output;
+  EXPECT_EQ(NumberBefore(in_place.output, "backend cpu: 10 tokens", "%"), 100) << in_place.output;
+  EXPECT_EQ(NumberBefore(in_place.output, "backend cpu: 10 tokens", " misses"), 0)
+      << in_place.output;
+  EXPECT_EQ(NumberBefore(in_place.output, "backend cpu: 10 tokens", " MiB staged"), 0)
+      << in_place.output;
+
+  // The fixture has 2 layers of 8 experts: 16 slots hold them all, nothing is evicted.
+  const CommandResult all =
+      RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 8 --slots 16", false);
   ASSERT_EQ(all.exit_code, 0) << all.output;
-  EXPECT_EQ(NumberBefore(all.output, "backend cpu: hazard", " slots (auto"), 16) << all.output;
+  EXPECT_EQ(NumberBefore(all.output, "backend cpu: hazard", " slots;"), 16) << all.output;
   EXPECT_EQ(NumberBefore(all.output, "backend cpu: 10 tokens", " evictions"), 0) << all.output;
   const double all_misses = NumberBefore(all.output, "backend cpu: 10 tokens", " misses");
   EXPECT_GT(all_misses, 0) << all.output;
@@ -142,6 +158,54 @@ TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
   EXPECT_EQ(NumberBefore(tight.output, "backend cpu: 10 tokens", "%"), 0) << tight.output;
   EXPECT_GT(NumberBefore(tight.output, "backend cpu: 10 tokens", " evictions"), 0)
       << tight.output;
+}
+
+// The figures of the summary's "peak RSS R MiB (file F MiB, KV cache K MiB)".
+struct MemoryFigures {
+  double rss = -1, file = -1, kv = -1;
+};
+MemoryFigures MemoryOf(const std::string& output) {
+  MemoryFigures m;
+  const size_t at = output.find("peak RSS ");
+  if (at == std::string::npos) return m;
+  std::sscanf(output.c_str() + at, "peak RSS %lf MiB (file %lf MiB, KV cache %lf MiB)", &m.rss,
+              &m.file, &m.kv);
+  return m;
+}
+
+// Memory of a resident run: the file's pages and the KV cache, no copy of the
+// experts, so peak RSS stays under (file + KV cache) * 1.1 (the process's own
+// few MiB fit in the 10% of a file this size). A cache holding every expert
+// copies them twice (the store, then the slots), and the figure shows it.
+TEST(CliRunMemoryTest, AResidentRunStaysUnderTheFileAndKvCachePlusTenPercent) {
+  FixtureSpec spec;
+  spec.n_layer = 4;
+  spec.n_expert = 32;
+  spec.n_expert_used = 4;
+  spec.n_embd = 1024;
+  spec.n_ff_exp = 512;
+  spec.n_head = 16;
+  spec.n_head_kv = 4;
+  spec.n_vocab = 4096;
+  spec.dense_type = GgmlType::kQ8_0;
+  spec.expert_type = GgmlType::kQ8_0;
+  spec.expert_variants = 2;  // 4 x 32 x 3 x 0.5 MiB of experts, two of them quantized
+  const std::string path = testing_util::TempPath("cli_run_memory.gguf");
+  ASSERT_TRUE(WriteFixture(spec, path).ok());
+
+  const std::string run = "-m " + path + " --tokens 1,2,3 -n 64 --backend cpu --ctx 4096";
+  const CommandResult resident = RunMoegraph(run, true);
+  ASSERT_EQ(resident.exit_code, 0) << resident.output;
+  const MemoryFigures in_place = MemoryOf(resident.output);
+  ASSERT_GT(in_place.file, 200) << resident.output;
+  ASSERT_GT(in_place.kv, 0) << resident.output;
+  EXPECT_LT(in_place.rss, (in_place.file + in_place.kv) * 1.1) << resident.output;
+
+  const CommandResult cached = RunMoegraph(run + " --slots 128", true);
+  ASSERT_EQ(cached.exit_code, 0) << cached.output;
+  const double expert_mib = 4 * 32 * 3 * (1024.0 * 512 / 32 * 34) / (1 << 20);
+  EXPECT_GT(MemoryOf(cached.output).rss, in_place.rss + expert_mib) << cached.output;
+  std::remove(path.c_str());
 }
 
 TEST_F(CliRunTest, BadSlotCountsNameTheFlag) {

@@ -129,8 +129,7 @@ TEST_P(CpuBackendOracleTest, TokensAndLogitsEqualTheOracleBitForBit) {
   options.n_slots = slot_case.n_slots;
   options.policy = slot_case.policy;
   options.pool_mode = slot_case.pool_mode;
-  absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
-      CpuBackend::Create(model, *store, options);
+  absl::StatusOr<std::unique_ptr<CpuBackend>> backend = CpuBackend::Create(model, &*store, options);
   ASSERT_TRUE(backend.ok()) << backend.status();
 
   const Transcript want = OracleTranscript(model);
@@ -200,7 +199,7 @@ class CpuBackendCacheTest : public ::testing::Test {
     options.cache = cache;
     options.policy = policy;
     absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
-        CpuBackend::Create(loaded_->model, *store_, options);
+        CpuBackend::Create(loaded_->model, &*store_, options);
     EXPECT_TRUE(backend.ok()) << backend.status();
     return backend.ok() ? std::move(*backend) : nullptr;
   }
@@ -221,7 +220,7 @@ TEST_F(CpuBackendCacheTest, AutoSlotsFollowTheHostMemoryAvailable) {
     options.max_ctx = kMaxCtx;
     options.host_available_bytes = available;
     MG_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
-                        CpuBackend::Create(loaded_->model, *store_, options));
+                        CpuBackend::Create(loaded_->model, &*store_, options));
     return backend->pools()[0].n_slots;
   };
   EXPECT_EQ(slots_with(uint64_t{64} << 30).value_or(-1), n_keys);
@@ -234,7 +233,7 @@ TEST_F(CpuBackendCacheTest, AutoSlotsFollowTheHostMemoryAvailable) {
   off.max_ctx = kMaxCtx;
   off.cache = false;
   off.host_available_bytes = rail;
-  EXPECT_TRUE(CpuBackend::Create(loaded_->model, *store_, off).ok());
+  EXPECT_TRUE(CpuBackend::Create(loaded_->model, &*store_, off).ok());
 }
 
 TEST_F(CpuBackendCacheTest, CacheOnAndOffGiveIdenticalLogits) {
@@ -339,24 +338,24 @@ TEST_F(CpuBackendCacheTest, BadOptionsAndInputsAreErrors) {
   options.max_ctx = 4;
   options.n_slots = 1;
   absl::StatusOr<std::unique_ptr<CpuBackend>> small =
-      CpuBackend::Create(loaded_->model, *store_, options);
+      CpuBackend::Create(loaded_->model, &*store_, options);
   ASSERT_FALSE(small.ok());
   EXPECT_TRUE(MessageHas(small.status(), "--slots 1")) << small.status();
   options.n_slots = -3;
   absl::StatusOr<std::unique_ptr<CpuBackend>> negative =
-      CpuBackend::Create(loaded_->model, *store_, options);
+      CpuBackend::Create(loaded_->model, &*store_, options);
   ASSERT_FALSE(negative.ok());
   EXPECT_TRUE(MessageHas(negative.status(), "--slots -3")) << negative.status();
   options.n_slots = 0;
   options.protected_frac = 1.5;
   absl::StatusOr<std::unique_ptr<CpuBackend>> frac =
-      CpuBackend::Create(loaded_->model, *store_, options);
+      CpuBackend::Create(loaded_->model, &*store_, options);
   ASSERT_FALSE(frac.ok());
   EXPECT_TRUE(MessageHas(frac.status(), "--protected-frac")) << frac.status();
 
   options.protected_frac = 0.5;
   absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
-      CpuBackend::Create(loaded_->model, *store_, options);
+      CpuBackend::Create(loaded_->model, &*store_, options);
   ASSERT_TRUE(backend.ok()) << backend.status();
   absl::StatusOr<std::vector<float>> bad_token = (*backend)->Forward({1, 128});
   ASSERT_FALSE(bad_token.ok());
@@ -393,8 +392,7 @@ TEST(CpuBackendSizeClassTest, TwoSizeClassesRunTwoPoolsAndMatchTheOracle) {
   options.max_ctx = kMaxCtx;
   options.n_slots = 6;  // 4 for the two f32 layers, 2 for the q8_0 one
   options.oracle_arithmetic = true;
-  absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
-      CpuBackend::Create(model, *store, options);
+  absl::StatusOr<std::unique_ptr<CpuBackend>> backend = CpuBackend::Create(model, &*store, options);
   ASSERT_TRUE(backend.ok()) << backend.status();
   const Transcript want = OracleTranscript(model);
   const Transcript got = Decode(**backend);

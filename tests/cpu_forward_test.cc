@@ -169,7 +169,7 @@ TEST(CpuBackendFastTest, SlotsAndTheCacheChangeNothingButAddresses) {
     options.cache = cache;
     options.fast.threads = 2;
     absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
-        CpuBackend::Create(m->model, *store, options);
+        CpuBackend::Create(m->model, &*store, options);
     ASSERT_TRUE(backend.ok()) << backend.status();
     const std::vector<float> logits = Logits(**backend, kPrompt);
     EXPECT_EQ((*backend)->counters().steps, kPrompt.size());
@@ -182,7 +182,8 @@ TEST(CpuBackendFastTest, SlotsAndTheCacheChangeNothingButAddresses) {
   CpuBackendOptions options;
   options.max_ctx = 64;
   options.oracle_arithmetic = true;
-  absl::StatusOr<std::unique_ptr<CpuBackend>> exact = CpuBackend::Create(m->model, *store, options);
+  absl::StatusOr<std::unique_ptr<CpuBackend>> exact =
+      CpuBackend::Create(m->model, &*store, options);
   ASSERT_TRUE(exact.ok()) << exact.status();
   absl::StatusOr<std::unique_ptr<Oracle>> oracle = Oracle::Create(m->model, 64);
   ASSERT_TRUE(oracle.ok());

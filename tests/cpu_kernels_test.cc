@@ -116,8 +116,10 @@ TEST(ActQuantTest, ScalarDotsEqualTheDequantizedDot) {
   }
 }
 
+// 6 activation rows: one tile of 4 (the x86 kernels unpack a weight block once
+// for 4 rows) and 2 rows alone; each must equal its row computed alone.
 TEST_F(SimdTargetsTest, EveryTargetEqualsTheScalarDotsUpToRounding) {
-  constexpr int64_t kRows = 7, kCols = 768, kAct = 3;
+  constexpr int64_t kRows = 7, kCols = 768, kAct = 6;
   const std::vector<int64_t> targets = SimdTargets();
   ASSERT_FALSE(targets.empty());
   bool saw_portable = false;
@@ -153,6 +155,12 @@ TEST_F(SimdTargetsTest, EveryTargetEqualsTheScalarDotsUpToRounding) {
       a.out_stride = kRows;
       SimdMatMulRows(a);
       for (int t = 0; t < kAct; ++t) {
+        std::vector<float> alone(kRows, NAN);
+        MatMulArgs one = a;
+        one.act = act.data() + t * arb;
+        one.n_act = 1;
+        one.out = alone.data();
+        SimdMatMulRows(one);
         EXPECT_TRUE(std::isnan(out[t * kRows])) << "row 0 is outside the range";
         for (int64_t r = 1; r < kRows; ++r) {
           const float want =
@@ -160,6 +168,9 @@ TEST_F(SimdTargetsTest, EveryTargetEqualsTheScalarDotsUpToRounding) {
           EXPECT_NEAR(out[t * kRows + r], want, 2e-5f * (std::fabs(want) + 1.0f))
               << SimdTargetName(target) << " " << ggml_type_name(static_cast<uint32_t>(type))
               << " row " << r << " act " << t;
+          EXPECT_EQ(out[t * kRows + r], alone[r])
+              << SimdTargetName(target) << " " << ggml_type_name(static_cast<uint32_t>(type))
+              << " row " << r << " act " << t << ": in a batch and alone differ";
         }
       }
     }

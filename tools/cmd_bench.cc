@@ -115,14 +115,15 @@ void AddCounters(const EngineCounters& before, const EngineCounters& after, Samp
 class CpuTarget final : public Target {
  public:
   static absl::StatusOr<std::unique_ptr<Target>> Create(const Model& model,
-                                                        const ExpertStore& store,
+                                                        const ExpertStore* store,
                                                         const Doors& doors, Arm arm, int32_t slots,
                                                         int ctx, const CpuForwardOptions& cpu,
                                                         const RoutingTrace* trace) {
     CpuBackendOptions options;
     options.max_ctx = ctx;
     options.fast = cpu;
-    options.n_slots = arm == Arm::kResident ? 0 : slots;
+    options.n_slots = slots;
+    options.resident = arm == Arm::kResident;
     options.policy = doors.policy;
     options.protected_frac = doors.protected_frac;
     options.cache = doors.moe_cache;
@@ -539,7 +540,8 @@ absl::Status Bench() {
   std::FILE* notes = plan.json ? stderr : stdout;
   if (!plan.cuda) {
     std::fprintf(notes,
-                 "note: backend cpu: arms map as in `moegraph run`: resident holds every expert, "
+                 "note: backend cpu: arms map as in `moegraph run`: resident reads every expert in "
+                 "place (no slots), "
                  "stage turns the cache off, graph/eager/host run the CPU pipeline with the "
                  "policy; no device, so host syncs and launches are 0\n");
   }
@@ -560,11 +562,13 @@ absl::Status Bench() {
                  trace->weights.empty() ? "weights 1/k" : "the trace's weights");
   }
 
-  // One copy of the experts, pinned on CUDA, shared by every engine of the run.
+  // One copy of the experts, pinned on CUDA, shared by every engine of the run;
+  // the CPU backend's resident arm reads the file in place and needs none.
   std::shared_ptr<const ExpertStore> store;
   if (plan.cuda) {
     MG_ASSIGN_OR_RETURN(store, CudaEngine::PinExperts(model));
-  } else {
+  } else if (std::any_of(plan.arms.begin(), plan.arms.end(),
+                         [](Arm arm) { return arm != Arm::kResident; })) {
     MG_ASSIGN_OR_RETURN(ExpertStore s, ExpertStore::Create(model));
     store = std::make_shared<const ExpertStore>(std::move(s));
   }
@@ -620,7 +624,7 @@ absl::Status Bench() {
           plan.cuda ? CudaTarget::Create(model, store, doors[e.arm], slots,
                                          e.slots_requested == 0 && slots == 0 ? sharing : 1,
                                          plan.ctx, trace_ptr, record_steps)
-                    : CpuTarget::Create(model, *store, doors[e.arm], plan.arms[e.arm], slots,
+                    : CpuTarget::Create(model, store.get(), doors[e.arm], plan.arms[e.arm], slots,
                                         plan.ctx, plan.cpu, trace_ptr);
       if (!target.ok()) {
         return Prefixed(target.status(), absl::StrCat("arm ", Av(ArmName(plan.arms[e.arm]))));

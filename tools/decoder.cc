@@ -1,5 +1,6 @@
 #include "tools/decoder.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -49,6 +50,13 @@ std::string Rate(int tokens, double seconds) {
 }
 
 double Mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// The process's peak resident set (getrusage's ru_maxrss, in KiB on Linux).
+uint64_t PeakRssBytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;
+}
 
 // The sampler's settings from --temp, --top-k, --top-p, --min-p and --seed (a
 // random seed when unset, so the banner can print it).
@@ -105,9 +113,14 @@ LoadProgressFn TerminalProgress() {
   };
 }
 
-// One line: the policy and the slot arithmetic of every size class.
-std::string Banner(const CpuBackend& backend, const ExpertStore& store,
+// One line: the policy and the slot arithmetic of every size class, or where
+// a resident backend reads its experts.
+std::string Banner(const CpuBackend& backend, const ExpertStore* store,
                    const CpuBackendOptions& options) {
+  if (options.resident) {
+    return "backend cpu: resident, every expert read in place from the model file (no copy; "
+           "--slots N for a cache of N host slots)";
+  }
   int32_t slots = 0;
   uint64_t pool_bytes = 0;
   std::string classes;
@@ -125,7 +138,7 @@ std::string Banner(const CpuBackend& backend, const ExpertStore& store,
   return absl::StrFormat("backend cpu: %s, %s pool, %d slots%s%s; pool %.2f MiB, experts %.2f MiB",
                          policy, Av(PoolModeName(options.pool_mode)), slots,
                          options.cache && options.n_slots == 0 ? " (auto)" : "", classes,
-                         Mib(pool_bytes), Mib(store.total_bytes()));
+                         Mib(pool_bytes), Mib(store->total_bytes()));
 }
 
 }  // namespace
@@ -211,11 +224,13 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   options.protected_frac = flags.doors.doors.protected_frac;
   options.cache = flags.doors.doors.moe_cache;
   options.fast = flags.cpu;
+  // Slots copy experts the host already holds: they mean something only as a
+  // cache smaller than the experts, so --slots auto is resident too.
+  options.resident =
+      flags.doors.arm == Arm::kResident || (flags.slots == 0 && flags.doors.doors.moe_cache);
   switch (flags.doors.arm) {
     case Arm::kResident:
-      options.n_slots = 0;
-      std::fprintf(info, "backend cpu: arm resident holds every expert in a slot%s\n",
-                   flags.slots != 0 ? " (--slots ignored)" : "");
+      if (flags.slots != 0) std::fprintf(info, "backend cpu: arm resident ignores --slots\n");
       break;
     case Arm::kEager:
     case Arm::kHost:
@@ -229,11 +244,15 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   if (flags.steps_per_launch != 1) {
     std::fprintf(info, "backend cpu: --steps-per-launch applies to CUDA graphs only\n");
   }
-  MG_ASSIGN_OR_RETURN(ExpertStore store,
-                      ExpertStore::Create(model, AlignedHostAllocator(), TerminalProgress()));
-  d->store_ = std::make_unique<ExpertStore>(std::move(store));
-  MG_ASSIGN_OR_RETURN(d->cpu_, CpuBackend::Create(model, *d->store_, options));
-  std::fprintf(info, "%s\n", Banner(*d->cpu_, *d->store_, options).c_str());
+  if (!options.resident) {
+    MG_ASSIGN_OR_RETURN(ExpertStore store,
+                        ExpertStore::Create(model, AlignedHostAllocator(), TerminalProgress()));
+    d->store_ = std::make_unique<ExpertStore>(std::move(store));
+  }
+  MG_ASSIGN_OR_RETURN(d->cpu_, CpuBackend::Create(model, d->store_.get(), options));
+  d->file_bytes_ = model.file->file_size();
+  d->kv_bytes_ = KvCacheBytes(model.config, max_ctx, options.fast.kv_type);
+  std::fprintf(info, "%s\n", Banner(*d->cpu_, d->store_.get(), options).c_str());
   std::fprintf(info, "backend cpu: %d threads, SIMD %s, KV cache %s; a prompt runs %s\n",
                options.fast.threads > 0 ? options.fast.threads : PhysicalCores(),
                SimdTargetName().c_str(), options.fast.kv_type == KvCacheType::kF16 ? "f16" : "f32",
@@ -267,14 +286,19 @@ absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, s
     c = cpu_->counters();
   }
   const uint64_t selected = c.hits + c.misses;
+  std::string memory = absl::StrFormat("peak RSS %.0f MiB", Mib(PeakRssBytes()));
+  if (cuda_ == nullptr) {
+    absl::StrAppendFormat(&memory, " (file %.0f MiB, KV cache %.0f MiB)", Mib(file_bytes_),
+                          Mib(kv_bytes_));
+  }
   absl::FPrintF(
       out,
       "%s: %d tokens (%d prompt, %s; %d generated, %s); hit %.1f%%, %d misses, "
-      "%d evictions, %.2f MiB staged\n",
+      "%d evictions, %.2f MiB staged; %s\n",
       backend, c.steps, stats.prompt_tokens, Rate(stats.prompt_tokens, stats.prompt_seconds),
       generated, Rate(stats.decode_steps, stats.decode_seconds),
       selected > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(selected) : 0.0,
-      c.misses, c.evictions, Mib(c.bytes_staged));
+      c.misses, c.evictions, Mib(c.bytes_staged), memory);
   return absl::OkStatus();
 }
 

@@ -62,13 +62,15 @@ class Decoder {
                                                 int start, GenerateStats* stats,
                                                 const TokenSink& sink);
 
-  // "backend cpu: N tokens (P prompt, x tok/s; G generated, y tok/s); hit ..."
-  // with the counters so far.
+  // "backend cpu: N tokens (P prompt, x tok/s; G generated, y tok/s); hit ...;
+  // peak RSS ..." with the counters so far.
   absl::Status PrintSummary(std::FILE* out, const GenerateStats& stats, size_t generated);
 
  private:
   Decoder() = default;
-  std::unique_ptr<ExpertStore> store_;  // the CPU backend's experts
+  std::unique_ptr<ExpertStore> store_;  // the CPU backend's experts; none when resident
+  uint64_t file_bytes_ = 0;             // CPU: the model file and the KV cache, for the
+  uint64_t kv_bytes_ = 0;               // summary's memory figures
   std::unique_ptr<CpuBackend> cpu_;
   std::unique_ptr<CudaEngine> cuda_;
   SamplingParams sampling_;
