@@ -10,7 +10,7 @@ FIXTURE    ?= $(BUILD)/fixtures/qwen3moe-tiny.gguf
 FUZZ_SECONDS ?= 60
 MOEGRAPH   := $(BUILD)/tools/moegraph
 
-.PHONY: all deps build fixture run test test-sanitize test-emulated bench crosscheck clean
+.PHONY: all deps build fixture run test test-sanitize test-emulated bench crosscheck crosscheck-speed clean
 
 all: build
 
@@ -61,6 +61,11 @@ bench: build
 # binary, installed from npm into tools/llama-crosscheck/node_modules).
 crosscheck: build
 	tools/llama-crosscheck/run.sh $(BUILD)
+
+# The CPU backend's speed beside llama.cpp's CPU build: pp512 and tg64 at 1 and 2
+# threads on two fixtures (minutes; docs/BENCHMARKS.md has its table).
+crosscheck-speed: build
+	tools/llama-crosscheck/cpu-speed.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD) $(EMU_BUILD)

@@ -277,35 +277,12 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
     const int hd = static_cast<int>(task % cfg.n_head);
     const int64_t n_seen = n_past_ + t + 1;
     const float* qh = q.data() + t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
-    const size_t kv_off = static_cast<size_t>(hd / group) * cfg.head_dim;
+    const size_t kv_off = static_cast<size_t>(hd / group) * cfg.head_dim * elem;
     thread_local std::vector<float> scores;
     scores.resize(static_cast<size_t>(n_seen));
-    float max = -INFINITY;
-    for (int64_t j = 0; j < n_seen; ++j) {
-      const size_t at = (static_cast<size_t>(j) * kv_len + kv_off) * elem;
-      scores[j] =
-          kq_scale *
-          (kv_f16_ ? SimdDotF16(qh, reinterpret_cast<const uint16_t*>(k_all + at), cfg.head_dim)
-                   : SimdDotF32(qh, reinterpret_cast<const float*>(k_all + at), cfg.head_dim));
-      max = std::max(max, scores[j]);
-    }
-    double sum = 0.0;
-    for (int64_t j = 0; j < n_seen; ++j) {
-      scores[j] = std::exp(scores[j] - max);
-      sum += scores[j];
-    }
     float* oh = attn.data() + t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
-    std::fill_n(oh, cfg.head_dim, 0.0f);
-    for (int64_t j = 0; j < n_seen; ++j) {
-      const size_t at = (static_cast<size_t>(j) * kv_len + kv_off) * elem;
-      if (kv_f16_) {
-        SimdAxpyF16(scores[j], reinterpret_cast<const uint16_t*>(v_all + at), oh, cfg.head_dim);
-      } else {
-        SimdAxpyF32(scores[j], reinterpret_cast<const float*>(v_all + at), oh, cfg.head_dim);
-      }
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int d = 0; d < cfg.head_dim; ++d) oh[d] *= inv;
+    SimdAttendHead(qh, k_all + kv_off, v_all + kv_off, static_cast<size_t>(kv_len) * elem, kv_f16_,
+                   n_seen, cfg.head_dim, kq_scale, scores.data(), oh);
   });
   out->resize(static_cast<size_t>(n * cfg.n_embd));
   MatMul(weight_view(*lt.wo), attn.data(), n, out->data());

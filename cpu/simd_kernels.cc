@@ -19,6 +19,8 @@
 #define HWY_TARGET_INCLUDE "cpu/simd_kernels.cc"
 #include "cpu/simd_kernels.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "cpu/act_quant.h"
@@ -249,6 +251,33 @@ void AxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
   AxpyElements(alpha, y, n, [h](auto d, int64_t i) {
     return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::float16_t, decltype(d)>(), h + i));
   });
+}
+
+void AttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
+                int64_t n, int head_dim, float scale, float* scores, float* out) {
+  float max = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* kj = k + static_cast<size_t>(j) * stride;
+    scores[j] = scale * (f16 ? DotF16(q, reinterpret_cast<const uint16_t*>(kj), head_dim)
+                             : DotF32(q, reinterpret_cast<const float*>(kj), head_dim));
+    max = std::max(max, scores[j]);
+  }
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - max);
+    sum += scores[j];
+  }
+  std::fill_n(out, head_dim, 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* vj = v + static_cast<size_t>(j) * stride;
+    if (f16) {
+      AxpyF16(scores[j], reinterpret_cast<const uint16_t*>(vj), out, head_dim);
+    } else {
+      AxpyF32(scores[j], reinterpret_cast<const float*>(vj), out, head_dim);
+    }
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int d = 0; d < head_dim; ++d) out[d] *= inv;
 }
 
 #ifdef MOEGRAPH_X86_TILES
@@ -537,6 +566,7 @@ HWY_EXPORT(DotF32);
 HWY_EXPORT(DotF16);
 HWY_EXPORT(AxpyF32);
 HWY_EXPORT(AxpyF16);
+HWY_EXPORT(AttendHead);
 
 void SimdMatMulRows(const MatMulArgs& args) { HWY_DYNAMIC_DISPATCH(MatMulRows)(args); }
 float SimdDotF32(const float* a, const float* b, int64_t n) {
@@ -550,6 +580,11 @@ void SimdAxpyF32(float alpha, const float* x, float* y, int64_t n) {
 }
 void SimdAxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyF16)(alpha, x, y, n);
+}
+
+void SimdAttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
+                    int64_t n, int head_dim, float scale, float* scores, float* out) {
+  HWY_DYNAMIC_DISPATCH(AttendHead)(q, k, v, stride, f16, n, head_dim, scale, scores, out);
 }
 
 std::vector<int64_t> SimdTargets() { return hwy::SupportedAndGeneratedTargets(); }

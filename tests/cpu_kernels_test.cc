@@ -202,6 +202,55 @@ TEST_F(SimdTargetsTest, AttentionHelpersOnEveryTarget) {
   }
 }
 
+// One head over n positions of an interleaved cache (rows of 2 heads): the
+// softmax-weighted sum of v, against f64 arithmetic on the same (f16) values.
+TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
+  constexpr int kHeadDim = 64;
+  constexpr int64_t kPositions = 37;
+  const std::vector<float> q = RandomFloats(kHeadDim, 30);
+  const std::vector<float> k = RandomFloats(2 * kHeadDim * kPositions, 31);
+  const std::vector<float> v = RandomFloats(2 * kHeadDim * kPositions, 32);
+  std::vector<uint16_t> k16(k.size()), v16(v.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k16[i] = f32_to_f16(k[i]);
+    v16[i] = f32_to_f16(v[i]);
+  }
+  const float scale = 0.125f;
+  for (const bool f16 : {false, true}) {
+    // Head 1 of each row: elements [kHeadDim, 2 * kHeadDim).
+    auto at = [&](const std::vector<float>& f, const std::vector<uint16_t>& h, int64_t j, int d) {
+      const size_t i = static_cast<size_t>(j * 2 * kHeadDim + kHeadDim + d);
+      return f16 ? static_cast<double>(f16_to_f32(h[i])) : static_cast<double>(f[i]);
+    };
+    std::vector<double> score(kPositions);
+    double max = -INFINITY, sum = 0.0;
+    for (int64_t j = 0; j < kPositions; ++j) {
+      for (int d = 0; d < kHeadDim; ++d) score[j] += q[d] * at(k, k16, j, d);
+      score[j] *= scale;
+      max = std::max(max, score[j]);
+    }
+    for (double& s : score) sum += (s = std::exp(s - max));
+    std::vector<double> want(kHeadDim, 0.0);
+    for (int64_t j = 0; j < kPositions; ++j) {
+      for (int d = 0; d < kHeadDim; ++d) want[d] += score[j] / sum * at(v, v16, j, d);
+    }
+    const size_t elem = f16 ? 2 : 4;
+    const uint8_t* kb = f16 ? reinterpret_cast<const uint8_t*>(k16.data())
+                            : reinterpret_cast<const uint8_t*>(k.data());
+    const uint8_t* vb = f16 ? reinterpret_cast<const uint8_t*>(v16.data())
+                            : reinterpret_cast<const uint8_t*>(v.data());
+    for (const int64_t target : SimdTargets()) {
+      SimdForceTarget(target);
+      std::vector<float> scores(kPositions), out(kHeadDim, NAN);
+      SimdAttendHead(q.data(), kb + kHeadDim * elem, vb + kHeadDim * elem, 2 * kHeadDim * elem, f16,
+                     kPositions, kHeadDim, scale, scores.data(), out.data());
+      for (int d = 0; d < kHeadDim; ++d) {
+        EXPECT_NEAR(out[d], want[d], 1e-5) << SimdTargetName(target) << " f16 " << f16 << " " << d;
+      }
+    }
+  }
+}
+
 TEST(ThreadPoolTest, EveryTaskRunsOnceInEveryJob) {
   for (const int threads : {1, 2, 3}) {
     ThreadPool pool(threads);
