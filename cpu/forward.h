@@ -6,9 +6,9 @@
 // row once for all of the batch's rows, and the routed experts run once on the
 // rows routed to them.
 //
-// Every output element is computed by one call of one function, whatever the
-// batch size, the thread count or where an expert's weights live, so a batch
-// equals its tokens fed one by one, and 1 thread equals N, bit for bit.
+// Every output element is computed with the same operations in the same order,
+// whatever the batch size, the thread count or where an expert's weights live,
+// so a batch equals its tokens fed one by one, and 1 thread equals N, bit for bit.
 #pragma once
 
 #include <memory>

@@ -281,8 +281,8 @@ void AttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t strid
 }
 
 #ifdef MOEGRAPH_X86_TILES
-// x86 (AVX2, and AVX-512 at 256 bits): ggml's AVX2 scheme, a weight block read
-// once for up to kTile activation rows. Highway 1.0.3 (Debian 12) lacks the
+// x86 (AVX2, and AVX-512 at 256 bits): ggml's AVX2 scheme on tiles of weight
+// rows by activation rows (MatMulRows picks the shapes). Highway 1.0.3 (Debian 12) lacks the
 // u8 x i8 pairwise multiply-add (SatWidenMulPairwiseAdd, added in Highway 1.1)
 // and the i8 sign transfer, so MulPairs and SignOf wrap the intrinsics every
 // AVX2 CPU has (vpmaddubsw, vpsignb), and F16 the F16C conversion. No int16 saturates: weights are
@@ -315,20 +315,35 @@ HWY_INLINE float ReduceF32(VF32 v) { return hn::GetLane(hn::SumOfLanes(DF32(), v
 // A block scale: F16C's conversion (exact, as f16_to_f32) without its branches.
 HWY_INLINE float F16(uint16_t h) { return _cvtsh_ss(h); }
 
-template <int N>
-void DotQ8_0Tile(const block_q8_0* x, const block_q8_0* const* y, int64_t nb, float* out) {
-  VF32 acc[N];
-  for (int n = 0; n < N; ++n) acc[n] = hn::Zero(DF32());
+// R weight rows by N activation rows: out[r * N + n]. Each (r, n) takes the
+// operations it takes alone; the tile only shares loads and unpacking.
+template <int R, int N>
+void DotQ8_0Tile(const block_q8_0* const* x, const block_q8_0* const* y, int64_t nb, float* out) {
+  VF32 acc[R][N];
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < N; ++n) acc[r][n] = hn::Zero(DF32());
+  }
   for (int64_t b = 0; b < nb; ++b) {
-    const auto w = hn::LoadU(DI8(), x[b].qs);
-    const auto abs_w = hn::BitCast(DU8(), hn::Abs(w));
-    const float dx = F16(x[b].d);
+    hn::Vec256<int8_t> w[R];
+    hn::Vec256<uint8_t> abs_w[R];
+    float dx[R];
+    for (int r = 0; r < R; ++r) {
+      w[r] = hn::LoadU(DI8(), x[r][b].qs);
+      abs_w[r] = hn::BitCast(DU8(), hn::Abs(w[r]));
+      dx[r] = F16(x[r][b].d);
+    }
     for (int n = 0; n < N; ++n) {
-      const VI32 s = DotI8(abs_w, w, hn::LoadU(DI8(), y[n][b].qs));
-      acc[n] = hn::MulAdd(hn::ConvertTo(DF32(), s), hn::Set(DF32(), dx * F16(y[n][b].d)), acc[n]);
+      const auto a = hn::LoadU(DI8(), y[n][b].qs);
+      const float dy = F16(y[n][b].d);
+      for (int r = 0; r < R; ++r) {
+        const VI32 s = DotI8(abs_w[r], w[r], a);
+        acc[r][n] = hn::MulAdd(hn::ConvertTo(DF32(), s), hn::Set(DF32(), dx[r] * dy), acc[r][n]);
+      }
     }
   }
-  for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < N; ++n) out[r * N + n] = ReduceF32(acc[r][n]);
+  }
 }
 
 template <int N>
@@ -366,47 +381,67 @@ HWY_INLINE void UnpackScalesMinsK4(const uint8_t* packed, uint8_t* sc, uint8_t* 
 // q4_K and q5_K (kFive): chunk c's 32 bytes hold elements [64c, 64c + 32) in
 // their low nibbles (scale 2c) and [64c + 32, 64c + 64) in their high ones
 // (scale 2c + 1); the mins meet the activations' 16-element sums (bsums).
-template <bool kFive, int N, typename Block>
-void DotK45Tile(const Block* x, const block_q8_K* const* y, int64_t nb, float* out) {
+template <bool kFive, int R, int N, typename Block>
+void DotK45Tile(const Block* const* x, const block_q8_K* const* y, int64_t nb, float* out) {
+  const hn::Full128<int16_t> d16x8;
   const auto mask = hn::Set(DU8(), uint8_t{0x0F});
   const auto one = hn::Set(DU8(), uint8_t{1});
-  VF32 acc[N], acc_min[N];
-  for (int n = 0; n < N; ++n) acc[n] = acc_min[n] = hn::Zero(DF32());
+  VF32 acc[R][N], acc_min[R][N];
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < N; ++n) acc[r][n] = acc_min[r][n] = hn::Zero(DF32());
+  }
   for (int64_t b = 0; b < nb; ++b) {
-    uint8_t sc[8], mn[8];
-    UnpackScalesMinsK4(x[b].scales, sc, mn);
-    const hn::Full128<int16_t> d16x8;
-    const auto m8 = hn::PromoteTo(d16x8, hn::LoadU(hn::Full64<uint8_t>(), mn));
-    const auto mins16 =  // min j for bsums 2j and 2j + 1
-        hn::Combine(DI16(), hn::InterleaveUpper(d16x8, m8, m8), hn::InterleaveLower(m8, m8));
-    VI32 sumi[N];
-    for (int n = 0; n < N; ++n) sumi[n] = hn::Zero(DI32());
+    uint8_t sc[R][8];
+    hn::Vec256<int16_t> mins16[R];
+    VI32 sumi[R][N];
+    for (int r = 0; r < R; ++r) {
+      uint8_t mn[8];
+      UnpackScalesMinsK4(x[r][b].scales, sc[r], mn);
+      const auto m8 = hn::PromoteTo(d16x8, hn::LoadU(hn::Full64<uint8_t>(), mn));
+      // min j for bsums 2j and 2j + 1
+      mins16[r] =
+          hn::Combine(DI16(), hn::InterleaveUpper(d16x8, m8, m8), hn::InterleaveLower(m8, m8));
+      for (int n = 0; n < N; ++n) sumi[r][n] = hn::Zero(DI32());
+    }
     for (int c = 0; c < 4; ++c) {
-      const auto q = hn::LoadU(DU8(), x[b].qs + 32 * c);
-      auto lo = hn::And(q, mask);
-      auto hi = hn::ShiftRight<4>(q);
-      if constexpr (kFive) {
-        const auto h = hn::LoadU(DU8(), x[b].qh);
-        lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c), one)));
-        hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c + 1), one)));
+      hn::Vec256<uint8_t> lo[R], hi[R];
+      hn::Vec256<int16_t> scale_lo[R], scale_hi[R];
+      for (int r = 0; r < R; ++r) {
+        const auto q = hn::LoadU(DU8(), x[r][b].qs + 32 * c);
+        lo[r] = hn::And(q, mask);
+        hi[r] = hn::ShiftRight<4>(q);
+        if constexpr (kFive) {
+          const auto h = hn::LoadU(DU8(), x[r][b].qh);
+          lo[r] = hn::Or(lo[r], hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c), one)));
+          hi[r] = hn::Or(hi[r], hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c + 1), one)));
+        }
+        scale_lo[r] = hn::Set(DI16(), static_cast<int16_t>(sc[r][2 * c]));
+        scale_hi[r] = hn::Set(DI16(), static_cast<int16_t>(sc[r][2 * c + 1]));
       }
-      const auto scale_lo = hn::Set(DI16(), static_cast<int16_t>(sc[2 * c]));
-      const auto scale_hi = hn::Set(DI16(), static_cast<int16_t>(sc[2 * c + 1]));
       for (int n = 0; n < N; ++n) {
-        const int8_t* a = y[n][b].qs + 64 * c;
-        sumi[n] = MulAddPairs(MulPairs(lo, hn::LoadU(DI8(), a)), scale_lo, sumi[n]);
-        sumi[n] = MulAddPairs(MulPairs(hi, hn::LoadU(DI8(), a + 32)), scale_hi, sumi[n]);
+        const auto a_lo = hn::LoadU(DI8(), y[n][b].qs + 64 * c);
+        const auto a_hi = hn::LoadU(DI8(), y[n][b].qs + 64 * c + 32);
+        for (int r = 0; r < R; ++r) {
+          sumi[r][n] = MulAddPairs(MulPairs(lo[r], a_lo), scale_lo[r], sumi[r][n]);
+          sumi[r][n] = MulAddPairs(MulPairs(hi[r], a_hi), scale_hi[r], sumi[r][n]);
+        }
       }
     }
-    const float d = F16(x[b].d), dmin = F16(x[b].dmin);
     for (int n = 0; n < N; ++n) {
-      const VI32 summ = MulAddPairs(hn::LoadU(DI16(), y[n][b].bsums), mins16, hn::Zero(DI32()));
-      acc[n] = hn::MulAdd(hn::ConvertTo(DF32(), sumi[n]), hn::Set(DF32(), d * y[n][b].d), acc[n]);
-      acc_min[n] =
-          hn::MulAdd(hn::ConvertTo(DF32(), summ), hn::Set(DF32(), dmin * y[n][b].d), acc_min[n]);
+      const auto bsums = hn::LoadU(DI16(), y[n][b].bsums);
+      for (int r = 0; r < R; ++r) {
+        const VI32 summ = MulAddPairs(bsums, mins16[r], hn::Zero(DI32()));
+        const float d = F16(x[r][b].d), dmin = F16(x[r][b].dmin);
+        acc[r][n] = hn::MulAdd(hn::ConvertTo(DF32(), sumi[r][n]), hn::Set(DF32(), d * y[n][b].d),
+                               acc[r][n]);
+        acc_min[r][n] = hn::MulAdd(hn::ConvertTo(DF32(), summ), hn::Set(DF32(), dmin * y[n][b].d),
+                                   acc_min[r][n]);
+      }
     }
   }
-  for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]) - ReduceF32(acc_min[n]);
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < N; ++n) out[r * N + n] = ReduceF32(acc[r][n]) - ReduceF32(acc_min[r][n]);
+  }
 }
 
 // q6_K: per 128-element half, byte l of ql, ql + 32 and qh gives elements l,
@@ -458,8 +493,9 @@ void DotQ6KTile(const block_q6_K* x, const block_q8_K* const* y, int64_t nb, flo
   for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
 }
 
-template <int N>
-void DotTile(GgmlType type, const uint8_t* w, const uint8_t* const* act, int64_t cols, float* out);
+template <int R, int N>
+void DotTile(GgmlType type, const uint8_t* const* w, const uint8_t* const* act, int64_t cols,
+             float* out);
 #endif  // MOEGRAPH_X86_TILES
 
 float DotRow(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t cols) {
@@ -495,63 +531,88 @@ float DotRow(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t cols) 
   }
 #else
   float out = 0.0f;
-  DotTile<1>(type, w, &act, cols, &out);
+  DotTile<1, 1>(type, &w, &act, cols, &out);
   return out;
 #endif
 }
 
 #ifdef MOEGRAPH_X86_TILES
-// One weight row with N activation rows; each result is what N = 1 gives.
-template <int N>
-void DotTile(GgmlType type, const uint8_t* w, const uint8_t* const* act, int64_t cols, float* out) {
+// R weight rows with N activation rows, out[r * N + n]; each result is what
+// R = N = 1 gives. q4_0 and q6_K tile the activation rows only.
+template <int R, int N>
+void DotTile(GgmlType type, const uint8_t* const* w, const uint8_t* const* act, int64_t cols,
+             float* out) {
+  const auto* y0 = reinterpret_cast<const block_q8_0* const*>(act);
+  const auto* yk = reinterpret_cast<const block_q8_K* const*>(act);
   switch (type) {
     case GgmlType::kQ8_0:
-      return DotQ8_0Tile<N>(reinterpret_cast<const block_q8_0*>(w),
-                            reinterpret_cast<const block_q8_0* const*>(act), cols / QK8_0, out);
-    case GgmlType::kQ4_0:
-      return DotQ4_0Tile<N>(reinterpret_cast<const block_q4_0*>(w),
-                            reinterpret_cast<const block_q8_0* const*>(act), cols / QK4_0, out);
+      return DotQ8_0Tile<R, N>(reinterpret_cast<const block_q8_0* const*>(w), y0, cols / QK8_0,
+                               out);
     case GgmlType::kQ4_K:
-      return DotK45Tile<false, N>(reinterpret_cast<const block_q4_K*>(w),
-                                  reinterpret_cast<const block_q8_K* const*>(act), cols / QK_K,
-                                  out);
+      return DotK45Tile<false, R, N>(reinterpret_cast<const block_q4_K* const*>(w), yk, cols / QK_K,
+                                     out);
     case GgmlType::kQ5_K:
-      return DotK45Tile<true, N>(reinterpret_cast<const block_q5_K*>(w),
-                                 reinterpret_cast<const block_q8_K* const*>(act), cols / QK_K, out);
+      return DotK45Tile<true, R, N>(reinterpret_cast<const block_q5_K* const*>(w), yk, cols / QK_K,
+                                    out);
+    case GgmlType::kQ4_0:
+      for (int r = 0; r < R; ++r) {
+        DotQ4_0Tile<N>(reinterpret_cast<const block_q4_0*>(w[r]), y0, cols / QK4_0, out + r * N);
+      }
+      return;
     case GgmlType::kQ6_K:
-      return DotQ6KTile<N>(reinterpret_cast<const block_q6_K*>(w),
-                           reinterpret_cast<const block_q8_K* const*>(act), cols / QK_K, out);
+      for (int r = 0; r < R; ++r) {
+        DotQ6KTile<N>(reinterpret_cast<const block_q6_K*>(w[r]), yk, cols / QK_K, out + r * N);
+      }
+      return;
     default:
-      for (int n = 0; n < N; ++n) out[n] = DotRow(type, w, act[n], cols);
+      for (int r = 0; r < R; ++r) {
+        for (int n = 0; n < N; ++n) out[r * N + n] = DotRow(type, w[r], act[n], cols);
+      }
   }
 }
 #else
-template <int N>
-void DotTile(GgmlType type, const uint8_t* w, const uint8_t* const* act, int64_t cols, float* out) {
-  for (int n = 0; n < N; ++n) out[n] = DotRow(type, w, act[n], cols);
+template <int R, int N>
+void DotTile(GgmlType type, const uint8_t* const* w, const uint8_t* const* act, int64_t cols,
+             float* out) {
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < N; ++n) out[r * N + n] = DotRow(type, w[r], act[n], cols);
+  }
 }
 #endif
 
-// Activation rows per pass over a weight row: its blocks are unpacked once for
-// all of them.
-constexpr int kTile = 4;
+// A batch's weight rows go 2 at a time, each pair over its activation rows 4
+// at a time, so a tile unpacks each weight block once and loads each
+// activation block once. A single activation row (decode) meets one weight row
+// at a time: measured, tiles of 2 or 4 rows halve decode's rate on rows of
+// 1024 columns (BM_Dot; the cause is not known).
+constexpr int kBatchRows = 2, kBatchActs = 4;
 
-template <int N>
-void RowTimesActs(const MatMulArgs& m, const uint8_t* w, int64_t r, int64_t t) {
+template <int R, int N>
+void Tile(const MatMulArgs& m, int64_t r, int64_t t) {
+  const uint8_t* w[R];
   const uint8_t* act[N];
-  float out[N];
+  float out[R * N];
+  for (int i = 0; i < R; ++i) w[i] = m.w + static_cast<size_t>(r + i) * m.w_row_bytes;
   for (int n = 0; n < N; ++n) act[n] = m.act + static_cast<size_t>(t + n) * m.act_row_bytes;
-  DotTile<N>(m.type, w, act, m.cols, out);
-  for (int n = 0; n < N; ++n) m.out[(t + n) * m.out_stride + r] = out[n];
+  DotTile<R, N>(m.type, w, act, m.cols, out);
+  for (int i = 0; i < R; ++i) {
+    for (int n = 0; n < N; ++n) m.out[(t + n) * m.out_stride + r + i] = out[i * N + n];
+  }
+}
+
+template <int R>
+void RowsTimesActs(const MatMulArgs& m, int64_t r) {
+  int64_t t = 0;
+  for (; t + kBatchActs <= m.n_act; t += kBatchActs) Tile<R, kBatchActs>(m, r, t);
+  for (; t < m.n_act; ++t) Tile<R, 1>(m, r, t);
 }
 
 void MatMulRows(const MatMulArgs& m) {
-  for (int64_t r = m.row_begin; r < m.row_end; ++r) {
-    const uint8_t* w = m.w + static_cast<size_t>(r) * m.w_row_bytes;
-    int64_t t = 0;
-    for (; t + kTile <= m.n_act; t += kTile) RowTimesActs<kTile>(m, w, r, t);
-    for (; t < m.n_act; ++t) RowTimesActs<1>(m, w, r, t);
+  int64_t r = m.row_begin;
+  if (m.n_act > 1) {
+    for (; r + kBatchRows <= m.row_end; r += kBatchRows) RowsTimesActs<kBatchRows>(m, r);
   }
+  for (; r < m.row_end; ++r) RowsTimesActs<1>(m, r);
 }
 
 }  // namespace HWY_NAMESPACE

@@ -1,7 +1,8 @@
 // The CPU path's inner loops in Google Highway, compiled for several targets
 // (AVX-512, AVX2, and Highway's portable code, EMU128 or SCALAR) and picked at run
-// time for the CPU at hand. Each weight row's dot with an activation row is one
-// call of one function whatever the batch, the thread count or where the row
+// time for the CPU at hand. Each weight row's dot with an activation row takes
+// the same operations in the same order whatever the batch (several rows share
+// a weight block's unpacking, not its sums), the thread count or where the row
 // lives, so results do not depend on them; they do depend on the target (the
 // order of the additions differs), which the tests cover one by one.
 #pragma once

@@ -12,8 +12,10 @@
 # "tokens equal" compares `moegraph run --tokens 10 -n 64` with llama.cpp's 64
 # greedy tokens after the same prompt. Both run at -t 1 and -t 2.
 # Fixtures: small (8 layers, 32 experts top-4, embd 1024, ff 512: 305 MiB) and
-# large (12 layers, 48 experts top-8, embd 2048, ff 768: about 1.7 GiB); --quick
-# runs only the small one. (--ff must be a multiple of 256, q4_K's block.)
+# large (12 layers, 48 experts top-8, embd 2048, ff 768: about 1.7 GiB; its
+# experts are byte copies of 8 per layer, so writing it quantizes 8, not 48,
+# while both engines still read 48 experts' bytes at their own addresses);
+# --quick runs only the small one. (--ff must be a multiple of 256, q4_K's block.)
 # Slow: writing the fixtures takes minutes, and every test runs once untimed
 # first. Needs node and npm; not part of `make test`.
 # Usage: [REPS=N] tools/llama-crosscheck/cpu-speed.sh BUILD_DIR [--quick]
@@ -38,7 +40,7 @@ fi
 common="--arch qwen3moe --heads 16 --kv-heads 4 --vocab 32000 --quant q8_0,expert=q4_K --seed 1"
 fixtures=("small:--layers 8 --experts 32 --top-k 4 --embd 1024 --ff 512")
 if [[ $quick -eq 0 ]]; then
-  fixtures+=("large:--layers 12 --experts 48 --top-k 8 --embd 2048 --ff 768")
+  fixtures+=("large:--layers 12 --experts 48 --top-k 8 --embd 2048 --ff 768 --expert-variants 8")
 fi
 threads_list=(1 2)
 load=$(cut -d' ' -f1 /proc/loadavg)
