@@ -28,10 +28,7 @@ using testing_util::Contains;
 using testing_util::ProcessResult;
 using testing_util::RunProcess;
 
-std::string Qwen3Json() {
-  const char* dir = std::getenv("MOEGRAPH_VOCAB");
-  return std::string(dir != nullptr ? dir : MOEGRAPH_SOURCE_DIR "/vocab") + "/qwen3/tokenizer.json";
-}
+std::string Qwen3Json() { return testing_util::Qwen3TokenizerJson(MOEGRAPH_SOURCE_DIR); }
 
 // llama.cpp's rendering of a conversation of tests/data/chat/cases.json with
 // its chatml template, with the generation prompt.
@@ -84,26 +81,7 @@ class CliChatTest : public ::testing::Test {
                    << " is missing: tools/fetch-vocab.sh fetches it (make deps does)";
     }
     fixture_ = testing_util::TempPath("chat-qwen3.gguf");
-    const ProcessResult made = RunProcess({MOEGRAPH_BIN,
-                                           "make-fixture",
-                                           "--arch",
-                                           "qwen3moe",
-                                           "--layers",
-                                           "2",
-                                           "--experts",
-                                           "4",
-                                           "--top-k",
-                                           "2",
-                                           "--embd",
-                                           "64",
-                                           "--ff",
-                                           "32",
-                                           "--quant",
-                                           "f32",
-                                           "--tokenizer-json",
-                                           Qwen3Json(),
-                                           "-o",
-                                           fixture_});
+    const ProcessResult made = testing_util::MakeVocabFixture(MOEGRAPH_BIN, Qwen3Json(), fixture_);
     ASSERT_EQ(made.exit_code, 0) << made.err;
   }
   void TearDown() override { std::remove(fixture_.c_str()); }

@@ -21,7 +21,7 @@ using testing_util::Contains;
 using testing_util::ProcessResult;
 using testing_util::RunProcess;
 
-const std::vector<std::string> kCommands = {"inspect", "make-fixture", "run",   "chat",
+const std::vector<std::string> kCommands = {"inspect", "make-fixture", "run",   "chat",    "serve",
                                             "bench",   "tokenize",     "trace", "simulate"};
 
 // The names of the flags tools/*.cc define with ABSL_FLAG.

@@ -148,6 +148,35 @@ ProcessResult RunProcessWithArgs(std::vector<std::string> argv, const std::strin
   return RunProcess(argv);
 }
 
+std::string Qwen3TokenizerJson(const std::string& source_dir) {
+  const char* dir = std::getenv("MOEGRAPH_VOCAB");
+  return (dir != nullptr ? std::string(dir) : source_dir + "/vocab") + "/qwen3/tokenizer.json";
+}
+
+ProcessResult MakeVocabFixture(const std::string& bin, const std::string& tokenizer_json,
+                               const std::string& out) {
+  return RunProcess({bin,
+                     "make-fixture",
+                     "--arch",
+                     "qwen3moe",
+                     "--layers",
+                     "2",
+                     "--experts",
+                     "4",
+                     "--top-k",
+                     "2",
+                     "--embd",
+                     "64",
+                     "--ff",
+                     "32",
+                     "--quant",
+                     "f32",
+                     "--tokenizer-json",
+                     tokenizer_json,
+                     "-o",
+                     out});
+}
+
 std::string TempPath(const std::string& name) {
   return ::testing::TempDir() + "moegraph_" + std::to_string(::getpid()) + "_" + name;
 }

@@ -69,6 +69,14 @@ ProcessResult RunProcess(const std::vector<std::string>& argv,
 // Runs argv followed by the words of args (split at spaces), as RunProcess does.
 ProcessResult RunProcessWithArgs(std::vector<std::string> argv, const std::string& args);
 
+// tools/fetch-vocab.sh's Qwen3 tokenizer.json: $MOEGRAPH_VOCAB, else source_dir's vocab/.
+std::string Qwen3TokenizerJson(const std::string& source_dir);
+
+// `bin make-fixture` of a small f32 qwen3moe (2 layers, 4 experts, top-2,
+// embd 64) carrying the vocabulary of tokenizer_json, written to out.
+ProcessResult MakeVocabFixture(const std::string& bin, const std::string& tokenizer_json,
+                               const std::string& out);
+
 // A path in the test temp folder, the same for the same name within one test
 // process and distinct between processes.
 std::string TempPath(const std::string& name);

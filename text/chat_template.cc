@@ -237,4 +237,16 @@ std::string ApplyChatTemplate(ChatTemplate t, const std::vector<ChatMessage>& me
   return out;
 }
 
+absl::StatusOr<ChatTemplate> FileChatTemplate(const GgufFile& file) {
+  if (file.FindKey("tokenizer.chat_template") == nullptr) return ChatTemplate::kChatml;
+  absl::StatusOr<std::string_view> jinja = file.GetString("tokenizer.chat_template");
+  if (!jinja.ok()) return jinja.status();
+  absl::StatusOr<ChatTemplate> t = DetectChatTemplate(*jinja);
+  if (!t.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": tokenizer.chat_template: ", t.status().message()));
+  }
+  return t;
+}
+
 }  // namespace moegraph

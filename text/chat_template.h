@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "loader/gguf.h"
 
 namespace moegraph {
 
@@ -48,6 +49,10 @@ std::string ChatTemplateNames();
 // template llama.cpp knows but moegraph does not render (naming it), and one
 // neither knows; both list the names moegraph renders.
 absl::StatusOr<ChatTemplate> DetectChatTemplate(std::string_view name_or_jinja);
+
+// The file's tokenizer.chat_template as DetectChatTemplate reads it, or chatml
+// where the file has none (llama.cpp's default). Errors name the file and key.
+absl::StatusOr<ChatTemplate> FileChatTemplate(const GgufFile& file);
 
 // llm_chat_apply_template: the conversation as text, ending with the
 // assistant's generation prompt when add_assistant.

@@ -96,18 +96,10 @@ absl::StatusOr<ChatTemplate> PickTemplate(const GgufFile& file, std::string* sou
       return absl::InvalidArgumentError(absl::StrCat("--chat-template: ", t.status().message()));
     return t;
   }
-  if (file.FindKey("tokenizer.chat_template") == nullptr) {
-    *source = "none in the file; llama.cpp's default";
-    return ChatTemplate::kChatml;
-  }
-  MG_ASSIGN_OR_RETURN(const std::string_view jinja, file.GetString("tokenizer.chat_template"));
-  *source = "the file's tokenizer.chat_template";
-  absl::StatusOr<ChatTemplate> t = DetectChatTemplate(jinja);
-  if (!t.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file.path(), ": tokenizer.chat_template: ", t.status().message()));
-  }
-  return t;
+  *source = file.FindKey("tokenizer.chat_template") == nullptr
+                ? "none in the file; llama.cpp's default"
+                : "the file's tokenizer.chat_template";
+  return FileChatTemplate(file);
 }
 
 // A conversation: its messages, the text the model has seen (rendered turns and

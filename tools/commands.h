@@ -91,5 +91,6 @@ int RunSimulate(const std::vector<std::string>& args);
 int RunBench(const std::vector<std::string>& args);
 int RunTokenize(const std::vector<std::string>& args);
 int RunChat(const std::vector<std::string>& args);
+int RunServe(const std::vector<std::string>& args);
 
 }  // namespace moegraph

@@ -21,26 +21,29 @@
 #include "tools/commands.h"
 
 ABSL_FLAG(std::string, backend, "auto",
-          "run, chat, bench: cpu | cuda | auto (auto: cuda when a device exists, else cpu)");
-ABSL_FLAG(std::string, arm, "",
-          "run, chat: resident | graph | eager | host | stage (the doors' twin; a door set in "
-          "the environment wins)");
-ABSL_FLAG(int32_t, steps_per_launch, 1,
-          "run, chat, bench: decode steps captured in one CUDA graph (the host waits once per "
-          "launch)");
+          "run, chat, serve, bench: cpu | cuda | auto (auto: cuda when a device exists, else cpu)");
+ABSL_FLAG(
+    std::string, arm, "",
+    "run, chat, serve: resident | graph | eager | host | stage (the doors' twin; a door set in "
+    "the environment wins)");
+ABSL_FLAG(
+    int32_t, steps_per_launch, 1,
+    "run, chat, serve, bench: decode steps captured in one CUDA graph (the host waits once per "
+    "launch)");
 ABSL_FLAG(float, temp, 0.0f,
-          "run, chat: sampling temperature; 0 is greedy decoding (the argmax), > 0 samples "
+          "run, chat, serve: sampling temperature; 0 is greedy decoding (the argmax), > 0 samples "
           "after --top-k, --top-p and --min-p");
 ABSL_FLAG(float, top_p, 0.95f,
-          "run, chat: sampling keeps the most likely tokens holding this share of the "
+          "run, chat, serve: sampling keeps the most likely tokens holding this share of the "
           "probability (1: off)");
-ABSL_FLAG(float, min_p, 0.05f,
-          "run, chat: sampling drops tokens less likely than this share of the most likely one "
-          "(0: off)");
+ABSL_FLAG(
+    float, min_p, 0.05f,
+    "run, chat, serve: sampling drops tokens less likely than this share of the most likely one "
+    "(0: off)");
 
-ABSL_FLAG(int32_t, t, 0, "run, chat, bench: CPU backend threads (0: the physical cores)");
+ABSL_FLAG(int32_t, t, 0, "run, chat, serve, bench: CPU backend threads (0: the physical cores)");
 ABSL_FLAG(std::string, kv_type, "f16",
-          "run, chat, bench: the CPU backend's KV cache element type, f16 or f32");
+          "run, chat, serve, bench: the CPU backend's KV cache element type, f16 or f32");
 
 namespace moegraph {
 namespace {
@@ -274,6 +277,47 @@ absl::StatusOr<std::vector<int32_t>> Decoder::Generate(absl::Span<const int32_t>
         absl::StrFormat("backend cpu: continues at position %d, not %d", cpu_->n_past(), start));
   }
   return cpu_->Generate(prompt, n_predict, stats, sink, sampling_);
+}
+
+absl::Status Decoder::SetSampling(const SamplingParams& sampling) {
+  if (cuda_ != nullptr) {
+    const SamplingParams& have = sampling_;
+    const char* field = sampling.temperature != have.temperature ? "temperature"
+                        : sampling.top_k != have.top_k           ? "top_k"
+                        : sampling.top_p != have.top_p           ? "top_p"
+                        : sampling.min_p != have.min_p           ? "min_p"
+                        : sampling.seed != have.seed             ? "seed"
+                                                                 : nullptr;
+    if (field != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", field, "': the CUDA engine samples with the settings it started with (",
+                       DescribeSampling(have), "); other settings per request need --backend cpu"));
+    }
+    return absl::OkStatus();
+  }
+  sampling_ = sampling;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, double>>> Decoder::Counters() {
+  EngineCounters c;
+  std::vector<std::pair<std::string, double>> out;
+  if (cuda_ != nullptr) {
+    MG_ASSIGN_OR_RETURN(c, cuda_->ReadCounters());
+    out.push_back(
+        {"graph_launches_total", static_cast<double>(cuda_->host_counters().graph_launches)});
+    out.push_back({"host_syncs_total", static_cast<double>(cuda_->host_counters().host_syncs)});
+  } else {
+    c = cpu_->counters();
+    out.push_back({"graph_launches_total", 0.0});
+    out.push_back({"host_syncs_total", 0.0});
+  }
+  out.push_back({"steps_total", static_cast<double>(c.steps)});
+  out.push_back({"expert_hits_total", static_cast<double>(c.hits)});
+  out.push_back({"expert_misses_total", static_cast<double>(c.misses)});
+  out.push_back({"expert_evictions_total", static_cast<double>(c.evictions)});
+  out.push_back({"bytes_staged_total", static_cast<double>(c.bytes_staged)});
+  return out;
 }
 
 absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, size_t generated) {

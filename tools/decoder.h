@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,6 +62,14 @@ class Decoder {
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
                                                 int start, GenerateStats* stats,
                                                 const TokenSink& sink);
+
+  // The sampling of later Generate calls. The CUDA engine samples with the
+  // settings it was made with: other settings are an error naming the field.
+  absl::Status SetSampling(const SamplingParams& sampling);
+
+  // The expert path's counters and, on CUDA, graph launches and host syncs, as
+  // (name, value) for /metrics.
+  absl::StatusOr<std::vector<std::pair<std::string, double>>> Counters();
 
   // "backend cpu: N tokens (P prompt, x tok/s; G generated, y tok/s); hit ...;
   // peak RSS ..." with the counters so far.

@@ -85,6 +85,13 @@ constexpr Command kCommands[] = {
      moegraph::RunChat,
      "m,system,chat_template,verbose_prompt,n,special,temp,top_k,top_p,min_p,seed,ctx,backend,"
      "slots,arm,steps_per_launch,t,kv_type"},
+    {"serve",
+     "-m FILE [--host 127.0.0.1] [--port 8080] [--api-key KEY]: an OpenAI-compatible HTTP "
+     "server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, "
+     "/tokenize, /detokenize)",
+     moegraph::RunServe,
+     "m,host,port,api_key,max_queue,max_body,temp,top_k,top_p,min_p,seed,ctx,backend,slots,arm,"
+     "steps_per_launch,t,kv_type"},
     {"bench",
      "-m FILE [--arms ...] [--slots 16,32|auto] [-n 128] [-r 5]: arms side by side, "
      "llama-bench style",

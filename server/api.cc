@@ -1,0 +1,220 @@
+#include "server/api.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace moegraph {
+namespace {
+
+using nlohmann::json;
+
+// OpenAI's default for /v1/completions; chat goes on to the end.
+constexpr int kCompletionsDefaultTokens = 16;
+
+absl::Status FieldError(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("'", field, "' ", what));
+}
+
+absl::StatusOr<float> Number(const json& body, const std::string& field, float fallback) {
+  const auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return fallback;
+  if (!it->is_number()) return FieldError(field, "must be a number");
+  return it->get<float>();
+}
+
+absl::StatusOr<int64_t> Integer(const json& body, const std::string& field, int64_t fallback) {
+  const auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return fallback;
+  if (!it->is_number_integer()) return FieldError(field, "must be an integer");
+  return it->get<int64_t>();
+}
+
+absl::Status ReadMessages(const json& body, std::vector<ChatMessage>* out) {
+  const auto it = body.find("messages");
+  if (it == body.end() || !it->is_array()) return FieldError("messages", "must be an array");
+  if (it->empty()) return FieldError("messages", "must hold at least one message");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string at = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return FieldError(at, "must be an object");
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return FieldError(at + ".role", "must be a string");
+    const std::string r = role->get<std::string>();
+    if (r != "system" && r != "user" && r != "assistant") {
+      return FieldError(at + ".role",
+                        absl::StrCat("'", r, "' is not one of system, user, assistant"));
+    }
+    const auto content = m.find("content");
+    if (content == m.end() || !content->is_string()) {
+      return FieldError(at + ".content", "must be a string");
+    }
+    out->push_back({r, content->get<std::string>()});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadStop(const json& body, std::vector<std::string>* out) {
+  const auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return absl::OkStatus();
+  if (it->is_string()) {
+    if (!it->get<std::string>().empty()) out->push_back(it->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!it->is_array()) return FieldError("stop", "must be a string or an array of strings");
+  for (const json& s : *it) {
+    if (!s.is_string()) return FieldError("stop", "must be a string or an array of strings");
+    if (!s.get<std::string>().empty()) out->push_back(s.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_text, bool chat,
+                                                         const SamplingParams& defaults,
+                                                         int max_tokens_limit) {
+  // nlohmann's parser rejects invalid UTF-8 in strings, so text is valid below.
+  const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    return absl::InvalidArgumentError("the body is not valid JSON (or not valid UTF-8)");
+  }
+  if (!body.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
+  CompletionRequest r;
+  r.chat = chat;
+  if (chat) {
+    if (absl::Status s = ReadMessages(body, &r.messages); !s.ok()) return s;
+  } else {
+    const auto it = body.find("prompt");
+    if (it == body.end() || !it->is_string()) return FieldError("prompt", "must be a string");
+    r.prompt = it->get<std::string>();
+  }
+  const char* tokens_field =
+      body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  absl::StatusOr<int64_t> max_tokens = Integer(
+      body, tokens_field, chat ? -1 : std::min(kCompletionsDefaultTokens, max_tokens_limit));
+  if (!max_tokens.ok()) return max_tokens.status();
+  if (body.contains(tokens_field) && (*max_tokens < 1 || *max_tokens > max_tokens_limit)) {
+    return FieldError(tokens_field, absl::StrFormat("is %d; it must be in [1, %d] (the context)",
+                                                    *max_tokens, max_tokens_limit));
+  }
+  r.max_tokens = static_cast<int>(*max_tokens);
+
+  r.sampling = defaults;
+  absl::StatusOr<float> temperature = Number(body, "temperature", defaults.temperature);
+  absl::StatusOr<float> top_p = Number(body, "top_p", defaults.top_p);
+  absl::StatusOr<float> min_p = Number(body, "min_p", defaults.min_p);
+  absl::StatusOr<int64_t> top_k = Integer(body, "top_k", defaults.top_k);
+  absl::StatusOr<int64_t> seed = Integer(body, "seed", static_cast<int64_t>(defaults.seed));
+  for (const absl::Status& s :
+       {temperature.status(), top_p.status(), min_p.status(), top_k.status(), seed.status()}) {
+    if (!s.ok()) return s;
+  }
+  if (!(*temperature >= 0.0f && *temperature <= 100.0f)) {
+    return FieldError("temperature", "must be in [0, 100]");
+  }
+  if (!(*top_p > 0.0f && *top_p <= 1.0f)) return FieldError("top_p", "must be in (0, 1]");
+  if (!(*min_p >= 0.0f && *min_p <= 1.0f)) return FieldError("min_p", "must be in [0, 1]");
+  if (*top_k < 0 || *top_k > INT32_MAX) return FieldError("top_k", "must be 0 (off) or positive");
+  if (*seed < 0) return FieldError("seed", "must not be negative");
+  r.sampling.temperature = *temperature;
+  r.sampling.top_p = *top_p;
+  r.sampling.min_p = *min_p;
+  r.sampling.top_k = static_cast<int32_t>(*top_k);
+  r.sampling.seed = static_cast<uint64_t>(*seed);
+
+  if (absl::Status s = ReadStop(body, &r.stop); !s.ok()) return s;
+  if (const auto it = body.find("stream"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return FieldError("stream", "must be true or false");
+    r.stream = it->get<bool>();
+  }
+  return r;
+}
+
+std::string StopScanner::Push(std::string_view text) {
+  if (stopped_) return "";
+  pending_.append(text);
+  size_t cut = std::string::npos;
+  for (const std::string& s : stops_) cut = std::min(cut, pending_.find(s));
+  if (cut != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, cut);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest end of pending_ that begins some stop string.
+  size_t hold = 0;
+  for (const std::string& s : stops_) {
+    for (size_t n = std::min(s.size() - 1, pending_.size()); n > hold; --n) {
+      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopScanner::Flush() {
+  std::string out = stopped_ ? "" : std::move(pending_);
+  pending_.clear();
+  return out;
+}
+
+json ErrorJson(std::string_view message, int status, std::string_view param) {
+  json error = {{"message", message},
+                {"type", status >= 500 ? "server_error" : "invalid_request_error"},
+                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"code", status}};
+  return {{"error", error}};
+}
+
+json CompletionJson(bool chat, std::string_view id, int64_t created, std::string_view model,
+                    std::string_view text, std::string_view finish_reason, const Usage& usage) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}};
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+    choice["logprobs"] = nullptr;
+  }
+  return {{"id", id},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", json::array({choice})},
+          {"usage",
+           {{"prompt_tokens", usage.prompt_tokens},
+            {"completion_tokens", usage.completion_tokens},
+            {"total_tokens", usage.prompt_tokens + usage.completion_tokens}}}};
+}
+
+json ChunkJson(bool chat, std::string_view id, int64_t created, std::string_view model,
+               std::string_view text, std::string_view finish_reason, const Usage* usage) {
+  json choice = {{"index", 0},
+                 {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+  if (chat) {
+    choice["delta"] = finish_reason.empty() ? json{{"content", text}} : json::object();
+  } else {
+    choice["text"] = text;
+    choice["logprobs"] = nullptr;
+  }
+  json chunk = {{"id", id},
+                {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", model},
+                {"choices", json::array({choice})}};
+  if (usage != nullptr) {
+    chunk["usage"] = {{"prompt_tokens", usage->prompt_tokens},
+                      {"completion_tokens", usage->completion_tokens},
+                      {"total_tokens", usage->prompt_tokens + usage->completion_tokens}};
+  }
+  return chunk;
+}
+
+}  // namespace moegraph

@@ -1,0 +1,77 @@
+// The OpenAI-compatible API's requests and responses, apart from HTTP: parsing
+// and checking a request body (each error names its field), the stop strings,
+// and the JSON of completions, chunks, models and errors, in the shapes of
+// OpenAI's API (and llama-server's where OpenAI has none).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/sample_math.h"
+#include "text/chat_template.h"
+
+namespace moegraph {
+
+// POST /v1/completions (a raw prompt) or /v1/chat/completions (messages).
+struct CompletionRequest {
+  bool chat = false;
+  std::vector<ChatMessage> messages;  // chat
+  std::string prompt;                 // completions
+  int max_tokens = -1;                // -1: until end of generation or the context
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  bool stream = false;
+};
+
+// The body of a request (JSON). Fields absent take the server's defaults
+// (sampling: the serve command's flags; max_tokens: 16 for completions, as
+// OpenAI's, until the end for chat). Errors (InvalidArgument) name the field:
+// malformed JSON, a wrong type, an unknown role, no messages, a max_tokens
+// below 1 or above max_tokens_limit, sampling outside its ranges, invalid UTF-8.
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat,
+                                                         const SamplingParams& defaults,
+                                                         int max_tokens_limit);
+
+// Text as generated, less any stop string: Push returns what may be shown now,
+// holding back an end that could begin a stop string; after a stop string the
+// rest is dropped and stopped() is true.
+class StopScanner {
+ public:
+  explicit StopScanner(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  std::string Push(std::string_view text);
+  // What is held back, at the end of generation.
+  std::string Flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+// {"error": {"message", "type", "param", "code"}}: type is
+// invalid_request_error (4xx) or server_error (5xx).
+nlohmann::json ErrorJson(std::string_view message, int status, std::string_view param = {});
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// A whole completion: "text_completion" with choices[0].text, or
+// "chat.completion" with choices[0].message; finish_reason "stop" or "length".
+nlohmann::json CompletionJson(bool chat, std::string_view id, int64_t created,
+                              std::string_view model, std::string_view text,
+                              std::string_view finish_reason, const Usage& usage);
+
+// One server-sent event's data: a chunk of text ("chat.completion.chunk" with
+// choices[0].delta, or "text_completion"); finish_reason null until the last,
+// which carries usage too.
+nlohmann::json ChunkJson(bool chat, std::string_view id, int64_t created, std::string_view model,
+                         std::string_view text, std::string_view finish_reason, const Usage* usage);
+
+}  // namespace moegraph

@@ -1,0 +1,102 @@
+// moegraph serve's HTTP server (cpp-httplib): the OpenAI-compatible endpoints
+// over one engine that decodes one sequence at a time. Requests wait in a
+// bounded FIFO (full: 503 with Retry-After); an engine thread takes them in
+// order. A streamed request whose client goes away has its generation stopped
+// at the next token. Stop() (SIGINT/SIGTERM) closes the listener, ends the
+// running generation at a token boundary and answers what is queued with 503.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/sample_math.h"
+#include "reference/oracle.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace moegraph {
+
+// What the server drives, from its engine thread only.
+class CompletionEngine {
+ public:
+  virtual ~CompletionEngine() = default;
+  // prompt from position 0, then up to n_predict tokens picked by sampling, each
+  // given to sink (which may stop generation); feeds back all but the last.
+  virtual absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt,
+                                                        int n_predict,
+                                                        const SamplingParams& sampling,
+                                                        const TokenSink& sink) = 0;
+  // The engine's counters for /metrics, read between generations: names
+  // without the moegraph_ prefix (counters end in _total).
+  virtual std::vector<std::pair<std::string, double>> Counters() = 0;
+};
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;      // 0: any free port (Bind returns it)
+  std::string api_key;  // empty: no authentication
+  int max_queue = 16;   // requests waiting while one generates
+  size_t max_body_bytes = size_t{4} << 20;
+  int ctx = 4096;           // the engine's KV cache positions
+  std::string model_name;   // /v1/models' id
+  SamplingParams defaults;  // a request's sampling where it names none
+};
+
+class Server {
+ public:
+  // engine, tokenizer must outlive the server.
+  Server(const ServerOptions& options, CompletionEngine* engine, const Tokenizer* tokenizer,
+         ChatTemplate chat_template);
+  ~Server();
+
+  // Binds the listening socket; returns the port, or an error naming --host and --port.
+  absl::StatusOr<int> Bind();
+  // Serves until Stop(); returns once the listener is closed and the engine
+  // thread has ended.
+  void Serve();
+  // Safe from any thread; idempotent.
+  void Stop();
+
+ private:
+  struct Job;
+  void RegisterRoutes();
+  void EngineLoop();
+  void RunJob(Job& job);
+  bool Enqueue(const std::shared_ptr<Job>& job);
+  std::string Metrics();
+
+  const ServerOptions options_;
+  CompletionEngine* const engine_;
+  const Tokenizer* const tokenizer_;
+  const ChatTemplate chat_template_;
+  std::unique_ptr<httplib::Server> http_;
+  std::mutex tokenizer_mu_;  // the tokenizer's scratch is not shared between threads
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::vector<std::pair<std::string, double>> engine_counters_;  // as of the last generation
+  bool engine_busy_ = false;                                     // a request is generating
+  std::atomic<bool> stopping_{false};
+  std::thread engine_thread_;
+
+  // /metrics
+  std::atomic<uint64_t> requests_{0}, rejected_{0}, failed_{0}, prompt_tokens_{0},
+      completion_tokens_{0};
+  std::atomic<double> decode_seconds_{0.0};
+};
+
+}  // namespace moegraph

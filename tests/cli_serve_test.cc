@@ -1,0 +1,383 @@
+// `moegraph serve` as a client sees it: the binary in a subprocess on a fixture
+// carrying Qwen3's real vocabulary (tools/fetch-vocab.sh; skips without it),
+// talked to over loopback with cpp-httplib's client. Replies equal `moegraph
+// run`'s text for the same prompt, usage counts equal the tokenizer's, streams
+// equal whole replies, bad requests get OpenAI error objects and leave the
+// server serving, a full queue answers 503, a client that leaves mid-stream
+// stops its generation, the API key guards all but /health, SIGTERM exits 0.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/test_util.h"
+
+extern char** environ;
+
+namespace moegraph {
+namespace {
+
+using nlohmann::json;
+using testing_util::ProcessResult;
+using testing_util::RunProcess;
+
+std::string Qwen3Json() { return testing_util::Qwen3TokenizerJson(MOEGRAPH_SOURCE_DIR); }
+
+// A `moegraph serve --port 0` child; its stderr goes to a file, read for the port.
+class ServeProcess {
+ public:
+  ~ServeProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // The port it listens on, or -1 (the log says why).
+  int Start(const std::vector<std::string>& args) {
+    log_ = testing_util::TempPath("serve-" + std::to_string(++starts_) + ".err");
+    std::vector<std::string> argv = {MOEGRAPH_BIN, "serve", "--port", "0", "--backend", "cpu"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    const int spawned = posix_spawn(&pid_, cargv[0], &actions, nullptr, cargv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (spawned != 0) return -1;
+    const std::regex listening(R"(listening on http://127\.0\.0\.1:(\d+))");
+    for (int i = 0; i < 600; ++i) {  // up to a minute (the sanitizer tree is slow)
+      std::smatch m;
+      const std::string log = Log();
+      if (std::regex_search(log, m, listening)) return std::stoi(m[1]);
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;
+  }
+
+  // Sends signal and returns the exit code (-1: killed by a signal or still running).
+  int Stop(int signal) {
+    kill(pid_, signal);
+    int status = 0;
+    for (int i = 0; i < 300; ++i) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;
+  }
+
+  std::string Log() const { return testing_util::ReadFileToString(log_); }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_;
+  int starts_ = 0;
+};
+
+class CliServeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(Qwen3Json())) return;
+    fixture_ = new std::string(testing_util::TempPath("serve-qwen3.gguf"));
+    const ProcessResult made = testing_util::MakeVocabFixture(MOEGRAPH_BIN, Qwen3Json(), *fixture_);
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+  }
+  static void TearDownTestSuite() {
+    if (fixture_ != nullptr) std::remove(fixture_->c_str());
+    delete fixture_;
+    fixture_ = nullptr;
+  }
+  void SetUp() override {
+    if (fixture_ == nullptr) {
+      GTEST_SKIP() << Qwen3Json()
+                   << " is missing: tools/fetch-vocab.sh fetches it (make deps does)";
+    }
+  }
+
+  // A server on the fixture with extra flags; a client for it.
+  std::unique_ptr<httplib::Client> Serve(const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {"-m", *fixture_};
+    args.insert(args.end(), flags.begin(), flags.end());
+    port_ = server_.Start(args);
+    EXPECT_GT(port_, 0) << server_.Log();
+    auto client = std::make_unique<httplib::Client>("127.0.0.1", port_);
+    client->set_read_timeout(60, 0);
+    return client;
+  }
+
+  // `moegraph run`'s text for a prompt (greedy), with bytes that are not UTF-8
+  // (a character cut off where generation stopped) as U+FFFD, as JSON carries it.
+  static std::string RunText(const std::string& prompt, int n) {
+    const ProcessResult r = RunProcess({MOEGRAPH_BIN, "run", "-m", *fixture_, "--backend", "cpu",
+                                        "-p", prompt, "-n", std::to_string(n)});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::string text = r.out.ends_with("\n") ? r.out.substr(0, r.out.size() - 1) : r.out;
+    return json::parse(json(text).dump(-1, ' ', false, json::error_handler_t::replace))
+        .get<std::string>();
+  }
+
+  static int TokenCount(const std::string& text) {
+    const ProcessResult r =
+        RunProcess({MOEGRAPH_BIN, "tokenize", "-m", *fixture_, "-p", text, "--ids"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return static_cast<int>(json::parse(r.out).size());
+  }
+
+  static json Post(httplib::Client& c, const std::string& path, const json& body,
+                   int want_status = 200) {
+    const httplib::Result res = c.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res) << path << ": no answer";
+    if (!res) return json();
+    EXPECT_EQ(res->status, want_status) << path << " " << body.dump() << ": " << res->body;
+    return json::parse(res->body, nullptr, false);
+  }
+
+  // The deltas (or texts) of a stream, and its last data line before [DONE].
+  static std::string StreamText(httplib::Client& c, const std::string& path, json body,
+                                json* last_chunk) {
+    body["stream"] = true;
+    std::string raw;
+    const httplib::Result res = c.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (!res) return "";
+    EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+    raw = res->body;
+    std::string text;
+    std::vector<std::string> data;
+    std::regex event(R"(data: (.*)\n\n)");
+    for (auto it = std::sregex_iterator(raw.begin(), raw.end(), event);
+         it != std::sregex_iterator(); ++it) {
+      data.push_back((*it)[1]);
+    }
+    EXPECT_GE(data.size(), 2u) << raw;
+    if (data.size() < 2) return "";
+    EXPECT_EQ(data.back(), "[DONE]");
+    for (size_t i = 0; i + 1 < data.size(); ++i) {
+      const json chunk = json::parse(data[i]);
+      const json& choice = chunk["choices"][0];
+      if (choice.contains("delta") && choice["delta"].contains("content")) {
+        text += choice["delta"]["content"].get<std::string>();
+      } else if (choice.contains("text")) {
+        text += choice["text"].get<std::string>();
+      }
+      *last_chunk = chunk;
+    }
+    return text;
+  }
+
+  static std::string* fixture_;
+  ServeProcess server_;
+  int port_ = -1;
+};
+
+std::string* CliServeTest::fixture_ = nullptr;
+
+TEST_F(CliServeTest, CompletionsEqualRunAndCountAsTheTokenizer) {
+  std::unique_ptr<httplib::Client> c = Serve({});
+  ASSERT_TRUE(c->Get("/health"));
+  EXPECT_EQ(c->Get("/health")->body, R"({"status":"ok"})");
+  const json models = json::parse(c->Get("/v1/models")->body);
+  EXPECT_EQ(models["data"][0]["id"], std::filesystem::path(*fixture_).filename().string());
+
+  const std::string prompt = "The capital of France is";
+  const json r = Post(*c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 12}});
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["choices"][0]["text"], RunText(prompt, 12));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], TokenCount(prompt));
+  EXPECT_EQ(r["usage"]["completion_tokens"], 12);
+
+  // The same streamed: the chunks add up to the same text.
+  json last;
+  EXPECT_EQ(StreamText(*c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 12}}, &last),
+            r["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(last["usage"]["completion_tokens"], 12);
+
+  // A stop string inside that text: the text before it, finish_reason stop.
+  // (One whole character from the middle, so the request stays valid UTF-8.)
+  const std::string full = r["choices"][0]["text"];
+  ASSERT_GE(full.size(), 6u);
+  size_t at = full.size() / 2;
+  while (at > 0 && (static_cast<unsigned char>(full[at]) & 0xC0) == 0x80) --at;
+  size_t end = at + 1;
+  while (end < full.size() && (static_cast<unsigned char>(full[end]) & 0xC0) == 0x80) ++end;
+  const std::string stop = full.substr(at, end - at);
+  const json stopped =
+      Post(*c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 12}, {"stop", stop}});
+  EXPECT_EQ(stopped["choices"][0]["text"], full.substr(0, full.find(stop)));
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+
+  // Tokenize and detokenize round-trip.
+  const json ids = Post(*c, "/tokenize", {{"content", prompt}});
+  EXPECT_EQ(static_cast<int>(ids["tokens"].size()), TokenCount(prompt));
+  EXPECT_EQ(Post(*c, "/detokenize", {{"tokens", ids["tokens"]}})["content"], prompt);
+
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
+TEST_F(CliServeTest, ChatStreamsWhatItAnswersWhole) {
+  std::unique_ptr<httplib::Client> c = Serve({});
+  const json body = {{"messages",
+                      {{{"role", "system"}, {"content", "Be brief."}},
+                       {{"role", "user"}, {"content", "What is a mixture of experts?"}}}},
+                     {"max_tokens", 10}};
+  const json whole = Post(*c, "/v1/chat/completions", body);
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"]["role"], "assistant");
+  EXPECT_GT(whole["usage"]["prompt_tokens"].get<int>(), 10);
+  json last;
+  EXPECT_EQ(StreamText(*c, "/v1/chat/completions", body, &last),
+            whole["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(last["object"], "chat.completion.chunk");
+  EXPECT_EQ(last["usage"], whole["usage"]);
+
+  const std::string metrics = c->Get("/metrics")->body;
+  EXPECT_NE(metrics.find("moegraph_requests_total 2"), std::string::npos) << metrics;
+  const int generated = 2 * whole["usage"]["completion_tokens"].get<int>();
+  EXPECT_NE(metrics.find("moegraph_completion_tokens_total " + std::to_string(generated)),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("moegraph_expert_hits_total"), std::string::npos) << metrics;
+  EXPECT_EQ(server_.Stop(SIGINT), 0) << server_.Log();
+}
+
+TEST_F(CliServeTest, BadRequestsGetErrorObjectsAndTheServerGoesOn) {
+  std::unique_ptr<httplib::Client> c = Serve({"--ctx", "64", "--max-body", "2000"});
+  const struct {
+    std::string path, body;
+    int status;
+    std::string param;
+  } cases[] = {
+      {"/v1/chat/completions", "{\"messages\": [", 400, ""},
+      {"/v1/chat/completions", "{\"messages\": []}", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "robot", "content": "x"}]})", 400,
+       "messages[0].role"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 1000000})", 400, "max_tokens"},
+      {"/v1/completions", "{\"prompt\": \"\xc3\x28\"}", 400, ""},
+      {"/v1/completions",
+       json{{"prompt", std::string(300, 'a') +
+                           " b c d e f g h i j k l m n o p "
+                           "q r s t u v w x y z 1 2 3 4 5 6 7 8 9 0 a b c d e f g h "
+                           "i j k l m n o p q r s t u v w x y z"}}
+           .dump(),
+       400, "prompt"},
+      {"/v1/completions", json{{"prompt", std::string(3000, 'a')}}.dump(), 413, ""},
+      {"/v1/nothing", "{}", 404, ""},
+  };
+  for (const auto& k : cases) {
+    const httplib::Result res = c->Post(k.path, k.body, "application/json");
+    ASSERT_TRUE(res) << k.body;
+    EXPECT_EQ(res->status, k.status) << k.path << " " << k.body << ": " << res->body;
+    const json error = json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(error.contains("error")) << res->body;
+    EXPECT_TRUE(error["error"]["message"].is_string()) << res->body;
+    if (!k.param.empty()) {
+      EXPECT_EQ(error["error"]["param"], k.param) << res->body;
+    }
+  }
+  // Still serving, and correctly.
+  const json ok = Post(*c, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 4}});
+  EXPECT_EQ(ok["choices"][0]["text"], RunText("Hello", 4));
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
+TEST_F(CliServeTest, TheApiKeyGuardsAllButHealth) {
+  std::unique_ptr<httplib::Client> c = Serve({"--api-key", "sesame"});
+  EXPECT_EQ(c->Get("/health")->status, 200);
+  EXPECT_EQ(c->Get("/v1/models")->status, 401);
+  EXPECT_EQ(c->Get("/v1/models", {{"Authorization", "Bearer sesam"}})->status, 401);
+  EXPECT_EQ(c->Get("/v1/models", {{"Authorization", "Bearer sesame!"}})->status, 401);
+  const httplib::Result denied =
+      c->Post("/v1/completions", R"({"prompt": "x", "max_tokens": 1})", "application/json");
+  ASSERT_TRUE(denied);
+  EXPECT_EQ(denied->status, 401);
+  EXPECT_TRUE(json::parse(denied->body).contains("error"));
+  c->set_bearer_token_auth("sesame");
+  EXPECT_EQ(c->Get("/v1/models")->status, 200);
+  Post(*c, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}});
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
+TEST_F(CliServeTest, AFullQueueAnswers503AndALeavingClientStopsItsGeneration) {
+  std::unique_ptr<httplib::Client> c = Serve({"--max-queue", "0", "--ctx", "4096"});
+  // A long generation, streamed; the client leaves after its first chunk.
+  std::thread leaver([&] {
+    httplib::Client l("127.0.0.1", port_);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"prompt", "Once"}, {"max_tokens", 4000}, {"stream", true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    int chunks = 0;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      if (++chunks < 2) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the 503s happen now
+      return false;
+    };
+    l.send(req);
+  });
+  // While it runs, the queue (0 waiting) is full.
+  int busy = 0;
+  for (int i = 0; i < 100 && busy == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const httplib::Result r =
+        c->Post("/v1/completions", R"({"prompt": "x", "max_tokens": 1})", "application/json");
+    ASSERT_TRUE(r);
+    if (r->status == 503) {
+      ++busy;
+      EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+      EXPECT_TRUE(json::parse(r->body).contains("error"));
+    }
+  }
+  leaver.join();
+  EXPECT_EQ(busy, 1) << "no 503 while the engine was busy";
+  // The abandoned generation ends at a token boundary: the next request runs.
+  json ok;
+  for (int i = 0; i < 100; ++i) {
+    const httplib::Result r =
+        c->Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+    ASSERT_TRUE(r);
+    if (r->status == 200) {
+      ok = json::parse(r->body);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(ok["usage"]["completion_tokens"], 2);
+  const std::string metrics = c->Get("/metrics")->body;
+  const std::regex tokens(R"(moegraph_completion_tokens_total (\d+))");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(metrics, m, tokens)) << metrics;
+  EXPECT_LT(std::stoi(m[1]), 4000) << "the leaver's generation ran on";
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
+}  // namespace
+}  // namespace moegraph

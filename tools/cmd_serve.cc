@@ -1,0 +1,135 @@
+// moegraph serve: the OpenAI-compatible HTTP server (server/) over the engine
+// `run` makes (the CPU backend or CUDA, the same flags). The model loads before
+// the port opens. SIGINT and SIGTERM stop it: the listener closes, the running
+// generation ends at a token boundary, the queued requests get 503, exit 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "loader/gguf.h"
+#include "loader/model_config.h"
+#include "loader/status_util.h"
+#include "server/server.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
+#include "tools/commands.h"
+#include "tools/decoder.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "serve: the address to listen on (loopback by default)");
+ABSL_FLAG(int32_t, port, 8080, "serve: the port to listen on (0: any free port, printed)");
+ABSL_FLAG(std::string, api_key, "",
+          "serve: requests must send Authorization: Bearer KEY (/health stays open); empty: none");
+ABSL_FLAG(int32_t, max_queue, 16,
+          "serve: requests that may wait for the engine; more get 503 with Retry-After");
+ABSL_FLAG(int64_t, max_body, 4 << 20, "serve: the largest request body in bytes (larger: 413)");
+
+namespace moegraph {
+namespace {
+
+constexpr int kServeDefaultContext = 4096;
+
+// The decoder as the server's engine.
+class DecoderEngine final : public CompletionEngine {
+ public:
+  explicit DecoderEngine(Decoder* decoder) : decoder_(decoder) {}
+  absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt, int n_predict,
+                                                const SamplingParams& sampling,
+                                                const TokenSink& sink) override {
+    MG_RETURN_IF_ERROR(decoder_->SetSampling(sampling));
+    GenerateStats stats;
+    return decoder_->Generate(prompt, n_predict, /*start=*/0, &stats, sink);
+  }
+  std::vector<std::pair<std::string, double>> Counters() override {
+    absl::StatusOr<std::vector<std::pair<std::string, double>>> c = decoder_->Counters();
+    return c.ok() ? *std::move(c) : std::vector<std::pair<std::string, double>>();
+  }
+
+ private:
+  Decoder* decoder_;
+};
+
+absl::Status Serve() {
+  const std::string path = absl::GetFlag(FLAGS_m);
+  if (path.empty()) return absl::InvalidArgumentError("-m FILE is required");
+  ServerOptions options;
+  options.host = absl::GetFlag(FLAGS_host);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.api_key = absl::GetFlag(FLAGS_api_key);
+  options.max_queue = absl::GetFlag(FLAGS_max_queue);
+  const int64_t max_body = absl::GetFlag(FLAGS_max_body);
+  options.ctx = absl::GetFlag(FLAGS_ctx) == 0 ? kServeDefaultContext : absl::GetFlag(FLAGS_ctx);
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--port %d is not a port (0 to 65535)", options.port));
+  }
+  if (options.max_queue < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--max-queue %d is negative", options.max_queue));
+  }
+  if (max_body < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat("--max-body %d must be positive", max_body));
+  }
+  options.max_body_bytes = static_cast<size_t>(max_body);
+  if (options.ctx < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat("--ctx %d is negative", options.ctx));
+  }
+  MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
+  options.defaults = flags.sampling;
+
+  // Signals go to the watcher thread only: blocked here, before any thread starts.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
+  MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(*file));
+  MG_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer,
+                      Tokenizer::Create(std::move(vocab)));
+  MG_ASSIGN_OR_RETURN(const ChatTemplate chat_template, FileChatTemplate(*file));
+  options.model_name = std::filesystem::path(path).filename().string();
+
+  std::fprintf(stderr, "%s\n%s (requests may name their own)\nchat template: %s; context %d\n",
+               flags.doors.banner.c_str(), DescribeSampling(flags.sampling).c_str(),
+               std::string(ChatTemplateName(chat_template)).c_str(), options.ctx);
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder,
+                      Decoder::Create(model, flags, options.ctx, stderr));
+  DecoderEngine engine(decoder.get());
+  Server server(options, &engine, tokenizer.get(), chat_template);
+  MG_ASSIGN_OR_RETURN(const int port, server.Bind());
+  std::fprintf(stderr, "serve: listening on http://%s:%d (%s)\n", options.host.c_str(), port,
+               options.api_key.empty() ? "no API key" : "API key required");
+  std::fflush(stderr);
+
+  std::thread watcher([&server, stop_signals] {
+    int signal = 0;
+    sigwait(&stop_signals, &signal);
+    std::fprintf(stderr, "serve: %s, stopping\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+    server.Stop();
+  });
+  server.Serve();
+  // Serve also returns when the listener fails; the watcher then needs a signal.
+  pthread_kill(watcher.native_handle(), SIGTERM);
+  watcher.join();
+  std::fprintf(stderr, "serve: stopped\n");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunServe(const std::vector<std::string>& args) { return RunModelCommand("serve", args, Serve); }
+
+}  // namespace moegraph
