@@ -17,6 +17,7 @@ all: build
 deps:
 	@bash tools/install-deps.sh
 	@bash tools/fetch-vocab.sh
+	@bash tools/openai-client/install.sh
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release

@@ -1,0 +1,50 @@
+// The official openai client against a running `moegraph serve`: chat and
+// completions, whole and streamed, sampled with a seed. Prints one JSON object
+// per case, {name, text, usage, finish_reason}, for tests/serve_openai_test.sh
+// to compare with `moegraph run` and `moegraph tokenize`.
+// Usage: node check.mjs BASE_URL API_KEY
+import OpenAI from "openai";
+
+const [baseURL, apiKey] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
+const sampling = { temperature: 0.8, top_p: 0.95, seed: 5, max_tokens: 12 };
+const messages = [{ role: "user", content: "What is a mixture of experts?" }];
+const prompt = "The capital of France is";
+
+async function streamed(create, pick) {
+  let text = "", usage = null, finish = null;
+  for await (const chunk of await create) {
+    text += pick(chunk.choices[0]) ?? "";
+    if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+    if (chunk.usage) usage = chunk.usage;
+  }
+  return { text, usage, finish_reason: finish };
+}
+
+const out = [];
+const models = await client.models.list();
+out.push({ name: "models", text: models.data.map((m) => m.id).join(","), usage: null });
+
+const chat = await client.chat.completions.create({ messages, ...sampling });
+out.push({ name: "chat", text: chat.choices[0].message.content, usage: chat.usage,
+           finish_reason: chat.choices[0].finish_reason });
+out.push({ name: "chat-stream",
+           ...(await streamed(client.chat.completions.create({ messages, ...sampling, stream: true }),
+                              (c) => c.delta?.content)) });
+
+const completion = await client.completions.create({ model: "m", prompt, ...sampling });
+out.push({ name: "completion", text: completion.choices[0].text, usage: completion.usage,
+           finish_reason: completion.choices[0].finish_reason });
+out.push({ name: "completion-stream",
+           ...(await streamed(client.completions.create({ model: "m", prompt, ...sampling,
+                                                          stream: true }),
+                              (c) => c.text)) });
+
+// An error the client raises as an APIError with the server's status.
+try {
+  await client.chat.completions.create({ messages: [], max_tokens: 4 });
+  out.push({ name: "error", text: "no error", usage: null });
+} catch (e) {
+  out.push({ name: "error", text: `${e.status} ${e.error?.param ?? ""}`, usage: null });
+}
+for (const o of out) console.log(JSON.stringify(o));
