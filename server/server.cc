@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -202,9 +203,13 @@ void Server::RunJob(Job& job) {
 
 void Server::RegisterRoutes() {
   httplib::Server& s = *http_;
+  // A connection holds a thread while its request waits: enough for a full
+  // queue, the running request and a few more (health checks, metrics).
+  const size_t threads = static_cast<size_t>(std::min(options_.max_queue, 1024)) + 8;
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_payload_max_length(options_.max_body_bytes);
-  s.set_read_timeout(10, 0);
-  s.set_write_timeout(10, 0);
+  s.set_read_timeout(options_.timeout_seconds, 0);
+  s.set_write_timeout(options_.timeout_seconds, 0);
   s.set_keep_alive_timeout(5);
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {

@@ -50,6 +50,7 @@ struct ServerOptions {
   std::string api_key;  // empty: no authentication
   int max_queue = 16;   // requests waiting while one generates
   size_t max_body_bytes = size_t{4} << 20;
+  int timeout_seconds = 10;  // a connection's reads and writes
   int ctx = 4096;           // the engine's KV cache positions
   std::string model_name;   // /v1/models' id
   SamplingParams defaults;  // a request's sampling where it names none

@@ -5,19 +5,25 @@
 // equal whole replies, bad requests get OpenAI error objects and leave the
 // server serving, a full queue answers 503, a client that leaves mid-stream
 // stops its generation, the API key guards all but /health, SIGTERM exits 0.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <regex>
 #include <string>
 #include <thread>
@@ -91,6 +97,7 @@ class ServeProcess {
   }
 
   std::string Log() const { return testing_util::ReadFileToString(log_); }
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;
@@ -376,6 +383,149 @@ TEST_F(CliServeTest, AFullQueueAnswers503AndALeavingClientStopsItsGeneration) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(metrics, m, tokens)) << metrics;
   EXPECT_LT(std::stoi(m[1]), 4000) << "the leaver's generation ran on";
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
+// VmRSS of a process, in KiB (-1 where it cannot be read).
+long RssKib(pid_t pid) {
+  const std::string status =
+      testing_util::ReadFileToString("/proc/" + std::to_string(pid) + "/status");
+  const size_t at = status.find("VmRSS:");
+  return at == std::string::npos ? -1 : std::stol(status.substr(at + 6));
+}
+
+// Bytes sent raw to the port; the reply's status line (empty: none).
+std::string RawExchange(int port, const std::string& bytes, int timeout_ms) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  (void)!send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[256];
+  const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  close(fd);
+  const std::string reply = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+  return reply.substr(0, reply.find("\r\n"));
+}
+
+// 8 clients x 20 requests at once: every one answered with its own prompt's
+// text (each prompt's reply is first taken alone), none lost or mixed up.
+TEST_F(CliServeTest, EightClientsTwentyRequestsEachGetTheirOwnReplies) {
+  std::unique_ptr<httplib::Client> c = Serve({"--max-queue", "16"});
+  constexpr int kClients = 8, kRequests = 20;
+  const auto prompt_of = [](int client, int i) {
+    return "Client " + std::to_string(client) + " asks question " + std::to_string(i);
+  };
+  std::map<std::string, std::string> want;
+  for (int k = 0; k < kClients; ++k) {
+    for (int i = 0; i < kRequests; ++i) {
+      const json r = Post(*c, "/v1/completions", {{"prompt", prompt_of(k, i)}, {"max_tokens", 3}});
+      want[prompt_of(k, i)] = r["choices"][0]["text"];
+    }
+  }
+  std::atomic<int> answered{0}, wrong{0};
+  std::vector<std::thread> clients;
+  for (int k = 0; k < kClients; ++k) {
+    clients.emplace_back([&, k] {
+      httplib::Client own("127.0.0.1", port_);
+      own.set_read_timeout(120, 0);
+      for (int i = 0; i < kRequests; ++i) {
+        const json body = {{"prompt", prompt_of(k, i)}, {"max_tokens", 3}};
+        const httplib::Result r = own.Post("/v1/completions", body.dump(), "application/json");
+        if (!r || r->status != 200) continue;
+        ++answered;
+        if (json::parse(r->body)["choices"][0]["text"] != want[prompt_of(k, i)]) ++wrong;
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(answered, kClients * kRequests);
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
+// 2,000 malformed or hostile requests (bodies, headers, broken HTTP, requests
+// left half sent, dropped after --timeout): the server still answers a good
+// request correctly, and its memory grows by no more than a bound.
+TEST_F(CliServeTest, TwoThousandHostileRequestsLeaveItServing) {
+  std::unique_ptr<httplib::Client> c = Serve({"--max-body", "65536", "--timeout", "1"});
+  const json good = {{"prompt", "Hello"}, {"max_tokens", 4}};
+  const json first = Post(*c, "/v1/completions", good);
+  const long rss_before = RssKib(server_.pid());
+  ASSERT_GT(rss_before, 0);
+
+  // Requests left half sent hold a connection until the read timeout.
+  std::vector<std::thread> slow;
+  for (int i = 0; i < 3; ++i) {
+    slow.emplace_back([this] {
+      RawExchange(port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                  500);
+    });
+  }
+  std::mt19937 rng(11);
+  const std::vector<std::string> paths = {"/v1/completions", "/v1/chat/completions", "/tokenize",
+                                          "/detokenize"};
+  const std::string valid = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":2})";
+  int answered_4xx = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const std::string& path = paths[rng() % paths.size()];
+    std::string body;
+    switch (i % 8) {
+      case 0:  // random bytes
+        for (int n = rng() % 200; n > 0; --n) body += static_cast<char>(rng() % 256);
+        break;
+      case 1:  // a valid request cut short
+        body = valid.substr(0, rng() % valid.size());
+        break;
+      case 2:  // wrong types
+        body = R"({"messages":{"role":1},"max_tokens":"many","stream":3,"stop":{}})";
+        break;
+      case 3:  // deep nesting
+        body = std::string(500, '[') + std::string(500, ']');
+        break;
+      case 4:  // numbers out of range
+        body = R"({"prompt":"x","max_tokens":1e300,"temperature":-1e300,"top_k":99999999999})";
+        break;
+      case 5:  // a byte flipped in a valid request
+        body = valid;
+        body[rng() % body.size()] = static_cast<char>(rng() % 256);
+        break;
+      case 6: {  // broken HTTP on a raw socket
+        const std::string raw[] = {
+            "GARBAGE\r\n\r\n", "POST / HTTP/9.9\r\n\r\n",
+            "GET /health HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\nContent-Length: "
+            "99999999999999999999\r\n\r\n",
+            std::string("GET /") + std::string(9000, 'a') + " HTTP/1.1\r\n\r\n"};
+        RawExchange(port_, raw[rng() % 5], 150);
+        continue;
+      }
+      default:  // huge header, hostile values
+        body = valid;
+        break;
+    }
+    httplib::Headers headers;
+    if (i % 8 == 7) headers.emplace("X-Junk", std::string(4000, 'j'));
+    const httplib::Result r = c->Post(path, headers, body, "application/json");
+    if (!r || r->status >= 500) {
+      ADD_FAILURE() << "request " << i << ": " << (r ? r->body : "no answer");
+      break;
+    }
+    if (r->status >= 400) ++answered_4xx;
+  }
+  for (std::thread& t : slow) t.join();
+  EXPECT_GT(answered_4xx, 1000);
+  const json after = Post(*c, "/v1/completions", good);
+  EXPECT_EQ(after["choices"][0]["text"], first["choices"][0]["text"]);
+  const long rss_after = RssKib(server_.pid());
+  EXPECT_LT(rss_after - rss_before, 64 * 1024) << rss_before << " KiB before, " << rss_after;
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 

@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, api_key, "",
 ABSL_FLAG(int32_t, max_queue, 16,
           "serve: requests that may wait for the engine; more get 503 with Retry-After");
 ABSL_FLAG(int64_t, max_body, 4 << 20, "serve: the largest request body in bytes (larger: 413)");
+ABSL_FLAG(int32_t, timeout, 10,
+          "serve: seconds a connection may take to send its request or to read a reply before "
+          "it is dropped");
 
 namespace moegraph {
 namespace {
@@ -81,6 +84,11 @@ absl::Status Serve() {
     return absl::InvalidArgumentError(absl::StrFormat("--max-body %d must be positive", max_body));
   }
   options.max_body_bytes = static_cast<size_t>(max_body);
+  options.timeout_seconds = absl::GetFlag(FLAGS_timeout);
+  if (options.timeout_seconds < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--timeout %d must be at least 1 second", options.timeout_seconds));
+  }
   if (options.ctx < 1) {
     return absl::InvalidArgumentError(absl::StrFormat("--ctx %d is negative", options.ctx));
   }
