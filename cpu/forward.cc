@@ -98,7 +98,7 @@ class CpuForward final : public Oracle {
     return Run(tokens, /*all_logits=*/false);
   }
   int n_past() const override { return n_past_; }
-  void Reset() override { n_past_ = 0; }
+  void Truncate(int n_keep) override { n_past_ = std::clamp(n_keep, 0, n_past_); }
 
  private:
   absl::StatusOr<std::vector<float>> Run(absl::Span<const int32_t> tokens, bool all_logits);

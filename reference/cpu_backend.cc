@@ -359,7 +359,7 @@ absl::StatusOr<std::vector<float>> CpuBackend::Run(absl::Span<const int32_t> tok
 
 int CpuBackend::n_past() const { return oracle_->n_past(); }
 
-void CpuBackend::Reset() { oracle_->Reset(); }
+void CpuBackend::Truncate(int n_keep) { oracle_->Truncate(n_keep); }
 
 bool CpuBackend::BatchesPrompts() const { return experts_->ViewsOutliveCalls(); }
 

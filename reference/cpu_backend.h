@@ -84,7 +84,8 @@ struct SlotPoolInfo {
 };
 
 // Drives like the oracle (Forward, Generate).
-// Reset clears the KV cache only: resident experts and counters carry over.
+// Reset and Truncate touch the KV cache only: resident experts and counters
+// carry over.
 class CpuBackend final : public Oracle {
  public:
   // model, its file and store must outlive the backend; store must hold model's
@@ -101,7 +102,7 @@ class CpuBackend final : public Oracle {
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) override;
   absl::StatusOr<std::vector<float>> ForwardLast(absl::Span<const int32_t> tokens) override;
   int n_past() const override;
-  void Reset() override;
+  void Truncate(int n_keep) override;
 
   // Whether a batch of tokens runs as one batch (every expert resident).
   bool BatchesPrompts() const;

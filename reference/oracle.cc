@@ -17,6 +17,7 @@
 // (f_clamp_kqv is read only for other architectures).
 #include "reference/oracle.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -71,10 +72,12 @@ class CpuOracle final : public Oracle {
 
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) override;
   int n_past() const override { return n_past_; }
-  void Reset() override {
-    n_past_ = 0;
-    for (auto& c : k_cache_) c.clear();
-    for (auto& c : v_cache_) c.clear();
+  void Truncate(int n_keep) override {
+    n_past_ = std::clamp(n_keep, 0, n_past_);
+    const size_t kept = static_cast<size_t>(n_past_) * model_.config.n_head_kv *
+                        static_cast<size_t>(model_.config.head_dim);
+    for (auto& c : k_cache_) c.resize(kept);
+    for (auto& c : v_cache_) c.resize(kept);
   }
 
  private:

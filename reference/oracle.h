@@ -47,7 +47,10 @@ class Oracle {
   // not read; a backend may skip computing them).
   virtual absl::StatusOr<std::vector<float>> ForwardLast(absl::Span<const int32_t> tokens);
   virtual int n_past() const = 0;
-  virtual void Reset() = 0;
+  // Keeps the KV cache's first n_keep positions (at most n_past()) and drops
+  // the rest: the next Forward continues at position n_keep.
+  virtual void Truncate(int n_keep) = 0;
+  void Reset() { Truncate(0); }
 
   // Feeds the prompt, then picks n_predict tokens by sampling's settings
   // (sample_token of kernels/sample_math.h, drawing for the logits of position p

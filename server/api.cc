@@ -72,6 +72,13 @@ absl::Status ReadStop(const json& body, std::vector<std::string>* out) {
   return absl::OkStatus();
 }
 
+json UsageJson(const Usage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
+}
+
 }  // namespace
 
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_text, bool chat,
@@ -188,10 +195,7 @@ json CompletionJson(bool chat, std::string_view id, int64_t created, std::string
           {"created", created},
           {"model", model},
           {"choices", json::array({choice})},
-          {"usage",
-           {{"prompt_tokens", usage.prompt_tokens},
-            {"completion_tokens", usage.completion_tokens},
-            {"total_tokens", usage.prompt_tokens + usage.completion_tokens}}}};
+          {"usage", UsageJson(usage)}};
 }
 
 json ChunkJson(bool chat, std::string_view id, int64_t created, std::string_view model,
@@ -210,9 +214,7 @@ json ChunkJson(bool chat, std::string_view id, int64_t created, std::string_view
                 {"model", model},
                 {"choices", json::array({choice})}};
   if (usage != nullptr) {
-    chunk["usage"] = {{"prompt_tokens", usage->prompt_tokens},
-                      {"completion_tokens", usage->completion_tokens},
-                      {"total_tokens", usage->prompt_tokens + usage->completion_tokens}};
+    chunk["usage"] = UsageJson(*usage);
   }
   return chunk;
 }

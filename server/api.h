@@ -60,6 +60,7 @@ nlohmann::json ErrorJson(std::string_view message, int status, std::string_view 
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // of prompt_tokens, those the KV cache held already
 };
 
 // A whole completion: "text_completion" with choices[0].text, or

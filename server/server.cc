@@ -65,6 +65,7 @@ struct Server::Job {
   std::string error;
   std::string finish_reason;
   int completion_tokens = 0;
+  int cached_tokens = 0;               // prompt tokens whose KV the last request left
   std::atomic<bool> cancelled{false};  // the client went away
 };
 
@@ -153,6 +154,13 @@ void Server::EngineLoop() {
 
 void Server::RunJob(Job& job) {
   const CompletionRequest& r = job.request;
+  // The prefix this prompt shares with what the cache holds; at least one
+  // token is fed, for the logits of the first pick.
+  const size_t shared =
+      std::mismatch(fed_.begin(), fed_.end(), job.prompt.begin(), job.prompt.end()).first -
+      fed_.begin();
+  const int kept = static_cast<int>(std::min(shared, job.prompt.size() - 1));
+  const std::vector<int32_t> fresh(job.prompt.begin() + kept, job.prompt.end());
   const int room = options_.ctx - static_cast<int>(job.prompt.size()) + 1;
   const int n_predict = r.max_tokens < 0 ? room : std::min(r.max_tokens, room);
   TextStream utf8;
@@ -182,11 +190,19 @@ void Server::RunJob(Job& job) {
     }
     return true;
   };
-  const auto start = std::chrono::steady_clock::now();
+  const auto began = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<int32_t>> generated =
-      engine_->Generate(job.prompt, n_predict, r.sampling, sink);
+      engine_->Generate(fresh, kept, n_predict, r.sampling, sink);
+  // Generation feeds back every token but the last.
+  fed_ = job.prompt;
+  if (generated.ok()) {
+    fed_.insert(fed_.end(), generated->begin(), generated->end() - (generated->empty() ? 0 : 1));
+  } else {
+    fed_.clear();
+  }
+  cached_tokens_ += static_cast<uint64_t>(kept);
   decode_seconds_.fetch_add(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
   if (generated.ok() && !stops.stopped()) emit(stops.Push(utf8.Flush()) + stops.Flush());
   completion_tokens_ += static_cast<uint64_t>(taken);
   std::lock_guard<std::mutex> lock(job.mu);
@@ -197,6 +213,7 @@ void Server::RunJob(Job& job) {
   }
   job.finish_reason = finish;
   job.completion_tokens = taken;
+  job.cached_tokens = kept;
   job.done = true;
   job.cv.notify_all();
 }
@@ -340,10 +357,10 @@ void Server::RegisterRoutes() {
             std::unique_lock<std::mutex> lock(job->mu);
             job->cv.wait(lock, [&] { return job->done; });
             if (job->status != 200) return SendError(res, job->status, job->error);
-            res.set_content(
-                Dump(CompletionJson(chat, job->id, job->created, model, job->text,
-                                    job->finish_reason, {prompt_tokens, job->completion_tokens})),
-                "application/json");
+            res.set_content(Dump(CompletionJson(
+                                chat, job->id, job->created, model, job->text, job->finish_reason,
+                                {prompt_tokens, job->completion_tokens, job->cached_tokens})),
+                            "application/json");
             return;
           }
           res.set_chunked_content_provider(
@@ -369,7 +386,7 @@ void Server::RegisterRoutes() {
                   if (job->status != 200) {
                     events += "data: " + Dump(ErrorJson(job->error, job->status)) + "\n\n";
                   } else {
-                    const Usage usage{prompt_tokens, job->completion_tokens};
+                    const Usage usage{prompt_tokens, job->completion_tokens, job->cached_tokens};
                     events += "data: " +
                               Dump(ChunkJson(chat, job->id, job->created, model, "",
                                              job->finish_reason, &usage)) +
@@ -415,6 +432,9 @@ std::string Server::Metrics() {
   line("requests_failed_total", "counter", "requests that ended in a server error", failed_.load());
   line("prompt_tokens_total", "counter", "prompt tokens of accepted requests",
        prompt_tokens_.load());
+  line("prompt_tokens_cached_total", "counter",
+       "prompt tokens not prefilled again: the prefix shared with the previous request",
+       cached_tokens_.load());
   line("completion_tokens_total", "counter", "tokens generated", completion_tokens_.load());
   line("generation_seconds_total", "counter", "seconds spent generating", decode_seconds_.load());
   const double seconds = decode_seconds_.load();

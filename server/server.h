@@ -1,9 +1,10 @@
 // moegraph serve's HTTP server (cpp-httplib): the OpenAI-compatible endpoints
 // over one engine that decodes one sequence at a time. Requests wait in a
 // bounded FIFO (full: 503 with Retry-After); an engine thread takes them in
-// order. A streamed request whose client goes away has its generation stopped
-// at the next token. Stop() (SIGINT/SIGTERM) closes the listener, ends the
-// running generation at a token boundary and answers what is queued with 503.
+// order. The KV cache keeps what the last request fed: the next one prefills
+// only what follows the prefix they share (llama-server's prompt cache). A streamed request whose
+// client goes away has its generation stopped at the next token. Stop() (SIGINT/SIGTERM) closes the
+// listener, ends the running generation at a token boundary and answers what is queued with 503.
 #pragma once
 
 #include <atomic>
@@ -33,10 +34,12 @@ namespace moegraph {
 class CompletionEngine {
  public:
   virtual ~CompletionEngine() = default;
-  // prompt from position 0, then up to n_predict tokens picked by sampling, each
-  // given to sink (which may stop generation); feeds back all but the last.
+  // prompt from position start (the KV cache below it kept from the earlier
+  // calls, which fed at least start positions), then up to n_predict tokens
+  // picked by sampling, each given to sink (which may stop generation); feeds
+  // back all but the last.
   virtual absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt,
-                                                        int n_predict,
+                                                        int start, int n_predict,
                                                         const SamplingParams& sampling,
                                                         const TokenSink& sink) = 0;
   // The engine's counters for /metrics, read between generations: names
@@ -91,12 +94,13 @@ class Server {
   std::deque<std::shared_ptr<Job>> queue_;
   std::vector<std::pair<std::string, double>> engine_counters_;  // as of the last generation
   bool engine_busy_ = false;                                     // a request is generating
+  std::vector<int32_t> fed_;  // engine thread: the tokens whose KV the cache holds
   std::atomic<bool> stopping_{false};
   std::thread engine_thread_;
 
   // /metrics
   std::atomic<uint64_t> requests_{0}, rejected_{0}, failed_{0}, prompt_tokens_{0},
-      completion_tokens_{0};
+      cached_tokens_{0}, completion_tokens_{0};
   std::atomic<double> decode_seconds_{0.0};
 };
 

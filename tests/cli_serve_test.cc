@@ -261,7 +261,11 @@ TEST_F(CliServeTest, ChatStreamsWhatItAnswersWhole) {
   EXPECT_EQ(StreamText(*c, "/v1/chat/completions", body, &last),
             whole["choices"][0]["message"]["content"].get<std::string>());
   EXPECT_EQ(last["object"], "chat.completion.chunk");
-  EXPECT_EQ(last["usage"], whole["usage"]);
+  EXPECT_EQ(last["usage"]["prompt_tokens"], whole["usage"]["prompt_tokens"]);
+  EXPECT_EQ(last["usage"]["completion_tokens"], whole["usage"]["completion_tokens"]);
+  // The stream repeats the prompt: all of it but one token comes from the cache.
+  EXPECT_EQ(last["usage"]["prompt_tokens_details"]["cached_tokens"],
+            whole["usage"]["prompt_tokens"].get<int>() - 1);
 
   const std::string metrics = c->Get("/metrics")->body;
   EXPECT_NE(metrics.find("moegraph_requests_total 2"), std::string::npos) << metrics;
@@ -386,6 +390,42 @@ TEST_F(CliServeTest, AFullQueueAnswers503AndALeavingClientStopsItsGeneration) {
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 
+// The KV prefix a request shares with the previous one is not prefilled again
+// (usage.prompt_tokens_details.cached_tokens, moegraph_prompt_tokens_cached_total),
+// and the reply is the one a fresh server gives.
+TEST_F(CliServeTest, ASharedPrefixIsNotPrefilledAgainAndChangesNothing) {
+  std::unique_ptr<httplib::Client> c = Serve({});
+  const json turn1 = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 6}};
+  const json r1 = Post(*c, "/v1/chat/completions", turn1);
+  EXPECT_EQ(r1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const json turn2 = {
+      {"messages",
+       {{{"role", "user"}, {"content", "Hi"}},
+        {{"role", "assistant"}, {"content", r1["choices"][0]["message"]["content"]}},
+        {{"role", "user"}, {"content", "And then?"}}}},
+      {"max_tokens", 6}};
+  const json r2 = Post(*c, "/v1/chat/completions", turn2);
+  const int cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GE(cached, r1["usage"]["prompt_tokens"].get<int>());
+  EXPECT_LT(cached, r2["usage"]["prompt_tokens"].get<int>());
+  // The same prompt again: all of it but the token whose logits pick the first.
+  const json again = Post(*c, "/v1/chat/completions", turn2);
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"],
+            r2["usage"]["prompt_tokens"].get<int>() - 1);
+  EXPECT_EQ(again["choices"][0]["message"]["content"], r2["choices"][0]["message"]["content"]);
+  const std::string metrics = c->Get("/metrics")->body;
+  const std::string counted = "moegraph_prompt_tokens_cached_total " +
+                              std::to_string(cached + r2["usage"]["prompt_tokens"].get<int>() - 1);
+  EXPECT_NE(metrics.find(counted), std::string::npos) << counted << " in\n" << metrics;
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+
+  std::unique_ptr<httplib::Client> fresh = Serve({});
+  const json alone = Post(*fresh, "/v1/chat/completions", turn2);
+  EXPECT_EQ(alone["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(alone["choices"][0]["message"]["content"], r2["choices"][0]["message"]["content"]);
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
 // VmRSS of a process, in KiB (-1 where it cannot be read).
 long RssKib(pid_t pid) {
   const std::string status =
@@ -455,7 +495,9 @@ TEST_F(CliServeTest, EightClientsTwentyRequestsEachGetTheirOwnReplies) {
 // left half sent, dropped after --timeout): the server still answers a good
 // request correctly, and its memory grows by no more than a bound.
 TEST_F(CliServeTest, TwoThousandHostileRequestsLeaveItServing) {
-  std::unique_ptr<httplib::Client> c = Serve({"--max-body", "65536", "--timeout", "1"});
+  // A small context bounds a flipped byte that drops max_tokens (chat then runs to the end).
+  std::unique_ptr<httplib::Client> c =
+      Serve({"--max-body", "65536", "--timeout", "1", "--ctx", "256"});
   const json good = {{"prompt", "Hello"}, {"max_tokens", 4}};
   const json first = Post(*c, "/v1/completions", good);
   const long rss_before = RssKib(server_.pid());
@@ -515,7 +557,8 @@ TEST_F(CliServeTest, TwoThousandHostileRequestsLeaveItServing) {
     if (i % 8 == 7) headers.emplace("X-Junk", std::string(4000, 'j'));
     const httplib::Result r = c->Post(path, headers, body, "application/json");
     if (!r || r->status >= 500) {
-      ADD_FAILURE() << "request " << i << ": " << (r ? r->body : "no answer");
+      ADD_FAILURE() << "request " << i << " to " << path << ": "
+                    << (r ? r->body : "no answer: " + httplib::to_string(r.error()));
       break;
     }
     if (r->status >= 400) ++answered_4xx;

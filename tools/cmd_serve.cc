@@ -46,12 +46,12 @@ constexpr int kServeDefaultContext = 4096;
 class DecoderEngine final : public CompletionEngine {
  public:
   explicit DecoderEngine(Decoder* decoder) : decoder_(decoder) {}
-  absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt, int n_predict,
-                                                const SamplingParams& sampling,
+  absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt, int start,
+                                                int n_predict, const SamplingParams& sampling,
                                                 const TokenSink& sink) override {
     MG_RETURN_IF_ERROR(decoder_->SetSampling(sampling));
     GenerateStats stats;
-    return decoder_->Generate(prompt, n_predict, /*start=*/0, &stats, sink);
+    return decoder_->Generate(prompt, n_predict, start, &stats, sink);
   }
   std::vector<std::pair<std::string, double>> Counters() override {
     absl::StatusOr<std::vector<std::pair<std::string, double>>> c = decoder_->Counters();

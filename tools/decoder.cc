@@ -270,12 +270,11 @@ absl::StatusOr<std::vector<int32_t>> Decoder::Generate(absl::Span<const int32_t>
                                                        GenerateStats* stats,
                                                        const TokenSink& sink) {
   if (cuda_ != nullptr) return cuda_->Generate(prompt, n_predict, stats, sink, start);
-  if (start == 0) {
-    cpu_->Reset();
-  } else if (start != cpu_->n_past()) {
-    return absl::InternalError(
-        absl::StrFormat("backend cpu: continues at position %d, not %d", cpu_->n_past(), start));
+  if (start > cpu_->n_past()) {
+    return absl::InternalError(absl::StrFormat(
+        "backend cpu: cannot continue at position %d: it holds %d", start, cpu_->n_past()));
   }
+  cpu_->Truncate(start);
   return cpu_->Generate(prompt, n_predict, stats, sink, sampling_);
 }
 

@@ -57,8 +57,7 @@ class Decoder {
 
   // prompt at positions start.. (the KV cache below start kept from earlier
   // calls; 0 begins anew), then n_predict tokens, each fed back but the last.
-  // The CPU backend continues only where it stopped (start is 0 or the
-  // positions it holds).
+  // start must not pass the positions the earlier calls fed.
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
                                                 int start, GenerateStats* stats,
                                                 const TokenSink& sink);
