@@ -277,7 +277,6 @@ void Server::RegisterRoutes() {
       return SendError(res, 400, "'content' must be a string", "content");
     }
     const bool add_special = body.value("add_special", false);
-    std::lock_guard<std::mutex> lock(tokenizer_mu_);
     absl::StatusOr<std::vector<int32_t>> ids =
         tokenizer_->Tokenize(body["content"].get<std::string>(), add_special, true);
     if (!ids.ok()) return SendError(res, 400, std::string(ids.status().message()), "content");
@@ -300,7 +299,6 @@ void Server::RegisterRoutes() {
       }
       ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
-    std::lock_guard<std::mutex> lock(tokenizer_mu_);
     res.set_content(Dump({{"content", tokenizer_->Detokenize(ids, /*special=*/false)}}),
                     "application/json");
   });
@@ -324,7 +322,6 @@ void Server::RegisterRoutes() {
             const std::string text =
                 chat ? ApplyChatTemplate(chat_template_, job->request.messages, true)
                      : job->request.prompt;
-            std::lock_guard<std::mutex> lock(tokenizer_mu_);
             absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Tokenize(text, true, true);
             if (!ids.ok()) {
               return SendError(res, 400, std::string(ids.status().message()),

@@ -61,7 +61,8 @@ struct ServerOptions {
 
 class Server {
  public:
-  // engine, tokenizer must outlive the server.
+  // engine, tokenizer must outlive the server; the tokenizer serves every
+  // thread at once (it keeps no state between calls).
   Server(const ServerOptions& options, CompletionEngine* engine, const Tokenizer* tokenizer,
          ChatTemplate chat_template);
   ~Server();
@@ -87,7 +88,6 @@ class Server {
   const Tokenizer* const tokenizer_;
   const ChatTemplate chat_template_;
   std::unique_ptr<httplib::Server> http_;
-  std::mutex tokenizer_mu_;  // the tokenizer's scratch is not shared between threads
 
   std::mutex mu_;
   std::condition_variable cv_;
