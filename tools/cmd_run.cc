@@ -157,7 +157,7 @@ absl::Status Run() {
     out.print_ids = false;
     const bool ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
     const bool special = absl::GetFlag(FLAGS_special);
-    out.sink = [&](int32_t token) {
+    out.sink = [&, ignore_eos, special](int32_t token) {
       if (!ignore_eos && tokenizer->vocab().IsEog(token)) return false;
       const std::string text = stream.Push(tokenizer->Piece(token, special));
       std::fwrite(text.data(), 1, text.size(), stdout);
