@@ -36,6 +36,14 @@ void PinnedMappedFree(void* ptr, size_t, void*) { cudaFreeHost(ptr); }
 // A store handed to an engine must hold this model's experts: the engine indexes
 // it by the model's layers and experts and computes its blocks with the model's
 // layouts.
+absl::Status CheckSampling(const SamplingParams& p) {
+  if (sampling_params_valid(p)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "sampling --temp %g --top-k %d --top-p %g --min-p %g: out of range (temp >= 0, top-k >= "
+      "0, 0 < top-p <= 1, 0 <= min-p <= 1)",
+      p.temperature, p.top_k, p.top_p, p.min_p));
+}
+
 absl::Status CheckStoreFits(const ExpertStore& store, const Model& model) {
   const ModelConfig& cfg = model.config;
   if (store.n_layer() != cfg.n_layer || store.n_expert() != cfg.n_expert) {
@@ -128,13 +136,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
     return absl::InvalidArgumentError(absl::StrFormat(
         "--slots %d must be auto (0) or at least --top-k %d", options.n_slots, cfg.n_expert_used));
   }
-  if (!sampling_params_valid(options.sampling)) {
-    const SamplingParams& p = options.sampling;
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sampling --temp %g --top-k %d --top-p %g --min-p %g: out of range (temp >= 0, top-k >= "
-        "0, 0 < top-p <= 1, 0 <= min-p <= 1)",
-        p.temperature, p.top_k, p.top_p, p.min_p));
-  }
+  MG_RETURN_IF_ERROR(CheckSampling(options.sampling));
   if (options.record_routing && options.steps_per_launch != 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "recording the routing reads it back after every step: --steps-per-launch %d must be 1",
@@ -377,6 +379,14 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
   return out;
 }
 
+absl::Status CudaEngine::SetSampling(const SamplingParams& sampling) {
+  MG_RETURN_IF_ERROR(CheckSampling(sampling));
+  MG_RETURN_IF_ERROR(
+      impl_->Upload(impl_->sampling, &sampling, sizeof(SamplingParams), "the sampling settings"));
+  impl_->options.sampling = sampling;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<float>> CudaEngine::LastLogits() {
   std::vector<float> out(static_cast<size_t>(impl_->cfg.n_vocab));
   MG_RETURN_IF_ERROR(
@@ -444,6 +454,7 @@ absl::StatusOr<ResidencySnapshot> CudaEngine::ReadResidency(int size_class) {
   return out;
 }
 
+const SamplingParams& CudaEngine::sampling() const { return impl_->options.sampling; }
 Arm CudaEngine::arm() const { return impl_->arm; }
 const ExpertStore& CudaEngine::experts() const { return *impl_->store; }
 const std::vector<SlotPoolInfo>& CudaEngine::pools() const { return impl_->pool_infos; }

@@ -70,7 +70,7 @@ struct CudaEngineOptions {
   // per step), for ReadLogitsRecord: a gate's per-step logits in one readback.
   bool record_logits = false;
   // How each token is picked (the sampling kernel, kernels/sample_math.h's
-  // decision; the default is greedy).
+  // decision; the default is greedy) until CudaEngine::SetSampling.
   SamplingParams sampling;
   uint64_t rail_bytes = uint64_t{512} << 20;  // GPU memory the budget leaves free
   // Engines that will hold their pools at the same time (moegraph bench's arms
@@ -105,7 +105,7 @@ class CudaEngine {
   CudaEngine& operator=(const CudaEngine&) = delete;
 
   // Decode from position `start`: the prompt as T=1 steps, then n_predict
-  // tokens picked by options.sampling (the draw for position p counted p, so
+  // tokens picked by sampling() (the draw for position p counted p, so
   // the tokens equal Oracle::Generate's for equal logits), each fed back but
   // the last. The KV cache below `start` is kept from earlier calls (a chat's
   // next turn prefills only its own tokens); start 0 begins anew. Residency
@@ -116,6 +116,13 @@ class CudaEngine {
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
                                                 GenerateStats* stats = nullptr,
                                                 const TokenSink& sink = nullptr, int start = 0);
+
+  // The sampling of later Generate calls (an OpenAI request's own settings): one
+  // upload to the buffer the captured sampling kernel reads, so the graphs stay.
+  // Errors: settings out of range (names them), a failed upload.
+  absl::Status SetSampling(const SamplingParams& sampling);
+  // The settings Generate samples with now.
+  const SamplingParams& sampling() const;
 
   // Logits of the last step run (one readback, outside any walk).
   absl::StatusOr<std::vector<float>> LastLogits();

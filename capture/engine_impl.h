@@ -229,6 +229,7 @@ struct CudaEngine::Impl {
   int32_t* pos = nullptr;
   int32_t* step = nullptr;
   int32_t* sampled = nullptr;
+  SamplingParams* sampling = nullptr;  // what kSample reads (CudaEngine::SetSampling writes it)
   int32_t* n_prompt = nullptr;    // [1 + max_ctx]: the prompt's length, then its ids
   int32_t* prompt = nullptr;      // n_prompt + 1
   int32_t* out_tokens = nullptr;  // [max_ctx]

@@ -364,6 +364,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
 
   StateLayout s;
   const size_t o_token = s.Add(4), o_pos = s.Add(4), o_step = s.Add(4), o_sampled = s.Add(4);
+  const size_t o_sampling = s.Add(sizeof(SamplingParams));
   const size_t o_prompt = s.Add((max_ctx + 1) * 4), o_out = s.Add(max_ctx * 4);
   const size_t o_x = s.Add(cfg.n_embd * f), o_h = s.Add(cfg.n_embd * f);
   const size_t o_q = s.Add(q_len * f), o_k = s.Add(kv_len * f), o_v = s.Add(kv_len * f);
@@ -389,6 +390,9 @@ absl::Status CudaEngine::Impl::AllocateState() {
   pos = reinterpret_cast<int32_t*>(at(o_pos));
   step = reinterpret_cast<int32_t*>(at(o_step));
   sampled = reinterpret_cast<int32_t*>(at(o_sampled));
+  sampling = reinterpret_cast<SamplingParams*>(at(o_sampling));
+  MG_RETURN_IF_ERROR(
+      Upload(sampling, &options.sampling, sizeof(SamplingParams), "the sampling settings"));
   n_prompt = reinterpret_cast<int32_t*>(at(o_prompt));
   prompt = n_prompt + 1;
   out_tokens = reinterpret_cast<int32_t*>(at(o_out));

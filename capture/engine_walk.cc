@@ -256,9 +256,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
                                     logits_record.as<float>(), ms);
       };
     case StepOp::kSample:
-      return [=, this] {
-        return launch_sample(logits, cfg.n_vocab, options.sampling, step, sampled, ms);
-      };
+      return [=, this] { return launch_sample(logits, cfg.n_vocab, sampling, step, sampled, ms); };
     case StepOp::kRoutingStepEnd:
       return [=, this] {
         return launch_routing_step_end(layer_experts[0].selection, cfg.n_layer * top_k,

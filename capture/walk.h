@@ -90,8 +90,8 @@ enum class StepOp {
   kFfnResidual,
   kOutputNorm,
   kLmHead,
-  kRecordLogits,  // logits kept per step on the device (CudaEngineOptions::record_logits)
-  kSample,        // the next token: the argmax, or a draw (CudaEngineOptions::sampling)
+  kRecordLogits,    // logits kept per step on the device (CudaEngineOptions::record_logits)
+  kSample,          // the next token: the argmax, or a draw (CudaEngine::SetSampling)
   kRoutingStepEnd,  // routing replay or record: record the step's selection, advance the cursor
   kEndStep,
   kTokenCopy,

@@ -190,11 +190,13 @@ cudaError_t launch_argmax(const float* logits, int32_t n, int32_t* token_out,
                           cudaStream_t stream);
 
 // Sampling: top-k, top-p, min-p, temperature and a Philox-4x32-10 draw keyed by
-// params.seed with counter *step (the position whose logits these are), so a
+// params->seed with counter *step (the position whose logits these are), so a
 // replay with the same seed draws the same tokens. The decision is
 // sample_token of kernels/sample_math.h, bit for bit; temperature 0 is the
-// argmax. Requires sampling_params_valid(params).
-cudaError_t launch_sample(const float* logits, int32_t n, const SamplingParams& params,
+// argmax. *params is device memory read when the kernel runs, so a captured
+// graph samples with whatever was written there last; it must satisfy
+// sampling_params_valid (checked by whoever writes it).
+cudaError_t launch_sample(const float* logits, int32_t n, const SamplingParams* params,
                           const int32_t* step, int32_t* token_out, cudaStream_t stream);
 
 // The step's logits kept for later: record[*step * n .. + n) = logits while

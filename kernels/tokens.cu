@@ -56,8 +56,10 @@ __device__ float shaped_sum(float run_value, float* sums) {
 }
 
 __global__ void __launch_bounds__(kTokenThreads)
-    sample_kernel(const float* __restrict__ logits, int32_t n, SamplingParams params,
-                  const int32_t* __restrict__ step, int32_t* __restrict__ token_out) {
+    sample_kernel(const float* __restrict__ logits, int32_t n,
+                  const SamplingParams* __restrict__ params_in, const int32_t* __restrict__ step,
+                  int32_t* __restrict__ token_out) {
+  const SamplingParams params = *params_in;
   __shared__ float scratch[32];
   __shared__ double count_scratch[32];
   __shared__ int32_t index_scratch[32];
@@ -184,10 +186,9 @@ cudaError_t launch_argmax(const float* logits, int32_t n, int32_t* token_out, cu
   return launch_kernel<argmax_kernel>(1, kTokenThreads, stream, logits, n, token_out);
 }
 
-cudaError_t launch_sample(const float* logits, int32_t n, const SamplingParams& params,
+cudaError_t launch_sample(const float* logits, int32_t n, const SamplingParams* params,
                           const int32_t* step, int32_t* token_out, cudaStream_t stream) {
-  if (logits == nullptr || n <= 0 || step == nullptr || token_out == nullptr ||
-      !sampling_params_valid(params)) {
+  if (logits == nullptr || n <= 0 || params == nullptr || step == nullptr || token_out == nullptr) {
     return cudaErrorInvalidValue;
   }
   return launch_kernel<sample_kernel>(1, kTokenThreads, stream, logits, n, params, step, token_out);

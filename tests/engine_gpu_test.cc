@@ -171,6 +171,29 @@ TEST_P(EngineOracleTest, LogitsMatchTheOracleAndF32TokensAreEqual) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, *want);
 
+    // The same settings given later to the greedy engine (a server request's
+    // own): the same draw, with no graph captured again; then greedy again.
+    ASSERT_TRUE(engine->Generate(kPrompt, 2).ok());
+    const uint64_t captures = engine->host_counters().captures;
+    ASSERT_TRUE(engine->SetSampling(options.sampling).ok());
+    got = engine->Generate(kPrompt, 12);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *want);
+    EXPECT_EQ(engine->host_counters().captures, captures);
+    ASSERT_TRUE(engine->SetSampling(SamplingParams{}).ok());
+    (*oracle)->Reset();
+    absl::StatusOr<std::vector<int32_t>> greedy = (*oracle)->Generate(kPrompt, 12);
+    ASSERT_TRUE(greedy.ok()) << greedy.status();
+    got = engine->Generate(kPrompt, 12);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *greedy);
+    SamplingParams bad = options.sampling;
+    bad.top_p = 0.0f;
+    const absl::Status refused = engine->SetSampling(bad);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(refused.message()).find("--top-p 0"), std::string::npos) << refused;
+    EXPECT_EQ(engine->sampling().top_p, 1.0f);
+
     // A second call that keeps the KV cache (a chat's next turn): the oracle
     // continues from n_past(), the engine from the position it is given.
     (*oracle)->Reset();

@@ -327,8 +327,10 @@ TEST_F(KernelsGpuTest, NaNLogitsGiveTheHostDecision) {
   params.top_p = 0.9f;
   params.top_k = 40;
   params.seed = 1;
-  ASSERT_EQ(launch_sample(d_nan_logits.get(), 1000, params, d_step.get(), d_token.get(), stream_),
-            cudaSuccess);
+  DeviceArray<SamplingParams> d_params(std::vector<SamplingParams>{params});
+  ASSERT_EQ(
+      launch_sample(d_nan_logits.get(), 1000, d_params.get(), d_step.get(), d_token.get(), stream_),
+      cudaSuccess);
   Sync();
   EXPECT_EQ(d_token.Download()[0], sample_token(nan_logits.data(), 1000, params, 0.5f));
   EXPECT_EQ(d_token.Download()[0], 0);
@@ -710,6 +712,7 @@ TEST_F(KernelsGpuTest, SamplingEqualsTheHostDecisionForEverySetting) {
   std::mt19937 rng(12);
   const uint64_t seed = 0x1234567887654321ull;
   DeviceArray<int32_t> d_step(1), d_token(1), d_argmax(1);
+  DeviceArray<SamplingParams> d_params(1);
   struct Setting {
     float temperature, top_p;
     int32_t top_k;
@@ -733,8 +736,10 @@ TEST_F(KernelsGpuTest, SamplingEqualsTheHostDecisionForEverySetting) {
       params.top_k = s.top_k;
       params.min_p = s.min_p;
       params.seed = seed;
-      ASSERT_EQ(launch_sample(d_logits.get(), n, params, d_step.get(), d_token.get(), stream_),
-                cudaSuccess);
+      d_params.Upload({params});
+      ASSERT_EQ(
+          launch_sample(d_logits.get(), n, d_params.get(), d_step.get(), d_token.get(), stream_),
+          cudaSuccess);
       Sync();
       const int32_t token = d_token.Download()[0];
       EXPECT_EQ(token, sample_token(logits.data(), n, params, sample_uniform(seed, step)))
@@ -840,14 +845,7 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_router_topk(d_x.get(), 8, 9, true, d_i.get(), d_x.get(), stream_),
             cudaErrorInvalidValue);
-  SamplingParams bad_top_p;
-  bad_top_p.temperature = 1.0f;
-  bad_top_p.top_p = 0.0f;
-  EXPECT_EQ(launch_sample(d_x.get(), 10, bad_top_p, d_i.get(), d_i.get(), stream_),
-            cudaErrorInvalidValue);
-  SamplingParams nan_temperature;
-  nan_temperature.temperature = NAN;
-  EXPECT_EQ(launch_sample(d_x.get(), 10, nan_temperature, d_i.get(), d_i.get(), stream_),
+  EXPECT_EQ(launch_sample(d_x.get(), 10, nullptr, d_i.get(), d_i.get(), stream_),
             cudaErrorInvalidValue);
 }
 

@@ -279,21 +279,7 @@ absl::StatusOr<std::vector<int32_t>> Decoder::Generate(absl::Span<const int32_t>
 }
 
 absl::Status Decoder::SetSampling(const SamplingParams& sampling) {
-  if (cuda_ != nullptr) {
-    const SamplingParams& have = sampling_;
-    const char* field = sampling.temperature != have.temperature ? "temperature"
-                        : sampling.top_k != have.top_k           ? "top_k"
-                        : sampling.top_p != have.top_p           ? "top_p"
-                        : sampling.min_p != have.min_p           ? "min_p"
-                        : sampling.seed != have.seed             ? "seed"
-                                                                 : nullptr;
-    if (field != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", field, "': the CUDA engine samples with the settings it started with (",
-                       DescribeSampling(have), "); other settings per request need --backend cpu"));
-    }
-    return absl::OkStatus();
-  }
+  if (cuda_ != nullptr) MG_RETURN_IF_ERROR(cuda_->SetSampling(sampling));
   sampling_ = sampling;
   return absl::OkStatus();
 }

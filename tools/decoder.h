@@ -62,8 +62,8 @@ class Decoder {
                                                 int start, GenerateStats* stats,
                                                 const TokenSink& sink);
 
-  // The sampling of later Generate calls. The CUDA engine samples with the
-  // settings it was made with: other settings are an error naming the field.
+  // The sampling of later Generate calls (on CUDA one small upload; the
+  // captured graphs stay). Errors: settings out of range.
   absl::Status SetSampling(const SamplingParams& sampling);
 
   // The expert path's counters and, on CUDA, graph launches and host syncs, as
