@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/api.h"
+#include "server/connection.h"
 
 namespace moegraph {
 namespace {
@@ -41,6 +42,9 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+// How often a waiting handler looks whether its client is still there.
+constexpr std::chrono::milliseconds kClientCheck(100);
+
 int64_t NowSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -53,9 +57,12 @@ int64_t NowSeconds() {
 // (or streams from it) while the engine thread fills it.
 struct Server::Job {
   CompletionRequest request;
+  bool chat = false;
   std::vector<int32_t> prompt;
-  std::string id;
+  std::string id;  // set when queued: chatcmpl-N or cmpl-N, N counting queued requests
   int64_t created = 0;
+  std::chrono::steady_clock::time_point queued;
+  int socket = -1;  // the client's connection (-1: not found; it is then never seen to leave)
 
   std::mutex mu;
   std::condition_variable cv;
@@ -126,6 +133,8 @@ bool Server::Enqueue(const std::shared_ptr<Job>& job) {
   // An idle engine takes one more than --max-queue: the request it starts on.
   const int room = options_.max_queue + (engine_busy_ ? 0 : 1);
   if (stopping_ || static_cast<int>(queue_.size()) >= room) return false;
+  job->id = absl::StrCat(job->chat ? "chatcmpl-" : "cmpl-", ++enqueued_);
+  job->queued = std::chrono::steady_clock::now();
   queue_.push_back(job);
   cv_.notify_one();
   return true;
@@ -154,6 +163,16 @@ void Server::EngineLoop() {
 
 void Server::RunJob(Job& job) {
   const CompletionRequest& r = job.request;
+  if (job.cancelled) {  // the client left while it waited
+    ++cancelled_;
+    if (options_.log != nullptr)
+      std::fprintf(options_.log, "serve: %s: client left before it started\n", job.id.c_str());
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.finish_reason = "stop";
+    job.done = true;
+    job.cv.notify_all();
+    return;
+  }
   // The prefix this prompt shares with what the cache holds; at least one
   // token is fed, for the logits of the first pick.
   const size_t shared =
@@ -167,6 +186,9 @@ void Server::RunJob(Job& job) {
   StopScanner stops(r.stop);
   std::string finish = "length";  // n_predict tokens (max_tokens, or the context's room)
   int taken = 0;
+  const auto began = std::chrono::steady_clock::now();
+  const double waited_ms = std::chrono::duration<double, std::milli>(began - job.queued).count();
+  double first_token_ms = 0.0;
   const auto emit = [&job](const std::string& text) {
     if (text.empty()) return;
     std::lock_guard<std::mutex> lock(job.mu);
@@ -182,7 +204,11 @@ void Server::RunJob(Job& job) {
       finish = "stop";
       return false;
     }
-    ++taken;
+    if (++taken == 1) {
+      first_token_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began)
+              .count();
+    }
     emit(stops.Push(utf8.Push(tokenizer_->Piece(token, /*special=*/false))));
     if (stops.stopped()) {
       finish = "stop";
@@ -190,7 +216,6 @@ void Server::RunJob(Job& job) {
     }
     return true;
   };
-  const auto began = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<int32_t>> generated =
       engine_->Generate(fresh, kept, n_predict, r.sampling, sink);
   // Generation feeds back every token but the last.
@@ -201,10 +226,22 @@ void Server::RunJob(Job& job) {
     fed_.clear();
   }
   cached_tokens_ += static_cast<uint64_t>(kept);
-  decode_seconds_.fetch_add(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  decode_seconds_.fetch_add(seconds);
   if (generated.ok() && !stops.stopped()) emit(stops.Push(utf8.Flush()) + stops.Flush());
   completion_tokens_ += static_cast<uint64_t>(taken);
+  if (job.cancelled) ++cancelled_;
+  if (options_.log != nullptr) {
+    std::fprintf(options_.log,
+                 "serve: %s: prompt %zu tokens (%d cached), %d generated, finish %s%s; queued "
+                 "%.1f ms, first token %.1f ms, %.1f ms in all%s%s\n",
+                 job.id.c_str(), job.prompt.size(), kept, taken, finish.c_str(),
+                 job.cancelled ? " (client left)" : "", waited_ms, first_token_ms, seconds * 1e3,
+                 generated.ok() ? "" : "; error: ",
+                 generated.ok() ? "" : std::string(generated.status().message()).c_str());
+    std::fflush(options_.log);
+  }
   std::lock_guard<std::mutex> lock(job.mu);
   if (!generated.ok()) {
     job.status = 500;
@@ -228,6 +265,9 @@ void Server::RegisterRoutes() {
   s.set_read_timeout(options_.timeout_seconds, 0);
   s.set_write_timeout(options_.timeout_seconds, 0);
   s.set_keep_alive_timeout(5);
+  // A reply is written in small pieces (headers, then the body or each event):
+  // with Nagle's algorithm each waits for the client's delayed ACK (40 ms).
+  s.set_tcp_nodelay(true);
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (options_.api_key.empty() || req.path == "/health") {
@@ -316,8 +356,8 @@ void Server::RegisterRoutes() {
           }
           auto job = std::make_shared<Job>();
           job->request = std::move(*parsed);
+          job->chat = chat;
           job->created = NowSeconds();
-          job->id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", requests_.load());
           {
             const std::string text =
                 chat ? ApplyChatTemplate(chat_template_, job->request.messages, true)
@@ -341,6 +381,7 @@ void Server::RegisterRoutes() {
                                 prompt_tokens, job->request.max_tokens, options_.ctx),
                 chat ? "messages" : "prompt");
           }
+          job->socket = FindPeerSocket(req.remote_addr, req.remote_port);
           if (!Enqueue(job)) {
             ++rejected_;
             res.set_header("Retry-After", "1");
@@ -352,7 +393,9 @@ void Server::RegisterRoutes() {
           const std::string model = options_.model_name;
           if (!job->request.stream) {
             std::unique_lock<std::mutex> lock(job->mu);
-            job->cv.wait(lock, [&] { return job->done; });
+            while (!job->cv.wait_for(lock, kClientCheck, [&] { return job->done; })) {
+              if (job->socket >= 0 && PeerHasLeft(job->socket)) job->cancelled = true;
+            }
             if (job->status != 200) return SendError(res, job->status, job->error);
             res.set_content(Dump(CompletionJson(
                                 chat, job->id, job->created, model, job->text, job->finish_reason,
@@ -365,8 +408,8 @@ void Server::RegisterRoutes() {
               [job, chat, model, prompt_tokens](size_t, httplib::DataSink& sink) {
                 std::unique_lock<std::mutex> lock(job->mu);
                 while (!job->done && job->text.empty()) {
-                  job->cv.wait_for(lock, std::chrono::milliseconds(100));
-                  if (!sink.is_writable()) {
+                  job->cv.wait_for(lock, kClientCheck);
+                  if (!sink.is_writable() || (job->socket >= 0 && PeerHasLeft(job->socket))) {
                     job->cancelled = true;
                     return false;
                   }
@@ -427,6 +470,9 @@ std::string Server::Metrics() {
   line("requests_rejected_total", "counter", "requests answered 503 (queue full or stopping)",
        rejected_.load());
   line("requests_failed_total", "counter", "requests that ended in a server error", failed_.load());
+  line("requests_abandoned_total", "counter",
+       "requests whose client left before the reply ended (generation stopped or skipped)",
+       cancelled_.load());
   line("prompt_tokens_total", "counter", "prompt tokens of accepted requests",
        prompt_tokens_.load());
   line("prompt_tokens_cached_total", "counter",

@@ -2,14 +2,16 @@
 // over one engine that decodes one sequence at a time. Requests wait in a
 // bounded FIFO (full: 503 with Retry-After); an engine thread takes them in
 // order. The KV cache keeps what the last request fed: the next one prefills
-// only what follows the prefix they share (llama-server's prompt cache). A streamed request whose
-// client goes away has its generation stopped at the next token. Stop() (SIGINT/SIGTERM) closes the
-// listener, ends the running generation at a token boundary and answers what is queued with 503.
+// only what follows the prefix they share (llama-server's prompt cache). A request whose client
+// goes away (streamed or not) has its generation stopped at the next token, or is skipped if it
+// has not started. Stop() (SIGINT/SIGTERM) closes the listener, ends the running generation at a
+// token boundary and answers what is queued with 503.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -57,6 +59,8 @@ struct ServerOptions {
   int ctx = 4096;           // the engine's KV cache positions
   std::string model_name;   // /v1/models' id
   SamplingParams defaults;  // a request's sampling where it names none
+  // A line per finished request (its id, tokens, time to first token); null: none.
+  std::FILE* log = nullptr;
 };
 
 class Server {
@@ -94,12 +98,13 @@ class Server {
   std::deque<std::shared_ptr<Job>> queue_;
   std::vector<std::pair<std::string, double>> engine_counters_;  // as of the last generation
   bool engine_busy_ = false;                                     // a request is generating
+  uint64_t enqueued_ = 0;     // requests queued so far: their ids' numbers, in FIFO order
   std::vector<int32_t> fed_;  // engine thread: the tokens whose KV the cache holds
   std::atomic<bool> stopping_{false};
   std::thread engine_thread_;
 
   // /metrics
-  std::atomic<uint64_t> requests_{0}, rejected_{0}, failed_{0}, prompt_tokens_{0},
+  std::atomic<uint64_t> requests_{0}, rejected_{0}, failed_{0}, cancelled_{0}, prompt_tokens_{0},
       cached_tokens_{0}, completion_tokens_{0};
   std::atomic<double> decode_seconds_{0.0};
 };

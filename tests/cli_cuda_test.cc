@@ -1,19 +1,26 @@
 // `moegraph run` and `moegraph bench` with --backend cuda, as a user runs them:
 // every arm (graph, eager, host, stage, resident) prints the CPU backend's
 // tokens, and bench replaying one routing trace counts the CPU backend's hits,
-// misses and bytes staged, with the host syncs the design promises per token.
+// misses and bytes staged, with the host syncs the design promises per token;
+// `moegraph serve` samples each request with its own settings on the device.
 // Skips without a device; the emulated tree runs it on the CPU emulator
 // (docs/EMULATOR.md), where bench also says its speeds are not a GPU's.
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "capture/engine.h"
 #include "loader/fixture.h"
+#include "tests/serve_process.h"
 #include "tests/test_util.h"
 
 namespace moegraph {
@@ -150,6 +157,61 @@ TEST_F(CliCudaTest, BenchOnOneRoutingTraceCountsWhatTheCpuBackendCounts) {
     EXPECT_TRUE(testing_util::Contains(cuda.err, "runs on the CPU emulator"));
   }
   std::remove(trace.c_str());
+}
+
+// moegraph serve on the device: each request samples with its own settings
+// (one upload to the buffer the captured sampling kernel reads), its text equal
+// to `moegraph run`'s on the CPU backend with those flags (and the device's
+// f32 KV cache: the CPU's default f16 one moves the logits enough to change a
+// draw); the second request prefills only what follows the KV prefix the first
+// left on the device.
+TEST_F(CliCudaTest, ServeSamplesEachRequestWithItsOwnSettings) {
+  using nlohmann::json;
+  const std::string tokenizer_json = testing_util::Qwen3TokenizerJson(MOEGRAPH_SOURCE_DIR);
+  if (!std::filesystem::exists(tokenizer_json)) {
+    GTEST_SKIP() << tokenizer_json
+                 << " is missing: tools/fetch-vocab.sh fetches it (make deps does)";
+  }
+  const std::string fixture = TempPath("cli_cuda_serve.gguf");
+  const ProcessResult made = testing_util::MakeVocabFixture(MOEGRAPH_BIN, tokenizer_json, fixture);
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  const std::string prompt = "Hello there";
+  // run's text, with bytes that are not UTF-8 as U+FFFD, as JSON carries it.
+  const auto run_text = [&](const std::string& flags) {
+    const ProcessResult r = RunProcessWithArgs(
+        {MOEGRAPH_BIN, "run", "-m", fixture, "--backend", "cpu", "--kv-type", "f32", "-p", prompt},
+        flags);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::string text = r.out.substr(0, r.out.size() - 1);  // less run's newline
+    return json::parse(json(text).dump(-1, ' ', false, json::error_handler_t::replace))
+        .get<std::string>();
+  };
+  const std::string sampled = run_text("-n 3 --temp 0.9 --seed 3");
+  const std::string greedy = run_text("-n 3 --temp 0");
+  ASSERT_NE(sampled, greedy);
+
+  testing_util::ServeProcess server(MOEGRAPH_BIN);
+  const int port = server.Start({"-m", fixture, "--backend", "cuda", "--ctx", "64"});
+  ASSERT_GT(port, 0) << server.Log();
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(600, 0);
+  for (const auto& [body, want] :
+       {std::pair{json{{"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0.9}, {"seed", 3}},
+                  sampled},
+        std::pair{json{{"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}}, greedy}}) {
+    const httplib::Result r = client.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r) << server.Log();
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], want) << body.dump();
+  }
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.Log();
+  std::smatch m;
+  const std::string log = server.Log();
+  ASSERT_TRUE(
+      std::regex_search(log, m, std::regex(R"(cmpl-2: prompt (\d+) tokens \((\d+) cached\))")))
+      << log;
+  EXPECT_EQ(std::stoi(m[2]), std::stoi(m[1]) - 1) << log;
+  std::remove(fixture.c_str());
 }
 
 }  // namespace

@@ -6,14 +6,11 @@
 // server serving, a full queue answers 503, a client that leaves mid-stream
 // stops its generation, the API key guards all but /health, SIGTERM exits 0.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,16 +19,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "tests/serve_process.h"
 #include "tests/test_util.h"
-
-extern char** environ;
 
 namespace moegraph {
 namespace {
@@ -41,69 +39,6 @@ using testing_util::ProcessResult;
 using testing_util::RunProcess;
 
 std::string Qwen3Json() { return testing_util::Qwen3TokenizerJson(MOEGRAPH_SOURCE_DIR); }
-
-// A `moegraph serve --port 0` child; its stderr goes to a file, read for the port.
-class ServeProcess {
- public:
-  ~ServeProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  // The port it listens on, or -1 (the log says why).
-  int Start(const std::vector<std::string>& args) {
-    log_ = testing_util::TempPath("serve-" + std::to_string(++starts_) + ".err");
-    std::vector<std::string> argv = {MOEGRAPH_BIN, "serve", "--port", "0", "--backend", "cpu"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> cargv;
-    for (std::string& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-    const int spawned = posix_spawn(&pid_, cargv[0], &actions, nullptr, cargv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (spawned != 0) return -1;
-    const std::regex listening(R"(listening on http://127\.0\.0\.1:(\d+))");
-    for (int i = 0; i < 600; ++i) {  // up to a minute (the sanitizer tree is slow)
-      std::smatch m;
-      const std::string log = Log();
-      if (std::regex_search(log, m, listening)) return std::stoi(m[1]);
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        return -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return -1;
-  }
-
-  // Sends signal and returns the exit code (-1: killed by a signal or still running).
-  int Stop(int signal) {
-    kill(pid_, signal);
-    int status = 0;
-    for (int i = 0; i < 300; ++i) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return -1;
-  }
-
-  std::string Log() const { return testing_util::ReadFileToString(log_); }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string log_;
-  int starts_ = 0;
-};
 
 class CliServeTest : public ::testing::Test {
  protected:
@@ -127,7 +62,7 @@ class CliServeTest : public ::testing::Test {
 
   // A server on the fixture with extra flags; a client for it.
   std::unique_ptr<httplib::Client> Serve(const std::vector<std::string>& flags) {
-    std::vector<std::string> args = {"-m", *fixture_};
+    std::vector<std::string> args = {"-m", *fixture_, "--backend", "cpu"};
     args.insert(args.end(), flags.begin(), flags.end());
     port_ = server_.Start(args);
     EXPECT_GT(port_, 0) << server_.Log();
@@ -197,7 +132,7 @@ class CliServeTest : public ::testing::Test {
   }
 
   static std::string* fixture_;
-  ServeProcess server_;
+  testing_util::ServeProcess server_{MOEGRAPH_BIN};
   int port_ = -1;
 };
 
@@ -390,6 +325,59 @@ TEST_F(CliServeTest, AFullQueueAnswers503AndALeavingClientStopsItsGeneration) {
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 
+// A client that sends a whole-reply request and leaves before the reply has its
+// generation stopped, and one that leaves while it waits in the queue is never
+// started; the engine goes on with the next request.
+TEST_F(CliServeTest, LeavingClientsOfWholeRepliesStopOrSkipTheirGenerations) {
+  std::unique_ptr<httplib::Client> c = Serve({"--max-queue", "4", "--ctx", "4096"});
+  const std::string request = [] {
+    const std::string body = json{{"prompt", "Once"}, {"max_tokens", 4000}}.dump();
+    return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           "Content-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  }();
+  const auto connect_and_send = [this, &request] {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+    return fd;
+  };
+  const auto metric = [&c](const std::string& name) {
+    const std::string metrics = c->Get("/metrics")->body;
+    std::smatch m;
+    const std::regex value("\nmoegraph_" + name + " (\\d+)");
+    return std::regex_search(metrics, m, value) ? std::stoi(m[1]) : -1;
+  };
+  const int running = connect_and_send();
+  for (int i = 0; i < 500 && metric("requests_running") != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const int waiting = connect_and_send();
+  for (int i = 0; i < 500 && metric("queue_depth") != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(metric("queue_depth"), 1) << "the second request is not waiting";
+  close(waiting);
+  // Its handler looks every 100 ms: seen gone before the engine reaches it.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  close(running);
+  // Both gone at a token boundary: a new request is answered in full.
+  const json ok = Post(*c, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(metric("requests_abandoned_total"), 2);
+  EXPECT_LT(metric("completion_tokens_total"), 4000) << "the leaver's generation ran on";
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+  const std::string log = server_.Log();
+  EXPECT_TRUE(testing_util::Contains(log, "cmpl-1: prompt")) << log;
+  EXPECT_TRUE(testing_util::Contains(log, "(client left)")) << log;
+  EXPECT_TRUE(testing_util::Contains(log, "cmpl-2: client left before it started")) << log;
+}
+
 // The KV prefix a request shares with the previous one is not prefilled again
 // (usage.prompt_tokens_details.cached_tokens, moegraph_prompt_tokens_cached_total),
 // and the reply is the one a fresh server gives.
@@ -455,9 +443,23 @@ std::string RawExchange(int port, const std::string& bytes, int timeout_ms) {
   return reply.substr(0, reply.find("\r\n"));
 }
 
+// The numbers of the request ids in the server's per-request log lines, in the
+// order the engine finished them ("serve: cmpl-N: prompt ...").
+std::vector<int> FinishedIds(const std::string& log) {
+  std::vector<int> ids;
+  const std::regex line(R"(serve: (?:chat)?cmpl-(\d+): prompt )");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+       ++it) {
+    ids.push_back(std::stoi((*it)[1]));
+  }
+  return ids;
+}
+
 // 8 clients x 20 requests at once: every one answered with its own prompt's
-// text (each prompt's reply is first taken alone), none lost or mixed up.
-TEST_F(CliServeTest, EightClientsTwentyRequestsEachGetTheirOwnReplies) {
+// text (each prompt's reply is first taken alone), none lost or mixed up, and
+// served in FIFO order: a request's id numbers it in the queue, and the engine
+// finishes them in that order.
+TEST_F(CliServeTest, EightClientsTwentyRequestsEachGetTheirOwnRepliesInOrder) {
   std::unique_ptr<httplib::Client> c = Serve({"--max-queue", "16"});
   constexpr int kClients = 8, kRequests = 20;
   const auto prompt_of = [](int client, int i) {
@@ -471,6 +473,8 @@ TEST_F(CliServeTest, EightClientsTwentyRequestsEachGetTheirOwnReplies) {
     }
   }
   std::atomic<int> answered{0}, wrong{0};
+  std::mutex ids_mu;
+  std::set<std::string> reply_ids;
   std::vector<std::thread> clients;
   for (int k = 0; k < kClients; ++k) {
     clients.emplace_back([&, k] {
@@ -481,14 +485,26 @@ TEST_F(CliServeTest, EightClientsTwentyRequestsEachGetTheirOwnReplies) {
         const httplib::Result r = own.Post("/v1/completions", body.dump(), "application/json");
         if (!r || r->status != 200) continue;
         ++answered;
-        if (json::parse(r->body)["choices"][0]["text"] != want[prompt_of(k, i)]) ++wrong;
+        const json reply = json::parse(r->body);
+        if (reply["choices"][0]["text"] != want[prompt_of(k, i)]) ++wrong;
+        std::lock_guard<std::mutex> lock(ids_mu);
+        reply_ids.insert(reply["id"].get<std::string>());
       }
     });
   }
   for (std::thread& t : clients) t.join();
   EXPECT_EQ(answered, kClients * kRequests);
   EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(reply_ids.size(), static_cast<size_t>(kClients * kRequests));
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+  const std::vector<int> finished = FinishedIds(server_.Log());
+  ASSERT_EQ(finished.size(), static_cast<size_t>(2 * kClients * kRequests)) << server_.Log();
+  for (size_t i = 0; i < finished.size(); ++i) {
+    ASSERT_EQ(finished[i], static_cast<int>(i) + 1) << "served out of queue order";
+  }
+  for (int n = kClients * kRequests + 1; n <= 2 * kClients * kRequests; ++n) {
+    EXPECT_EQ(reply_ids.count("cmpl-" + std::to_string(n)), 1u) << n;
+  }
 }
 
 // 2,000 malformed or hostile requests (bodies, headers, broken HTTP, requests

@@ -94,6 +94,7 @@ absl::Status Serve() {
   }
   MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
   options.defaults = flags.sampling;
+  options.log = stderr;
 
   // Signals go to the watcher thread only: blocked here, before any thread starts.
   sigset_t stop_signals;
