@@ -7,10 +7,11 @@ FUZZ_BUILD ?= build-fuzz
 EMU_BUILD  ?= build-emu
 JOBS       ?= $(shell nproc)
 FIXTURE    ?= $(BUILD)/fixtures/qwen3moe-tiny.gguf
+SERVE_FIXTURE ?= $(BUILD)/fixtures/qwen3moe-small-qwen3vocab.gguf
 FUZZ_SECONDS ?= 60
 MOEGRAPH   := $(BUILD)/tools/moegraph
 
-.PHONY: all deps build fixture run test test-sanitize test-emulated bench crosscheck crosscheck-speed clean
+.PHONY: all deps build fixture run test test-sanitize test-emulated bench crosscheck crosscheck-speed serve-bench clean
 
 all: build
 
@@ -57,6 +58,14 @@ test-emulated: deps
 
 bench: build
 	$(BUILD)/tools/moegraph_bench --benchmark_min_time=0.5
+
+# moegraph serve's cost per request beside the engine alone (docs/SERVER.md):
+# crosscheck-speed's small fixture with Qwen3's vocabulary.
+serve-bench: build
+	@test -f $(SERVE_FIXTURE) || $(MOEGRAPH) make-fixture --arch qwen3moe --heads 16 --kv-heads 4 \
+	  --quant q8_0,expert=q4_K --seed 1 --layers 8 --experts 32 --top-k 4 --embd 1024 --ff 512 \
+	  --tokenizer-json vocab/qwen3/tokenizer.json -o $(SERVE_FIXTURE)
+	$(BUILD)/tools/moegraph_serve_bench -m $(SERVE_FIXTURE) --benchmark_min_time=2
 
 # The oracle's greedy tokens against llama.cpp's (node-llama-cpp's prebuilt CPU
 # binary, installed from npm into tools/llama-crosscheck/node_modules).
