@@ -131,6 +131,15 @@ class CliServeTest : public ::testing::Test {
     return text;
   }
 
+  // moegraph_NAME's value in /metrics (-1: none).
+  static int Metric(httplib::Client& c, const std::string& name) {
+    const httplib::Result r = c.Get("/metrics");
+    if (!r) return -1;
+    std::smatch m;
+    const std::regex value("\nmoegraph_" + name + " (\\d+)");
+    return std::regex_search(r->body, m, value) ? std::stoi(m[1]) : -1;
+  }
+
   static std::string* fixture_;
   testing_util::ServeProcess server_{MOEGRAPH_BIN};
   int port_ = -1;
@@ -254,6 +263,53 @@ TEST_F(CliServeTest, BadRequestsGetErrorObjectsAndTheServerGoesOn) {
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 
+// SIGTERM while one request generates and two wait: the running one ends at a
+// token boundary with its last chunk and [DONE], the waiting ones get 503, and
+// the process exits 0.
+TEST_F(CliServeTest, SigtermEndsTheRunningGenerationAndAnswersTheQueueWith503) {
+  std::unique_ptr<httplib::Client> c = Serve({"--max-queue", "4", "--ctx", "4096"});
+  json last_chunk;
+  std::string streamed;
+  std::thread running([&] {
+    httplib::Client own("127.0.0.1", port_);
+    own.set_read_timeout(60, 0);
+    streamed =
+        StreamText(own, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 4000}}, &last_chunk);
+  });
+  for (int i = 0; i < 500 && Metric(*c, "requests_running") != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::vector<int> statuses(2, 0);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> waiting;
+  for (int i = 0; i < 2; ++i) {
+    waiting.emplace_back([&, i] {
+      httplib::Client own("127.0.0.1", port_);
+      own.set_read_timeout(60, 0);
+      const httplib::Result r =
+          own.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 5})", "application/json");
+      if (!r) return;
+      statuses[i] = r->status;
+      errors[i] = r->body;
+    });
+  }
+  for (int i = 0; i < 500 && Metric(*c, "queue_depth") != 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(Metric(*c, "queue_depth"), 2) << "the two requests are not waiting";
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+  running.join();
+  for (std::thread& t : waiting) t.join();
+  ASSERT_TRUE(last_chunk.contains("usage")) << last_chunk.dump();
+  EXPECT_EQ(last_chunk["choices"][0]["finish_reason"], "stop");
+  EXPECT_LT(last_chunk["usage"]["completion_tokens"].get<int>(), 4000);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(statuses[i], 503) << errors[i];
+    EXPECT_TRUE(testing_util::Contains(errors[i], "shutting down")) << errors[i];
+  }
+  EXPECT_TRUE(testing_util::Contains(server_.Log(), "serve: SIGTERM, stopping")) << server_.Log();
+}
+
 TEST_F(CliServeTest, TheApiKeyGuardsAllButHealth) {
   std::unique_ptr<httplib::Client> c = Serve({"--api-key", "sesame"});
   EXPECT_EQ(c->Get("/health")->status, 200);
@@ -347,12 +403,7 @@ TEST_F(CliServeTest, LeavingClientsOfWholeRepliesStopOrSkipTheirGenerations) {
               static_cast<ssize_t>(request.size()));
     return fd;
   };
-  const auto metric = [&c](const std::string& name) {
-    const std::string metrics = c->Get("/metrics")->body;
-    std::smatch m;
-    const std::regex value("\nmoegraph_" + name + " (\\d+)");
-    return std::regex_search(metrics, m, value) ? std::stoi(m[1]) : -1;
-  };
+  const auto metric = [&c](const std::string& name) { return Metric(*c, name); };
   const int running = connect_and_send();
   for (int i = 0; i < 500 && metric("requests_running") != 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
