@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -15,8 +16,13 @@ using nlohmann::json;
 // OpenAI's default for /v1/completions; chat goes on to the end.
 constexpr int kCompletionsDefaultTokens = 16;
 
+// The payload ErrorField reads.
+constexpr char kFieldPayload[] = "moegraph.server/field";
+
 absl::Status FieldError(const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("'", field, "' ", what));
+  absl::Status error = absl::InvalidArgumentError(absl::StrCat("'", field, "' ", what));
+  error.SetPayload(kFieldPayload, absl::Cord(field));
+  return error;
 }
 
 absl::StatusOr<float> Number(const json& body, const std::string& field, float fallback) {
@@ -139,6 +145,11 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_t
     r.stream = it->get<bool>();
   }
   return r;
+}
+
+std::string ErrorField(const absl::Status& error) {
+  const auto field = error.GetPayload(kFieldPayload);  // Abseil's optional in Debian 12
+  return field.has_value() ? std::string(*field) : "";
 }
 
 std::string StopScanner::Push(std::string_view text) {

@@ -36,6 +36,10 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
                                                          const SamplingParams& defaults,
                                                          int max_tokens_limit);
 
+// The field an error of ParseCompletionRequest names (an error object's
+// "param"), or "" where it names none (malformed JSON).
+std::string ErrorField(const absl::Status& error);
+
 // Text as generated, less any stop string: Push returns what may be shown now,
 // holding back an end that could begin a stop string; after a stop string the
 // rest is dropped and stopped() is true.

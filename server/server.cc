@@ -26,13 +26,6 @@ void SendError(httplib::Response& res, int status, std::string_view message,
   res.set_content(Dump(ErrorJson(message, status, param)), "application/json");
 }
 
-// The field an InvalidArgument from ParseCompletionRequest names ('field' ...).
-std::string ParamOf(std::string_view message) {
-  if (message.empty() || message[0] != '\'') return "";
-  const size_t end = message.find('\'', 1);
-  return end == std::string_view::npos ? "" : std::string(message.substr(1, end - 1));
-}
-
 // Equal strings, in time that depends on their lengths only.
 bool ConstantTimeEqual(std::string_view a, std::string_view b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -57,12 +50,12 @@ int64_t NowSeconds() {
 // (or streams from it) while the engine thread fills it.
 struct Server::Job {
   CompletionRequest request;
-  bool chat = false;
   std::vector<int32_t> prompt;
   std::string id;  // set when queued: chatcmpl-N or cmpl-N, N counting queued requests
   int64_t created = 0;
   std::chrono::steady_clock::time_point queued;
   int socket = -1;  // the client's connection (-1: not found; it is then never seen to leave)
+  bool ClientLeft() const { return socket >= 0 && PeerHasLeft(socket); }
 
   std::mutex mu;
   std::condition_variable cv;
@@ -133,7 +126,7 @@ bool Server::Enqueue(const std::shared_ptr<Job>& job) {
   // An idle engine takes one more than --max-queue: the request it starts on.
   const int room = options_.max_queue + (engine_busy_ ? 0 : 1);
   if (stopping_ || static_cast<int>(queue_.size()) >= room) return false;
-  job->id = absl::StrCat(job->chat ? "chatcmpl-" : "cmpl-", ++enqueued_);
+  job->id = absl::StrCat(job->request.chat ? "chatcmpl-" : "cmpl-", ++enqueued_);
   job->queued = std::chrono::steady_clock::now();
   queue_.push_back(job);
   cv_.notify_one();
@@ -352,11 +345,10 @@ void Server::RegisterRoutes() {
               ParseCompletionRequest(req.body, chat, options_.defaults, options_.ctx);
           if (!parsed.ok()) {
             return SendError(res, 400, std::string(parsed.status().message()),
-                             ParamOf(std::string(parsed.status().message())));
+                             ErrorField(parsed.status()));
           }
           auto job = std::make_shared<Job>();
           job->request = std::move(*parsed);
-          job->chat = chat;
           job->created = NowSeconds();
           {
             const std::string text =
@@ -394,7 +386,7 @@ void Server::RegisterRoutes() {
           if (!job->request.stream) {
             std::unique_lock<std::mutex> lock(job->mu);
             while (!job->cv.wait_for(lock, kClientCheck, [&] { return job->done; })) {
-              if (job->socket >= 0 && PeerHasLeft(job->socket)) job->cancelled = true;
+              if (job->ClientLeft()) job->cancelled = true;
             }
             if (job->status != 200) return SendError(res, job->status, job->error);
             res.set_content(Dump(CompletionJson(
@@ -409,7 +401,7 @@ void Server::RegisterRoutes() {
                 std::unique_lock<std::mutex> lock(job->mu);
                 while (!job->done && job->text.empty()) {
                   job->cv.wait_for(lock, kClientCheck);
-                  if (!sink.is_writable() || (job->socket >= 0 && PeerHasLeft(job->socket))) {
+                  if (!sink.is_writable() || job->ClientLeft()) {
                     job->cancelled = true;
                     return false;
                   }

@@ -78,6 +78,11 @@ TEST(ServerApiTest, EveryBadFieldIsNamed) {
         << c.body << ": " << r.status();
   }
   EXPECT_FALSE(ParseCompletionRequest("{\"prompt\":3}", false, {}, kContext).ok());
+  // The field as an error object's param.
+  EXPECT_EQ(ErrorField(Chat("{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}").status()),
+            "messages[0].role");
+  EXPECT_EQ(ErrorField(Chat("{\"messages\":[],\"top_p\":0}").status()), "messages");
+  EXPECT_EQ(ErrorField(Chat("{not json").status()), "");
 }
 
 TEST(ServerApiTest, StopStringsCutTheTextAndHoldBackWhatMayBeginOne) {

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -131,9 +132,13 @@ void Unload() {
   delete setup;
 }
 
-void Report(benchmark::State& state, double ttft_ms, int64_t tokens) {
+// ttft_ms: the first tokens' times summed, or none (a whole reply arrives at
+// once: no first token before the last).
+void Report(benchmark::State& state, int64_t tokens, std::optional<double> ttft_ms) {
   state.SetItemsProcessed(state.iterations());
-  state.counters["ttft_ms"] = benchmark::Counter(ttft_ms, benchmark::Counter::kAvgIterations);
+  if (ttft_ms.has_value()) {
+    state.counters["ttft_ms"] = benchmark::Counter(*ttft_ms, benchmark::Counter::kAvgIterations);
+  }
   state.counters["tok/s"] =
       benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kIsRate);
   state.counters["tokens"] =
@@ -160,7 +165,7 @@ void BM_Run(benchmark::State& state) {
     if (!out.ok()) return state.SkipWithError(std::string(out.status().message()).c_str());
     which ^= 1;
   }
-  Report(state, ttft_ms, tokens);
+  Report(state, tokens, ttft_ms);
 }
 
 void BM_ServeWhole(benchmark::State& state) {
@@ -176,12 +181,7 @@ void BM_ServeWhole(benchmark::State& state) {
     tokens += json::parse(r->body)["usage"]["completion_tokens"].get<int64_t>();
     which ^= 1;
   }
-  // A whole reply arrives at once: no first token before the last.
-  state.SetItemsProcessed(state.iterations());
-  state.counters["tok/s"] =
-      benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kIsRate);
-  state.counters["tokens"] =
-      benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kAvgIterations);
+  Report(state, tokens, std::nullopt);
 }
 
 void BM_ServeStream(benchmark::State& state) {
@@ -217,7 +217,7 @@ void BM_ServeStream(benchmark::State& state) {
     tokens += last["usage"]["completion_tokens"].get<int64_t>();
     which ^= 1;
   }
-  Report(state, ttft_ms, tokens);
+  Report(state, tokens, ttft_ms);
 }
 
 BENCHMARK(BM_Run)->UseRealTime()->Unit(benchmark::kMillisecond);

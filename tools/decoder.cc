@@ -284,16 +284,19 @@ absl::Status Decoder::SetSampling(const SamplingParams& sampling) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<EngineCounters> Decoder::ExpertCounters() {
+  if (cuda_ != nullptr) return cuda_->ReadCounters();
+  return cpu_->counters();
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, double>>> Decoder::Counters() {
-  EngineCounters c;
+  MG_ASSIGN_OR_RETURN(const EngineCounters c, ExpertCounters());
   std::vector<std::pair<std::string, double>> out;
   if (cuda_ != nullptr) {
-    MG_ASSIGN_OR_RETURN(c, cuda_->ReadCounters());
     out.push_back(
         {"graph_launches_total", static_cast<double>(cuda_->host_counters().graph_launches)});
     out.push_back({"host_syncs_total", static_cast<double>(cuda_->host_counters().host_syncs)});
   } else {
-    c = cpu_->counters();
     out.push_back({"graph_launches_total", 0.0});
     out.push_back({"host_syncs_total", 0.0});
   }
@@ -306,14 +309,10 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> Decoder::Counters() 
 }
 
 absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, size_t generated) {
-  EngineCounters c;
-  std::string backend = "backend cpu";
-  if (cuda_ != nullptr) {
-    MG_ASSIGN_OR_RETURN(c, cuda_->ReadCounters());
-    backend = absl::StrCat("backend cuda (arm ", Av(ArmName(cuda_->arm())), ")");
-  } else {
-    c = cpu_->counters();
-  }
+  MG_ASSIGN_OR_RETURN(const EngineCounters c, ExpertCounters());
+  const std::string backend =
+      cuda_ == nullptr ? "backend cpu"
+                       : absl::StrCat("backend cuda (arm ", Av(ArmName(cuda_->arm())), ")");
   const uint64_t selected = c.hits + c.misses;
   std::string memory = absl::StrFormat("peak RSS %.0f MiB", Mib(PeakRssBytes()));
   if (cuda_ == nullptr) {

@@ -76,6 +76,8 @@ class Decoder {
 
  private:
   Decoder() = default;
+  // The expert path's counters of whichever backend runs (CUDA: one readback).
+  absl::StatusOr<EngineCounters> ExpertCounters();
   std::unique_ptr<ExpertStore> store_;  // the CPU backend's experts; none when resident
   uint64_t file_bytes_ = 0;             // CPU: the model file and the KV cache, for the
   uint64_t kv_bytes_ = 0;               // summary's memory figures

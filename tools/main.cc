@@ -90,9 +90,8 @@ constexpr Command kCommands[] = {
      "server (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, "
      "/tokenize, /detokenize)",
      moegraph::RunServe,
-     "m,host,port,api_key,max_queue,max_body,timeout,temp,top_k,top_p,min_p,seed,ctx,backend,slots,"
-     "arm,"
-     "steps_per_launch,t,kv_type"},
+     "m,host,port,api_key,max_queue,max_body,timeout,temp,top_k,top_p,min_p,seed,ctx,backend,"
+     "slots,arm,steps_per_launch,t,kv_type"},
     {"bench",
      "-m FILE [--arms ...] [--slots 16,32|auto] [-n 128] [-r 5]: arms side by side, "
      "llama-bench style",
