@@ -28,7 +28,7 @@ const std::vector<std::string> kCommands = {"inspect", "make-fixture", "run",   
 std::set<std::string> DefinedFlags() {
   std::set<std::string> names;
   const std::regex flag(R"(ABSL_FLAG\(\s*[\w:]+\s*,\s*(\w+)\s*,)");
-  for (const auto& entry : std::filesystem::directory_iterator(MOEGRAPH_SOURCE_DIR "/tools")) {
+  for (const auto& entry : std::filesystem::directory_iterator(MOEGRAPH_SOURCE_DIR "/tools/cli")) {
     if (entry.path().extension() != ".cc") continue;
     std::ifstream in(entry.path());
     std::stringstream text;

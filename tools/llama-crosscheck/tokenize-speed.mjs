@@ -1,5 +1,5 @@
 // llama.cpp's tokenizer speed (node-llama-cpp's prebuilt CPU build) on the text
-// tools/bench_text.cc times: the corpus joined by newlines, repeated while the
+// tools/bench/bench_text.cc times: the corpus joined by newlines, repeated while the
 // whole stays within 1 MiB, special parsing on. Prints one JSON line: the
 // text's bytes, the ids, and the seconds of each of REPS runs.
 // Usage: node tokenize-speed.mjs FILE.gguf corpus.json [REPS]

@@ -2,7 +2,7 @@
 # Tokenizer speed, moegraph beside llama.cpp in one run, on the same 1 MiB of
 # text (tests/data/tokenizer/corpus.json repeated) with the same real
 # vocabularies (tools/fetch-vocab.sh): moegraph's BM_Tokenize1MiB
-# (tools/bench_text.cc, Google Benchmark) and llama.cpp's tokenizer through
+# (tools/bench/bench_text.cc, Google Benchmark) and llama.cpp's tokenizer through
 # node-llama-cpp's prebuilt CPU build (tokenize-speed.mjs: the median of 5 runs
 # after a warm-up; its time includes passing the text from JavaScript). Both
 # are wall time; moegraph's is the mean over the iterations of at least 1 s.

@@ -27,8 +27,8 @@
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "text/vocab.h"
-#include "tools/commands.h"
-#include "tools/decoder.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/decoder.h"
 
 ABSL_FLAG(std::string, system, "", "chat: a system message before the first turn");
 ABSL_FLAG(std::string, chat_template, "",

@@ -23,8 +23,8 @@
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "text/vocab.h"
-#include "tools/commands.h"
-#include "tools/decoder.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/decoder.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "serve: the address to listen on (loopback by default)");
 ABSL_FLAG(int32_t, port, 8080, "serve: the port to listen on (0: any free port, printed)");

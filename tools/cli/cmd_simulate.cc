@@ -21,7 +21,7 @@
 #include "loader/status_util.h"
 #include "residency/simulator.h"
 #include "residency/trace.h"
-#include "tools/commands.h"
+#include "tools/cli/commands.h"
 
 
 ABSL_FLAG(std::string, trace, "", "simulate: routing trace (.jsonl, or the binary form)");

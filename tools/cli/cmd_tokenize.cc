@@ -14,7 +14,7 @@
 #include "loader/status_util.h"
 #include "text/tokenizer.h"
 #include "text/vocab.h"
-#include "tools/commands.h"
+#include "tools/cli/commands.h"
 
 ABSL_FLAG(bool, ids, false, "tokenize: print the ids as [1, 2, 3] instead of one token a line");
 ABSL_FLAG(bool, no_bos, false, "tokenize: add no BOS or EOS, even where the vocabulary adds them");

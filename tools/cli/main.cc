@@ -15,7 +15,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "tools/commands.h"
+#include "tools/cli/commands.h"
 
 ABSL_FLAG(std::string, m, "", "model file (GGUF)");
 ABSL_FLAG(std::string, o, "", "output: a file path, or a format (md|json) for report commands");

@@ -1,6 +1,6 @@
 // moegraph run: decode of a text prompt (-p, -f), printed as text while it is
 // generated, or of token ids (--tokens), printed as ids, with tok/s; greedy, or
-// sampled with llama.cpp's flags. The backend (tools/decoder.h) is the CUDA
+// sampled with llama.cpp's flags. The backend (tools/cli/decoder.h) is the CUDA
 // engine, each step one graph replay with experts in pinned host memory, or the
 // CPU backend, the same expert path on the host.
 #include <cstdint>
@@ -26,8 +26,8 @@
 #include "reference/oracle.h"
 #include "text/tokenizer.h"
 #include "text/vocab.h"
-#include "tools/commands.h"
-#include "tools/decoder.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/decoder.h"
 
 ABSL_FLAG(std::string, tokens, "",
           "run: prompt token ids, comma-separated (e.g. 1,2,3), instead of -p/-f text; the "

@@ -1,4 +1,4 @@
-#include "tools/decoder.h"
+#include "tools/cli/decoder.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -18,7 +18,7 @@
 #include "cpu/thread_pool.h"
 #include "loader/status_util.h"
 #include "residency/simulator.h"
-#include "tools/commands.h"
+#include "tools/cli/commands.h"
 
 ABSL_FLAG(std::string, backend, "auto",
           "run, chat, serve, bench: cpu | cuda | auto (auto: cuda when a device exists, else cpu)");

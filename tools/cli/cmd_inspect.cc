@@ -11,7 +11,7 @@
 #include "loader/ggml_type.h"
 #include "loader/gguf.h"
 #include "loader/status_util.h"
-#include "tools/commands.h"
+#include "tools/cli/commands.h"
 
 namespace moegraph {
 namespace {

@@ -13,7 +13,7 @@
 #include "residency/trace.h"
 #include "residency/trace_stats.h"
 #include "residency/trace_synth.h"
-#include "tools/commands.h"
+#include "tools/cli/commands.h"
 
 ABSL_FLAG(int64_t, steps, 1000, "trace synth: decode steps to generate");
 ABSL_FLAG(double, zipf, 1.0, "trace synth: Zipf exponent of expert popularity (0: uniform)");

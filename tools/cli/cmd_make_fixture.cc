@@ -16,7 +16,7 @@
 #include "loader/model_config.h"
 #include "loader/status_util.h"
 #include "text/hf_tokenizer.h"
-#include "tools/commands.h"
+#include "tools/cli/commands.h"
 
 ABSL_FLAG(std::string, arch, "qwen3moe", "make-fixture: qwen3moe | olmoe | qwen2moe | mixtral");
 ABSL_FLAG(int32_t, layers, 0,

@@ -40,10 +40,10 @@
 #include "loader/status_util.h"
 #include "reference/cpu_backend.h"
 #include "residency/trace.h"
-#include "tools/commands.h"
-#include "tools/decoder.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/decoder.h"
 
-// Defined with the decoding flags (tools/decoder.cc).
+// Defined with the decoding flags (tools/cli/decoder.cc).
 ABSL_DECLARE_FLAG(int32_t, steps_per_launch);
 
 ABSL_FLAG(std::string, arms, "resident,graph,eager,host,stage",
