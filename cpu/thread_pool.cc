@@ -1,9 +1,11 @@
 #include "cpu/thread_pool.h"
 
+#include <sched.h>
+
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <string>
-#include <utility>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -12,8 +14,11 @@
 namespace moegraph {
 namespace {
 
-// Spins before a worker sleeps: about 100 microseconds of pause instructions.
-constexpr int kSpinsBeforeSleep = 20000;
+// How long a thread spins on a value before it sleeps on a futex: long enough
+// to span the gap between two jobs of a decode step (a few microseconds), short
+// enough that a thread with nothing to do soon leaves its core to others.
+constexpr std::chrono::microseconds kWorkerSpin{100};
+constexpr std::chrono::microseconds kCallerSpin{50};
 
 void Pause() {
 #if defined(__x86_64__)
@@ -21,6 +26,20 @@ void Pause() {
 #else
   std::this_thread::yield();
 #endif
+}
+
+// Spins until pred() holds or budget passes; returns pred()'s last value.
+template <typename Pred>
+bool SpinUntil(Pred pred, std::chrono::microseconds budget) {
+  if (pred()) return true;
+  const auto until = std::chrono::steady_clock::now() + budget;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      Pause();
+      if (pred()) return true;
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+  }
 }
 
 }  // namespace
@@ -35,25 +54,54 @@ int PhysicalCores() {
     std::string siblings;
     if (f && std::getline(f, siblings)) cores.insert(siblings);
   }
-  if (!cores.empty()) return static_cast<int>(cores.size());
+  const int logical = LogicalCpus();
+  const int physical = cores.empty() ? logical : static_cast<int>(cores.size());
+  return physical < logical ? physical : logical;
+}
+
+int LogicalCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  const unsigned n = std::thread::hardware_concurrency();
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
 ThreadPool::ThreadPool(int n_threads) {
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { Work(i); });
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { Work(); });
 }
 
 ThreadPool::~ThreadPool() {
-  stop_ = true;
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
+  stop_.store(true);
+  published_.store(++job_);
+  published_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::TakeTasks() {
-  for (int64_t task = next_task_.fetch_add(1, std::memory_order_relaxed); task < n_tasks_;
-       task = next_task_.fetch_add(1, std::memory_order_relaxed)) {
-    (*fn_)(task);
+void ThreadPool::TakeUnits(uint32_t job) {
+  for (;;) {
+    uint64_t c = cursor_.load(std::memory_order_acquire);
+    uint64_t units = 0, unit = 0;
+    do {
+      if (static_cast<uint32_t>(c >> 32) != job) return;
+      units = (c >> kUnitBits) & kMaxUnits;
+      unit = c & kMaxUnits;
+      if (unit >= units) return;
+    } while (!cursor_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel,
+                                            std::memory_order_acquire));
+    // This unit is claimed and not done, so the job's fields stay as they are.
+    const absl::FunctionRef<void(int64_t)>& fn = *fn_.load(std::memory_order_relaxed);
+    const int64_t per = tasks_per_unit_.load(std::memory_order_relaxed);
+    const int64_t n = n_tasks_.load(std::memory_order_relaxed);
+    const int64_t begin = static_cast<int64_t>(unit) * per;
+    const int64_t end = begin + per < n ? begin + per : n;
+    for (int64_t task = begin; task < end; ++task) fn(task);
+    // The last unit wakes the caller if it went to sleep (seq_cst on both
+    // sides: either it sees this count or this sees its flag).
+    if (done_.fetch_add(1) + 1 == units && caller_sleeping_.load()) done_.notify_one();
   }
 }
 
@@ -63,33 +111,45 @@ void ThreadPool::Run(int64_t n_tasks, absl::FunctionRef<void(int64_t)> fn) {
     for (int64_t task = 0; task < n_tasks; ++task) fn(task);
     return;
   }
-  fn_ = &fn;
-  n_tasks_ = n_tasks;
-  next_task_.store(0, std::memory_order_relaxed);
-  busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
-  TakeTasks();
-  while (busy_.load(std::memory_order_acquire) != 0) Pause();
-  fn_ = nullptr;
+  const int64_t per = (n_tasks + static_cast<int64_t>(kMaxUnits) - 1) / kMaxUnits;
+  const uint64_t units = static_cast<uint64_t>((n_tasks + per - 1) / per);
+  fn_.store(&fn, std::memory_order_relaxed);
+  n_tasks_.store(n_tasks, std::memory_order_relaxed);
+  tasks_per_unit_.store(per, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  const uint32_t job = ++job_;
+  cursor_.store(static_cast<uint64_t>(job) << 32 | units << kUnitBits, std::memory_order_release);
+  published_.store(job);
+  if (sleeping_workers_.load() > 0) published_.notify_all();
+  TakeUnits(job);
+  // Wait for units other threads hold: spin a little, then sleep.
+  const auto all_done = [&] { return done_.load(std::memory_order_acquire) == units; };
+  if (!SpinUntil(all_done, kCallerSpin)) {
+    caller_sleeping_.store(true);
+    for (uint32_t d = done_.load(); d != units; d = done_.load()) done_.wait(d);
+    caller_sleeping_.store(false);
+  }
 }
 
-void ThreadPool::Work(int /*index*/) {
-  uint64_t seen = 0;
+void ThreadPool::Work() {
+  uint32_t seen = 0;
   for (;;) {
-    uint64_t now = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; now == seen && spin < kSpinsBeforeSleep; ++spin) {
-      Pause();
-      now = generation_.load(std::memory_order_acquire);
-    }
-    if (now == seen) {
-      generation_.wait(seen, std::memory_order_acquire);
+    uint32_t job = seen;
+    const auto published = [&] {
+      job = published_.load(std::memory_order_acquire);
+      return job != seen;
+    };
+    if (!SpinUntil(published, kWorkerSpin)) {
+      // Sleep until the next job (seq_cst: either Run sees this count or
+      // this sees its job).
+      sleeping_workers_.fetch_add(1);
+      if (published_.load() == seen) published_.wait(seen);
+      sleeping_workers_.fetch_sub(1);
       continue;
     }
-    seen = now;
-    if (stop_) return;
-    TakeTasks();
-    busy_.fetch_sub(1, std::memory_order_acq_rel);
+    seen = job;
+    if (stop_.load()) return;
+    TakeUnits(job);
   }
 }
 

@@ -264,7 +264,24 @@ TEST(ThreadPoolTest, EveryTaskRunsOnceInEveryJob) {
   }
 }
 
-TEST(ThreadPoolTest, PhysicalCoresIsPositive) { EXPECT_GE(PhysicalCores(), 1); }
+// Jobs larger than the cursor's unit count (tasks grouped into units), jobs
+// back to back faster than sleeping workers wake, and more threads than cores.
+TEST(ThreadPoolTest, EveryTaskRunsOnceInLargeAndBackToBackJobs) {
+  for (const int threads : {2, 5}) {
+    ThreadPool pool(threads);
+    for (int job = 0; job < 3000; ++job) {
+      const int64_t n = job % 500 == 0 ? 200003 : job % 7;
+      std::vector<int> runs(static_cast<size_t>(n));  // plain ints: Run must publish them
+      pool.Run(n, [&](int64_t task) { ++runs[task]; });
+      for (int64_t t = 0; t < n; ++t) ASSERT_EQ(runs[t], 1) << job << " " << t;
+    }
+  }
+}
+
+TEST(ThreadPoolTest, CoreCountsArePositiveAndPhysicalAtMostLogical) {
+  EXPECT_GE(PhysicalCores(), 1);
+  EXPECT_LE(PhysicalCores(), LogicalCpus());
+}
 
 }  // namespace
 }  // namespace moegraph
