@@ -239,6 +239,11 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   };
   out.banner = absl::StrCat("doors: arm ", Av(ArmName(out.arm)), "; ", absl::StrJoin(doors, ", "));
   for (const std::string& note : notes) absl::StrAppend(&out.banner, "\ndoors: ", note);
+  out.all_default = notes.empty();
+  for (const Source source : {graph.source, moe_cache.source, residency.source, policy.source,
+                              protected_frac.source, split_passes.source, resident.source}) {
+    out.all_default = out.all_default && source == Source::kDefault;
+  }
   return out;
 }
 

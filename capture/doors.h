@@ -46,6 +46,9 @@ struct ResolvedDoors {
   // Multi-line: one line per door with its value and where it came from
   // (default, --arm, env), then a line per override or implied change.
   std::string banner;
+  // Every door at its default, nothing implied or overridden: the banner says
+  // nothing a user did not already know.
+  bool all_default = false;
 };
 
 // An environment: the value of a variable, or nullopt when it is unset. An empty

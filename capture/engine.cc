@@ -218,6 +218,22 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   size_t total_bytes = 0;
   MG_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
 
+  // The context's memory, before the experts are pinned: the dense weights, the
+  // KV cache and the scratch must fit beside the rail, whatever the slots get.
+  const uint64_t kv_bytes = 2ull * static_cast<uint64_t>(cfg.n_layer) *
+                            static_cast<uint64_t>(options.max_ctx) * cfg.n_head_kv * cfg.head_dim *
+                            sizeof(float);
+  const uint64_t dense = DenseBytes(m);
+  const uint64_t scratch = ScratchBytes(cfg, options.max_ctx) + RecordBytes(options, cfg);
+  if (dense + kv_bytes + scratch + options.rail_bytes > free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "--ctx %d: the GPU needs %.2f GiB before any expert slot (dense weights %.2f GiB, KV "
+        "cache %.2f GiB = 2 x %d layers x %d positions x %d KV heads x %d x 4 bytes, scratch "
+        "%.2f GiB, rail %.2f GiB) and %.2f GiB of its memory is free; a smaller --ctx fits",
+        options.max_ctx, Gib(dense + kv_bytes + scratch + options.rail_bytes), Gib(dense),
+        Gib(kv_bytes), cfg.n_layer, options.max_ctx, cfg.n_head_kv, cfg.head_dim, Gib(scratch),
+        Gib(options.rail_bytes), Gib(free_bytes)));
+  }
   if (experts == nullptr) {
     MG_ASSIGN_OR_RETURN(experts, PinExperts(m, progress));
   }
@@ -233,16 +249,11 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   }
   store_device_base = static_cast<const uint8_t*>(device_base);
 
-  const uint64_t kv_bytes = 2ull * static_cast<uint64_t>(cfg.n_layer) *
-                            static_cast<uint64_t>(options.max_ctx) * cfg.n_head_kv * cfg.head_dim *
-                            sizeof(float);
   banner = absl::StrFormat("backend cuda: %s (%.1f GiB), arm %s, %s%s, steps per launch %d",
                            prop.name, total_bytes / 1073741824.0, Av(ArmName(arm)),
                            DescribePolicy(d.policy, d.protected_frac),
                            d.split_passes ? "" : ", one expert pass", options.steps_per_launch);
-  MG_RETURN_IF_ERROR(
-      PlanPools(free_bytes, DenseBytes(m), kv_bytes,
-                ScratchBytes(cfg, options.max_ctx) + RecordBytes(options, cfg)));
+  MG_RETURN_IF_ERROR(PlanPools(free_bytes, dense, kv_bytes, scratch));
   MG_RETURN_IF_ERROR(UploadDense());
   MG_RETURN_IF_ERROR(AllocatePools());
   MG_RETURN_IF_ERROR(AllocateState());

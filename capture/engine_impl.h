@@ -24,6 +24,9 @@
 namespace moegraph {
 
 inline double Mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+inline double Gib(uint64_t bytes) {
+  return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
+}
 
 // Device memory (cudaMalloc) or pinned host memory (cudaHostAlloc), freed with it.
 class CudaBuffer {

@@ -658,6 +658,17 @@ std::string SimdTargetName() {
   return hwy::TargetName(targets & -targets);
 }
 
+std::string SimdTargetLabel() {
+  // Highway's names: AVX3 is AVX-512 (F, VL, DQ, BW); its suffixes are CPU generations.
+  const std::string name = SimdTargetName();
+  if (name == "AVX3") return "AVX-512";
+  if (name == "AVX3_DL") return "AVX-512 (VNNI, Ice Lake)";
+  if (name == "AVX3_ZEN4") return "AVX-512 (Zen 4)";
+  if (name == "AVX3_SPR") return "AVX-512 (FP16, Sapphire Rapids)";
+  if (name == "EMU128" || name == "SCALAR") return "portable (no SIMD target)";
+  return name;
+}
+
 void SimdForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
 
 }  // namespace moegraph

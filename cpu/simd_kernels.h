@@ -49,6 +49,11 @@ void SimdAttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t s
 
 // The target the calls above run on ("AVX3", "AVX2", "SCALAR", ...).
 std::string SimdTargetName();
+
+// The target SimdTargetName() names, as users know it: "AVX-512", "AVX-512 (Zen 4)",
+// "AVX2", "portable (no SIMD target)".
+std::string SimdTargetLabel();
+
 // The targets this build holds code for that this CPU can run, best first.
 std::vector<int64_t> SimdTargets();
 std::string SimdTargetName(int64_t target);

@@ -168,10 +168,39 @@ absl::Status Run(int* exit_code) {
 }  // namespace
 }  // namespace moegraph
 
+namespace {
+
+constexpr char kUsage[] =
+    "usage: moegraph-gates [--list] [--only NAME,...] [-m FILE] [--backend cpu|cuda|auto] "
+    "[--slots N]\n"
+    "runs the engagement gates (docs/GATES.md): a line per gate, PASS, FAIL or SKIP, then a\n"
+    "summary; exit 0 when none failed\n"
+    "\n"
+    "flags:\n"
+    "  --list\n"
+    "      print the gates with one-line descriptions and exit\n"
+    "  --only NAME[,NAME...]\n"
+    "      run only these gates (default: all)\n"
+    "  -m FILE\n"
+    "      model file (GGUF) (default: small fixtures written to a temporary folder)\n"
+    "  --backend cpu|cuda|auto\n"
+    "      cuda when a device exists, else cpu; GPU gates SKIP on cpu (default: auto)\n"
+    "  --slots N\n"
+    "      expert slots over all size classes (default: 0: a quarter of the experts, at least "
+    "top-k)\n";
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "moegraph-gates [--list] [--only NAME,...] [-m FIXTURE] [--backend cpu|cuda|auto] "
-      "[--slots N]");
+  absl::SetProgramUsageMessage(kUsage);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg == "-h" || arg == "--help" || arg == "-help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  }
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() > 1) {
     std::fprintf(stderr, "moegraph-gates: unexpected argument '%s'\n", args[1]);

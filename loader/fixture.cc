@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "loader/gguf_writer.h"
+#include "loader/placement.h"
 #include "loader/quantize.h"
 #include "loader/status_util.h"
 
@@ -645,6 +648,26 @@ absl::StatusOr<std::vector<uint8_t>> FixtureBytes(const FixtureSpec& spec) {
 absl::Status WriteFixture(const FixtureSpec& spec, const std::string& path) {
   GgufWriter writer;
   MG_RETURN_IF_ERROR(BuildFixture(spec, &writer));
+  // What writing takes, before it starts: one tensor in memory, the file on disk.
+  constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
+  const uint64_t largest = writer.LargestTensorBytes();
+  const uint64_t memory = HostMemoryAvailable();
+  if (memory > 0 && largest > memory) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "-o %s: its largest tensor takes %.2f GiB and this machine has %.2f GiB available "
+        "(MemAvailable); smaller --embd, --ff, --experts or --vocab fit",
+        path, static_cast<double>(largest) / kGib, static_cast<double>(memory) / kGib));
+  }
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  std::error_code error;
+  const std::filesystem::space_info space =
+      std::filesystem::space(folder.empty() ? "." : folder, error);
+  if (!error && writer.FileBytes() > space.available) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("-o %s: the file takes %.2f GiB and its file system has %.2f GiB free",
+                        path, static_cast<double>(writer.FileBytes()) / kGib,
+                        static_cast<double>(space.available) / kGib));
+  }
   return writer.WriteFile(path);
 }
 

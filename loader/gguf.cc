@@ -373,15 +373,14 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    const std::string message = absl::StrCat(path, ": cannot open: ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(message);
-    return absl::ErrnoToStatus(err, message);
+    // ErrnoToStatus appends ": " and strerror's text itself.
+    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot open"));
   }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot stat: ", std::strerror(err)));
+    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot stat"));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -395,7 +394,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     if (map == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
-      return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot map: ", std::strerror(err)));
+      return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot map"));
     }
     file->map_ = map;
     file->base_ = static_cast<const uint8_t*>(map);

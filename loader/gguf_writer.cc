@@ -1,5 +1,6 @@
 #include "loader/gguf_writer.h"
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -235,11 +236,23 @@ std::vector<uint8_t> GgufWriter::Serialize() const {
   return out;
 }
 
+uint64_t GgufWriter::FileBytes() const {
+  uint64_t bytes = SerializeHeader().size();
+  for (const Tensor& t : tensors_) bytes += Padded(t.nbytes, alignment_);
+  return bytes;
+}
+
+uint64_t GgufWriter::LargestTensorBytes() const {
+  uint64_t largest = 0;
+  for (const Tensor& t : tensors_) largest = std::max(largest, t.nbytes);
+  return largest;
+}
+
 absl::Status GgufWriter::WriteFile(const std::string& path) const {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
     const int err = errno;
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot create: ", std::strerror(err)));
+    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot create"));
   }
   bool ok = true;
   auto write = [&](const uint8_t* data, size_t n) { ok = ok && std::fwrite(data, 1, n, f) == n; };
@@ -264,7 +277,7 @@ absl::Status GgufWriter::WriteFile(const std::string& path) const {
   if (ok && closed) return absl::OkStatus();
   const int err = write_err != 0 ? write_err : errno;
   std::remove(path.c_str());
-  return absl::ErrnoToStatus(err, absl::StrCat(path, ": write failed: ", std::strerror(err)));
+  return absl::ErrnoToStatus(err, absl::StrCat(path, ": write failed"));
 }
 
 }  // namespace moegraph

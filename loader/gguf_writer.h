@@ -50,6 +50,11 @@ class GgufWriter {
   std::vector<uint8_t> Serialize() const;
   absl::Status WriteFile(const std::string& path) const;  // names the path on error
 
+  // The bytes Serialize returns; the largest tensor's (WriteFile holds one
+  // tensor at a time).
+  uint64_t FileBytes() const;
+  uint64_t LargestTensorBytes() const;
+
  private:
   struct Value {
     std::string key;

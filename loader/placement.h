@@ -118,4 +118,8 @@ class ExpertStore {
   std::vector<size_t> layer_offset_;  // start of the layer's expert 0 block
 };
 
+// What a new host allocation can take without swapping: /proc/meminfo's
+// MemAvailable, in bytes; 0 when it cannot be read.
+uint64_t HostMemoryAvailable();
+
 }  // namespace moegraph

@@ -1,10 +1,16 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -44,6 +50,40 @@ int64_t NowSeconds() {
       .count();
 }
 
+// httplib's default sets SO_REUSEPORT, under which a second server on a taken
+// port binds too and the two split the requests. SO_REUSEADDR alone still lets
+// a restarted server take its port back from connections in TIME_WAIT.
+void ExclusiveSocketOptions(socket_t sock) {
+  int yes = 1;
+  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+}
+
+// Why host:port cannot be bound, from a bind of our own (httplib keeps errno).
+std::string BindFailure(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 ||
+      found == nullptr) {
+    return "not an address of this machine";
+  }
+  std::string reason = "cannot listen there";
+  const int sock = socket(found->ai_family, found->ai_socktype, found->ai_protocol);
+  if (sock >= 0) {
+    ExclusiveSocketOptions(sock);
+    if (bind(sock, found->ai_addr, found->ai_addrlen) != 0) {
+      reason = errno == EADDRINUSE      ? "the port is in use (another server listens there)"
+               : errno == EADDRNOTAVAIL ? "not an address of this machine"
+               : errno == EACCES        ? "permission denied (ports below 1024 need root)"
+                                        : std::strerror(errno);
+    }
+    close(sock);
+  }
+  freeaddrinfo(found);
+  return reason;
+}
+
 }  // namespace
 
 // One request on its way through the engine: the handler thread waits on it
@@ -76,6 +116,7 @@ Server::Server(const ServerOptions& options, CompletionEngine* engine, const Tok
       tokenizer_(tokenizer),
       chat_template_(chat_template),
       http_(std::make_unique<httplib::Server>()) {
+  http_->set_socket_options(ExclusiveSocketOptions);
   RegisterRoutes();
 }
 
@@ -89,9 +130,9 @@ absl::StatusOr<int> Server::Bind() {
                        ? http_->bind_to_any_port(options_.host)
                        : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
   if (port < 0) {
-    return absl::UnavailableError(absl::StrFormat(
-        "--host %s --port %d: cannot listen there (in use, or not an address of this machine)",
-        options_.host, options_.port));
+    return absl::UnavailableError(absl::StrFormat("--host %s --port %d: %s", options_.host,
+                                                  options_.port,
+                                                  BindFailure(options_.host, options_.port)));
   }
   return port;
 }

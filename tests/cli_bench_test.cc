@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "loader/fixture.h"
 #include "residency/trace.h"
 #include "tests/test_util.h"
@@ -51,7 +52,9 @@ TEST_F(CliBenchTest, MarkdownHasOneRowPerArmSlotsAndTest) {
   const ProcessResult r =
       Bench(fixture_path(), "--arms resident,graph,host,stage --slots 4,8 -p 3 -n 5 -r 2");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(testing_util::Contains(r.out, "note: backend cpu"));
+  // Notes go to stderr, so stdout is the table alone.
+  EXPECT_TRUE(testing_util::Contains(r.err, "note: backend cpu"));
+  EXPECT_TRUE(r.out.starts_with("| model |")) << r.out;
   // resident and stage ignore --slots: the CPU's resident arm reads every expert
   // in place (no slots), stage has k scratch slots.
   const std::vector<std::string> expected = {"resident 0 pp3", "resident 0 tg5", "graph 4 pp3",
@@ -61,12 +64,12 @@ TEST_F(CliBenchTest, MarkdownHasOneRowPerArmSlotsAndTest) {
   const std::vector<std::vector<std::string>> rows = BenchTableRows(r.out);
   ASSERT_EQ(rows.size(), expected.size()) << r.out;
   for (size_t i = 0; i < rows.size(); ++i) {
-    ASSERT_EQ(rows[i].size(), 13u) << r.out;
+    ASSERT_EQ(rows[i].size(), 14u) << r.out;
     EXPECT_EQ(rows[i][3], "cpu");
-    EXPECT_EQ(rows[i][4] + " " + rows[i][5] + " " + rows[i][6], expected[i]) << r.out;
+    EXPECT_EQ(rows[i][5] + " " + rows[i][6] + " " + rows[i][7], expected[i]) << r.out;
     // The CPU backend makes no host syncs and no launches.
-    EXPECT_EQ(rows[i][11], "0.00");
     EXPECT_EQ(rows[i][12], "0.00");
+    EXPECT_EQ(rows[i][13], "0.00");
   }
 }
 
@@ -115,7 +118,13 @@ TEST_F(CliBenchTest, BadFlagsExitNonZeroNamingTheFlag) {
                                    {"--slots 0", "--slots"},
                                    {"--slots 1 --arms graph", "--slots"},
                                    {"-r 0", "-r"},
-                                   {"-o csv", "-o"},
+                                   {"-o xml", "-o"},
+                                   {"-p 4,x", "-p"},
+                                   {"-n 4,4", "-n"},
+                                   {"-t 1,-1", "-t"},
+                                   {"-pg 4", "-pg"},
+                                   {"-pg 0,4", "-pg"},
+                                   {"--steps-per-launch 5000", "--steps-per-launch"},
                                    {"-p 0 -n 0", "-n"},
                                    {"--routing-trace /nonexistent/t.mgtr", "/nonexistent/t.mgtr"}};
   for (const Case& c : cases) {
@@ -191,6 +200,56 @@ TEST_F(CliBenchTest, RecordedRoutingReplaysToTheSameHitsAndMisses) {
   EXPECT_EQ(from_binary->n_steps, (1 + 2) * 6);
   EXPECT_EQ(from_binary->ids, from_replay->ids);
   for (const std::string& p : {first, again, replayed}) std::remove(p.c_str());
+}
+
+// llama-bench's lists: -p, -n and -t each a row per value, -pg a pp+tg row, in
+// llama-bench's order (pp, tg, pp+tg) within each thread count.
+TEST_F(CliBenchTest, ListsExpandToARowPerCombination) {
+  const ProcessResult r =
+      Bench(fixture_path(), "--arms resident -p 2,3 -n 4,5 -pg 2,3 -t 1,2 -r 1 -o jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> got;
+  for (absl::string_view line : absl::StrSplit(r.out, '\n', absl::SkipEmpty())) {
+    ASSERT_TRUE(JsonChecker(std::string(line)).Valid()) << line;  // jsonl: an object a line
+    const std::vector<std::map<std::string, std::string>> rows =
+        BenchJsonRows("[\n  " + std::string(line) + "\n]\n");
+    ASSERT_EQ(rows.size(), 1u) << line;
+    got.push_back(rows[0].at("n_threads") + " " + rows[0].at("test") + " " +
+                  rows[0].at("n_prompt") + " " + rows[0].at("n_gen"));
+  }
+  const std::vector<std::string> want = {
+      "1 \"pp2\" 2 0", "1 \"pp3\" 3 0", "1 \"tg4\" 1 4", "1 \"tg5\" 1 5", "1 \"pp2+tg3\" 2 3",
+      "2 \"pp2\" 2 0", "2 \"pp3\" 3 0", "2 \"tg4\" 1 4", "2 \"tg5\" 1 5", "2 \"pp2+tg3\" 2 3"};
+  EXPECT_EQ(got, want) << r.out;
+}
+
+// -o csv: a header and a row per test that Python's csv module reads back, with
+// the values of the JSON rows.
+TEST_F(CliBenchTest, CsvParsesWithPythonsCsvModule) {
+  const ProcessResult csv =
+      Bench(fixture_path(), "--arms resident,graph --slots 4 -n 3 -r 2 -o csv");
+  ASSERT_EQ(csv.exit_code, 0) << csv.err;
+  const std::string path = TempPath("bench.csv");
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(csv.out.data(), 1, csv.out.size(), f);
+    std::fclose(f);
+  }
+  // Python prints each row's arm, test, slots and sample count, and the column count.
+  const ProcessResult py = testing_util::RunProcess(
+      {"/usr/bin/env", "python3", "-c",
+       "import csv, sys\n"
+       "rows = list(csv.DictReader(open(sys.argv[1], newline='')))\n"
+       "for r in rows: print(r['arm'], r['test'], r['slots'], len(r['samples_ts'].split()), "
+       "float(r['avg_ts']) > 0, r['model'])\n",
+       path});
+  ASSERT_EQ(py.exit_code, 0) << py.err;
+  EXPECT_EQ(py.out,
+            "resident tg3 0 2 True qwen3moe 2L 8x top-2 f32\n"
+            "graph tg3 4 2 True qwen3moe 2L 8x top-2 f32\n")
+      << csv.out;
+  std::remove(path.c_str());
 }
 
 }  // namespace

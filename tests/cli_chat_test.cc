@@ -156,5 +156,35 @@ TEST_F(CliChatTest, TemplatesAreDetectedOrRefusedByName) {
   EXPECT_TRUE(Contains(r.err, "not one moegraph recognizes")) << r.err;
 }
 
+// More turns than the context holds: the oldest turns are dropped and the rest
+// prefilled again, and every turn is answered; /clear starts over at position
+// 0, /exit ends the chat and nothing after it is read. A synthetic vocabulary
+// (about a token a byte) fills a small context in two turns.
+TEST(CliChatContextTest, MoreTurnsThanTheContextHoldsAndTheCommands) {
+  const std::string fixture = testing_util::TempPath("chat-context.gguf");
+  ASSERT_EQ(RunProcess({MOEGRAPH_BIN, "make-fixture", "-o", fixture}).exit_code, 0);
+  std::string input;
+  constexpr int kTurns = 8;
+  for (int i = 0; i < kTurns; ++i) input += "Tell me about turn number " + std::to_string(i) + "\n";
+  input += "/clear\nAnd now?\n/exit\nNever read.\n";
+  const ProcessResult r =
+      RunProcess({MOEGRAPH_BIN, "chat", "-m", fixture, "--backend", "cpu", "--ctx", "160", "-n",
+                  "6", "--system", "Be brief.", "--verbose-prompt"},
+                 input);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<Turn> turns = Turns(r.err);
+  ASSERT_EQ(turns.size(), static_cast<size_t>(kTurns + 1)) << r.err;
+  for (const Turn& t : turns) {
+    EXPECT_GT(t.generated, 0) << r.err;
+    EXPECT_LE(t.start + t.prefill + t.generated, 160) << r.err;
+  }
+  EXPECT_TRUE(Contains(r.err, "chat: the context (--ctx 160) is full: dropped the oldest"))
+      << r.err;
+  EXPECT_TRUE(Contains(r.err, "chat: a new conversation\nturn 9 prefill text")) << r.err;
+  EXPECT_EQ(turns.back().start, 0) << r.err;  // after /clear
+  EXPECT_FALSE(Contains(r.err, "turn 10:")) << r.err;
+  std::remove(fixture.c_str());
+}
+
 }  // namespace
 }  // namespace moegraph

@@ -98,7 +98,6 @@ TEST_F(CliRunTest, SamplingSettingsOutOfRangeNameTheFlag) {
   const std::string base = "-m " + fixture_path() + " --tokens 1,2,3 -n 2 ";
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--temp -0.5", "--temp -0.5 must be 0 (greedy) or positive"},
-           {"--top-k -3", "--top-k -3 must be 0 (off) or positive"},
            {"--top-p 1.5", "--top-p 1.5 must be in (0, 1]"},
            {"--min-p -0.1", "--min-p -0.1 must be in [0, 1]"},
            {"--seed -9", "--seed -9 is negative"}}) {
@@ -106,6 +105,10 @@ TEST_F(CliRunTest, SamplingSettingsOutOfRangeNameTheFlag) {
     EXPECT_EQ(r.exit_code, 1) << args;
     EXPECT_TRUE(testing_util::Contains(r.output, message)) << args << ": " << r.output;
   }
+  // As llama.cpp: a top-k of 0 or less keeps every token, and a seed of -1 is random.
+  const CommandResult off = RunMoegraph(base + "--temp 1 --top-k -1 --seed -1", true);
+  EXPECT_EQ(off.exit_code, 0) << off.output;
+  EXPECT_TRUE(testing_util::Contains(off.output, "top-k 0,")) << off.output;
 }
 
 // The number before `suffix` on the line starting with `label`, or -1.
@@ -132,10 +135,11 @@ TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
                                      "backend cpu: resident, every expert read "
                                      "in place from the model file"))
       << in_place.output;
-  EXPECT_EQ(NumberBefore(in_place.output, "backend cpu: 10 tokens", "%"), 100) << in_place.output;
-  EXPECT_EQ(NumberBefore(in_place.output, "backend cpu: 10 tokens", " misses"), 0)
+  EXPECT_EQ(NumberBefore(in_place.output, "backend cpu: 3 prompt tokens", "%"), 100)
       << in_place.output;
-  EXPECT_EQ(NumberBefore(in_place.output, "backend cpu: 10 tokens", " MiB staged"), 0)
+  EXPECT_EQ(NumberBefore(in_place.output, "backend cpu: 3 prompt tokens", " misses"), 0)
+      << in_place.output;
+  EXPECT_EQ(NumberBefore(in_place.output, "backend cpu: 3 prompt tokens", " MiB staged"), 0)
       << in_place.output;
 
   // The fixture has 2 layers of 8 experts: 16 slots hold them all, nothing is evicted.
@@ -143,8 +147,9 @@ TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
       RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 8 --slots 16", false);
   ASSERT_EQ(all.exit_code, 0) << all.output;
   EXPECT_EQ(NumberBefore(all.output, "backend cpu: hazard", " slots;"), 16) << all.output;
-  EXPECT_EQ(NumberBefore(all.output, "backend cpu: 10 tokens", " evictions"), 0) << all.output;
-  const double all_misses = NumberBefore(all.output, "backend cpu: 10 tokens", " misses");
+  EXPECT_EQ(NumberBefore(all.output, "backend cpu: 3 prompt tokens", " evictions"), 0)
+      << all.output;
+  const double all_misses = NumberBefore(all.output, "backend cpu: 3 prompt tokens", " misses");
   EXPECT_GT(all_misses, 0) << all.output;
   EXPECT_LE(all_misses, 16) << all.output;
 
@@ -153,10 +158,10 @@ TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
       RunMoegraph("-m " + fixture_path() + " --tokens 1,2,3 -n 8 --slots 2", false);
   ASSERT_EQ(tight.exit_code, 0) << tight.output;
   EXPECT_EQ(NumberBefore(tight.output, "backend cpu: hazard", " slots;"), 2) << tight.output;
-  EXPECT_EQ(NumberBefore(tight.output, "backend cpu: 10 tokens", " misses"), 10 * 2 * 2)
+  EXPECT_EQ(NumberBefore(tight.output, "backend cpu: 3 prompt tokens", " misses"), 10 * 2 * 2)
       << tight.output;
-  EXPECT_EQ(NumberBefore(tight.output, "backend cpu: 10 tokens", "%"), 0) << tight.output;
-  EXPECT_GT(NumberBefore(tight.output, "backend cpu: 10 tokens", " evictions"), 0)
+  EXPECT_EQ(NumberBefore(tight.output, "backend cpu: 3 prompt tokens", "%"), 0) << tight.output;
+  EXPECT_GT(NumberBefore(tight.output, "backend cpu: 3 prompt tokens", " evictions"), 0)
       << tight.output;
 }
 
@@ -268,7 +273,22 @@ TEST_F(CliRunTest, TheCudaBackendWithoutADeviceIsAnError) {
   const CommandResult run =
       RunMoegraph("-m " + fixture_path() + " --tokens 1 -n 2 --backend cuda", true);
   EXPECT_EQ(run.exit_code, 1);
-  EXPECT_NE(run.output.find("no CUDA device is available"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("--backend cuda: no CUDA device (--verbose gives the CUDA runtime's "
+                            "reason)"),
+            std::string::npos)
+      << run.output;
+  const CommandResult verbose =
+      RunMoegraph("-m " + fixture_path() + " --tokens 1 -n 2 --backend cuda --verbose", true);
+  EXPECT_EQ(verbose.exit_code, 1);
+  EXPECT_NE(verbose.output.find("--backend cuda: no CUDA device (cudaGetDeviceCount"),
+            std::string::npos)
+      << verbose.output;
+  // auto falls back, and says so in one line; the runtime's words only with --verbose.
+  const CommandResult fallback = RunMoegraph("-m " + fixture_path() + " --tokens 1 -n 2", true);
+  EXPECT_EQ(fallback.exit_code, 0) << fallback.output;
+  EXPECT_NE(fallback.output.find("no CUDA device: running on the CPU backend\n"), std::string::npos)
+      << fallback.output;
+  EXPECT_EQ(fallback.output.find("cudaGetDeviceCount"), std::string::npos) << fallback.output;
   const CommandResult bad =
       RunMoegraph("-m " + fixture_path() + " --tokens 1 -n 2 --backend tpu", true);
   EXPECT_EQ(bad.exit_code, 1);

@@ -639,5 +639,34 @@ TEST_F(CliServeTest, TwoThousandHostileRequestsLeaveItServing) {
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 
+// A port another server holds is refused (no SO_REUSEPORT sharing): the second
+// serve exits 1 naming the port, the first still answers. --alias names the
+// model. A synthetic vocabulary is enough for both.
+TEST(CliServePortTest, ATakenPortIsRefusedAndTheFirstServerStillAnswers) {
+  const std::string fixture = testing_util::TempPath("serve-port.gguf");
+  ASSERT_EQ(RunProcess({MOEGRAPH_BIN, "make-fixture", "-o", fixture}).exit_code, 0);
+  testing_util::ServeProcess first(MOEGRAPH_BIN);
+  const int port = first.Start({"-m", fixture, "--backend", "cpu", "--alias", "my-model"});
+  ASSERT_GT(port, 0) << first.Log();
+  // timeout(1) ends a second server that wrongly listened, so the test fails, not hangs.
+  const ProcessResult second =
+      RunProcess({"/usr/bin/timeout", "60", MOEGRAPH_BIN, "serve", "-m", fixture, "--backend",
+                  "cpu", "--port", std::to_string(port)});
+  EXPECT_EQ(second.exit_code, 1) << second.err;
+  EXPECT_TRUE(
+      testing_util::Contains(second.err, "--host 127.0.0.1 --port " + std::to_string(port) +
+                                             ": the port is in use (another server listens there)"))
+      << second.err;
+  httplib::Client client("127.0.0.1", port);
+  const httplib::Result health = client.Get("/health");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  const httplib::Result models = client.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "my-model") << models->body;
+  EXPECT_EQ(first.Stop(SIGTERM), 0) << first.Log();
+  std::remove(fixture.c_str());
+}
+
 }  // namespace
 }  // namespace moegraph

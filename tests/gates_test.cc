@@ -288,6 +288,12 @@ TEST(GatesBinaryTest, UsageErrorsExitTwoNamingTheFlag) {
   const ProcessResult list = RunProcess({MOEGRAPH_GATES_BIN, "--list"});
   EXPECT_EQ(list.exit_code, 0);
   EXPECT_TRUE(Contains(list.out, "anchor-replay"));
+  for (const char* help : {"-h", "--help"}) {
+    const ProcessResult r = RunProcess({MOEGRAPH_GATES_BIN, help});
+    EXPECT_EQ(r.exit_code, 0) << help << ": " << r.err;
+    EXPECT_TRUE(Contains(r.out, "usage: moegraph-gates")) << r.out;
+    EXPECT_TRUE(Contains(r.out, "  --only NAME[,NAME...]\n")) << r.out;
+  }
 }
 
 }  // namespace

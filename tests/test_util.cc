@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -136,7 +137,12 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string
     if (fd.fd >= 0) ::close(fd.fd);
   }
   int status = 0;
-  if (pid > 0 && ::waitpid(pid, &status, 0) == pid) result.exit_code = ExitCode(status);
+  rusage usage{};
+  if (pid > 0 && ::wait4(pid, &status, 0, &usage) == pid) {
+    result.exit_code = ExitCode(status);
+    result.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    result.peak_rss_kib = static_cast<uint64_t>(usage.ru_maxrss);
+  }
   if (!input_path.empty()) std::remove(input_path.c_str());
   return result;
 }

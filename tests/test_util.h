@@ -57,6 +57,8 @@ CommandResult RunCommand(const std::string& shell_command);
 
 struct ProcessResult {
   int exit_code = -1;  // -1 when the process did not exit normally (a crash)
+  int signal = 0;      // the signal that ended it, or 0
+  uint64_t peak_rss_kib = 0;  // its peak resident set (getrusage's ru_maxrss)
   std::string out;
   std::string err;
 };

@@ -4,16 +4,19 @@
 // ignore --slots (resident holds every expert, stage has k scratch slots) run
 // once, with the first slot count's group.
 //
-// Tests: pp<p> feeds p prompt tokens and times them (CUDA: one T=1 step each,
-// as decode does; the CPU backend: one batch where every expert is resident,
-// else T=1 steps); tg<n> feeds one token and generates n, timing all n steps. Each
-// (engine, test) runs once untimed first (graph capture, cache warm-up).
+// Tests, as llama-bench's: pp<p> feeds p prompt tokens and times them (CUDA:
+// one T=1 step each, as decode does; the CPU backend: one batch where every
+// expert is resident, else T=1 steps); tg<n> feeds one token and generates n,
+// timing all n steps; pp<p>+tg<n> feeds p and generates n, timing all, t/s
+// over p + n. -p, -n and -t take lists, a row each. Each (engine, test) runs
+// once untimed first (graph capture, cache warm-up).
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,9 +33,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "capture/doors.h"
 #include "capture/engine.h"
+#include "cpu/thread_pool.h"
 #include "loader/ggml_type.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
@@ -45,14 +50,14 @@
 
 // Defined with the decoding flags (tools/cli/decoder.cc).
 ABSL_DECLARE_FLAG(int32_t, steps_per_launch);
+ABSL_DECLARE_FLAG(std::string, t);
 
-ABSL_FLAG(std::string, arms, "resident,graph,eager,host,stage",
-          "bench: arms to compare, comma-separated (resident, graph, eager, host, stage)");
-ABSL_FLAG(int32_t, r, 5, "bench: timed repetitions of every test");
-ABSL_FLAG(std::string, routing_trace, "",
-          "bench: routing trace (JSONL or binary) whose selections replace the router's");
-ABSL_FLAG(std::string, record_routing, "",
-          "bench: write the routing the run used here (.jsonl: JSONL, else binary)");
+// What each flag means: tools/cli/command_line.cc.
+ABSL_FLAG(std::string, arms, "resident,graph,eager,host,stage", "arms to compare");
+ABSL_FLAG(int32_t, r, 5, "timed repetitions of every test");
+ABSL_FLAG(std::string, pg, "", "a pp+tg test: P,N");
+ABSL_FLAG(std::string, routing_trace, "", "routing trace whose selections replace the router's");
+ABSL_FLAG(std::string, record_routing, "", "write the routing the run used here");
 
 namespace moegraph {
 namespace {
@@ -62,11 +67,13 @@ constexpr int kDefaultGenerate = 128;  // -n when not given (run's default is 16
 double Mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 struct BenchTest {
-  std::string name;  // pp<p> | tg<n>
-  int prompt = 0;    // tokens fed
-  int generate = 0;  // n_predict
-  bool decode = false;
-  int steps() const { return decode ? generate : prompt; }
+  std::string name;             // pp<p> | tg<n> | pp<p>+tg<n>
+  int prompt = 0;               // tokens fed
+  int generate = 0;             // n_predict
+  bool decode = false;          // the decode steps are timed (tg, pp+tg)
+  int counted = 0;              // the tokens t/s counts: p, n or p + n
+  int n_prompt = 0, n_gen = 0;  // llama-bench's fields
+  int steps() const { return counted; }
 };
 
 // One timed run of a test: the time and the counters' deltas.
@@ -283,6 +290,7 @@ absl::Status Prefixed(const absl::Status& status, const std::string& prefix) {
 // ---- results ----
 
 struct Row {
+  int threads = 0;  // the CPU backend's; 0 on CUDA
   Arm arm = Arm::kGraph;
   int32_t slots = 0;            // as allocated
   int32_t slots_requested = 0;  // 0: auto; -1: an arm that ignores --slots
@@ -366,59 +374,117 @@ std::string HumanCount(uint64_t n) {
   return absl::StrFormat("%.2f K", v / 1e3);
 }
 
+std::string ThreadsCell(const Row& row) {
+  return row.threads > 0 ? absl::StrCat(row.threads) : std::string("-");
+}
+
 void PrintMarkdown(const ModelInfo& model, std::string_view backend,
                    const std::vector<BenchTest>& tests, const std::vector<Row>& rows) {
   const bool cpu = backend == "cpu";
   absl::PrintF(
-      "| model | size | params | backend | arm | slots | test | t/s | hit %% | MiB/tok | "
+      "| model | size | params | backend | threads | arm | slots | test | t/s | hit %% | MiB/tok | "
       "stage GB/s | syncs/tok | launches/tok |\n");
   absl::PrintF(
-      "| ----- | ---: | -----: | ------- | --- | ----: | ---- | --: | ----: | ------: | "
+      "| ----- | ---: | -----: | ------- | ------: | --- | ----: | ---- | --: | ----: | ------: | "
       "---------: | --------: | -----------: |\n");
   for (const Row& row : rows) {
     const BenchTest& test = tests[row.test];
     const RowStats s = Summarize(row, test);
-    absl::PrintF("| %s | %s | %s | %s | %s | %d | %s | %.2f ± %.2f | %.1f | %.3f | %.2f | %.2f | "
-                 "%.2f |\n",
-                 model.name, HumanSize(model.size_bytes), HumanCount(model.params), Av(backend),
-                 Av(ArmName(row.arm)), row.slots, test.name, s.avg_ts, s.stddev_ts,
-                 100.0 * s.hit_rate(), s.mib_per_token(), s.stage_gbps(cpu), s.per_step(s.syncs),
-                 s.per_step(s.launches));
+    absl::PrintF(
+        "| %s | %s | %s | %s | %s | %s | %d | %s | %.2f ± %.2f | %.1f | %.3f | %.2f | "
+        "%.2f | %.2f |\n",
+        model.name, HumanSize(model.size_bytes), HumanCount(model.params), Av(backend),
+        ThreadsCell(row), Av(ArmName(row.arm)), row.slots, test.name, s.avg_ts, s.stddev_ts,
+        100.0 * s.hit_rate(), s.mib_per_token(), s.stage_gbps(cpu), s.per_step(s.syncs),
+        s.per_step(s.launches));
   }
 }
 
 std::string JsonNumber(double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "0"; }
 
-void PrintJson(const ModelInfo& model, std::string_view backend,
-               const std::vector<BenchTest>& tests, const std::vector<Row>& rows) {
+// A row's fields in order, each as a JSON value (strings quoted).
+std::vector<std::pair<std::string, std::string>> RowFields(const ModelInfo& model,
+                                                           std::string_view backend,
+                                                           const BenchTest& test, const Row& row) {
   const bool cpu = backend == "cpu";
-  std::printf("[\n");
+  const RowStats s = Summarize(row, test);
+  std::vector<std::string> ts;
+  for (double t : s.ts) ts.push_back(JsonNumber(t));
+  auto quoted = [](std::string_view text) { return absl::StrCat("\"", Av(text), "\""); };
+  return {
+      {"model", quoted(model.name)},
+      {"size_bytes", absl::StrCat(model.size_bytes)},
+      {"params", absl::StrCat(model.params)},
+      {"backend", quoted(backend)},
+      {"n_threads", row.threads > 0 ? absl::StrCat(row.threads) : "null"},
+      {"arm", quoted(ArmName(row.arm))},
+      {"slots", absl::StrCat(row.slots)},
+      {"slots_requested", row.slots_requested > 0    ? absl::StrCat(row.slots_requested)
+                          : row.slots_requested == 0 ? quoted("auto")
+                                                     : "null"},
+      {"test", quoted(test.name)},
+      {"n_prompt", absl::StrCat(test.n_prompt)},
+      {"n_gen", absl::StrCat(test.n_gen)},
+      {"steps_per_launch", absl::StrCat(absl::GetFlag(FLAGS_steps_per_launch))},
+      {"samples_ts", absl::StrCat("[", absl::StrJoin(ts, ", "), "]")},
+      {"avg_ts", JsonNumber(s.avg_ts)},
+      {"stddev_ts", JsonNumber(s.stddev_ts)},
+      {"hits", absl::StrCat(s.hits)},
+      {"misses", absl::StrCat(s.misses)},
+      {"hit_rate", JsonNumber(s.hit_rate())},
+      {"mib_staged_per_token", JsonNumber(s.mib_per_token())},
+      {"stage_gbps", JsonNumber(s.stage_gbps(cpu))},
+      {"host_syncs_per_token", JsonNumber(s.per_step(s.syncs))},
+      {"launches_per_token", JsonNumber(s.per_step(s.launches))},
+  };
+}
+
+std::string JsonObject(const std::vector<std::pair<std::string, std::string>>& fields) {
+  std::vector<std::string> parts;
+  for (const auto& [key, value] : fields) parts.push_back(absl::StrCat("\"", key, "\": ", value));
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+
+// json: an array, an object a line; jsonl: an object a line.
+void PrintJson(const ModelInfo& model, std::string_view backend,
+               const std::vector<BenchTest>& tests, const std::vector<Row>& rows, bool lines) {
+  if (!lines) std::printf("[\n");
   for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& row = rows[i];
-    const BenchTest& test = tests[row.test];
-    const RowStats s = Summarize(row, test);
-    std::vector<std::string> ts;
-    for (double t : s.ts) ts.push_back(JsonNumber(t));
-    absl::PrintF(
-        "  {\"model\": \"%s\", \"size_bytes\": %d, \"params\": %d, \"backend\": \"%s\", "
-        "\"arm\": \"%s\", \"slots\": %d, \"slots_requested\": %s, \"test\": \"%s\", "
-        "\"n_prompt\": %d, \"n_gen\": %d, \"steps_per_launch\": %d, \"samples_ts\": [%s], "
-        "\"avg_ts\": %s, \"stddev_ts\": %s, \"hits\": %d, \"misses\": %d, \"hit_rate\": %s, "
-        "\"mib_staged_per_token\": %s, \"stage_gbps\": %s, \"host_syncs_per_token\": %s, "
-        "\"launches_per_token\": %s}%s\n",
-        model.name, model.size_bytes, model.params, Av(backend), Av(ArmName(row.arm)), row.slots,
-        row.slots_requested > 0    ? absl::StrCat(row.slots_requested)
-        : row.slots_requested == 0 ? "\"auto\""
-                                   : "null",
-        test.name,
-        test.decode ? 1 : test.prompt, test.decode ? test.generate : 0,
-        absl::GetFlag(FLAGS_steps_per_launch), absl::StrJoin(ts, ", "), JsonNumber(s.avg_ts),
-        JsonNumber(s.stddev_ts), s.hits, s.misses, JsonNumber(s.hit_rate()),
-        JsonNumber(s.mib_per_token()), JsonNumber(s.stage_gbps(cpu)),
-        JsonNumber(s.per_step(s.syncs)), JsonNumber(s.per_step(s.launches)),
-        i + 1 < rows.size() ? "," : "");
+    const std::string object = JsonObject(RowFields(model, backend, tests[rows[i].test], rows[i]));
+    if (lines) {
+      std::printf("%s\n", object.c_str());
+    } else {
+      std::printf("  %s%s\n", object.c_str(), i + 1 < rows.size() ? "," : "");
+    }
   }
-  std::printf("]\n");
+  if (!lines) std::printf("]\n");
+}
+
+// RFC 4180: a header of the JSON fields' names, then a row each; strings
+// unquoted from JSON, samples_ts its values joined by spaces, null empty.
+void PrintCsv(const ModelInfo& model, std::string_view backend, const std::vector<BenchTest>& tests,
+              const std::vector<Row>& rows) {
+  auto cell = [](std::string value) {
+    if (value == "null") return std::string();
+    if (value.size() >= 2 && value.front() == '[') {
+      value = absl::StrReplaceAll(value.substr(1, value.size() - 2), {{",", ""}});
+    } else if (value.size() >= 2 && value.front() == '"') {
+      value = value.substr(1, value.size() - 2);
+    }
+    if (value.find_first_of(",\"\n") == std::string::npos) return value;
+    return absl::StrCat("\"", absl::StrReplaceAll(value, {{"\"", "\"\""}}), "\"");
+  };
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto fields = RowFields(model, backend, tests[rows[i].test], rows[i]);
+    std::vector<std::string> cells;
+    if (i == 0) {
+      for (const auto& field : fields) cells.push_back(field.first);
+      std::printf("%s\n", absl::StrJoin(cells, ",").c_str());
+      cells.clear();
+    }
+    for (const auto& field : fields) cells.push_back(cell(field.second));
+    std::printf("%s\n", absl::StrJoin(cells, ",").c_str());
+  }
 }
 
 // ---- the run ----
@@ -427,53 +493,108 @@ struct Plan {
   std::vector<Arm> arms;
   std::vector<int32_t> slots;
   std::vector<BenchTest> tests;
+  std::vector<int> threads;  // -t: one row group each (CPU backend)
   int reps = 0;
   int ctx = 0;
-  bool json = false;
+  std::string format;  // md | json | jsonl | csv
   bool cuda = false;
-  CpuForwardOptions cpu;  // -t, --kv-type
+  std::string backend_note;  // no device: the CPU backend
+  CpuForwardOptions cpu;     // --kv-type (threads: the group's)
 };
+
+// A comma-separated list of distinct non-negative numbers, each error naming flag.
+absl::StatusOr<std::vector<int>> ParseCountList(std::string_view flag, const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    const absl::string_view word = absl::StripAsciiWhitespace(part);
+    int n = 0;
+    if (!absl::SimpleAtoi(word, &n) || n < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s '%s': '%s' is not a count (0 or more)",
+                                                        flag, text, std::string(word)));
+    }
+    if (std::find(out.begin(), out.end(), n) != out.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s '%s': '%s' is listed twice", flag, text, std::string(word)));
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+// The tests of -p, -n and -pg, in llama-bench's order.
+absl::StatusOr<std::vector<BenchTest>> MakeTests() {
+  std::vector<BenchTest> tests;
+  if (const std::string text = absl::GetFlag(FLAGS_p); !text.empty()) {
+    MG_ASSIGN_OR_RETURN(const std::vector<int> ps, ParseCountList("-p", text));
+    for (const int p : ps) {
+      if (p > 0) tests.push_back({absl::StrCat("pp", p), p, 0, false, p, p, 0});
+    }
+  }
+  const std::string n_text = absl::GetFlag(FLAGS_n);
+  MG_ASSIGN_OR_RETURN(
+      const std::vector<int> ns,
+      ParseCountList("-n", n_text.empty() ? absl::StrCat(kDefaultGenerate) : n_text));
+  for (const int n : ns) {
+    if (n > 0) tests.push_back({absl::StrCat("tg", n), 1, n, true, n, 1, n});
+  }
+  if (const std::string text = absl::GetFlag(FLAGS_pg); !text.empty()) {
+    MG_ASSIGN_OR_RETURN(const std::vector<int> pg, ParseCountList("-pg", text));
+    if (pg.size() != 2 || pg[0] < 1 || pg[1] < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "-pg '%s': a prompt length and a token count, both positive (e.g. 512,128)", text));
+    }
+    tests.push_back(
+        {absl::StrCat("pp", pg[0], "+tg", pg[1]), pg[0], pg[1], true, pg[0] + pg[1], pg[0], pg[1]});
+  }
+  if (tests.empty()) return absl::InvalidArgumentError("-p 0 and -n 0 leave no test to run");
+  return tests;
+}
 
 absl::StatusOr<Plan> MakePlan() {
   Plan plan;
   MG_ASSIGN_OR_RETURN(plan.arms, ParseArms(absl::GetFlag(FLAGS_arms)));
   MG_ASSIGN_OR_RETURN(plan.slots, ParseSlotList(absl::GetFlag(FLAGS_slots)));
-  const std::string format = absl::GetFlag(FLAGS_o);
-  if (!format.empty() && format != "md" && format != "json") {
+  plan.format = absl::GetFlag(FLAGS_o).empty() ? "md" : absl::GetFlag(FLAGS_o);
+  if (plan.format != "md" && plan.format != "json" && plan.format != "jsonl" &&
+      plan.format != "csv") {
     return absl::InvalidArgumentError(
-        absl::StrFormat("-o '%s': bench prints md (the default) or json", format));
+        absl::StrFormat("-o '%s': bench prints md (the default), json, jsonl or csv", plan.format));
   }
-  plan.json = format == "json";
   plan.reps = absl::GetFlag(FLAGS_r);
   if (plan.reps < 1) {
     return absl::InvalidArgumentError(absl::StrFormat("-r %d must be at least 1", plan.reps));
   }
-  int p = 0;
-  if (const std::string text = absl::GetFlag(FLAGS_p);
-      !text.empty() && !absl::SimpleAtoi(text, &p)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("-p '%s': bench takes the pp test's prompt length, a number", text));
+  MG_ASSIGN_OR_RETURN(plan.tests, MakeTests());
+  int64_t needed = 0;
+  for (const BenchTest& test : plan.tests) {
+    needed = std::max<int64_t>(needed, int64_t{test.prompt} + test.generate);
   }
-  const int n =
-      absl::GetFlag(FLAGS_n) == kDefaultTokensFlag ? kDefaultGenerate : absl::GetFlag(FLAGS_n);
-  if (p < 0) return absl::InvalidArgumentError(absl::StrFormat("-p %d must not be negative", p));
-  if (n < 0) return absl::InvalidArgumentError(absl::StrFormat("-n %d must not be negative", n));
-  if (p == 0 && n == 0) return absl::InvalidArgumentError("-p 0 and -n 0 leave no test to run");
-  if (p > 0) plan.tests.push_back({absl::StrCat("pp", p), p, 0, false});
-  if (n > 0) plan.tests.push_back({absl::StrCat("tg", n), 1, n, true});
-  const int needed = std::max(p, n);
+  if (needed > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "-p/-n/-pg: the tests need %d positions, more than a context holds", needed));
+  }
   plan.ctx = absl::GetFlag(FLAGS_ctx);
   if (plan.ctx < 0 || (plan.ctx > 0 && plan.ctx < needed)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--ctx %d is too small: the tests need %d positions", plan.ctx, needed));
   }
-  if (plan.ctx == 0) plan.ctx = needed;
-  if (absl::GetFlag(FLAGS_steps_per_launch) < 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--steps-per-launch %d must be at least 1", absl::GetFlag(FLAGS_steps_per_launch)));
+  if (plan.ctx == 0) plan.ctx = static_cast<int>(needed);
+  if (const int s = absl::GetFlag(FLAGS_steps_per_launch); s < 1 || s > kMaxStepsPerLaunch) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--steps-per-launch %d is not in [1, %d]", s, kMaxStepsPerLaunch));
   }
-  MG_ASSIGN_OR_RETURN(plan.cuda, BackendIsCuda());
-  MG_ASSIGN_OR_RETURN(plan.cpu, ReadCpuFlags());
+  MG_ASSIGN_OR_RETURN(plan.cuda, BackendIsCuda(&plan.backend_note));
+  MG_ASSIGN_OR_RETURN(plan.cpu.kv_type, ReadKvType());
+  const std::string threads = absl::GetFlag(FLAGS_t);
+  for (absl::string_view part : absl::StrSplit(threads, ',')) {
+    MG_ASSIGN_OR_RETURN(int t, ParseThreads(absl::StripAsciiWhitespace(part)));
+    if (t == 0) t = PhysicalCores();
+    if (std::find(plan.threads.begin(), plan.threads.end(), t) != plan.threads.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("-t '%s': %d threads are listed twice", threads, t));
+    }
+    plan.threads.push_back(t);
+  }
   return plan;
 }
 
@@ -537,7 +658,14 @@ absl::Status Bench() {
   const std::string backend =
       !plan.cuda ? "cpu" : (CudaDeviceIsEmulated() ? "cuda-emulator" : "cuda");
   const ModelInfo info = DescribeModel(model);
-  std::FILE* notes = plan.json ? stderr : stdout;
+  // Notes go to stderr: stdout holds the table (or JSON, CSV) alone.
+  std::FILE* notes = stderr;
+  MG_RETURN_IF_ERROR(CheckContext(model, plan.cuda, plan.cpu.kv_type, plan.ctx, notes));
+  if (!plan.backend_note.empty()) std::fprintf(notes, "note: %s\n", plan.backend_note.c_str());
+  if (plan.cuda && (plan.threads.size() > 1 || !absl::GetFlag(FLAGS_t).empty())) {
+    std::fprintf(notes, "note: -t applies to the CPU backend only\n");
+  }
+  const std::vector<int> thread_groups = plan.cuda ? std::vector<int>{0} : plan.threads;
   if (!plan.cuda) {
     std::fprintf(notes,
                  "note: backend cpu: arms map as in `moegraph run`: resident reads every expert in "
@@ -590,88 +718,99 @@ absl::Status Bench() {
     }
     for (size_t s = 0; s < plan.slots.size(); ++s) engines.push_back({a, plan.slots[s], s});
   }
+  // Rows: (threads, engine, test).
   const size_t n_tests = plan.tests.size();
   std::vector<Row> rows;
-  for (const Engine& e : engines) {
-    for (size_t t = 0; t < n_tests; ++t) {
-      rows.push_back({plan.arms[e.arm], 0, e.slots_requested, t, {}});
+  for (const int threads : thread_groups) {
+    for (const Engine& e : engines) {
+      for (size_t t = 0; t < n_tests; ++t) {
+        rows.push_back({threads, plan.arms[e.arm], 0, e.slots_requested, t, {}});
+      }
     }
   }
 
-  for (size_t group = 0; group < plan.slots.size(); ++group) {
-    std::vector<size_t> members;  // engine indices
-    std::vector<std::unique_ptr<Target>> targets;
-    // The engines without a pool policy (resident, stage) are made first, so the
-    // others budget --slots auto from what they leave: the first of those splits
-    // the free memory evenly among them all, and the rest take its slot count,
-    // so every arm of the group runs at the same count and all of them fit.
-    std::vector<size_t> order;
-    for (size_t g = 0; g < engines.size(); ++g) {
-      if (engines[g].group == group && engines[g].slots_requested < 0) order.push_back(g);
-    }
-    const size_t fixed_engines = order.size();
-    for (size_t g = 0; g < engines.size(); ++g) {
-      if (engines[g].group == group && engines[g].slots_requested >= 0) order.push_back(g);
-    }
-    const int32_t sharing = static_cast<int32_t>(order.size() - fixed_engines);
-    int32_t auto_slots = 0;  // the count the first auto engine of the group got
-    for (const size_t g : order) {
-      const Engine& e = engines[g];
-      // Engine 0 (always in group 0) is the one whose routing is recorded.
-      const int64_t record_steps = g == 0 && !record_path.empty() ? steps_per_engine : 0;
-      const int32_t slots = e.slots_requested != 0 ? std::max(e.slots_requested, 0) : auto_slots;
-      absl::StatusOr<std::unique_ptr<Target>> target =
-          plan.cuda ? CudaTarget::Create(model, store, doors[e.arm], slots,
-                                         e.slots_requested == 0 && slots == 0 ? sharing : 1,
-                                         plan.ctx, trace_ptr, record_steps)
-                    : CpuTarget::Create(model, store.get(), doors[e.arm], plan.arms[e.arm], slots,
-                                        plan.ctx, plan.cpu, trace_ptr);
-      if (!target.ok()) {
-        return Prefixed(target.status(), absl::StrCat("arm ", Av(ArmName(plan.arms[e.arm]))));
+  for (size_t thread_group = 0; thread_group < thread_groups.size(); ++thread_group) {
+    CpuForwardOptions cpu = plan.cpu;
+    cpu.threads = thread_groups[thread_group];
+    const size_t first_row = thread_group * engines.size() * n_tests;
+    for (size_t group = 0; group < plan.slots.size(); ++group) {
+      std::vector<size_t> members;  // engine indices
+      std::vector<std::unique_ptr<Target>> targets;
+      // The engines without a pool policy (resident, stage) are made first, so the
+      // others budget --slots auto from what they leave: the first of those splits
+      // the free memory evenly among them all, and the rest take its slot count,
+      // so every arm of the group runs at the same count and all of them fit.
+      std::vector<size_t> order;
+      for (size_t g = 0; g < engines.size(); ++g) {
+        if (engines[g].group == group && engines[g].slots_requested < 0) order.push_back(g);
       }
-      if (plan.cuda && e.slots_requested == 0) {
-        if (auto_slots == 0) {
-          auto_slots = (*target)->slots();
-        } else if ((*target)->slots() != auto_slots) {
-          // The budget left this arm less than the first: a fair row needs one count.
-          return absl::ResourceExhaustedError(absl::StrFormat(
-              "--slots auto: arm %s got %d slots where the group's first arm got %d; pass "
-              "--slots %d (or fewer) to run every arm at one count",
-              Av(ArmName(plan.arms[e.arm])), (*target)->slots(), auto_slots,
-              (*target)->slots()));
+      const size_t fixed_engines = order.size();
+      for (size_t g = 0; g < engines.size(); ++g) {
+        if (engines[g].group == group && engines[g].slots_requested >= 0) order.push_back(g);
+      }
+      const int32_t sharing = static_cast<int32_t>(order.size() - fixed_engines);
+      int32_t auto_slots = 0;  // the count the first auto engine of the group got
+      for (const size_t g : order) {
+        const Engine& e = engines[g];
+        // Engine 0 (always in group 0) is the one whose routing is recorded.
+        const int64_t record_steps =
+            g == 0 && thread_group == 0 && !record_path.empty() ? steps_per_engine : 0;
+        const int32_t slots = e.slots_requested != 0 ? std::max(e.slots_requested, 0) : auto_slots;
+        absl::StatusOr<std::unique_ptr<Target>> target =
+            plan.cuda ? CudaTarget::Create(model, store, doors[e.arm], slots,
+                                           e.slots_requested == 0 && slots == 0 ? sharing : 1,
+                                           plan.ctx, trace_ptr, record_steps)
+                      : CpuTarget::Create(model, store.get(), doors[e.arm], plan.arms[e.arm], slots,
+                                          plan.ctx, cpu, trace_ptr);
+        if (!target.ok()) {
+          return Prefixed(target.status(), absl::StrCat("arm ", Av(ArmName(plan.arms[e.arm]))));
         }
-      }
-      members.push_back(g);
-      targets.push_back(std::move(*target));
-    }
-    for (size_t t = 0; t < n_tests; ++t) {
-      const BenchTest& test = plan.tests[t];
-      for (auto& target : targets) MG_RETURN_IF_ERROR(target->Run(test).status());
-      for (int rep = 0; rep < plan.reps; ++rep) {
-        for (size_t i = 0; i < targets.size(); ++i) {
-          Row& row = rows[members[i] * n_tests + t];
-          if (progress) {
-            std::fprintf(stderr, "\rbench: %s slots %d %s rep %d/%d        ",
-                         std::string(ArmName(row.arm)).c_str(), targets[i]->slots(),
-                         test.name.c_str(), rep + 1, plan.reps);
+        if (plan.cuda && e.slots_requested == 0) {
+          if (auto_slots == 0) {
+            auto_slots = (*target)->slots();
+          } else if ((*target)->slots() != auto_slots) {
+            // The budget left this arm less than the first: a fair row needs one count.
+            return absl::ResourceExhaustedError(absl::StrFormat(
+                "--slots auto: arm %s got %d slots where the group's first arm got %d; pass "
+                "--slots %d (or fewer) to run every arm at one count",
+                Av(ArmName(plan.arms[e.arm])), (*target)->slots(), auto_slots, (*target)->slots()));
           }
-          MG_ASSIGN_OR_RETURN(const Sample sample, targets[i]->Run(test));
-          row.slots = targets[i]->slots();
-          row.samples.push_back(sample);
+        }
+        members.push_back(g);
+        targets.push_back(std::move(*target));
+      }
+      for (size_t t = 0; t < n_tests; ++t) {
+        const BenchTest& test = plan.tests[t];
+        for (auto& target : targets) MG_RETURN_IF_ERROR(target->Run(test).status());
+        for (int rep = 0; rep < plan.reps; ++rep) {
+          for (size_t i = 0; i < targets.size(); ++i) {
+            Row& row = rows[first_row + members[i] * n_tests + t];
+            if (progress) {
+              std::fprintf(
+                  stderr, "\rbench: %s slots %d %s%s rep %d/%d        ",
+                  std::string(ArmName(row.arm)).c_str(), targets[i]->slots(), test.name.c_str(),
+                  plan.cuda ? "" : absl::StrCat(" -t ", row.threads).c_str(), rep + 1, plan.reps);
+            }
+            MG_ASSIGN_OR_RETURN(const Sample sample, targets[i]->Run(test));
+            row.slots = targets[i]->slots();
+            row.samples.push_back(sample);
+          }
         }
       }
-    }
-    if (group == 0 && !record_path.empty()) {
-      // Every arm computes the same outputs, so routes alike: engine 0's routing.
-      const size_t recorder = static_cast<size_t>(
-          std::find(members.begin(), members.end(), size_t{0}) - members.begin());
-      MG_ASSIGN_OR_RETURN(const std::vector<int32_t> routing, targets[recorder]->Routing());
-      MG_RETURN_IF_ERROR(WriteRouting(routing, cfg, record_path));
+      if (group == 0 && thread_group == 0 && !record_path.empty()) {
+        // Every arm computes the same outputs, so routes alike: engine 0's routing.
+        const size_t recorder = static_cast<size_t>(
+            std::find(members.begin(), members.end(), size_t{0}) - members.begin());
+        MG_ASSIGN_OR_RETURN(const std::vector<int32_t> routing, targets[recorder]->Routing());
+        MG_RETURN_IF_ERROR(WriteRouting(routing, cfg, record_path));
+      }
     }
   }
   if (progress) std::fprintf(stderr, "\r%60s\r", "");
-  if (plan.json) {
-    PrintJson(info, backend, plan.tests, rows);
+  if (plan.format == "json" || plan.format == "jsonl") {
+    PrintJson(info, backend, plan.tests, rows, plan.format == "jsonl");
+  } else if (plan.format == "csv") {
+    PrintCsv(info, backend, plan.tests, rows);
   } else {
     PrintMarkdown(info, backend, plan.tests, rows);
   }

@@ -4,11 +4,16 @@
 // it (text/chat_template.h), or --chat-template. The KV cache carries over: a
 // turn prefills only what the template adds since the last reply (and the
 // reply's last token, which generation never feeds back unless it ended the
-// turn). Ctrl-C stops the reply being written, not the program.
+// turn). When a turn does not fit in the context, the oldest turns are dropped
+// and the rest prefilled again from position 0 (llama.cpp's context shift drops
+// tokens; whole turns keep the template's structure). Ctrl-C stops the reply
+// being written, not the program. /exit, /clear and /help are commands.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -19,6 +24,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "loader/gguf.h"
@@ -30,12 +36,10 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/decoder.h"
 
-ABSL_FLAG(std::string, system, "", "chat: a system message before the first turn");
-ABSL_FLAG(std::string, chat_template, "",
-          "chat: a template name (chatml, llama2, mistral-v7, ...) or Jinja text to detect one "
-          "from, instead of the file's tokenizer.chat_template");
-ABSL_FLAG(bool, verbose_prompt, false,
-          "chat: print the text each turn prefills (JSON-quoted) to stderr");
+// What each flag means: tools/cli/command_line.cc.
+ABSL_FLAG(std::string, system, "", "a system message before the first turn");
+ABSL_FLAG(std::string, chat_template, "", "a template name or Jinja text");
+ABSL_FLAG(bool, verbose_prompt, false, "print the text each turn prefills");
 
 namespace moegraph {
 namespace {
@@ -111,16 +115,59 @@ struct Conversation {
   std::optional<int32_t> unfed;  // the last reply's last token, when it did not end the turn
 };
 
+constexpr char kCommandsHelp[] =
+    "/exit ends the chat (as EOF does), /clear starts a new conversation (the system message "
+    "kept), /help prints this";
+
+// What a turn prefills: the text the template adds since the last reply when it
+// keeps the earlier text as it was, else the whole conversation from position 0.
+struct Prefill {
+  std::string rendered;  // the whole conversation, rendered
+  std::string text;      // the part prefilled
+  std::vector<int32_t> tokens;
+  int start = 0;  // its first position
+};
+
+absl::StatusOr<Prefill> PlanPrefill(const ChatTemplate& chat_template, const Tokenizer& tokenizer,
+                                    const Conversation& chat, bool keep_cache, int turn) {
+  Prefill p;
+  p.rendered = ApplyChatTemplate(chat_template, chat.messages, true);
+  const bool carry = keep_cache && chat.n_past > 0 && p.rendered.starts_with(chat.seen);
+  p.text = carry ? p.rendered.substr(chat.seen.size()) : p.rendered;
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Tokenize(p.text, !carry, true);
+  if (!ids.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("turn ", turn, ": ", ids.status().message()));
+  }
+  if (carry && chat.unfed.has_value()) p.tokens.push_back(*chat.unfed);
+  p.tokens.insert(p.tokens.end(), ids->begin(), ids->end());
+  p.start = carry ? chat.n_past : 0;
+  return p;
+}
+
+// Drops the oldest turn (a user message and its reply; the system message
+// stays); false when only the newest message is left.
+bool DropOldestTurn(Conversation& chat) {
+  const size_t first = !chat.messages.empty() && chat.messages[0].role == "system" ? 1 : 0;
+  if (chat.messages.size() < first + 2) return false;
+  const bool pair = chat.messages[first + 1].role == "assistant";
+  chat.messages.erase(chat.messages.begin() + static_cast<ptrdiff_t>(first),
+                      chat.messages.begin() + static_cast<ptrdiff_t>(first + (pair ? 2 : 1)));
+  return true;
+}
+
 absl::Status Chat() {
   const std::string path = absl::GetFlag(FLAGS_m);
   if (path.empty()) return absl::InvalidArgumentError("-m FILE is required");
-  const int n_flag = absl::GetFlag(FLAGS_n);
-  if (n_flag < kDefaultTokensFlag || n_flag == 0) {
+  MG_ASSIGN_OR_RETURN(const int n_flag, TokensToGenerate(kUntilTheEnd));
+  if (n_flag == 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("-n %d: a reply's tokens must be positive (unset: until the end)", n_flag));
+        "-n 0: a reply's tokens must be positive (-1: until its end)");
   }
   int ctx = absl::GetFlag(FLAGS_ctx);
-  if (ctx < 0) return absl::InvalidArgumentError(absl::StrFormat("--ctx %d is negative", ctx));
+  if (ctx < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--ctx %d must not be negative (0: %d)", ctx, kChatDefaultContext));
+  }
   if (ctx == 0) ctx = kChatDefaultContext;
   MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
 
@@ -132,9 +179,9 @@ absl::Status Chat() {
   std::string template_source;
   MG_ASSIGN_OR_RETURN(const ChatTemplate chat_template, PickTemplate(*file, &template_source));
 
-  std::fprintf(stderr, "%s\n%s\nchat template: %s (%s); context %d\n", flags.doors.banner.c_str(),
-               DescribeSampling(flags.sampling).c_str(),
-               std::string(ChatTemplateName(chat_template)).c_str(), template_source.c_str(), ctx);
+  std::fprintf(stderr, "%schat template: %s (%s); context %d; %s\n", StartupLines(flags).c_str(),
+               std::string(ChatTemplateName(chat_template)).c_str(), template_source.c_str(), ctx,
+               kCommandsHelp);
   MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder, Decoder::Create(model, flags, ctx, stderr));
 
   struct sigaction action = {};
@@ -146,53 +193,74 @@ absl::Status Chat() {
   const bool special = absl::GetFlag(FLAGS_special);
   const bool verbose = absl::GetFlag(FLAGS_verbose_prompt);
   Conversation chat;
-  if (const std::string system = absl::GetFlag(FLAGS_system); !system.empty()) {
-    chat.messages.push_back({"system", system});
-  }
+  const std::string system = absl::GetFlag(FLAGS_system);
+  auto clear = [&] {
+    chat = Conversation();
+    if (!system.empty()) chat.messages.push_back({"system", system});
+  };
+  clear();
+  // Room a turn keeps for its reply before older turns are dropped.
+  const int reply_room = n_flag > 0 ? std::min(n_flag, ctx / 2) : ctx / 4;
   GenerateStats total;
   size_t generated_total = 0;
   std::string line;
-  for (int turn = 1;; ++turn) {
+  for (int turn = 1;;) {
     if (terminal) {
       std::fputs("> ", stdout);
       std::fflush(stdout);
     }
     if (!std::getline(std::cin, line)) break;
-    if (line.empty()) {
-      --turn;
+    const absl::string_view command = absl::StripAsciiWhitespace(line);
+    if (command.empty()) continue;
+    if (command == "/exit" || command == "/quit") break;
+    if (command == "/help") {
+      std::fprintf(stderr, "%s\n", kCommandsHelp);
+      continue;
+    }
+    if (command == "/clear") {
+      clear();
+      std::fprintf(stderr, "chat: a new conversation\n");
       continue;
     }
     chat.messages.push_back({"user", line});
-    // What the template adds since the last reply, when it keeps the earlier
-    // text as it was; else the whole conversation again from position 0.
-    const std::string rendered = ApplyChatTemplate(chat_template, chat.messages, true);
-    const bool carry = turn > 1 && rendered.starts_with(chat.seen);
-    const std::string fresh = carry ? rendered.substr(chat.seen.size()) : rendered;
-    absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Tokenize(fresh, !carry, true);
-    if (!ids.ok())
-      return absl::InvalidArgumentError(absl::StrCat("turn ", turn, ": ", ids.status().message()));
-    std::vector<int32_t> prompt;
-    if (carry && chat.unfed.has_value()) prompt.push_back(*chat.unfed);
-    prompt.insert(prompt.end(), ids->begin(), ids->end());
-    const int start = carry ? chat.n_past : 0;
-    if (!carry && turn > 1) {
+    // Drop the oldest turns until this one and its reply's room fit.
+    int dropped = 0;
+    MG_ASSIGN_OR_RETURN(Prefill prefill,
+                        PlanPrefill(chat_template, *tokenizer, chat, /*keep_cache=*/true, turn));
+    while (prefill.start + static_cast<int>(prefill.tokens.size()) + reply_room > ctx &&
+           DropOldestTurn(chat)) {
+      ++dropped;
+      MG_ASSIGN_OR_RETURN(prefill, PlanPrefill(chat_template, *tokenizer, chat,
+                                               /*keep_cache=*/false, turn));
+    }
+    if (dropped > 0) {
+      std::fprintf(stderr,
+                   "chat: the context (--ctx %d) is full: dropped the oldest %d turn%s, "
+                   "prefilling the rest again\n",
+                   ctx, dropped, dropped == 1 ? "" : "s");
+    } else if (prefill.start == 0 && chat.n_past > 0) {
       std::fprintf(stderr,
                    "chat: the template renders earlier turns anew; prefilling them again\n");
     }
-    if (verbose) std::fprintf(stderr, "turn %d prefill text: %s\n", turn, Quoted(fresh).c_str());
-    const int room = ctx - start - static_cast<int>(prompt.size()) + 1;
+    const int room = ctx - prefill.start - static_cast<int>(prefill.tokens.size()) + 1;
     if (room < 1) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "turn %d: the conversation needs %d positions, more than the context (--ctx %d)", turn,
-          start + static_cast<int>(prompt.size()), ctx));
+      // Not even the message alone fits: say so and wait for the next one.
+      std::fprintf(stderr,
+                   "chat: this message needs %d positions with the template, more than --ctx %d "
+                   "holds; it was not sent\n",
+                   prefill.start + static_cast<int>(prefill.tokens.size()), ctx);
+      chat.messages.pop_back();
+      continue;
     }
-    const int n_predict = n_flag == kDefaultTokensFlag ? room : std::min(n_flag, room);
+    if (verbose) {
+      std::fprintf(stderr, "turn %d prefill text: %s\n", turn, Quoted(prefill.text).c_str());
+    }
+    const int n_predict = n_flag == kUntilTheEnd ? room : std::min(n_flag, room);
 
     // Each token: printed as it comes, until an end-of-generation token or Ctrl-C.
     TextStream stream;
     std::string reply;
-    std::string ended_by =
-        n_predict < n_flag || n_flag == kDefaultTokensFlag ? "context full" : "-n";
+    std::string ended_by = n_predict < n_flag || n_flag == kUntilTheEnd ? "context full" : "-n";
     bool last_taken = true;
     const TokenSink sink = [&](int32_t token) {
       if (g_interrupted.load()) {
@@ -213,6 +281,8 @@ absl::Status Chat() {
     g_interrupted.store(false);
     g_generating.store(true);
     GenerateStats stats;
+    const std::vector<int32_t>& prompt = prefill.tokens;
+    const int start = prefill.start;
     absl::StatusOr<std::vector<int32_t>> generated =
         decoder->Generate(prompt, n_predict, start, &stats, sink);
     g_generating.store(false);
@@ -227,7 +297,7 @@ absl::Status Chat() {
     const bool ended = ended_by == "end of generation";
     chat.unfed = last_taken && !ended ? std::optional<int32_t>(generated->back()) : std::nullopt;
     chat.messages.push_back({"assistant", reply});
-    chat.seen = rendered + reply;
+    chat.seen = prefill.rendered + reply;
     const int taken = static_cast<int>(generated->size()) - (last_taken && !ended ? 0 : 1);
     std::fprintf(stderr,
                  "turn %d: prefill %d tokens at positions %d..%d, %d generated (%s); %.2f tok/s "
@@ -241,6 +311,7 @@ absl::Status Chat() {
     total.decode_steps += stats.decode_steps;
     total.decode_seconds += stats.decode_seconds;
     generated_total += static_cast<size_t>(taken);
+    ++turn;
   }
   return decoder->PrintSummary(stderr, total, generated_total);
 }

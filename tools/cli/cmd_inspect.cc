@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -131,11 +132,13 @@ std::string FormatInspect(const GgufFile& file) {
 }  // namespace
 
 int RunInspect(const std::vector<std::string>& args) {
-  if (args.size() != 1) {
-    std::fprintf(stderr, "usage: moegraph inspect FILE\n");
+  // The file as its argument, or as -m like every other command's model.
+  const std::string flag = absl::GetFlag(FLAGS_m);
+  if (args.size() + (flag.empty() ? 0 : 1) != 1) {
+    std::fprintf(stderr, "usage: moegraph inspect FILE (or -m FILE)\n");
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(args[0]);
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(flag.empty() ? args[0] : flag);
   if (!file.ok()) {
     std::fprintf(stderr, "moegraph inspect: %s\n", std::string(file.status().message()).c_str());
     return 1;

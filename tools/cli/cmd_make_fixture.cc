@@ -18,16 +18,12 @@
 #include "text/hf_tokenizer.h"
 #include "tools/cli/commands.h"
 
-ABSL_FLAG(std::string, arch, "qwen3moe", "make-fixture: qwen3moe | olmoe | qwen2moe | mixtral");
-ABSL_FLAG(int32_t, layers, 0,
-          "number of layers (0: the command's default: make-fixture 2, trace synth 48)");
-ABSL_FLAG(int32_t, experts, 0,
-          "routed experts per layer (0: the command's default: make-fixture 8, trace synth 128, "
-          "trace stats and simulate: the largest id in the trace + 1)");
-ABSL_FLAG(int32_t, top_k, moegraph::kUnsetFlag,
-          "make-fixture, trace synth: experts used per token (unset or 0: make-fixture 2, trace "
-          "synth 8); run: sampling keeps the k most likely tokens (unset: 40, as llama.cpp; 0: "
-          "every token)");
+// What each flag means to each command: tools/cli/command_line.cc.
+ABSL_FLAG(std::string, arch, "qwen3moe", "qwen3moe | olmoe | qwen2moe | mixtral");
+ABSL_FLAG(int32_t, layers, 0, "layers (0: the command's default)");
+ABSL_FLAG(int32_t, experts, 0, "routed experts per layer (0: the command's default)");
+ABSL_FLAG(int32_t, top_k, moegraph::kUnsetTopK,
+          "experts per token (make-fixture, trace synth) or sampling's top-k (run, chat, serve)");
 ABSL_FLAG(int32_t, embd, 64, "make-fixture: embedding width");
 ABSL_FLAG(int32_t, ff, 32, "make-fixture: hidden size of one routed expert");
 ABSL_FLAG(int32_t, shared_ff, 0,
@@ -51,9 +47,7 @@ ABSL_FLAG(std::string, quant, "f32",
           "norms, biases and routers stay f32");
 ABSL_FLAG(double, router_skew, 0.0,
           "make-fixture: 0 routes tokens evenly; larger values make a few experts dominate");
-ABSL_FLAG(int64_t, seed, moegraph::kUnsetFlag,
-          "random seed: make-fixture, trace synth: the same seed writes the same bytes (unset: "
-          "1); run: the sampler's draws (unset: a random seed, printed)");
+ABSL_FLAG(int64_t, seed, moegraph::kUnsetFlag, "random seed (unset or -1: the command's default)");
 ABSL_FLAG(int32_t, expert_variants, 0,
           "make-fixture: 0: every routed expert distinct; V > 0: expert e is a byte copy of "
           "expert e % V (fast for large fixtures; only for benchmarks whose routing comes from "

@@ -3,8 +3,10 @@
 // sampled with llama.cpp's flags. The backend (tools/cli/decoder.h) is the CUDA
 // engine, each step one graph replay with experts in pinned host memory, or the
 // CPU backend, the same expert path on the host.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,18 +31,17 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/decoder.h"
 
-ABSL_FLAG(std::string, tokens, "",
-          "run: prompt token ids, comma-separated (e.g. 1,2,3), instead of -p/-f text; the "
-          "output is ids too");
-ABSL_FLAG(int32_t, n, moegraph::kDefaultTokensFlag,
-          "tokens to generate (default: run 16, bench 128; chat: a reply's limit, default "
-          "until its end)");
-ABSL_FLAG(bool, ignore_eos, false,
-          "run: with -p/-f, go on past end-of-generation tokens (EOS, EOT, <|im_end|>, ...)");
-ABSL_FLAG(bool, special, false, "run (with -p/-f), chat: print control tokens' text too");
+ABSL_FLAG(std::string, tokens, "", "prompt token ids, comma-separated");
+// What each flag means to each command: tools/cli/command_line.cc.
+ABSL_FLAG(std::string, n, "", "tokens to generate (empty: the command's default)");
+ABSL_FLAG(bool, ignore_eos, false, "go on past end-of-generation tokens");
+ABSL_FLAG(bool, special, false, "print control tokens' text too");
 
 namespace moegraph {
 namespace {
+
+// run -n -1 without --ctx: chat's and serve's default context, or the model's if smaller.
+constexpr int kUntilTheEndContext = 4096;
 
 absl::StatusOr<std::vector<int32_t>> ParseTokens(const std::string& text) {
   std::vector<int32_t> ids;
@@ -65,19 +66,6 @@ struct RunOutput {
 void PrintTokens(const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated) {
   std::printf("prompt: %s\n", absl::StrJoin(prompt, " ").c_str());
   std::printf("generated: %s\n", absl::StrJoin(generated, " ").c_str());
-}
-
-// One generation on the backend the flags pick, with its lines.
-absl::Status Decode(const Model& model, const DecoderFlags& flags,
-                    const std::vector<int32_t>& prompt, int n_predict, int ctx,
-                    const RunOutput& out) {
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder,
-                      Decoder::Create(model, flags, ctx, out.info));
-  GenerateStats stats;
-  MG_ASSIGN_OR_RETURN(std::vector<int32_t> generated,
-                      decoder->Generate(prompt, n_predict, /*start=*/0, &stats, out.sink));
-  if (out.print_ids) PrintTokens(prompt, generated);
-  return decoder->PrintSummary(out.info, stats, generated.size());
 }
 
 // The prompt: token ids from --tokens, or text from -p or -f (exactly one).
@@ -108,10 +96,11 @@ absl::Status Run() {
   const std::string path = absl::GetFlag(FLAGS_m);
   if (path.empty()) return absl::InvalidArgumentError("-m FILE is required");
   MG_ASSIGN_OR_RETURN(PromptSource source, ReadPromptSource());
-  const int n_flag = absl::GetFlag(FLAGS_n);
-  const int n_predict = n_flag == kDefaultTokensFlag ? kRunDefaultTokens : n_flag;
-  if (n_predict < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("-n %d must not be negative", n_predict));
+  MG_ASSIGN_OR_RETURN(const int n_flag, TokensToGenerate(kRunDefaultTokens));
+  const int ctx_flag = absl::GetFlag(FLAGS_ctx);
+  if (ctx_flag < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--ctx %d must not be negative (0: room for the prompt and -n)", ctx_flag));
   }
   MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
 
@@ -140,14 +129,31 @@ absl::Status Run() {
     }
   }
   // Generate feeds every generated token back but the last.
-  const int needed = static_cast<int>(prompt.size()) + (n_predict > 0 ? n_predict - 1 : 0);
-  int ctx = absl::GetFlag(FLAGS_ctx);
-  if (ctx < 0 || (ctx > 0 && ctx < needed)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--ctx %d is too small: %d prompt tokens and %d generated need %d", ctx,
-                        prompt.size(), n_predict, needed));
+  const int n_prompt = static_cast<int>(prompt.size());
+  int ctx = ctx_flag;
+  int n_predict = n_flag;
+  if (n_flag == kUntilTheEnd) {
+    const int trained = model->config.n_ctx_train;
+    if (ctx == 0) ctx = trained > 0 ? std::min(kUntilTheEndContext, trained) : kUntilTheEndContext;
+    if (n_prompt >= ctx) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--ctx %d: the prompt's %d tokens leave no room to generate (-n -1)", ctx, n_prompt));
+    }
+    n_predict = ctx - n_prompt + 1;
+  } else {
+    const int64_t needed = int64_t{n_prompt} + (n_predict > 0 ? n_predict - 1 : 0);
+    if (needed > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "-n %d: the prompt's %d tokens and -n need %d positions, more than a context holds",
+          n_predict, n_prompt, needed));
+    }
+    if (ctx > 0 && ctx < needed) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--ctx %d is too small: the prompt's %d tokens and -n %d need %d", ctx,
+                          n_prompt, n_predict, needed));
+    }
+    if (ctx == 0) ctx = static_cast<int>(needed);
   }
-  if (ctx == 0) ctx = needed;
 
   RunOutput out;
   TextStream stream;
@@ -165,15 +171,23 @@ absl::Status Run() {
       return true;
     };
   }
-  std::fprintf(out.info, "%s\n%s\n", flags.doors.banner.c_str(),
-               DescribeSampling(flags.sampling).c_str());
-  const absl::Status status = Decode(*model, flags, prompt, n_predict, ctx, out);
+  std::fputs(StartupLines(flags).c_str(), out.info);
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder,
+                      Decoder::Create(*model, flags, ctx, out.info));
+  GenerateStats stats;
+  absl::StatusOr<std::vector<int32_t>> generated =
+      decoder->Generate(prompt, n_predict, /*start=*/0, &stats, out.sink);
   if (tokenizer != nullptr) {
+    // The text ends its line before the summary starts one (on a terminal the
+    // two streams share the screen).
     const std::string rest = stream.Flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
+    std::fflush(stdout);
   }
-  return status;
+  if (!generated.ok()) return generated.status();
+  if (out.print_ids) PrintTokens(prompt, *generated);
+  return decoder->PrintSummary(out.info, stats, generated->size());
 }
 
 }  // namespace

@@ -26,16 +26,14 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/decoder.h"
 
-ABSL_FLAG(std::string, host, "127.0.0.1", "serve: the address to listen on (loopback by default)");
-ABSL_FLAG(int32_t, port, 8080, "serve: the port to listen on (0: any free port, printed)");
-ABSL_FLAG(std::string, api_key, "",
-          "serve: requests must send Authorization: Bearer KEY (/health stays open); empty: none");
-ABSL_FLAG(int32_t, max_queue, 16,
-          "serve: requests that may wait for the engine; more get 503 with Retry-After");
-ABSL_FLAG(int64_t, max_body, 4 << 20, "serve: the largest request body in bytes (larger: 413)");
-ABSL_FLAG(int32_t, timeout, 10,
-          "serve: seconds a connection may take to send its request or to read a reply before "
-          "it is dropped");
+// What each flag means: tools/cli/command_line.cc.
+ABSL_FLAG(std::string, host, "127.0.0.1", "the address to listen on");
+ABSL_FLAG(int32_t, port, 8080, "the port to listen on (0: any free port)");
+ABSL_FLAG(std::string, api_key, "", "the API key requests must send");
+ABSL_FLAG(std::string, alias, "", "the model's id (empty: the file name)");
+ABSL_FLAG(int32_t, max_queue, 16, "requests that may wait for the engine");
+ABSL_FLAG(int64_t, max_body, 4 << 20, "the largest request body in bytes");
+ABSL_FLAG(int32_t, timeout, 10, "seconds a connection may take to send its request");
 
 namespace moegraph {
 namespace {
@@ -76,9 +74,11 @@ absl::Status Serve() {
     return absl::InvalidArgumentError(
         absl::StrFormat("--port %d is not a port (0 to 65535)", options.port));
   }
-  if (options.max_queue < 0) {
+  // The HTTP pool has a thread per request that may wait.
+  constexpr int kMaxQueue = 4096;
+  if (options.max_queue < 0 || options.max_queue > kMaxQueue) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--max-queue %d is negative", options.max_queue));
+        absl::StrFormat("--max-queue %d is not in [0, %d]", options.max_queue, kMaxQueue));
   }
   if (max_body < 1) {
     return absl::InvalidArgumentError(absl::StrFormat("--max-body %d must be positive", max_body));
@@ -90,7 +90,8 @@ absl::Status Serve() {
         absl::StrFormat("--timeout %d must be at least 1 second", options.timeout_seconds));
   }
   if (options.ctx < 1) {
-    return absl::InvalidArgumentError(absl::StrFormat("--ctx %d is negative", options.ctx));
+    return absl::InvalidArgumentError(absl::StrFormat("--ctx %d must not be negative (0: %d)",
+                                                      options.ctx, kServeDefaultContext));
   }
   MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
   options.defaults = flags.sampling;
@@ -109,11 +110,12 @@ absl::Status Serve() {
   MG_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer,
                       Tokenizer::Create(std::move(vocab)));
   MG_ASSIGN_OR_RETURN(const ChatTemplate chat_template, FileChatTemplate(*file));
-  options.model_name = std::filesystem::path(path).filename().string();
+  const std::string alias = absl::GetFlag(FLAGS_alias);
+  options.model_name = alias.empty() ? std::filesystem::path(path).filename().string() : alias;
 
-  std::fprintf(stderr, "%s\n%s (requests may name their own)\nchat template: %s; context %d\n",
-               flags.doors.banner.c_str(), DescribeSampling(flags.sampling).c_str(),
-               std::string(ChatTemplateName(chat_template)).c_str(), options.ctx);
+  std::fprintf(stderr, "%s(requests may name their own sampling)\nchat template: %s; context %d\n",
+               StartupLines(flags).c_str(), std::string(ChatTemplateName(chat_template)).c_str(),
+               options.ctx);
   MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder,
                       Decoder::Create(model, flags, options.ctx, stderr));
   DecoderEngine engine(decoder.get());

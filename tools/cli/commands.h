@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,13 +23,16 @@ ABSL_DECLARE_FLAG(int32_t, ctx);    // context size
 ABSL_DECLARE_FLAG(int32_t, layers);
 ABSL_DECLARE_FLAG(int32_t, experts);
 // Shared by make-fixture and trace synth (experts per token) and run (sampling's
-// top-k); kUnsetFlag means the command's default (TopKFlagOr).
+// top-k); kUnsetTopK means the command's default (TopKFlagOr).
 ABSL_DECLARE_FLAG(int32_t, top_k);
 // Shared by make-fixture and trace synth (the bytes written) and run (the
-// sampler's draws); kUnsetFlag means the command's default.
+// sampler's draws; -1 is random, as llama.cpp's); kUnsetFlag means the command's
+// default.
 ABSL_DECLARE_FLAG(int64_t, seed);
-// Shared by run and bench: tokens to generate; kDefaultTokensFlag means the command's default.
-ABSL_DECLARE_FLAG(int32_t, n);
+// Shared by run, chat (a number; empty: the command's default) and bench (a list).
+ABSL_DECLARE_FLAG(std::string, n);
+// Shared by run, chat, serve and bench: more start-up lines.
+ABSL_DECLARE_FLAG(bool, verbose);
 // Shared by simulate (a list) and run (N or auto); empty means the command's default.
 ABSL_DECLARE_FLAG(std::string, slots);
 // Shared by bench (the pp test's prompt length, a number; empty: no pp test) and
@@ -41,9 +45,16 @@ ABSL_DECLARE_FLAG(bool, special);
 
 namespace moegraph {
 
-inline constexpr int32_t kDefaultTokensFlag = -1;
 inline constexpr int32_t kUnsetFlag = -1;
+// --top-k's unset: llama.cpp's -1 (and any value <= 0) is sampling's "off".
+inline constexpr int32_t kUnsetTopK = std::numeric_limits<int32_t>::min();
 inline constexpr int32_t kRunDefaultTokens = 16;
+// -n -1, as llama.cpp: until end-of-generation or the context is full.
+inline constexpr int32_t kUntilTheEnd = -1;
+
+// -n for run and chat: empty is command_default, -1 is kUntilTheEnd; another
+// negative value, or one that is not a number, is an error naming -n.
+absl::StatusOr<int32_t> TokensToGenerate(int32_t command_default);
 
 // A shared numeric flag whose 0 stands for the command's own default.
 template <typename T>
@@ -55,7 +66,7 @@ T FlagOr(const absl::Flag<T>& flag, T command_default) {
 // --top-k for the experts per token: unset or 0 is the command's default.
 inline int32_t TopKFlagOr(int32_t command_default) {
   const int32_t k = absl::GetFlag(FLAGS_top_k);
-  return k == kUnsetFlag || k == 0 ? command_default : k;
+  return k == kUnsetTopK || k == 0 ? command_default : k;
 }
 
 // --seed for make-fixture and trace synth: unset is the command's default;

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <random>
@@ -16,34 +17,21 @@
 #include "absl/strings/str_format.h"
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
+#include "loader/placement.h"
 #include "loader/status_util.h"
 #include "residency/simulator.h"
 #include "tools/cli/commands.h"
 
-ABSL_FLAG(std::string, backend, "auto",
-          "run, chat, serve, bench: cpu | cuda | auto (auto: cuda when a device exists, else cpu)");
-ABSL_FLAG(
-    std::string, arm, "",
-    "run, chat, serve: resident | graph | eager | host | stage (the doors' twin; a door set in "
-    "the environment wins)");
-ABSL_FLAG(
-    int32_t, steps_per_launch, 1,
-    "run, chat, serve, bench: decode steps captured in one CUDA graph (the host waits once per "
-    "launch)");
-ABSL_FLAG(float, temp, 0.0f,
-          "run, chat, serve: sampling temperature; 0 is greedy decoding (the argmax), > 0 samples "
-          "after --top-k, --top-p and --min-p");
-ABSL_FLAG(float, top_p, 0.95f,
-          "run, chat, serve: sampling keeps the most likely tokens holding this share of the "
-          "probability (1: off)");
-ABSL_FLAG(
-    float, min_p, 0.05f,
-    "run, chat, serve: sampling drops tokens less likely than this share of the most likely one "
-    "(0: off)");
-
-ABSL_FLAG(int32_t, t, 0, "run, chat, serve, bench: CPU backend threads (0: the physical cores)");
-ABSL_FLAG(std::string, kv_type, "f16",
-          "run, chat, serve, bench: the CPU backend's KV cache element type, f16 or f32");
+// What each flag means to each command: tools/cli/command_line.cc.
+ABSL_FLAG(std::string, backend, "auto", "cpu | cuda | auto");
+ABSL_FLAG(std::string, arm, "", "resident | graph | eager | host | stage");
+ABSL_FLAG(int32_t, steps_per_launch, 1, "decode steps captured in one CUDA graph");
+ABSL_FLAG(float, temp, 0.0f, "sampling temperature (0: greedy)");
+ABSL_FLAG(float, top_p, 0.95f, "sampling's top-p (1: off)");
+ABSL_FLAG(float, min_p, 0.05f, "sampling's min-p (0: off)");
+ABSL_FLAG(std::string, t, "", "CPU backend threads (empty or 0: the physical cores)");
+ABSL_FLAG(std::string, kv_type, "f16", "the CPU backend's KV cache element type, f16 or f32");
+ABSL_FLAG(int32_t, n_cpu_moe, -1, "llama.cpp's --n-cpu-moe: layers whose experts stay on the host");
 
 namespace moegraph {
 namespace {
@@ -53,6 +41,7 @@ std::string Rate(int tokens, double seconds) {
 }
 
 double Mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+double Gib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
 // The process's peak resident set (getrusage's ru_maxrss, in KiB on Linux).
 uint64_t PeakRssBytes() {
@@ -67,16 +56,13 @@ absl::StatusOr<SamplingParams> ReadSampling() {
   SamplingParams p;
   p.temperature = absl::GetFlag(FLAGS_temp);
   const int32_t top_k = absl::GetFlag(FLAGS_top_k);
-  p.top_k = top_k == kUnsetFlag ? 40 : top_k;
+  // llama.cpp: 40 unless given; 0 or below keeps every token.
+  p.top_k = top_k == kUnsetTopK ? 40 : std::max(top_k, 0);
   p.top_p = absl::GetFlag(FLAGS_top_p);
   p.min_p = absl::GetFlag(FLAGS_min_p);
   if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--temp %g must be 0 (greedy) or positive", p.temperature));
-  }
-  if (p.top_k < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--top-k %d must be 0 (off) or positive", p.top_k));
   }
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrFormat("--top-p %g must be in (0, 1]", p.top_p));
@@ -146,52 +132,106 @@ std::string Banner(const CpuBackend& backend, const ExpertStore* store,
 
 }  // namespace
 
+std::string StartupLines(const DecoderFlags& flags) {
+  std::string lines;
+  if (!flags.doors.all_default || flags.verbose) absl::StrAppend(&lines, flags.doors.banner, "\n");
+  if (!flags.backend_note.empty()) absl::StrAppend(&lines, flags.backend_note, "\n");
+  absl::StrAppend(&lines, DescribeSampling(flags.sampling), "\n");
+  return lines;
+}
+
 std::string DescribeSampling(const SamplingParams& p) {
   if (sample_is_greedy(p.temperature)) return "sampling: greedy (--temp 0)";
   return absl::StrFormat("sampling: temp %.2f, top-k %d, top-p %.2f, min-p %.2f, seed %d",
                          p.temperature, p.top_k, p.top_p, p.min_p, p.seed);
 }
 
-absl::StatusOr<bool> BackendIsCuda() {
+absl::StatusOr<bool> BackendIsCuda(std::string* note) {
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend != "cpu" && backend != "cuda" && backend != "auto") {
     return absl::InvalidArgumentError(
         absl::StrFormat("--backend '%s' is not one of cpu, cuda, auto", backend));
   }
-  const bool cuda = backend != "cpu" && CudaDeviceCount() > 0;
-  if (backend == "cuda" && !cuda) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--backend cuda: no CUDA device is available (", NoCudaDeviceReason(), ")"));
+  if (backend == "cpu") return false;
+  if (CudaDeviceCount() > 0) return true;
+  const std::string reason = absl::GetFlag(FLAGS_verbose)
+                                 ? absl::StrCat(" (", NoCudaDeviceReason(), ")")
+                                 : std::string(" (--verbose gives the CUDA runtime's reason)");
+  if (backend == "cuda") {
+    return absl::FailedPreconditionError(absl::StrCat("--backend cuda: no CUDA device", reason));
   }
-  return cuda;
+  *note = absl::StrCat("no CUDA device: running on the CPU backend",
+                       absl::GetFlag(FLAGS_verbose) ? reason : "");
+  return false;
+}
+
+absl::StatusOr<int> ParseThreads(absl::string_view text) {
+  int threads = 0;
+  if (!text.empty() && !absl::SimpleAtoi(text, &threads)) {
+    return absl::InvalidArgumentError(absl::StrFormat("-t '%s' is not a thread count", text));
+  }
+  if (threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("-t %d: threads must be at least 1 (or 0: the physical cores)", threads));
+  }
+  const int logical = LogicalCpus();
+  if (threads > logical) {
+    std::fprintf(stderr,
+                 "warning: -t %d: this machine has %d logical CPUs; running %d threads (more "
+                 "would only wait for each other)\n",
+                 threads, logical, logical);
+    threads = logical;
+  }
+  return threads;
+}
+
+absl::StatusOr<KvCacheType> ReadKvType() {
+  const std::string kv = absl::GetFlag(FLAGS_kv_type);
+  if (kv == "f16") return KvCacheType::kF16;
+  if (kv == "f32") return KvCacheType::kF32;
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--kv-type '%s' is not f16 or f32 (llama.cpp's -ctk/-ctv spell it too)", kv));
 }
 
 absl::StatusOr<CpuForwardOptions> ReadCpuFlags() {
   CpuForwardOptions options;
-  options.threads = absl::GetFlag(FLAGS_t);
-  if (options.threads < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "-t %d: threads must be positive (0: the physical cores)", options.threads));
-  }
-  const std::string kv = absl::GetFlag(FLAGS_kv_type);
-  if (kv == "f16") {
-    options.kv_type = KvCacheType::kF16;
-  } else if (kv == "f32") {
-    options.kv_type = KvCacheType::kF32;
-  } else {
-    return absl::InvalidArgumentError(absl::StrFormat("--kv-type '%s' is not f16 or f32", kv));
-  }
+  MG_ASSIGN_OR_RETURN(options.threads, ParseThreads(absl::GetFlag(FLAGS_t)));
+  MG_ASSIGN_OR_RETURN(options.kv_type, ReadKvType());
   return options;
+}
+
+absl::Status CheckContext(const Model& model, bool cuda, KvCacheType kv_type, int ctx,
+                          std::FILE* info) {
+  const ModelConfig& cfg = model.config;
+  if (cfg.n_ctx_train > 0 && ctx > cfg.n_ctx_train) {
+    std::fprintf(info,
+                 "warning: a context of %d positions is above the %d the model was trained for "
+                 "(%s.context_length); text past them may degrade\n",
+                 ctx, cfg.n_ctx_train, std::string(arch_gguf_name(cfg.arch)).c_str());
+  }
+  if (cuda) return absl::OkStatus();
+  const uint64_t kv = KvCacheBytes(cfg, ctx, kv_type);
+  const uint64_t available = HostMemoryAvailable();
+  if (available > 0 && kv > available) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "--ctx %d: a context of that many positions (--ctx, or the prompt and -n) needs a KV "
+        "cache of %.2f GiB (2 x %d layers x %d positions x %d KV heads x %d x %d bytes) and this "
+        "machine has %.2f GiB available (MemAvailable); a smaller --ctx or -n fits",
+        ctx, Gib(kv), cfg.n_layer, ctx, cfg.n_head_kv, cfg.head_dim,
+        kv_type == KvCacheType::kF16 ? 2 : 4, Gib(available)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
   DecoderFlags flags;
+  flags.verbose = absl::GetFlag(FLAGS_verbose);
   MG_ASSIGN_OR_RETURN(flags.cpu, ReadCpuFlags());
-  MG_ASSIGN_OR_RETURN(flags.cuda, BackendIsCuda());
+  MG_ASSIGN_OR_RETURN(flags.cuda, BackendIsCuda(&flags.backend_note));
   flags.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
-  if (flags.steps_per_launch < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--steps-per-launch %d must be at least 1", flags.steps_per_launch));
+  if (flags.steps_per_launch < 1 || flags.steps_per_launch > kMaxStepsPerLaunch) {
+    return absl::InvalidArgumentError(absl::StrFormat("--steps-per-launch %d is not in [1, %d]",
+                                                      flags.steps_per_launch, kMaxStepsPerLaunch));
   }
   std::optional<Arm> arm;
   if (const std::string text = absl::GetFlag(FLAGS_arm); !text.empty()) {
@@ -199,6 +239,15 @@ absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
   }
   MG_ASSIGN_OR_RETURN(flags.doors, ResolveDoors(arm, ProcessEnv()));
   MG_ASSIGN_OR_RETURN(flags.slots, ReadSlots());
+  flags.n_cpu_moe = absl::GetFlag(FLAGS_n_cpu_moe);
+  if (flags.n_cpu_moe < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--n-cpu-moe %d: layers must not be negative", flags.n_cpu_moe));
+  }
+  if (flags.n_cpu_moe >= 0 && flags.slots != 0) {
+    return absl::InvalidArgumentError(
+        "--n-cpu-moe and --slots both size the expert cache: give one of them");
+  }
   MG_ASSIGN_OR_RETURN(flags.sampling, ReadSampling());
   return flags;
 }
@@ -208,11 +257,21 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
                                                          std::FILE* info) {
   auto d = std::unique_ptr<Decoder>(new Decoder());
   d->sampling_ = flags.sampling;
+  MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu.kv_type, max_ctx, info));
   if (flags.cuda) {
     CudaEngineOptions options;
     options.sampling = flags.sampling;
     options.max_ctx = max_ctx;
     options.n_slots = flags.slots;
+    if (flags.n_cpu_moe >= 0) {
+      // llama.cpp keeps the experts of the first N layers on the host and the
+      // rest on the GPU: here, slots for the other layers' experts.
+      const ModelConfig& cfg = model.config;
+      const int gpu_layers = std::max(cfg.n_layer - flags.n_cpu_moe, 0);
+      options.n_slots = std::max(gpu_layers * cfg.n_expert, cfg.n_expert_used);
+      std::fprintf(info, "--n-cpu-moe %d: %d slots, the experts of %d of %d layers\n",
+                   flags.n_cpu_moe, options.n_slots, gpu_layers, cfg.n_layer);
+    }
     options.doors = flags.doors.doors;
     options.steps_per_launch = flags.steps_per_launch;
     MG_ASSIGN_OR_RETURN(d->cuda_, CudaEngine::Create(model, options, TerminalProgress()));
@@ -247,6 +306,11 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   if (flags.steps_per_launch != 1) {
     std::fprintf(info, "backend cpu: --steps-per-launch applies to CUDA graphs only\n");
   }
+  if (flags.n_cpu_moe >= 0) {
+    std::fprintf(info,
+                 "backend cpu: every expert is in host memory already; --n-cpu-moe is "
+                 "ignored\n");
+  }
   if (!options.resident) {
     MG_ASSIGN_OR_RETURN(ExpertStore store,
                         ExpertStore::Create(model, AlignedHostAllocator(), TerminalProgress()));
@@ -256,9 +320,10 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   d->file_bytes_ = model.file->file_size();
   d->kv_bytes_ = KvCacheBytes(model.config, max_ctx, options.fast.kv_type);
   std::fprintf(info, "%s\n", Banner(*d->cpu_, d->store_.get(), options).c_str());
-  std::fprintf(info, "backend cpu: %d threads, SIMD %s, KV cache %s; a prompt runs %s\n",
-               options.fast.threads > 0 ? options.fast.threads : PhysicalCores(),
-               SimdTargetName().c_str(), options.fast.kv_type == KvCacheType::kF16 ? "f16" : "f32",
+  const int threads = options.fast.threads > 0 ? options.fast.threads : PhysicalCores();
+  std::fprintf(info, "backend cpu: %d thread%s, SIMD %s, KV cache %s; a prompt runs %s\n", threads,
+               threads == 1 ? "" : "s", SimdTargetLabel().c_str(),
+               options.fast.kv_type == KvCacheType::kF16 ? "f16" : "f32",
                d->cpu_->BatchesPrompts() ? "as one batch" : "token by token (slots < experts)");
   return d;
 }
@@ -321,10 +386,11 @@ absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, s
   }
   absl::FPrintF(
       out,
-      "%s: %d tokens (%d prompt, %s; %d generated, %s); hit %.1f%%, %d misses, "
+      "%s: %d prompt token%s (%s) + %d generated (%s) = %d; hit %.1f%%, %d misses, "
       "%d evictions, %.2f MiB staged; %s\n",
-      backend, c.steps, stats.prompt_tokens, Rate(stats.prompt_tokens, stats.prompt_seconds),
-      generated, Rate(stats.decode_steps, stats.decode_seconds),
+      backend, stats.prompt_tokens, stats.prompt_tokens == 1 ? "" : "s",
+      Rate(stats.prompt_tokens, stats.prompt_seconds), generated,
+      Rate(stats.decode_steps, stats.decode_seconds), stats.prompt_tokens + generated,
       selected > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(selected) : 0.0,
       c.misses, c.evictions, Mib(c.bytes_staged), memory);
   return absl::OkStatus();

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,27 +25,52 @@
 
 namespace moegraph {
 
+// A graph of more decode steps than this is no faster and takes its memory.
+inline constexpr int kMaxStepsPerLaunch = 1024;
+
 struct DecoderFlags {
   bool cuda = false;  // --backend cuda, or auto with a device
   int32_t slots = 0;  // --slots; 0: auto
+  int32_t n_cpu_moe = -1;  // --n-cpu-moe; -1: not given
+  bool verbose = false;
+  std::string backend_note;  // "no CUDA device: running on the CPU backend", or empty
   ResolvedDoors doors;
   int steps_per_launch = 1;
   SamplingParams sampling;  // --seed unset: a random seed, drawn here
   CpuForwardOptions cpu;    // -t, --kv-type
 };
 
-// -t and --kv-type, each error naming its flag.
+// One -t value: 0 is the physical cores; above the logical CPUs it is clamped
+// to them with a warning on stderr; negative or not a number is an error.
+absl::StatusOr<int> ParseThreads(absl::string_view text);
+
+// --kv-type: f16 or f32, else an error naming the flag.
+absl::StatusOr<KvCacheType> ReadKvType();
+
+// -t (one value) and --kv-type, each error naming its flag.
 absl::StatusOr<CpuForwardOptions> ReadCpuFlags();
 
-// --backend: true for cuda, or auto where a device exists; an error for
-// another name or for cuda without a device.
-absl::StatusOr<bool> BackendIsCuda();
+// --backend: true for cuda, or auto where a device exists (else note says so);
+// an error for another name or for cuda without a device (with --verbose, the
+// runtime's reason).
+absl::StatusOr<bool> BackendIsCuda(std::string* note);
+
+// The backend's context of ctx positions against the model and the machine:
+// a warning on info above the file's context_length (as llama.cpp warns), an
+// error with the arithmetic when the CPU backend's KV cache is more than the
+// host has available (the CUDA engine checks its device memory itself).
+absl::Status CheckContext(const Model& model, bool cuda, KvCacheType kv_type, int ctx,
+                          std::FILE* info);
 
 // Reads and checks the flags, each error naming its flag; no model is needed.
 absl::StatusOr<DecoderFlags> ReadDecoderFlags();
 
 // "sampling: greedy (--temp 0)" or the settings with the seed, for the banner.
 std::string DescribeSampling(const SamplingParams& p);
+
+// The lines a decoding command starts with: the doors (when one is not at its
+// default, or with --verbose), the backend note, the sampling.
+std::string StartupLines(const DecoderFlags& flags);
 
 class Decoder {
  public:
@@ -70,8 +96,8 @@ class Decoder {
   // (name, value) for /metrics.
   absl::StatusOr<std::vector<std::pair<std::string, double>>> Counters();
 
-  // "backend cpu: N tokens (P prompt, x tok/s; G generated, y tok/s); hit ...;
-  // peak RSS ..." with the counters so far.
+  // "backend cpu: P prompt tokens (x tok/s) + G generated (y tok/s) = N; hit
+  // ...; peak RSS ..." with the counters so far.
   absl::Status PrintSummary(std::FILE* out, const GenerateStats& stats, size_t generated);
 
  private:

@@ -1,0 +1,196 @@
+// Every value a user can get wrong, on the binary as a user runs it: each bad
+// value of every command's flags exits 1 or 2 with a message naming the flag
+// (or the file), never a signal, and fails before it allocates (the README's
+// fixture with --ctx 100000000 asks for a 190 GiB KV cache; the process stays
+// under 100 MB).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace moegraph {
+namespace {
+
+using testing_util::Contains;
+using testing_util::ProcessResult;
+using testing_util::RunProcess;
+
+constexpr uint64_t kMaxRssKib = 100 * 1024;
+
+class CliValuesTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // The README's fixture (make fixture's flags).
+    fixture_ = new std::string(testing_util::TempPath("readme_fixture.gguf"));
+    const ProcessResult made = RunProcess({MOEGRAPH_BIN,
+                                           "make-fixture",
+                                           "--arch",
+                                           "qwen3moe",
+                                           "--layers",
+                                           "4",
+                                           "--experts",
+                                           "16",
+                                           "--top-k",
+                                           "4",
+                                           "--embd",
+                                           "256",
+                                           "--ff",
+                                           "256",
+                                           "--heads",
+                                           "8",
+                                           "--kv-heads",
+                                           "4",
+                                           "--vocab",
+                                           "512",
+                                           "--quant",
+                                           "q8_0,expert=q4_K",
+                                           "--router-skew",
+                                           "2",
+                                           "--seed",
+                                           "1",
+                                           "-o",
+                                           *fixture_});
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove(*fixture_);
+    delete fixture_;
+  }
+  static std::string* fixture_;
+};
+std::string* CliValuesTest::fixture_ = nullptr;
+
+struct Case {
+  std::vector<std::string> args;  // after the binary; FIXTURE is the README fixture
+  std::string named;              // what the message must hold
+};
+
+TEST_F(CliValuesTest, EveryBadValueExitsOneOrTwoNamingTheFlagWithoutAllocating) {
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  const std::vector<Case> cases = {
+      // run: the context and the counts
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--ctx", "100000000"}, "--ctx 100000000"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--ctx", "1000000000"}, "--ctx 1000000000"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "-c", "2147483647"}, "--ctx 2147483647"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--ctx", "99999999999"}, "ctx"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--ctx", "abc"}, "ctx"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--ctx", "-5"}, "--ctx -5 must not be negative"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1,2,3", "-n", "4", "--ctx", "5"},
+       "--ctx 5 is too small"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "-n", "2000000000"}, "-n"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "-n", "-2"}, "-n -2"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "-n", "many"}, "-n 'many'"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "-n", "-1", "--ctx", "1"}, "--ctx 1"},
+      // run: threads, sampling, backend, slots
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "-t", "-3"}, "-t -3: threads must be at least 1"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "-t", "abc"}, "-t 'abc'"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--temp", "-1"}, "--temp"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--temp", "nan"}, "--temp"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--top-p", "2"}, "--top-p"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--min-p", "-1"}, "--min-p"},
+      {{"make-fixture", "--top-k", "-1", "-o", dir + "/never.gguf"}, "--top-k -1"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--seed", "-5"}, "--seed"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--slots", "0"}, "--slots"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--slots", "-1"}, "--slots"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--slots", "lots"}, "--slots"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--steps-per-launch", "0"}, "--steps-per-launch"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--steps-per-launch", "1000000"},
+       "--steps-per-launch"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--kv-type", "q4_0"}, "--kv-type"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--backend", "tpu"}, "--backend"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--arm", "warp"}, "--arm"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--n-cpu-moe", "-2"}, "--n-cpu-moe"},
+      // run: prompts and files
+      {{"run", "-m", "FIXTURE", "--tokens", "1,x"}, "--tokens"},
+      {{"run", "-m", "FIXTURE", "--tokens", "99999"}, "--tokens"},
+      {{"run", "-m", "FIXTURE", "-f", dir}, "-f " + dir + ": is a folder"},
+      {{"run", "-m", "FIXTURE", "-f", "/nonexistent/prompt.txt"}, "-f /nonexistent/prompt.txt"},
+      {{"run", "-m", "/nonexistent/model.gguf", "--tokens", "1"},
+       "/nonexistent/model.gguf: cannot open: No such file or directory"},
+      {{"run", "-m", dir, "--tokens", "1"}, dir + ": not a regular file"},
+      {{"run", "--tokens", "1"}, "-m FILE is required"},
+      // chat and serve
+      {{"chat", "-m", "FIXTURE", "--ctx", "-1"}, "--ctx -1"},
+      {{"chat", "-m", "FIXTURE", "-n", "0"}, "-n 0"},
+      {{"chat", "-m", "FIXTURE", "-n", "-5"}, "-n -5"},
+      {{"chat", "-m", "FIXTURE", "--ctx", "100000000"}, "--ctx 100000000"},
+      {{"serve", "-m", "FIXTURE", "--port", "70000"}, "--port 70000"},
+      {{"serve", "-m", "FIXTURE", "--port", "-1"}, "--port -1"},
+      {{"serve", "-m", "FIXTURE", "--max-queue", "-1"}, "--max-queue -1"},
+      {{"serve", "-m", "FIXTURE", "--max-queue", "100000000"}, "--max-queue 100000000"},
+      {{"serve", "-m", "FIXTURE", "--max-body", "0"}, "--max-body 0"},
+      {{"serve", "-m", "FIXTURE", "--timeout", "0"}, "--timeout 0"},
+      {{"serve", "-m", "FIXTURE", "--ctx", "-1"}, "--ctx -1"},
+      {{"serve", "-m", "FIXTURE", "--ctx", "100000000"}, "--ctx 100000000"},
+      // bench
+      {{"bench", "-m", "FIXTURE", "-r", "0"}, "-r 0"},
+      {{"bench", "-m", "FIXTURE", "-p", "-1"}, "-p '-1'"},
+      {{"bench", "-m", "FIXTURE", "-n", "x"}, "-n 'x'"},
+      {{"bench", "-m", "FIXTURE", "-n", "100", "--ctx", "5"}, "--ctx 5"},
+      {{"bench", "-m", "FIXTURE", "-n", "100000000"}, "--ctx 100000001"},
+      {{"bench", "-m", "FIXTURE", "-o", "xml"}, "-o 'xml'"},
+      {{"bench", "-m", "FIXTURE", "-t", "1,-2"}, "-t -2"},
+      // make-fixture, tokenize, trace, simulate, inspect
+      {{"make-fixture", "-o", "/nonexistent/x.gguf"},
+       "/nonexistent/x.gguf: cannot create: No such file or directory"},
+      {{"make-fixture", "-o", dir}, dir + ": cannot create: Is a directory"},
+      {{"make-fixture", "--layers", "-1", "-o", dir + "/never.gguf"}, "--layers -1"},
+      {{"make-fixture", "--vocab", "1", "-o", dir + "/never.gguf"}, "--vocab 1"},
+      {{"make-fixture", "--seed", "-2", "-o", dir + "/never.gguf"}, "--seed"},
+      {{"make-fixture", "--experts", "512", "--embd", "65536", "--ff", "65536", "-o",
+        dir + "/never.gguf"},
+       "largest tensor takes 8192.00 GiB"},
+      {{"tokenize", "-m", "FIXTURE", "-f", dir}, "-f " + dir},
+      {{"trace", "synth", "--steps", "100000000000", "-o", dir + "/never.bin"}, "--steps"},
+      {{"simulate", "--trace", "/nonexistent/t.jsonl"}, "/nonexistent/t.jsonl"},
+      {{"inspect", "/nonexistent/model.gguf"}, "/nonexistent/model.gguf: cannot open"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {MOEGRAPH_BIN};
+    std::string shown;
+    for (const std::string& arg : c.args) {
+      argv.push_back(arg == "FIXTURE" ? *fixture_ : arg);
+      shown += " " + arg;
+    }
+    const ProcessResult r = RunProcess(argv);
+    EXPECT_EQ(r.signal, 0) << shown;
+    EXPECT_TRUE(r.exit_code == 1 || r.exit_code == 2) << shown << ": exit " << r.exit_code;
+    EXPECT_TRUE(Contains(r.err, c.named)) << shown;
+    EXPECT_LT(r.peak_rss_kib, kMaxRssKib) << shown;
+    // A file's reason is said once.
+    EXPECT_EQ(r.err.find("directory: No such"), std::string::npos) << shown << ": " << r.err;
+  }
+}
+
+TEST_F(CliValuesTest, ThreadsAboveTheLogicalCpusAreClampedWithAWarning) {
+  const ProcessResult r =
+      RunProcess({MOEGRAPH_BIN, "run", "-m", *fixture_, "--tokens", "1", "-n", "2", "-t", "999"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(Contains(r.err, "warning: -t 999: this machine has ")) << r.err;
+  const size_t logical = std::thread::hardware_concurrency();
+  EXPECT_TRUE(Contains(r.out, "backend cpu: " + std::to_string(logical) + " thread")) << r.out;
+}
+
+TEST_F(CliValuesTest, AContextAboveTheModelsIsAWarningAndMinusOneRunsToTheEnd) {
+  // The fixture says context_length 4096.
+  const ProcessResult above = RunProcess(
+      {MOEGRAPH_BIN, "run", "-m", *fixture_, "--tokens", "1", "-n", "2", "--ctx", "5000"});
+  ASSERT_EQ(above.exit_code, 0) << above.err;
+  EXPECT_TRUE(Contains(above.out, "warning: a context of 5000 positions is above the 4096"))
+      << above.out;
+  // -n -1: until the context is full (no tokenizer, so no end-of-generation).
+  const ProcessResult to_end = RunProcess(
+      {MOEGRAPH_BIN, "run", "-m", *fixture_, "--tokens", "1,2", "-n", "-1", "--ctx", "12"});
+  ASSERT_EQ(to_end.exit_code, 0) << to_end.err;
+  EXPECT_EQ(testing_util::IdsAfter(to_end.out, "generated").size(), 11u) << to_end.out;
+  EXPECT_TRUE(Contains(to_end.out, "2 prompt tokens")) << to_end.out;
+  EXPECT_TRUE(Contains(to_end.out, "+ 11 generated")) << to_end.out;
+  EXPECT_TRUE(Contains(to_end.out, "= 13;")) << to_end.out;
+}
+
+}  // namespace
+}  // namespace moegraph
