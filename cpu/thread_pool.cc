@@ -14,11 +14,15 @@
 namespace moegraph {
 namespace {
 
-// How long a thread spins on a value before it sleeps on a futex: long enough
-// to span the gap between two jobs of a decode step (a few microseconds), short
-// enough that a thread with nothing to do soon leaves its core to others.
-constexpr std::chrono::microseconds kWorkerSpin{100};
+// How long a worker spins for the next job before it sleeps on a futex: long
+// enough to span the caller's serial work between two jobs of a step (norms,
+// routing), short enough that an idle pool soon leaves its cores to others.
+constexpr std::chrono::microseconds kWorkerSpin{300};
+// The caller waits for the units other threads hold: it spins, then yields
+// (on an idle machine a yield returns at once; on a busy one it lets a
+// descheduled worker run), then sleeps on a futex.
 constexpr std::chrono::microseconds kCallerSpin{50};
+constexpr std::chrono::microseconds kCallerYield{2000};
 
 void Pause() {
 #if defined(__x86_64__)
@@ -28,14 +32,19 @@ void Pause() {
 #endif
 }
 
-// Spins until pred() holds or budget passes; returns pred()'s last value.
+// Spins until pred() holds or budget passes, each round of checks after a
+// pause (or, with yield, a sched_yield); returns pred()'s last value.
 template <typename Pred>
-bool SpinUntil(Pred pred, std::chrono::microseconds budget) {
+bool SpinUntil(Pred pred, std::chrono::microseconds budget, bool yield = false) {
   if (pred()) return true;
   const auto until = std::chrono::steady_clock::now() + budget;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
-      Pause();
+      if (yield) {
+        sched_yield();
+      } else {
+        Pause();
+      }
       if (pred()) return true;
     }
     if (std::chrono::steady_clock::now() >= until) return false;
@@ -124,7 +133,7 @@ void ThreadPool::Run(int64_t n_tasks, absl::FunctionRef<void(int64_t)> fn) {
   TakeUnits(job);
   // Wait for units other threads hold: spin a little, then sleep.
   const auto all_done = [&] { return done_.load(std::memory_order_acquire) == units; };
-  if (!SpinUntil(all_done, kCallerSpin)) {
+  if (!SpinUntil(all_done, kCallerSpin) && !SpinUntil(all_done, kCallerYield, /*yield=*/true)) {
     caller_sleeping_.store(true);
     for (uint32_t d = done_.load(); d != units; d = done_.load()) done_.wait(d);
     caller_sleeping_.store(false);

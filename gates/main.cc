@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -207,10 +208,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   int exit_code = 0;
-  const absl::Status status = moegraph::Run(&exit_code);
-  if (!status.ok()) {
-    std::fprintf(stderr, "moegraph-gates: %s\n", std::string(status.message()).c_str());
-    return 2;
+  try {
+    const absl::Status status = moegraph::Run(&exit_code);
+    if (!status.ok()) {
+      std::fprintf(stderr, "moegraph-gates: %s\n", std::string(status.message()).c_str());
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    // Errors are Statuses; one that escapes as an exception still ends in a line.
+    std::fprintf(stderr, "moegraph-gates: internal error: %s\n", e.what());
+    return 1;
   }
   return exit_code;
 }

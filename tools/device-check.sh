@@ -353,7 +353,7 @@ for arm in resident graph graph-s4 eager host stage; do
     row "run $arm" "FAIL" "exit $rc: $(tail -1 "$log")"
     continue
   fi
-  rate=$(sed -nE 's/.* generated, ([0-9.]+ tok\/s).*/\1/p' <<<"$summary")
+  rate=$(sed -nE 's/.* generated \(([0-9.]+ tok\/s)\).*/\1/p' <<<"$summary")
   hit=$(sed -nE 's/.*; (hit [0-9.]+%, [0-9]+ misses).*/\1/p' <<<"$summary")
   if [[ -z $REFERENCE ]]; then
     REFERENCE=$generated
@@ -395,11 +395,12 @@ else
   rc=$?
   cat "$QWEN3_LOG"
   if [[ -n ${OUT:-} && -d $OUT ]]; then cp "$QWEN3_LOG" "$OUT/qwen3-bench.md"; fi
-  # Columns: | model | size | params | backend | arm | slots | test | t/s | ...; t/s
-  # is "mean ± sd". graph/host: the mean t/s of graph over host's at each slot count.
+  # Columns: | model | size | params | backend | threads | arm | slots | test | t/s |
+  # ...; t/s is "mean ± sd". graph/host: the mean t/s of graph over host's at each
+  # slot count.
   ratios=$(awk -F'|' '
     $5 ~ /cuda/ {
-      arm = $6; slots = $7; ts = $9
+      arm = $7; slots = $8; ts = $10
       gsub(/ /, "", arm); gsub(/ /, "", slots); split(ts, parts, " ")
       if (arm == "graph") { graph[slots] = parts[1]; order[++n] = slots }
       if (arm == "host") host[slots] = parts[1]
