@@ -294,6 +294,7 @@ TEST_F(LlamaSpellingTest, FlagsWithoutAMeaningHereAreNotedOrRefusedWithTheReason
       {"run", {"--tokens", "1", "-n", "1", "--n-gpu-layers", "all"}, "note: --n-gpu-layers: "},
       {"run", {"--tokens", "1", "-n", "1", "-fa", "on"}, "note: -fa: attention is moegraph's"},
       {"run", {"--tokens", "1", "-n", "1", "--flash-attn=auto"}, "note: --flash-attn: "},
+      {"run", {"--tokens", "1", "-fa", "-n", "1"}, "note: -fa: "},  // older llama.cpp's bare -fa
       {"run", {"--tokens", "1", "-n", "1", "--jinja"}, "note: --jinja: the chat template"},
       {"run", {"--tokens", "1", "-n", "1", "-no-cnv"}, "note: -no-cnv: run decodes one prompt"},
       {"chat", {"-n", "1", "-cnv"}, "note: -cnv: chat is always a conversation"},

@@ -284,27 +284,29 @@ constexpr Alias kAliases[] = {
 // refused with the reason) by the commands listed.
 struct Ignored {
   absl::string_view name;
-  bool takes_value;
+  // The next argument is its value: always (kValue), never (kNone), or when it
+  // is one of `values` (kOneOf: -fa takes on|off|auto now and took none before).
+  enum Value { kNone, kValue, kOneOf } value;
   absl::string_view commands;  // comma-separated
   absl::string_view note;      // empty: refused
   absl::string_view refusal;
 };
 constexpr Ignored kIgnored[] = {
-    {"ngl", true, "run,chat,serve,bench",
+    {"ngl", Ignored::kValue, "run,chat,serve,bench",
      "every dense weight goes to the GPU and experts to its slots (--slots, --n-cpu-moe), so "
      "-ngl is ignored",
      ""},
-    {"fa", true, "run,chat,serve,bench",
+    {"fa", Ignored::kOneOf, "run,chat,serve,bench",
      "attention is moegraph's own kernel on every backend, so -fa is ignored", ""},
-    {"jinja", false, "run,chat,serve",
+    {"jinja", Ignored::kNone, "run,chat,serve",
      "the chat template is detected from the file's tokenizer.chat_template, as llama.cpp "
      "detects it, so --jinja is ignored",
      ""},
-    {"no_jinja", false, "run,chat,serve", "--no-jinja is ignored (see --jinja)", ""},
-    {"cnv", false, "chat", "chat is always a conversation; -cnv is ignored", ""},
-    {"cnv", false, "run", "", "a conversation is `moegraph chat -m FILE`; run decodes one prompt"},
-    {"no_cnv", false, "run", "run decodes one prompt and exits, as -no-cnv asks", ""},
-    {"np", true, "serve",
+    {"no_jinja", Ignored::kNone, "run,chat,serve", "--no-jinja is ignored (see --jinja)", ""},
+    {"cnv", Ignored::kNone, "chat", "chat is always a conversation; -cnv is ignored", ""},
+    {"cnv", Ignored::kNone, "run", "", "a conversation is `moegraph chat -m FILE`; run decodes one prompt"},
+    {"no_cnv", Ignored::kNone, "run", "run decodes one prompt and exits, as -no-cnv asks", ""},
+    {"np", Ignored::kValue, "serve",
      "one engine serves the requests one at a time from a FIFO (--max-queue), so -np is "
      "ignored",
      ""},
@@ -508,7 +510,15 @@ absl::StatusOr<CommandLine> Rewrite(const CommandSpec& c, const std::vector<std:
       if (ignored->note.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(as_written, ": ", ignored->refusal));
       }
-      MG_ASSIGN_OR_RETURN(const std::optional<std::string> value, take_value(ignored->takes_value));
+      // llama.cpp's own switch words (common/arg.cpp's is_truthy, is_falsey, is_autoy).
+      constexpr absl::string_view kSwitchWords[] = {"on", "off", "auto", "enabled", "disabled",
+                                                    "true", "false", "1", "0"};
+      const bool next_is_word =
+          i + 1 < args.size() && std::find(std::begin(kSwitchWords), std::end(kSwitchWords),
+                                           args[i + 1]) != std::end(kSwitchWords);
+      const bool takes = ignored->value == Ignored::kValue ||
+                         (ignored->value == Ignored::kOneOf && next_is_word);
+      MG_ASSIGN_OR_RETURN(const std::optional<std::string> value, take_value(takes));
       (void)value;
       out.notes.push_back(absl::StrCat("note: ", as_written, ": ", ignored->note));
       continue;
