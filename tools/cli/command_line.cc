@@ -285,7 +285,8 @@ constexpr Alias kAliases[] = {
 struct Ignored {
   absl::string_view name;
   // The next argument is its value: always (kValue), never (kNone), or when it
-  // is one of `values` (kOneOf: -fa takes on|off|auto now and took none before).
+  // is one of llama.cpp's switch words (kOneOf: -fa takes on|off|auto now and
+  // took no value before).
   enum Value { kNone, kValue, kOneOf } value;
   absl::string_view commands;  // comma-separated
   absl::string_view note;      // empty: refused
