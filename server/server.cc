@@ -43,6 +43,8 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
 
 // How often a waiting handler looks whether its client is still there.
 constexpr std::chrono::milliseconds kClientCheck(100);
+// How long Stop waits for the replies in progress to be written.
+constexpr std::chrono::seconds kDrain(10);
 
 int64_t NowSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -159,7 +161,20 @@ void Server::Stop() {
     queue_.clear();
   }
   cv_.notify_all();
+  {
+    // httplib ends a chunked reply that is still being written when it stops
+    // (its loop checks for shutdown), so the running generation's stream would
+    // lose its last chunk: stop once every counted reply is out, or after kDrain.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, kDrain, [this] { return !engine_busy_ && responding_ == 0; });
+  }
   http_->stop();
+}
+
+void Server::Responded() {
+  std::lock_guard<std::mutex> lock(mu_);
+  --responding_;
+  cv_.notify_all();
 }
 
 bool Server::Enqueue(const std::shared_ptr<Job>& job) {
@@ -167,6 +182,7 @@ bool Server::Enqueue(const std::shared_ptr<Job>& job) {
   // An idle engine takes one more than --max-queue: the request it starts on.
   const int room = options_.max_queue + (engine_busy_ ? 0 : 1);
   if (stopping_ || static_cast<int>(queue_.size()) >= room) return false;
+  ++responding_;
   job->id = absl::StrCat(job->request.chat ? "chatcmpl-" : "cmpl-", ++enqueued_);
   job->queued = std::chrono::steady_clock::now();
   queue_.push_back(job);
@@ -192,6 +208,7 @@ void Server::EngineLoop() {
     std::lock_guard<std::mutex> lock(mu_);
     engine_counters_ = std::move(counters);
     engine_busy_ = false;
+    cv_.notify_all();  // Stop may wait for the engine to be idle
   }
 }
 
@@ -425,15 +442,22 @@ void Server::RegisterRoutes() {
           prompt_tokens_ += static_cast<uint64_t>(prompt_tokens);
           const std::string model = options_.model_name;
           if (!job->request.stream) {
-            std::unique_lock<std::mutex> lock(job->mu);
-            while (!job->cv.wait_for(lock, kClientCheck, [&] { return job->done; })) {
-              if (job->ClientLeft()) job->cancelled = true;
+            {
+              std::unique_lock<std::mutex> lock(job->mu);
+              while (!job->cv.wait_for(lock, kClientCheck, [&] { return job->done; })) {
+                if (job->ClientLeft()) job->cancelled = true;
+              }
             }
-            if (job->status != 200) return SendError(res, job->status, job->error);
-            res.set_content(Dump(CompletionJson(
-                                chat, job->id, job->created, model, job->text, job->finish_reason,
-                                {prompt_tokens, job->completion_tokens, job->cached_tokens})),
-                            "application/json");
+            if (job->status != 200) {
+              SendError(res, job->status, job->error);
+            } else {
+              res.set_content(Dump(CompletionJson(
+                                  chat, job->id, job->created, model, job->text,
+                                  job->finish_reason,
+                                  {prompt_tokens, job->completion_tokens, job->cached_tokens})),
+                              "application/json");
+            }
+            Responded();  // httplib writes a whole reply whether or not it stops
             return;
           }
           res.set_chunked_content_provider(
@@ -476,8 +500,9 @@ void Server::RegisterRoutes() {
                 if (done) sink.done();
                 return true;
               },
-              [job](bool success) {
+              [this, job](bool success) {
                 if (!success) job->cancelled = true;
+                Responded();
               });
         });
   }

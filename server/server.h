@@ -82,6 +82,8 @@ class Server {
  private:
   struct Job;
   void RegisterRoutes();
+  // A request counted in responding_ has handed its reply over.
+  void Responded();
   void EngineLoop();
   void RunJob(Job& job);
   bool Enqueue(const std::shared_ptr<Job>& job);
@@ -98,6 +100,7 @@ class Server {
   std::deque<std::shared_ptr<Job>> queue_;
   std::vector<std::pair<std::string, double>> engine_counters_;  // as of the last generation
   bool engine_busy_ = false;                                     // a request is generating
+  int responding_ = 0;  // queued or running requests whose reply is not all handed to httplib
   uint64_t enqueued_ = 0;     // requests queued so far: their ids' numbers, in FIFO order
   std::vector<int32_t> fed_;  // engine thread: the tokens whose KV the cache holds
   std::atomic<bool> stopping_{false};
