@@ -62,20 +62,13 @@ absl::Status CheckStoreFits(const ExpertStore& store, const Model& model) {
   return absl::OkStatus();
 }
 
-// The types launch_expert_gate_up / launch_expert_down compute.
-bool ExpertTypeSupported(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kF32:
-      return true;
-    default:
-      return false;
-  }
+// A matrix the CUDA matvec cannot compute: the file and tensor, and what it takes.
+absl::Status UnsupportedMatrix(const Model& m, const GgufTensor& t) {
+  return m.file->TensorError(
+      t, absl::StrFormat("the CUDA matvec does not compute type %s with rows of %d (it takes "
+                         "q8_0, q4_0, q4_K, q5_K, q6_K in whole blocks, f32 rows of a multiple "
+                         "of 4 and f16, bf16 rows of a multiple of 8)",
+                         ggml_type_name(t.type), t.ne[0]));
 }
 
 }  // namespace
@@ -171,10 +164,29 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
     arm = d.graph ? Arm::kGraph : Arm::kEager;
   }
 
+  for (const LayerTensors& lt : m.layers) {
+    for (const GgufTensor* t :
+         {lt.wq, lt.wk, lt.wv, lt.wo, lt.router, lt.shexp_gate, lt.shexp_up, lt.shexp_down,
+          lt.shexp_gate_inp}) {
+      if (t != nullptr && !matvec_supports_type(t->ggml_type(), static_cast<int32_t>(t->ne[0]))) {
+        return UnsupportedMatrix(m, *t);
+      }
+    }
+  }
+  if (!matvec_supports_type(m.output->ggml_type(), static_cast<int32_t>(m.output->ne[0]))) {
+    return UnsupportedMatrix(m, *m.output);
+  }
   for (int layer = 0; layer < cfg.n_layer; ++layer) {
+    // The gate/up pass reads both with one kernel.
+    if (m.expert(layer, ExpertProj::kGate, 0).type != m.expert(layer, ExpertProj::kUp, 0).type) {
+      const LayerTensors& lt = m.layers[static_cast<size_t>(layer)];
+      const GgufTensor* up = lt.up_exps != nullptr ? lt.up_exps : lt.up_legacy.front();
+      return m.file->TensorError(
+          *up, "the CUDA expert pass needs the gate and up experts of one type");
+    }
     for (ExpertProj proj : {ExpertProj::kGate, ExpertProj::kUp, ExpertProj::kDown}) {
       const WeightView w = m.expert(layer, proj, 0);
-      if (ExpertTypeSupported(w.type)) continue;
+      if (matvec_supports_type(w.type, static_cast<int32_t>(w.cols))) continue;
       const LayerTensors& lt = m.layers[static_cast<size_t>(layer)];
       const GgufTensor* t = proj == ExpertProj::kGate ? lt.gate_exps
                             : proj == ExpertProj::kUp ? lt.up_exps
@@ -185,10 +197,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
                                                        : lt.down_legacy;
         t = legacy.front();
       }
-      return m.file->TensorError(
-          *t, absl::StrFormat("the CUDA expert kernels do not compute type %s (they take q8_0, "
-                              "q4_K, q5_K, q6_K, f16, bf16, f32)",
-                              ggml_type_name(t->type)));
+      return UnsupportedMatrix(m, *t);
     }
   }
   if (experts != nullptr) MG_RETURN_IF_ERROR(CheckStoreFits(*experts, m));

@@ -245,6 +245,13 @@ struct CudaEngine::Impl {
   float* block_out = nullptr;
   float* router_logits = nullptr;
   float* act = nullptr;         // [k][n_ff_exp]
+  // q8_1 blocks of h, attn, act ([k][n_ff_exp / 32]) and shexp_act, written by
+  // their producers for the quantized matvecs; null where a length is not a
+  // multiple of 32 (then only element-type matrices read that vector).
+  block_q8_1* h_q = nullptr;
+  block_q8_1* attn_q = nullptr;
+  block_q8_1* act_q = nullptr;
+  block_q8_1* shexp_act_q = nullptr;
   float* expert_out = nullptr;  // [k][n_embd]
   float* shexp_gate_out = nullptr;
   float* shexp_up_out = nullptr;

@@ -380,6 +380,14 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_keys = s.Add(n_layer * kk * 4), o_sor = s.Add(n_layer * kk * 4);
   const size_t o_missed = s.Add(n_layer * kk), o_evicted = s.Add(n_layer * kk * 4);
   const size_t o_cursor = s.Add(8);
+  // q8_1 blocks of a vector of n, or none (kNone).
+  constexpr size_t kNone = SIZE_MAX;
+  auto add_q8_1 = [&s](size_t n) {
+    return n % QK8_1 == 0 ? s.Add(n / QK8_1 * sizeof(block_q8_1)) : kNone;
+  };
+  const size_t o_h_q = add_q8_1(cfg.n_embd), o_attn_q = add_q8_1(q_len);
+  const size_t o_act_q = add_q8_1(kk * cfg.n_ff_exp);
+  const size_t o_sa_q = cfg.n_ff_shexp > 0 ? add_q8_1(cfg.n_ff_shexp) : kNone;
 
   MG_ASSIGN_OR_RETURN(state_buffer, CudaBuffer::Device(s.total, "the decode state"));
   MG_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(state_buffer.as<void>(), 0, s.total, main),
@@ -414,6 +422,13 @@ absl::Status CudaEngine::Impl::AllocateState() {
   logits = reinterpret_cast<float*>(at(o_logits));
   counters = reinterpret_cast<DeviceCounters*>(at(o_counters));
   routing_cursor = reinterpret_cast<int64_t*>(at(o_cursor));
+  auto q8_1_at = [&at](size_t offset) {
+    return offset == kNone ? nullptr : reinterpret_cast<block_q8_1*>(at(offset));
+  };
+  h_q = q8_1_at(o_h_q);
+  attn_q = q8_1_at(o_attn_q);
+  act_q = cfg.n_ff_exp % QK8_1 == 0 ? q8_1_at(o_act_q) : nullptr;
+  shexp_act_q = q8_1_at(o_sa_q);
 
   const size_t cache_floats = max_ctx * kv_len;
   MG_ASSIGN_OR_RETURN(kv_buffer,
@@ -510,8 +525,12 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
                           kk * cfg.n_embd + 3 * static_cast<uint64_t>(cfg.n_ff_shexp) + 1 +
                           static_cast<uint64_t>(cfg.n_vocab);
   const uint64_t per_layer = static_cast<uint64_t>(cfg.n_layer) * kk * (4 + 4 + 4 + 4 + 1 + 4);
-  return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer +
-         attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 64 * 256;
+  // The q8_1 blocks of h, attn, act and shexp_act: 36 bytes per 32 floats, at most.
+  const uint64_t q8_1_bytes =
+      (static_cast<uint64_t>(cfg.n_embd) + q_len + kk * cfg.n_ff_exp + cfg.n_ff_shexp) / QK8_1 *
+      sizeof(block_q8_1);
+  return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer + q8_1_bytes +
+         attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 68 * 256;
 }
 
 }  // namespace moegraph

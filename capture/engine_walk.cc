@@ -84,13 +84,13 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
   auto gate_up = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
     return [=, this] {
       return launch_expert_gate_up(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank,
-                                   e->missed, top_k, pass, h, act, counters, ms);
+                                   e->missed, top_k, pass, h, h_q, act, act_q, counters, ms);
     };
   };
   auto down = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
     return [=, this] {
       return launch_expert_down(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank, e->missed,
-                                top_k, pass, act, expert_out, ms);
+                                top_k, pass, act, act_q, expert_out, ms);
     };
   };
 
@@ -102,21 +102,25 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     case StepOp::kEmbed:
       return [=, this] { return launch_embed(token_embd, token, x, ms); };
     case StepOp::kAttnNorm:
-      return [=, this] { return launch_rmsnorm(x, w->attn_norm, h, 1, n_embd, eps, ms); };
+      return [=, this] { return launch_rmsnorm(x, w->attn_norm, h, 1, n_embd, eps, h_q, ms); };
     case StepOp::kQ:
-      return [=, this] { return launch_matvec(w->wq, h, w->bq, q, ms); };
+      return [=, this] { return launch_matvec(w->wq, h, h_q, w->bq, q, ms); };
     case StepOp::kK:
-      return [=, this] { return launch_matvec(w->wk, h, w->bk, k, ms); };
+      return [=, this] { return launch_matvec(w->wk, h, h_q, w->bk, k, ms); };
     case StepOp::kV:
-      return [=, this] { return launch_matvec(w->wv, h, w->bv, v, ms); };
+      return [=, this] { return launch_matvec(w->wv, h, h_q, w->bv, v, ms); };
     case StepOp::kQNorm: {
       // olmoe normalises all of q (and k) at once, qwen3moe each head.
       const int rows = cfg.qk_norm_full ? 1 : cfg.n_head;
-      return [=, this] { return launch_rmsnorm(q, w->q_norm, q, rows, q_len / rows, eps, ms); };
+      return [=, this] {
+        return launch_rmsnorm(q, w->q_norm, q, rows, q_len / rows, eps, nullptr, ms);
+      };
     }
     case StepOp::kKNorm: {
       const int rows = cfg.qk_norm_full ? 1 : cfg.n_head_kv;
-      return [=, this] { return launch_rmsnorm(k, w->k_norm, k, rows, kv_len / rows, eps, ms); };
+      return [=, this] {
+        return launch_rmsnorm(k, w->k_norm, k, rows, kv_len / rows, eps, nullptr, ms);
+      };
     }
     case StepOp::kRopeQ:
       return [=, this] {
@@ -132,18 +136,19 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
       return [=, this] {
         return launch_attention_decode(q, e->k_cache, e->v_cache, pos, cfg.n_head, cfg.n_head_kv,
-                                       cfg.head_dim, options.max_ctx, scale, partial, attn, ms);
+                                       cfg.head_dim, options.max_ctx, scale, partial, attn, attn_q,
+                                       ms);
       };
     }
     case StepOp::kAttnOut:
-      return [=, this] { return launch_matvec(w->wo, attn, nullptr, block_out, ms); };
+      return [=, this] { return launch_matvec(w->wo, attn, attn_q, nullptr, block_out, ms); };
     case StepOp::kAttnResidual:
     case StepOp::kFfnResidual:
       return [=, this] { return launch_add(x, block_out, n_embd, ms); };
     case StepOp::kFfnNorm:
-      return [=, this] { return launch_rmsnorm(x, w->ffn_norm, h, 1, n_embd, eps, ms); };
+      return [=, this] { return launch_rmsnorm(x, w->ffn_norm, h, 1, n_embd, eps, h_q, ms); };
     case StepOp::kRouter:
-      return [=, this] { return launch_matvec(w->router, h, nullptr, router_logits, ms); };
+      return [=, this] { return launch_matvec(w->router, h, h_q, nullptr, router_logits, ms); };
     case StepOp::kRouterTopk:
       return [=, this] {
         return launch_router_topk(router_logits, cfg.n_expert, top_k, cfg.norm_topk_prob,
@@ -230,26 +235,33 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     case StepOp::kDownAll:
       return down(ExpertPass::kAll);
     case StepOp::kShexpGate:
-      return [=, this] { return launch_matvec(w->shexp_gate, h, nullptr, shexp_gate_out, ms); };
+      return [=, this] {
+        return launch_matvec(w->shexp_gate, h, h_q, nullptr, shexp_gate_out, ms);
+      };
     case StepOp::kShexpUp:
-      return [=, this] { return launch_matvec(w->shexp_up, h, nullptr, shexp_up_out, ms); };
+      return [=, this] { return launch_matvec(w->shexp_up, h, h_q, nullptr, shexp_up_out, ms); };
     case StepOp::kShexpSwiglu:
       return [=, this] {
-        return launch_swiglu(shexp_gate_out, shexp_up_out, shexp_act, cfg.n_ff_shexp, ms);
+        return launch_swiglu(shexp_gate_out, shexp_up_out, shexp_act, cfg.n_ff_shexp, shexp_act_q,
+                             ms);
       };
     case StepOp::kShexpDown:
-      return [=, this] { return launch_matvec(w->shexp_down, shexp_act, nullptr, shexp_out, ms); };
+      return [=, this] {
+        return launch_matvec(w->shexp_down, shexp_act, shexp_act_q, nullptr, shexp_out, ms);
+      };
     case StepOp::kShexpLogit:
-      return [=, this] { return launch_matvec(w->shexp_gate_inp, h, nullptr, shexp_logit, ms); };
+      return [=, this] {
+        return launch_matvec(w->shexp_gate_inp, h, h_q, nullptr, shexp_logit, ms);
+      };
     case StepOp::kCombine:
       return [=, this] {
         return launch_combine(expert_out, e->weights, top_k, n_embd, shexp ? shexp_out : nullptr,
                               shexp ? shexp_logit : nullptr, block_out, ms);
       };
     case StepOp::kOutputNorm:
-      return [=, this] { return launch_rmsnorm(x, output_norm, h, 1, n_embd, eps, ms); };
+      return [=, this] { return launch_rmsnorm(x, output_norm, h, 1, n_embd, eps, h_q, ms); };
     case StepOp::kLmHead:
-      return [=, this] { return launch_matvec(output, h, nullptr, logits, ms); };
+      return [=, this] { return launch_matvec(output, h, h_q, nullptr, logits, ms); };
     case StepOp::kRecordLogits:
       return [=, this] {
         return launch_record_logits(logits, cfg.n_vocab, step, options.max_ctx,

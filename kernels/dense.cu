@@ -1,18 +1,18 @@
-// Dense decode ops: embedding, RMSNorm, matvec, RoPE, KV append, split-K decode
-// attention, residual add, SwiGLU. Per-element math comes from the MG_HD headers
-// (loader/quant.h, kernels/dot_math.h, kernels/nn_math.h); this file holds the
-// indexing and launch geometry.
+// Dense decode ops: embedding, RMSNorm, RoPE, KV append, split-K decode
+// attention, residual add, SwiGLU (the matvecs are kernels/matvec.cu). Per-element
+// math comes from the MG_HD headers (loader/quant.h, kernels/nn_math.h,
+// kernels/mmvq_math.h); this file holds the indexing and launch geometry. The
+// ops whose output a quantized matvec reads (RMSNorm, the attention merge,
+// SwiGLU) write its q8_1 blocks too: a warp's lanes hold one block's 32 values.
 //
-// Matvec is one warp per output row (lanes split the row by 32-element chunks,
-// see dot_math.h), so a warp streams one row's bytes and the x vector stays in L1.
 // Attention runs one block per (head, split of kAttnSplit positions); the grid
 // is sized by max_ctx at capture and splits past the live length (*pos + 1, read
 // on the device) write an empty softmax state and exit. A second kernel merges
 // the splits of each head.
-#include "kernels/dot_math.h"
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
 #include "kernels/nn_math.h"
+#include "kernels/q8_1.cuh"
 #include "kernels/reduce.cuh"
 #include "loader/quant.h"
 
@@ -20,7 +20,6 @@ namespace moegraph {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMatvecWarps = 8;  // output rows per block
 constexpr int kAttnSplit = 128;  // positions per attention block
 constexpr int kAttnThreads = 128;
 constexpr int kMaxHeadDim = 256;
@@ -35,8 +34,9 @@ size_t packed_row_bytes(GgmlType type, int64_t cols) {
   return static_cast<size_t>(cols / quant_block_elems(type) * quant_block_bytes(type));
 }
 
-bool matrix_ok(const DeviceMatrix& m) {
-  return m.data != nullptr && m.rows > 0 && matvec_supports(m.type, m.cols) &&
+bool table_ok(const DeviceMatrix& m) {
+  return m.data != nullptr && m.rows > 0 && quant_block_elems(m.type) != 0 && m.cols > 0 &&
+         m.cols % quant_block_elems(m.type) == 0 &&
          m.row_bytes >= packed_row_bytes(m.type, m.cols);
 }
 
@@ -52,27 +52,28 @@ __global__ void embed_kernel(const uint8_t* __restrict__ table, GgmlType type, i
                    out + block * block_elems);
 }
 
+// out_q: row_len is a multiple of 32 and blockDim.x of 32, so warp w's lanes
+// hold elements [32 (w + j * warps), + 32) in round j: one q8_1 block.
 __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ weight, float* out,
-                               int32_t row_len, float eps) {
+                               int32_t row_len, float eps, block_q8_1* __restrict__ out_q) {
   __shared__ float scratch[32];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * row_len;
   float* out_row = out + static_cast<int64_t>(blockIdx.x) * row_len;
   float sum_sq = 0.0f;
   for (int32_t i = threadIdx.x; i < row_len; i += blockDim.x) sum_sq += row[i] * row[i];
   const float scale = rms_scale(block_sum(sum_sq, scratch), row_len, eps);
-  for (int32_t i = threadIdx.x; i < row_len; i += blockDim.x) {
-    out_row[i] = row[i] * scale * weight[i];
+  if (out_q == nullptr) {
+    for (int32_t i = threadIdx.x; i < row_len; i += blockDim.x) {
+      out_row[i] = row[i] * scale * weight[i];
+    }
+    return;
   }
-}
-
-__global__ void matvec_kernel(const uint8_t* __restrict__ w, GgmlType type, int32_t cols,
-                              int32_t rows, size_t row_bytes, const float* __restrict__ x,
-                              const float* __restrict__ bias, float* __restrict__ out) {
-  const int32_t row = blockIdx.x * kMatvecWarps + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const float dot = warp_sum(row_dot_lane(type, w + row * row_bytes, x, cols, lane, 32));
-  if (lane == 0) out[row] = bias != nullptr ? dot + bias[row] : dot;
+  for (int32_t base = threadIdx.x / 32 * 32; base < row_len; base += blockDim.x) {
+    const int32_t i = base + threadIdx.x % 32;
+    const float v = row[i] * scale * weight[i];
+    out_row[i] = v;
+    warp_quantize_q8_1(v, out_q + i / QK8_1);
+  }
 }
 
 // One thread per rotated pair.
@@ -166,12 +167,18 @@ __global__ void attention_split_kernel(const float* __restrict__ q,
   }
 }
 
-// One block per head, a thread per dimension: merges the splits in order.
+// A thread per output element (head i / head_dim, dimension i % head_dim):
+// merges the head's splits in order. With out_q, n_head * head_dim is a
+// multiple of 32, so each warp's 32 elements are one q8_1 block.
 __global__ void attention_merge_kernel(const float* __restrict__ partial, int32_t head_dim,
-                                       int32_t n_splits, float* __restrict__ out) {
-  const int32_t head = blockIdx.x;
-  const float* head_partial = partial + static_cast<int64_t>(head) * n_splits * (head_dim + 2);
-  for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+                                       int32_t n_splits, int32_t n, float* __restrict__ out,
+                                       block_q8_1* __restrict__ out_q) {
+  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  float merged = 0.0f;
+  if (i < n) {
+    const int32_t head = i / head_dim;
+    const int32_t d = i % head_dim;
+    const float* head_partial = partial + static_cast<int64_t>(head) * n_splits * (head_dim + 2);
     SoftmaxPartial state = empty_softmax();
     float acc = 0.0f;
     for (int32_t s = 0; s < n_splits; ++s) {
@@ -180,8 +187,11 @@ __global__ void attention_merge_kernel(const float* __restrict__ partial, int32_
       state = softmax_merge(state, {p[head_dim], p[head_dim + 1]}, &scale_state, &scale_split);
       acc = acc * scale_state + p[d] * scale_split;
     }
-    out[static_cast<int64_t>(head) * head_dim + d] = acc / state.sum;
+    merged = acc / state.sum;
+    out[i] = merged;
   }
+  // Whole warps only: n is a multiple of 32 and so is the grid's thread count.
+  if (out_q != nullptr && i / 32 * 32 < n) warp_quantize_q8_1(merged, out_q + i / QK8_1);
 }
 
 __global__ void add_kernel(float* x, const float* y, int32_t n) {
@@ -189,16 +199,19 @@ __global__ void add_kernel(float* x, const float* y, int32_t n) {
   if (i < n) x[i] += y[i];
 }
 
-__global__ void swiglu_kernel(const float* gate, const float* up, float* out, int32_t n) {
+__global__ void swiglu_kernel(const float* gate, const float* up, float* out, int32_t n,
+                              block_q8_1* __restrict__ out_q) {
   const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = silu(gate[i]) * up[i];
+  const float v = i < n ? silu(gate[i]) * up[i] : 0.0f;
+  if (i < n) out[i] = v;
+  if (out_q != nullptr && i / 32 * 32 < n) warp_quantize_q8_1(v, out_q + i / QK8_1);
 }
 
 }  // namespace
 
 cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float* out,
                          cudaStream_t stream) {
-  if (!matrix_ok(table) || token == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  if (!table_ok(table) || token == nullptr || out == nullptr) return cudaErrorInvalidValue;
   const int32_t n_blocks = static_cast<int32_t>(table.cols / quant_block_elems(table.type));
   return launch_kernel<embed_kernel>(ceil_div(n_blocks, kThreads), kThreads, stream,
                                      static_cast<const uint8_t*>(table.data), table.type,
@@ -206,19 +219,13 @@ cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float*
 }
 
 cudaError_t launch_rmsnorm(const float* x, const float* weight, float* out, int32_t n_rows,
-                           int32_t row_len, float eps, cudaStream_t stream) {
-  if (x == nullptr || weight == nullptr || out == nullptr || n_rows <= 0 || row_len <= 0) {
+                           int32_t row_len, float eps, block_q8_1* out_q, cudaStream_t stream) {
+  if (x == nullptr || weight == nullptr || out == nullptr || n_rows <= 0 || row_len <= 0 ||
+      (out_q != nullptr && (n_rows != 1 || row_len % QK8_1 != 0))) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<rmsnorm_kernel>(n_rows, kThreads, stream, x, weight, out, row_len, eps);
-}
-
-cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const float* bias, float* out,
-                          cudaStream_t stream) {
-  if (!matrix_ok(w) || x == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  return launch_kernel<matvec_kernel>(ceil_div(w.rows, kMatvecWarps), kMatvecWarps * 32, stream,
-                                      static_cast<const uint8_t*>(w.data), w.type, w.cols, w.rows,
-                                      w.row_bytes, x, bias, out);
+  return launch_kernel<rmsnorm_kernel>(n_rows, kThreads, stream, x, weight, out, row_len, eps,
+                                       out_q);
 }
 
 cudaError_t launch_rope(float* x, int32_t n_head, int32_t head_dim, const int32_t* pos,
@@ -249,10 +256,11 @@ size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ct
 cudaError_t launch_attention_decode(const float* q, const float* k_cache, const float* v_cache,
                                     const int32_t* pos, int32_t n_head, int32_t n_head_kv,
                                     int32_t head_dim, int32_t max_ctx, float scale, float* partial,
-                                    float* out, cudaStream_t stream) {
+                                    float* out, block_q8_1* out_q, cudaStream_t stream) {
   if (q == nullptr || k_cache == nullptr || v_cache == nullptr || pos == nullptr ||
       partial == nullptr || out == nullptr || n_head <= 0 || n_head_kv <= 0 ||
-      n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim || max_ctx <= 0) {
+      n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim || max_ctx <= 0 ||
+      (out_q != nullptr && n_head * head_dim % QK8_1 != 0)) {
     return cudaErrorInvalidValue;
   }
   const int32_t n_splits = attention_splits(max_ctx);
@@ -262,8 +270,9 @@ cudaError_t launch_attention_decode(const float* q, const float* k_cache, const 
       dim3(n_head, n_splits), kAttnThreads, stream, q, k_cache, v_cache, pos, n_head, n_head_kv,
       head_dim, max_ctx, scale, partial);
   if (split_error != cudaSuccess) return split_error;
-  return launch_kernel<attention_merge_kernel>(n_head, kAttnThreads, stream, partial, head_dim,
-                                               n_splits, out);
+  const int32_t n = n_head * head_dim;
+  return launch_kernel<attention_merge_kernel>(ceil_div(n, kAttnThreads), kAttnThreads, stream,
+                                               partial, head_dim, n_splits, n, out, out_q);
 }
 
 cudaError_t launch_add(float* x, const float* y, int32_t n, cudaStream_t stream) {
@@ -273,10 +282,14 @@ cudaError_t launch_add(float* x, const float* y, int32_t n, cudaStream_t stream)
 }
 
 cudaError_t launch_swiglu(const float* gate, const float* up, float* out, int32_t n,
-                          cudaStream_t stream) {
-  if (gate == nullptr || up == nullptr || out == nullptr || n < 0) return cudaErrorInvalidValue;
+                          block_q8_1* out_q, cudaStream_t stream) {
+  if (gate == nullptr || up == nullptr || out == nullptr || n < 0 ||
+      (out_q != nullptr && n % QK8_1 != 0)) {
+    return cudaErrorInvalidValue;
+  }
   if (n == 0) return cudaSuccess;
-  return launch_kernel<swiglu_kernel>(ceil_div(n, kThreads), kThreads, stream, gate, up, out, n);
+  return launch_kernel<swiglu_kernel>(ceil_div(n, kThreads), kThreads, stream, gate, up, out, n,
+                                      out_q);
 }
 
 }  // namespace moegraph

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/mmvq_math.h"
 #include "kernels/moe_math.h"
 #include "kernels/sample_math.h"
 #include "loader/ggml_type.h"
@@ -61,14 +62,28 @@ cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float*
 
 // For each of n_rows rows of row_len: out = x / sqrt(mean(x^2) + eps) * weight.
 // Serves attn/ffn/output norms (n_rows 1), per-head QK-norm (n_rows = heads,
-// row_len = head_dim) and olmoe's full-width QK-norm. out may alias x.
+// row_len = head_dim) and olmoe's full-width QK-norm. out may alias x. With
+// out_q (n_rows 1, row_len a multiple of 32), out's q8_1 blocks too, for the
+// quantized matvecs that read it.
 cudaError_t launch_rmsnorm(const float* x, const float* weight, float* out, int32_t n_rows,
-                           int32_t row_len, float eps, cudaStream_t stream);
+                           int32_t row_len, float eps, block_q8_1* out_q, cudaStream_t stream);
 
-// out[rows] = W x (+ bias when not null). Any quant type of loader/quant.h;
-// cols a multiple of the type's block size. One warp per output row.
-cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const float* bias, float* out,
-                          cudaStream_t stream);
+// Whether launch_matvec computes a matrix of type with rows of cols: q8_0,
+// q4_0, q4_K, q5_K, q6_K (cols a multiple of the block) against q8_1
+// activations, f32 (cols a multiple of 4), f16 and bf16 (of 8) against f32 ones.
+bool matvec_supports_type(GgmlType type, int32_t cols);
+
+// out[rows] = W x (+ bias when not null), the grouped matvec of
+// kernels/mmvq_math.h: the quant types read xq, x's q8_1 blocks (cols / 32 of
+// them), the element types read x; the other may be null.
+cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
+                          const float* bias, float* out, cudaStream_t stream);
+
+// out = silu(gate x) * (up x), gate and up of one type and shape, and with out_q
+// (rows a multiple of 32) out's q8_1 blocks.
+cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& up, const float* x,
+                                 const block_q8_1* xq, float* out, block_q8_1* out_q,
+                                 cudaStream_t stream);
 
 // Rotates x ([n_head][head_dim]) in place at position *pos; rope_type 0 NORM
 // (adjacent pairs), 1 NEOX (halves), as ggml.
@@ -82,19 +97,21 @@ cudaError_t launch_kv_append(const float* k, const float* v, float* k_cache, flo
 // Split-K decode attention over positions 0..*pos with a grid fixed for max_ctx
 // (n_head x n_splits; splits past the live length exit early), then a merge.
 // partial: attention_partial_floats(...) floats of scratch. Head h reads KV head
-// h / (n_head / n_head_kv); head_dim <= 256.
+// h / (n_head / n_head_kv); head_dim <= 256. With out_q (n_head * head_dim a
+// multiple of 32), out's q8_1 blocks too.
 size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx);
 cudaError_t launch_attention_decode(const float* q, const float* k_cache, const float* v_cache,
                                     const int32_t* pos, int32_t n_head, int32_t n_head_kv,
                                     int32_t head_dim, int32_t max_ctx, float scale,
-                                    float* partial, float* out, cudaStream_t stream);
+                                    float* partial, float* out, block_q8_1* out_q,
+                                    cudaStream_t stream);
 
 // x += y.
 cudaError_t launch_add(float* x, const float* y, int32_t n, cudaStream_t stream);
 
-// out = silu(gate) * up.
+// out = silu(gate) * up, and with out_q (n a multiple of 32) out's q8_1 blocks.
 cudaError_t launch_swiglu(const float* gate, const float* up, float* out, int32_t n,
-                          cudaStream_t stream);
+                          block_q8_1* out_q, cudaStream_t stream);
 
 // ---- MoE ----
 
@@ -164,18 +181,22 @@ cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayou
                               DeviceCounters* counters, cudaStream_t stream);
 
 // act[r][n_ff] = silu(gate_r x) * (up_r x) for each rank r of the pass, weights
-// found through slot_of_rank. Full grid: blocks of other passes exit. Counts
+// found through slot_of_rank (gate and up of one type; x and xq as
+// launch_matvec reads them), and with act_q (n_ff a multiple of 32) act's q8_1
+// blocks, [r][n_ff / 32]. Full grid: blocks of other passes exit. Counts
 // pass_a_experts (kHits, and kAll: the single pass of an unsplit walk) or
 // pass_b_experts (kMisses), once per expert computed.
 cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
                                   const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                                  ExpertPass pass, const float* x, float* act,
-                                  DeviceCounters* counters, cudaStream_t stream);
-// expert_out[r][n_embd] = down_r act[r] for each rank r of the pass.
+                                  ExpertPass pass, const float* x, const block_q8_1* xq,
+                                  float* act, block_q8_1* act_q, DeviceCounters* counters,
+                                  cudaStream_t stream);
+// expert_out[r][n_embd] = down_r act[r] for each rank r of the pass (act_q: its
+// q8_1 blocks, for a quantized down).
 cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
                                const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                               ExpertPass pass, const float* act, float* expert_out,
-                               cudaStream_t stream);
+                               ExpertPass pass, const float* act, const block_q8_1* act_q,
+                               float* expert_out, cudaStream_t stream);
 
 // out = sum over r in rank order of weights[r] * expert_out[r]
 //       (+ sigmoid(*shexp_logit) * shexp_out when shexp_out is not null).

@@ -1,13 +1,12 @@
 // MoE kernels: router top-k, routing replay from a trace, the residency step,
 // slot assignment for the arms without a policy, the stage copy of missed
-// experts, the expert passes and the combine. Decisions come from
+// experts and the combine (the expert passes are kernels/matvec.cu). Decisions come from
 // kernels/moe_math.h, residency/policy.h and residency/hazard_policy.h; this
 // file holds the indexing and launch geometry.
 //
 // Grids never depend on per-step values: the expert passes and the stage copy
 // launch a block row per rank (blockIdx.y = r) and a block whose rank is not in
 // its pass returns at once, so one captured graph serves every hit/miss pattern.
-#include "kernels/dot_math.h"
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
 #include "kernels/moe_math.h"
@@ -22,30 +21,10 @@ constexpr int kResidencyThreads = 256;
 // The hazard step's victim pass reads several dependent arrays per slot: more
 // warps hide more of that latency.
 constexpr int kHazardThreads = 1024;
-constexpr int kExpertWarps = 8;          // output rows per block of an expert pass
 constexpr int kStageCtasPerExpert = 32;  // enough loads in flight to fill PCIe
 constexpr int kStageUnroll = 4;
 
 int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
-
-size_t packed_row_bytes(GgmlType type, int64_t cols) {
-  return static_cast<size_t>(cols / quant_block_elems(type) * quant_block_bytes(type));
-}
-
-// The three projections fit the block and can be read by the matvec.
-bool layout_ok(const DeviceBlockLayout& layout) {
-  if (layout.n_embd <= 0 || layout.n_ff <= 0 || layout.block_bytes % 16 != 0) return false;
-  for (int p = 0; p < 3; ++p) {
-    const int64_t cols = p < 2 ? layout.n_embd : layout.n_ff;
-    const int64_t rows = p < 2 ? layout.n_ff : layout.n_embd;
-    if (!matvec_supports(layout.type[p], cols) ||
-        layout.row_bytes[p] < packed_row_bytes(layout.type[p], cols) ||
-        layout.offset[p] + rows * layout.row_bytes[p] > layout.block_bytes) {
-      return false;
-    }
-  }
-  return true;
-}
 
 // One warp: softmax in f64 as the oracle, then k rounds of a warp argmax in
 // top-k order over the experts not yet taken.
@@ -347,57 +326,6 @@ __global__ void stage_copy_kernel(const uint4* __restrict__ host_blocks, size_t 
   }
 }
 
-// Grid (rows / kExpertWarps, k): a warp per output row of rank blockIdx.y.
-// Returns the expert's weights of projection p, or null when the rank is not in
-// the pass.
-__device__ inline const uint8_t* pass_projection(const uint8_t* slots,
-                                                 const DeviceBlockLayout& layout,
-                                                 const int32_t* slot_of_rank, const uint8_t* missed,
-                                                 ExpertPass pass, int32_t r, int p) {
-  if (!rank_in_pass(pass, missed[r])) return nullptr;
-  return slots + static_cast<size_t>(slot_of_rank[r]) * layout.block_bytes + layout.offset[p];
-}
-
-__global__ void expert_gate_up_kernel(const uint8_t* __restrict__ slots, DeviceBlockLayout layout,
-                                      const int32_t* __restrict__ slot_of_rank,
-                                      const uint8_t* __restrict__ missed, ExpertPass pass,
-                                      const float* __restrict__ x, float* __restrict__ act,
-                                      DeviceCounters* counters) {
-  const int32_t r = blockIdx.y;
-  const uint8_t* gate = pass_projection(slots, layout, slot_of_rank, missed, pass, r, 0);
-  if (gate == nullptr) return;
-  const uint8_t* up = pass_projection(slots, layout, slot_of_rank, missed, pass, r, 1);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    // kAll is the single pass of the unsplit walk, so it counts as pass A.
-    atomicAdd(pass == ExpertPass::kMisses ? &counters->pass_b_experts : &counters->pass_a_experts,
-              1ull);
-  }
-  const int32_t row = blockIdx.x * kExpertWarps + threadIdx.x / 32;
-  if (row >= layout.n_ff) return;
-  const int lane = threadIdx.x % 32;
-  const float g = warp_sum(
-      row_dot_lane(layout.type[0], gate + row * layout.row_bytes[0], x, layout.n_embd, lane, 32));
-  const float u = warp_sum(
-      row_dot_lane(layout.type[1], up + row * layout.row_bytes[1], x, layout.n_embd, lane, 32));
-  if (lane == 0) act[static_cast<int64_t>(r) * layout.n_ff + row] = silu(g) * u;
-}
-
-__global__ void expert_down_kernel(const uint8_t* __restrict__ slots, DeviceBlockLayout layout,
-                                   const int32_t* __restrict__ slot_of_rank,
-                                   const uint8_t* __restrict__ missed, ExpertPass pass,
-                                   const float* __restrict__ act, float* __restrict__ expert_out) {
-  const int32_t r = blockIdx.y;
-  const uint8_t* down = pass_projection(slots, layout, slot_of_rank, missed, pass, r, 2);
-  if (down == nullptr) return;
-  const int32_t row = blockIdx.x * kExpertWarps + threadIdx.x / 32;
-  if (row >= layout.n_embd) return;
-  const int lane = threadIdx.x % 32;
-  const float* x = act + static_cast<int64_t>(r) * layout.n_ff;
-  const float y = warp_sum(
-      row_dot_lane(layout.type[2], down + row * layout.row_bytes[2], x, layout.n_ff, lane, 32));
-  if (lane == 0) expert_out[static_cast<int64_t>(r) * layout.n_embd + row] = y;
-}
-
 // A thread per element; ranks summed in order so the bits do not depend on
 // which pass produced each expert's output.
 __global__ void combine_kernel(const float* __restrict__ expert_out,
@@ -517,32 +445,6 @@ cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayou
   return launch_kernel<stage_copy_kernel>(
       dim3(kStageCtasPerExpert, k), kThreads, stream, reinterpret_cast<const uint4*>(host_blocks),
       layout.block_bytes, experts, slot_of_rank, missed, reinterpret_cast<uint4*>(slots), counters);
-}
-
-cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
-                                  const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                                  ExpertPass pass, const float* x, float* act,
-                                  DeviceCounters* counters, cudaStream_t stream) {
-  if (slots == nullptr || !layout_ok(layout) || slot_of_rank == nullptr || missed == nullptr ||
-      k <= 0 || k > kMaxTopK || x == nullptr || act == nullptr || counters == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  return launch_kernel<expert_gate_up_kernel>(dim3(ceil_div(layout.n_ff, kExpertWarps), k),
-                                              kExpertWarps * 32, stream, slots, layout,
-                                              slot_of_rank, missed, pass, x, act, counters);
-}
-
-cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
-                               const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                               ExpertPass pass, const float* act, float* expert_out,
-                               cudaStream_t stream) {
-  if (slots == nullptr || !layout_ok(layout) || slot_of_rank == nullptr || missed == nullptr ||
-      k <= 0 || k > kMaxTopK || act == nullptr || expert_out == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  return launch_kernel<expert_down_kernel>(dim3(ceil_div(layout.n_embd, kExpertWarps), k),
-                                           kExpertWarps * 32, stream, slots, layout, slot_of_rank,
-                                           missed, pass, act, expert_out);
 }
 
 cudaError_t launch_combine(const float* expert_out, const float* weights, int32_t k, int32_t n_embd,

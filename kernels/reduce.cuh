@@ -103,6 +103,16 @@ __device__ inline float warp_sum(float v) {
   return reduce_detail::warp_reduce(v, reduce_detail::Sum{});
 }
 
+// The butterfly within aligned groups of `width` lanes (a power of two, at most
+// 32): every lane ends with its group's sum, added in butterfly_sum's order
+// (kernels/mmvq_math.h). Every lane of the warp must call it.
+__device__ inline float group_sum(float v, int width) {
+  for (int offset = width / 2; offset > 0; offset >>= 1) {
+    v += __shfl_xor_sync(kFullMask, v, offset);
+  }
+  return v;
+}
+
 __device__ inline double warp_sum(double v) {
   return reduce_detail::warp_reduce(v, reduce_detail::Sum{});
 }

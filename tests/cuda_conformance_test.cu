@@ -29,6 +29,10 @@ __global__ void warp_sum_kernel(const float* in, float* out) {
   out[threadIdx.x] = v;
 }
 
+__global__ void dp4a_kernel(const int* a, const int* b, const int* c, int* out) {
+  out[threadIdx.x] = __dp4a(a[threadIdx.x], b[threadIdx.x], c[threadIdx.x]);
+}
+
 // Each thread writes its slot; after the barrier each reads its mirror's.
 __global__ void mirror_kernel(int* out) {
   __shared__ int slots[256];
@@ -109,6 +113,41 @@ TEST_F(CudaConformanceTest, AWarpShuffleButterflySumsAll32Lanes) {
   }
   cudaFree(d_in);
   cudaFree(d_out);
+}
+
+// The signed byte products of __dp4a (the quantized matvecs' inner step), at
+// the extremes of a signed byte and with an accumulator that wraps.
+TEST_F(CudaConformanceTest, Dp4aAddsTheProductsOfSignedBytes) {
+  const std::vector<int> a = {0x01FF7F80, static_cast<int>(0x80808080u), 0x7F7F7F7F, 0x01020304,
+                              -1,         0x0F0F0F0F, 0x00000000, static_cast<int>(0x807F01FFu)};
+  const std::vector<int> b = {0x02030405, static_cast<int>(0x80808080u), 0x7F7F7F7F, 0x01010101,
+                              -1,         0x10203040, 0x12345678, static_cast<int>(0xFF01807Fu)};
+  const std::vector<int> c = {10, 0, -5, 7, 0, 2147483000, -1, 100};
+  std::vector<int> expected(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    int64_t sum = c[i];
+    for (int byte = 0; byte < 4; ++byte) {
+      sum += static_cast<int8_t>(static_cast<uint32_t>(a[i]) >> (8 * byte)) *
+             static_cast<int8_t>(static_cast<uint32_t>(b[i]) >> (8 * byte));
+    }
+    expected[i] = static_cast<int>(static_cast<uint32_t>(static_cast<uint64_t>(sum)));
+  }
+  int *d_a, *d_b, *d_c, *d_out;
+  for (int** p : {&d_a, &d_b, &d_c, &d_out}) {
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(p), a.size() * sizeof(int)), cudaSuccess);
+  }
+  ASSERT_EQ(cudaMemcpy(d_a, a.data(), a.size() * sizeof(int), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_b, b.data(), b.size() * sizeof(int), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_c, c.data(), c.size() * sizeof(int), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(launch_kernel<dp4a_kernel>(1, static_cast<int>(a.size()), stream_, d_a, d_b, d_c,
+                                       d_out),
+            cudaSuccess);
+  Sync();
+  std::vector<int> out(a.size());
+  ASSERT_EQ(cudaMemcpy(out.data(), d_out, out.size() * sizeof(int), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(out, expected);
+  for (int* p : {d_a, d_b, d_c, d_out}) cudaFree(p);
 }
 
 TEST_F(CudaConformanceTest, ABarrierPublishesSharedMemoryToTheBlock) {

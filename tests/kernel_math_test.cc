@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/dot_math.h"
+#include "kernels/mmvq_math.h"
 #include "kernels/moe_math.h"
 #include "kernels/nn_math.h"
 #include "kernels/sample_math.h"
@@ -45,57 +45,136 @@ void ReferenceDot(GgmlType type, const uint8_t* row, const float* x, int64_t n, 
   }
 }
 
-TEST(DotMathTest, BlockDotMatchesDequantizeThenDot) {
-  std::mt19937 rng(1);
+// x quantized to q8_1 blocks, and the values those blocks stand for (d * q).
+struct Q8_1Vector {
+  std::vector<block_q8_1> blocks;
+  std::vector<float> values;
+};
+Q8_1Vector QuantizeQ8_1(const std::vector<float>& x) {
+  Q8_1Vector q;
+  q.blocks.resize(x.size() / QK8_1);
+  for (size_t b = 0; b < q.blocks.size(); ++b) {
+    quantize_q8_1_block(x.data() + b * QK8_1, &q.blocks[b]);
+    for (int i = 0; i < QK8_1; ++i) {
+      q.values.push_back(f16_to_f32(q.blocks[b].d) * static_cast<float>(q.blocks[b].qs[i]));
+    }
+  }
+  return q;
+}
+
+TEST(MmvqMathTest, Dp4aMultipliesSignedBytes) {
+  // Bytes of a (low first): -128, 127, -1, 1; of b: 5, 4, 3, 2.
+  EXPECT_EQ(dp4a(0x01FF7F80, 0x02030405, 10), 10 - 640 + 508 - 3 + 2);
+  EXPECT_EQ(dp4a(0x01010101, static_cast<int>(0x80808080u), 0), -512);
+}
+
+TEST(MmvqMathTest, Q8_1BlocksHoldRoundedQuantsTheScaleAndTheSum) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 100; ++trial) {
+    const std::vector<float> x = Gaussian(rng, QK8_1, trial % 2 == 0 ? 1.0f : 1e-3f);
+    block_q8_1 b;
+    quantize_q8_1_block(x.data(), &b);
+    float amax = 0.0f;
+    double sum = 0.0;
+    for (float v : x) {
+      amax = std::max(amax, std::fabs(v));
+      sum += v;
+    }
+    const float d = amax / 127.0f;
+    EXPECT_EQ(b.d, f32_to_f16(d));
+    EXPECT_NEAR(f16_to_f32(b.s), sum, 1e-2 * std::fabs(sum) + 1e-3 * amax);
+    for (int i = 0; i < QK8_1; ++i) {
+      EXPECT_EQ(b.qs[i], static_cast<int8_t>(std::round(x[i] / d))) << i;
+    }
+  }
+  const std::vector<float> zeros(QK8_1, 0.0f);
+  block_q8_1 z;
+  quantize_q8_1_block(zeros.data(), &z);
+  EXPECT_EQ(z.d, 0);
+  for (int8_t q : z.qs) EXPECT_EQ(q, 0);
+}
+
+// Each quant type's integer dot against q8_1 equals the dot of its dequantized
+// weights with the q8_1 blocks' values (the integers are exact; only the float
+// sums round), and stays within the q8 rounding of the f32 dot.
+TEST(MmvqMathTest, QuantDotsEqualDequantizedWeightsTimesTheQ8_1Values) {
+  std::mt19937 rng(12);
   for (GgmlType type : kTypes) {
+    if (!mmvq_type(type)) continue;
     SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)));
-    const int64_t n = quant_block_elems(type);
-    for (int trial = 0; trial < 200; ++trial) {
+    for (int64_t n : {int64_t{256}, int64_t{1024}, int64_t{2560}, int64_t{8192}}) {
       const std::vector<float> w = Gaussian(rng, n);
       const std::vector<float> x = Gaussian(rng, n);
-      std::vector<uint8_t> block(ggml_row_size(type, n));
-      quantize_row(type, w.data(), block.data(), n);
+      std::vector<uint8_t> row(ggml_row_size(type, n));
+      quantize_row(type, w.data(), row.data(), n);
+      const Q8_1Vector q = QuantizeQ8_1(x);
       double expected, magnitude;
-      ReferenceDot(type, block.data(), x.data(), n, &expected, &magnitude);
-      EXPECT_NEAR(block_dot(type, block.data(), x.data()), expected, 1e-6 * magnitude + 1e-30)
-          << "trial " << trial;
+      ReferenceDot(type, row.data(), q.values.data(), n, &expected, &magnitude);
+      if (type == GgmlType::kQ4_0) {
+        // vec_dot_q4_0_q8_1 takes "- 8" out of the block's f16 sum s of x, not
+        // of the q8_1 values: the same difference here.
+        const block_q4_0* w4 = reinterpret_cast<const block_q4_0*>(row.data());
+        for (size_t b = 0; b < q.blocks.size(); ++b) {
+          double values = 0.0;
+          for (int i = 0; i < QK8_1; ++i) values += q.values[b * QK8_1 + i];
+          expected += 8.0 * f16_to_f32(w4[b].d) * (values - f16_to_f32(q.blocks[b].s));
+        }
+      }
+      const float got = matvec_row_reference(type, row.data(), nullptr, q.blocks.data(), n);
+      EXPECT_NEAR(got, expected, 1e-5 * magnitude) << "n=" << n;
+      double f32_dot, f32_magnitude;
+      ReferenceDot(type, row.data(), x.data(), n, &f32_dot, &f32_magnitude);
+      EXPECT_NEAR(got, f32_dot, 2e-2 * f32_magnitude) << "n=" << n;
     }
   }
 }
 
-TEST(DotMathTest, LaneSplitSumsToTheRowDot) {
-  std::mt19937 rng(2);
-  for (GgmlType type : kTypes) {
+TEST(MmvqMathTest, ElementDotsMatchDequantizeThenDot) {
+  std::mt19937 rng(13);
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
     SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)));
-    // Rows shorter than, equal to and longer than 32 chunks; element types also
-    // at a length that is not a multiple of 32.
-    std::vector<int64_t> lengths = {256, 1024, 2560};
-    if (is_element_type(type)) lengths.push_back(77);
-    for (int64_t n : lengths) {
+    for (int64_t n : {int64_t{8}, int64_t{64}, int64_t{1000}, int64_t{4096}}) {
       const std::vector<float> w = Gaussian(rng, n);
       const std::vector<float> x = Gaussian(rng, n);
       std::vector<uint8_t> row(ggml_row_size(type, n));
       quantize_row(type, w.data(), row.data(), n);
       double expected, magnitude;
       ReferenceDot(type, row.data(), x.data(), n, &expected, &magnitude);
-      const float whole = row_dot(type, row.data(), x.data(), n);
-      double lanes = 0.0;
-      for (int lane = 0; lane < 32; ++lane) {
-        lanes += row_dot_lane(type, row.data(), x.data(), n, lane, 32);
-      }
-      EXPECT_NEAR(whole, expected, 1e-6 * magnitude) << "n=" << n;
-      EXPECT_NEAR(lanes, expected, 1e-6 * magnitude) << "n=" << n;
+      const float got = matvec_row_reference(type, row.data(), x.data(), nullptr, n);
+      EXPECT_NEAR(got, expected, 1e-6 * magnitude) << "n=" << n;
     }
   }
 }
 
-TEST(DotMathTest, MatvecSupportsOnlyWholeBlocks) {
-  EXPECT_TRUE(matvec_supports(GgmlType::kF32, 77));
-  EXPECT_TRUE(matvec_supports(GgmlType::kQ4_K, 512));
-  EXPECT_FALSE(matvec_supports(GgmlType::kQ4_K, 288));
-  EXPECT_FALSE(matvec_supports(GgmlType::kQ8_0, 48));
-  EXPECT_FALSE(matvec_supports(GgmlType::kQ2_K, 256));
-  EXPECT_FALSE(matvec_supports(GgmlType::kF16, 0));
+TEST(MmvqMathTest, RowGroupsCoverTheRowWithinAWarp) {
+  for (GgmlType type : kTypes) {
+    for (int64_t cols : {int64_t{256}, int64_t{512}, int64_t{2048}, int64_t{8192}}) {
+      const int g = row_group(type, cols);
+      EXPECT_GE(g, 2);
+      EXPECT_LE(g, kMaxRowGroup);
+      EXPECT_EQ(g & (g - 1), 0) << g;
+      if (mmvq_type(type)) {
+        EXPECT_GE(g, mmvq_traits(type).qi / mmvq_traits(type).vdr);
+      }
+      // Either the units fit the group or the group is a whole warp.
+      EXPECT_TRUE(row_units(type, cols) <= g || g == kMaxRowGroup) << cols;
+    }
+  }
+  EXPECT_EQ(row_group(GgmlType::kQ4_K, 256), 16);  // one super-block: 16 word groups
+  EXPECT_EQ(row_group(GgmlType::kQ8_0, 64), 8);    // 2 blocks x 4
+  EXPECT_EQ(row_group(GgmlType::kF32, 64), 16);    // 16 chunks of 4
+  EXPECT_EQ(row_group(GgmlType::kQ6_K, 256), 32);
+}
+
+TEST(MmvqMathTest, TheGroupedMatvecTakesWholeBlocksOfItsTypes) {
+  EXPECT_TRUE(grouped_matvec_supports(GgmlType::kF32, 76));
+  EXPECT_FALSE(grouped_matvec_supports(GgmlType::kF32, 77));
+  EXPECT_FALSE(grouped_matvec_supports(GgmlType::kF16, 76));
+  EXPECT_TRUE(grouped_matvec_supports(GgmlType::kQ4_K, 512));
+  EXPECT_FALSE(grouped_matvec_supports(GgmlType::kQ4_K, 288));
+  EXPECT_FALSE(grouped_matvec_supports(GgmlType::kQ8_0, 48));
+  EXPECT_FALSE(grouped_matvec_supports(GgmlType::kQ2_K, 256));
+  EXPECT_FALSE(grouped_matvec_supports(GgmlType::kF16, 0));
 }
 
 TEST(NnMathTest, RopeMatchesReference) {

@@ -14,6 +14,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/moe_math.h"
+#include "kernels/nn_math.h"
 #include "kernels/sample_math.h"
 #include "loader/ggml_type.h"
 #include "loader/model_config.h"
@@ -102,6 +103,35 @@ DeviceMatrix DeviceView(const uint8_t* data, GgmlType type, int32_t rows, int32_
   return DeviceMatrix{data, type, cols, rows, ggml_row_size(type, cols)};
 }
 
+// x's q8_1 blocks as the host quantizes them (kernels/mmvq_math.h).
+std::vector<block_q8_1> Q8_1(const std::vector<float>& x) {
+  std::vector<block_q8_1> blocks(x.size() / QK8_1);
+  for (size_t b = 0; b < blocks.size(); ++b) quantize_q8_1_block(x.data() + b * QK8_1, &blocks[b]);
+  return blocks;
+}
+
+bool SameBlocks(const std::vector<block_q8_1>& a, const std::vector<block_q8_1>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(block_q8_1)) == 0;
+}
+
+// W x for every row, as the grouped matvec computes it.
+std::vector<float> GroupedMatvec(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols,
+                                 const std::vector<float>& x,
+                                 const std::vector<block_q8_1>& xq) {
+  std::vector<float> out(rows);
+  const size_t row_bytes = ggml_row_size(type, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    out[r] = matvec_row_reference(type, w + r * row_bytes, x.data(), xq.data(), cols);
+  }
+  return out;
+}
+
+// The f32 bound of a type against the dequantized f32 product. Where the
+// activations go through q8_1: twice test-backend-ops' 5e-4, since a product of
+// 7 rows is a noisy estimate and q4_0's offset goes through the f16 block sums
+// (q4_0 at 7x2048 measured 6.1e-4 on one seed; 300 rows stay under 5e-4).
+double F32Bound(GgmlType type) { return mmvq_type(type) ? 1e-3 : 1e-7; }
+
 using KernelsGpuTest = testing_util::CudaStreamTest;
 
 TEST_F(KernelsGpuTest, EmbedEqualsDequantizedRowBitForBit) {
@@ -141,46 +171,102 @@ TEST_F(KernelsGpuTest, RmsNormMatchesReference) {
     RmsNorm(x, weight, 1e-6f, absl::MakeSpan(expected));
     DeviceArray<float> d_x(x), d_weight(weight), d_out(x.size());
     ASSERT_EQ(launch_rmsnorm(d_x.get(), d_weight.get(), d_out.get(), shape.n_rows, shape.row_len,
-                             1e-6f, stream_),
+                             1e-6f, nullptr, stream_),
               cudaSuccess);
     Sync();
     EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
     // In place (out aliases x), as the launcher allows.
     ASSERT_EQ(launch_rmsnorm(d_x.get(), d_weight.get(), d_x.get(), shape.n_rows, shape.row_len,
-                             1e-6f, stream_),
+                             1e-6f, nullptr, stream_),
               cudaSuccess);
     Sync();
     EXPECT_LT(Nmse(d_x.Download(), expected), 1e-7);
   }
+  // One row of a multiple of 32: with out_q, its q8_1 blocks equal the host's
+  // quantization of the f32 row the kernel wrote, bit for bit.
+  for (int32_t row_len : {64, 2048}) {
+    const std::vector<float> x = Gaussian(rng, row_len, 2.0f);
+    const std::vector<float> weight = Gaussian(rng, row_len);
+    DeviceArray<float> d_x(x), d_weight(weight), d_out(row_len);
+    DeviceArray<block_q8_1> d_q(row_len / QK8_1);
+    ASSERT_EQ(launch_rmsnorm(d_x.get(), d_weight.get(), d_out.get(), 1, row_len, 1e-6f, d_q.get(),
+                             stream_),
+              cudaSuccess);
+    Sync();
+    std::vector<float> expected(row_len);
+    RmsNorm(x, weight, 1e-6f, absl::MakeSpan(expected));
+    const std::vector<float> out = d_out.Download();
+    EXPECT_LT(Nmse(out, expected), 1e-7);
+    EXPECT_TRUE(SameBlocks(d_q.Download(), Q8_1(out))) << row_len;
+  }
 }
-
-// The reference dequantizes the same quantized rows, so every type is held to
-// the f32 bound (1e-7), tighter than test-backend-ops' 5e-4 for quantized inputs.
+// Every type at row lengths from one block to many, against the host's run of
+// the same per-thread arithmetic and butterflies (bit for bit on the emulator; a
+// GPU may fuse multiply-adds: 1e-10) and against the f32 product of the
+// dequantized rows (q8_1 rounding: F32Bound).
 TEST_F(KernelsGpuTest, MatvecMatchesReferenceForEveryType) {
   std::mt19937 rng(3);
   struct Shape {
     int32_t rows, cols;
   };
   for (GgmlType type : kTypes) {
-    for (Shape shape : {Shape{300, 512}, Shape{7, 2048}, Shape{1000, 256}}) {
+    for (Shape shape : {Shape{300, 512}, Shape{7, 2048}, Shape{1000, 256}, Shape{33, 64},
+                        Shape{5, 8192}}) {
+      if (!matvec_supports_type(type, shape.cols)) continue;
       SCOPED_TRACE(TypeName(type) + " " + std::to_string(shape.rows) + "x" +
                    std::to_string(shape.cols));
       const std::vector<uint8_t> w = RandomMatrix(rng, type, shape.rows, shape.cols);
       const std::vector<float> x = Gaussian(rng, shape.cols);
+      const std::vector<block_q8_1> xq = Q8_1(x);
       const std::vector<float> bias = Gaussian(rng, shape.rows);
-      std::vector<float> expected(shape.rows);
-      MatMul(HostView(w.data(), type, shape.rows, shape.cols), x, absl::MakeSpan(expected));
+      std::vector<float> f32(shape.rows);
+      MatMul(HostView(w.data(), type, shape.rows, shape.cols), x, absl::MakeSpan(f32));
+      std::vector<float> grouped = GroupedMatvec(type, w.data(), shape.rows, shape.cols, x, xq);
       DeviceArray<uint8_t> d_w(w);
       DeviceArray<float> d_x(x), d_bias(bias), d_out(shape.rows);
+      DeviceArray<block_q8_1> d_xq(xq);
       const DeviceMatrix view = DeviceView(d_w.get(), type, shape.rows, shape.cols);
-      ASSERT_EQ(launch_matvec(view, d_x.get(), nullptr, d_out.get(), stream_), cudaSuccess);
+      // Each type reads only its own input: the other is null.
+      const float* x_in = mmvq_type(type) ? nullptr : d_x.get();
+      const block_q8_1* xq_in = mmvq_type(type) ? d_xq.get() : nullptr;
+      ASSERT_EQ(launch_matvec(view, x_in, xq_in, nullptr, d_out.get(), stream_), cudaSuccess);
       Sync();
-      EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
-      AddBias(bias, absl::MakeSpan(expected));
-      ASSERT_EQ(launch_matvec(view, d_x.get(), d_bias.get(), d_out.get(), stream_), cudaSuccess);
+      const std::vector<float> out = d_out.Download();
+      EXPECT_LT(Nmse(out, grouped), 1e-10);
+      EXPECT_LT(Nmse(out, f32), F32Bound(type));
+      AddBias(bias, absl::MakeSpan(grouped));
+      ASSERT_EQ(launch_matvec(view, x_in, xq_in, d_bias.get(), d_out.get(), stream_), cudaSuccess);
       Sync();
-      EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
+      EXPECT_LT(Nmse(d_out.Download(), grouped), 1e-10);
     }
+  }
+}
+
+// silu(gate x) * (up x) in one launch, and the q8_1 blocks of that.
+TEST_F(KernelsGpuTest, MatvecSwigluPairsGateAndUpAndQuantizesTheProduct) {
+  std::mt19937 rng(31);
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kF16}) {
+    SCOPED_TRACE(TypeName(type));
+    const int32_t rows = 96, cols = 512;
+    const std::vector<uint8_t> gate = RandomMatrix(rng, type, rows, cols);
+    const std::vector<uint8_t> up = RandomMatrix(rng, type, rows, cols);
+    const std::vector<float> x = Gaussian(rng, cols);
+    const std::vector<block_q8_1> xq = Q8_1(x);
+    const std::vector<float> g = GroupedMatvec(type, gate.data(), rows, cols, x, xq);
+    const std::vector<float> u = GroupedMatvec(type, up.data(), rows, cols, x, xq);
+    std::vector<float> expected(rows);
+    for (int32_t i = 0; i < rows; ++i) expected[i] = silu(g[i]) * u[i];
+    DeviceArray<uint8_t> d_gate(gate), d_up(up);
+    DeviceArray<float> d_x(x), d_out(rows);
+    DeviceArray<block_q8_1> d_xq(xq), d_q(rows / QK8_1);
+    ASSERT_EQ(launch_matvec_swiglu(DeviceView(d_gate.get(), type, rows, cols),
+                                   DeviceView(d_up.get(), type, rows, cols), d_x.get(), d_xq.get(),
+                                   d_out.get(), d_q.get(), stream_),
+              cudaSuccess);
+    Sync();
+    const std::vector<float> out = d_out.Download();
+    EXPECT_LT(Nmse(out, expected), 1e-10);
+    EXPECT_TRUE(SameBlocks(d_q.Download(), Q8_1(out)));
   }
 }
 
@@ -239,30 +325,36 @@ TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
     const std::vector<float> q = Gaussian(rng, n_head * head_dim, 2.0f);
     DeviceArray<float> d_q(q);
     DeviceArray<int32_t> d_pos(std::vector<int32_t>{length - 1});
+    DeviceArray<block_q8_1> d_out_q(n_head * head_dim / QK8_1);
     ASSERT_EQ(launch_attention_decode(d_q.get(), d_k_cache.get(), d_v_cache.get(), d_pos.get(),
                                       n_head, n_head_kv, head_dim, max_ctx, scale, d_partial.get(),
-                                      d_out.get(), stream_),
+                                      d_out.get(), d_out_q.get(), stream_),
               cudaSuccess);
     Sync();
     std::vector<float> expected(q.size());
     const int32_t q_pos[] = {length - 1};
     Attention(q, q_pos, k_cache, v_cache, n_head, n_head_kv, head_dim, scale,
               absl::MakeSpan(expected));
-    EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
+    const std::vector<float> out = d_out.Download();
+    EXPECT_LT(Nmse(out, expected), 1e-7);
+    EXPECT_TRUE(SameBlocks(d_out_q.Download(), Q8_1(out)));
   }
 }
 
 TEST_F(KernelsGpuTest, AddAndSwigluMatchReference) {
   std::mt19937 rng(7);
-  const int32_t n = 3000;
+  const int32_t n = 3008;  // a multiple of 32, not of the 256-thread block
   std::vector<float> a = Gaussian(rng, n), b = Gaussian(rng, n, 3.0f);
   DeviceArray<float> d_a(a), d_b(b), d_out(n);
-  ASSERT_EQ(launch_swiglu(d_b.get(), d_a.get(), d_out.get(), n, stream_), cudaSuccess);
+  DeviceArray<block_q8_1> d_q(n / QK8_1);
+  ASSERT_EQ(launch_swiglu(d_b.get(), d_a.get(), d_out.get(), n, d_q.get(), stream_), cudaSuccess);
   ASSERT_EQ(launch_add(d_a.get(), d_b.get(), n, stream_), cudaSuccess);
   Sync();
   std::vector<float> expected(n);
   Swiglu(b, a, absl::MakeSpan(expected));
-  EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
+  const std::vector<float> out = d_out.Download();
+  EXPECT_LT(Nmse(out, expected), 1e-7);
+  EXPECT_TRUE(SameBlocks(d_q.Download(), Q8_1(out)));
   AddInPlace(b, absl::MakeSpan(a));
   EXPECT_EQ(d_a.Download(), a);
 }
@@ -615,6 +707,8 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     DeviceArray<int32_t> d_slot_of_rank(slot_of_rank);
     DeviceArray<uint8_t> d_missed(missed);
     DeviceArray<float> d_x(x), d_weights(weights), d_shexp(shexp);
+    DeviceArray<block_q8_1> d_xq(Q8_1(x));
+    DeviceArray<block_q8_1> d_act_q_split(k * n_ff / QK8_1), d_act_q_all(k * n_ff / QK8_1);
     DeviceArray<float> d_logit(std::vector<float>{0.7f});
     DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
     const std::vector<float> unwritten(k * n_embd, -12345.0f);
@@ -623,33 +717,27 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     DeviceArray<float> d_sum_split(n_embd), d_sum_all(n_embd);
 
     // Pass A alone computes the hits and leaves the misses' outputs alone.
-    ASSERT_EQ(launch_expert_gate_up(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
-                                    ExpertPass::kHits, d_x.get(), d_act_split.get(),
-                                    d_counters.get(), stream_),
-              cudaSuccess);
-    ASSERT_EQ(launch_expert_down(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
-                                 ExpertPass::kHits, d_act_split.get(), d_out_split.get(), stream_),
-              cudaSuccess);
+    auto gate_up = [&](ExpertPass pass, DeviceArray<float>& act, DeviceArray<block_q8_1>& act_q) {
+      return launch_expert_gate_up(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
+                                   pass, d_x.get(), d_xq.get(), act.get(), act_q.get(),
+                                   d_counters.get(), stream_);
+    };
+    auto down = [&](ExpertPass pass, DeviceArray<float>& act, DeviceArray<block_q8_1>& act_q,
+                    DeviceArray<float>& out) {
+      return launch_expert_down(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
+                                pass, act.get(), act_q.get(), out.get(), stream_);
+    };
+    ASSERT_EQ(gate_up(ExpertPass::kHits, d_act_split, d_act_q_split), cudaSuccess);
+    ASSERT_EQ(down(ExpertPass::kHits, d_act_split, d_act_q_split, d_out_split), cudaSuccess);
     Sync();
     const std::vector<float> after_a = d_out_split.Download();
     for (int32_t r = 0; r < k; ++r) {
       EXPECT_EQ(after_a[r * n_embd] == -12345.0f, missed[r] == 1) << "rank " << r;
     }
-    ASSERT_EQ(launch_expert_gate_up(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
-                                    ExpertPass::kMisses, d_x.get(), d_act_split.get(),
-                                    d_counters.get(), stream_),
-              cudaSuccess);
-    ASSERT_EQ(
-        launch_expert_down(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
-                           ExpertPass::kMisses, d_act_split.get(), d_out_split.get(), stream_),
-        cudaSuccess);
-    ASSERT_EQ(launch_expert_gate_up(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
-                                    ExpertPass::kAll, d_x.get(), d_act_all.get(), d_counters.get(),
-                                    stream_),
-              cudaSuccess);
-    ASSERT_EQ(launch_expert_down(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
-                                 ExpertPass::kAll, d_act_all.get(), d_out_all.get(), stream_),
-              cudaSuccess);
+    ASSERT_EQ(gate_up(ExpertPass::kMisses, d_act_split, d_act_q_split), cudaSuccess);
+    ASSERT_EQ(down(ExpertPass::kMisses, d_act_split, d_act_q_split, d_out_split), cudaSuccess);
+    ASSERT_EQ(gate_up(ExpertPass::kAll, d_act_all, d_act_q_all), cudaSuccess);
+    ASSERT_EQ(down(ExpertPass::kAll, d_act_all, d_act_q_all, d_out_all), cudaSuccess);
     ASSERT_EQ(launch_combine(d_out_split.get(), d_weights.get(), k, n_embd, d_shexp.get(),
                              d_logit.get(), d_sum_split.get(), stream_),
               cudaSuccess);
@@ -666,10 +754,22 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     EXPECT_EQ(counters.pass_a_experts, 2u + 4u);  // two hits, then the kAll pass
     EXPECT_EQ(counters.pass_b_experts, 2u);
 
-    // Each rank's output against the reference SwiGLU FFN of its slot's weights.
-    std::vector<float> expected(k * n_embd);
+    // Each rank's output against the host's run of the grouped matvec (the
+    // gate/up product quantized to q8_1 as the kernel does), and against the
+    // reference SwiGLU FFN of its slot's weights in f32.
+    std::vector<float> grouped(k * n_embd), expected(k * n_embd);
+    const std::vector<block_q8_1> xq = Q8_1(x);
     for (int32_t r = 0; r < k; ++r) {
       const uint8_t* block = slots.data() + slot_of_rank[r] * layout.block_bytes;
+      const std::vector<float> gq = GroupedMatvec(layout.type[0], block + layout.offset[0], n_ff,
+                                                  n_embd, x, xq);
+      const std::vector<float> uq = GroupedMatvec(layout.type[1], block + layout.offset[1], n_ff,
+                                                  n_embd, x, xq);
+      std::vector<float> act(n_ff);
+      for (int32_t i = 0; i < n_ff; ++i) act[i] = silu(gq[i]) * uq[i];
+      const std::vector<float> dq = GroupedMatvec(layout.type[2], block + layout.offset[2], n_embd,
+                                                  n_ff, act, Q8_1(act));
+      std::copy(dq.begin(), dq.end(), grouped.begin() + r * n_embd);
       std::vector<float> g(n_ff), u(n_ff);
       MatMul(HostView(block + layout.offset[0], layout.type[0], n_ff, n_embd), x,
              absl::MakeSpan(g));
@@ -679,7 +779,8 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
       MatMul(HostView(block + layout.offset[2], layout.type[2], n_embd, n_ff), g,
              absl::MakeSpan(expected).subspan(r * n_embd, n_embd));
     }
-    EXPECT_LT(Nmse(out_split, expected), 1e-7);
+    EXPECT_LT(Nmse(out_split, grouped), 1e-10);
+    EXPECT_LT(Nmse(out_split, expected), std::max(F32Bound(types.gate_up), F32Bound(types.down)));
     std::vector<float> expected_sum(n_embd);
     const double shared_scale = Sigmoid(0.7f);
     for (int32_t i = 0; i < n_embd; ++i) {
@@ -688,7 +789,8 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
         acc += static_cast<double>(weights[r]) * expected[r * n_embd + i];
       expected_sum[i] = static_cast<float>(acc);
     }
-    EXPECT_LT(Nmse(sum_split, expected_sum), 1e-7);
+    EXPECT_LT(Nmse(sum_split, expected_sum),
+              std::max(F32Bound(types.gate_up), F32Bound(types.down)));
   }
 }
 
@@ -806,8 +908,25 @@ TEST_F(KernelsGpuTest, RecordLogitsWritesTheRowOfTheStepUntilTheRecordIsFull) {
 TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   DeviceArray<float> d_x(512);
   DeviceArray<int32_t> d_i(8);
+  DeviceArray<block_q8_1> d_q(16);
   const DeviceMatrix q2k{d_x.get(), GgmlType::kQ2_K, 256, 1, 84};
-  EXPECT_EQ(launch_matvec(q2k, d_x.get(), nullptr, d_x.get(), stream_), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_matvec(q2k, d_x.get(), d_q.get(), nullptr, d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  // A quant type without its q8_1 input, an element type without its f32 one.
+  const DeviceMatrix q8{d_x.get(), GgmlType::kQ8_0, 64, 2, 68};
+  EXPECT_EQ(launch_matvec(q8, d_x.get(), nullptr, nullptr, d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  const DeviceMatrix f32{d_x.get(), GgmlType::kF32, 64, 2, 256};
+  EXPECT_EQ(launch_matvec(f32, nullptr, d_q.get(), nullptr, d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  const DeviceMatrix f32_odd{d_x.get(), GgmlType::kF32, 62, 2, 248};  // not a multiple of 4
+  EXPECT_EQ(launch_matvec(f32_odd, d_x.get(), nullptr, nullptr, d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  // out_q where the length is not a multiple of 32.
+  EXPECT_EQ(launch_rmsnorm(d_x.get(), d_x.get(), d_x.get(), 1, 100, 1e-6f, d_q.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_swiglu(d_x.get(), d_x.get(), d_x.get(), 100, d_q.get(), stream_),
+            cudaErrorInvalidValue);
   // The hazard step: a layer past the state's, a pool past the rank's slot bits
   // or below k slots, a missing array.
   int32_t* i = d_i.get();
@@ -833,15 +952,15 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
                                d_counters.get(), stream_),
             cudaErrorInvalidValue);
   const DeviceMatrix partial_block{d_x.get(), GgmlType::kQ4_K, 300, 1, 1000};
-  EXPECT_EQ(launch_matvec(partial_block, d_x.get(), nullptr, d_x.get(), stream_),
+  EXPECT_EQ(launch_matvec(partial_block, d_x.get(), d_q.get(), nullptr, d_x.get(), stream_),
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_rope(d_x.get(), 2, 63, d_i.get(), 1e4f, 0, stream_), cudaErrorInvalidValue);
   EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 6, 4, 64, 16, 1.0f,
-                                    d_x.get(), d_x.get(), stream_),
+                                    d_x.get(), d_x.get(), nullptr, stream_),
             cudaErrorInvalidValue);
   // 65536 splits of 128 positions: past CUDA's gridDim.y limit.
   EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 4, 4, 64,
-                                    65536 * 128, 1.0f, d_x.get(), d_x.get(), stream_),
+                                    65536 * 128, 1.0f, d_x.get(), d_x.get(), nullptr, stream_),
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_router_topk(d_x.get(), 8, 9, true, d_i.get(), d_x.get(), stream_),
             cudaErrorInvalidValue);

@@ -116,12 +116,12 @@ mutate sync-in-capture capture/engine_walk.cc capture/libmg_capture.a engine_gpu
   '(case StepOp::kCombine:\n      return \[=, this\] \{\n)' \
   '$1 . "        if (const cudaError_t e = cudaStreamSynchronize(ms); e != cudaSuccess) return e;\n"'
 
-# 4. The matvec kernel's bounds check removed: the last block's spare warps read
-#    rows past the end of the weights.
-mutate bounds-check-removed kernels/dense.cu kernels/libmg_kernels.a kernels_test \
+# 4. The matvec kernel's bounds check removed: the last block's spare groups
+#    read rows past the end of the weights.
+mutate bounds-check-removed kernels/matvec.cu kernels/libmg_kernels.a kernels_test \
   'KernelsGpuTest.MatvecMatchesReferenceForEveryType' \
-  '  if \(row >= rows\) return;\n' \
-  '""'
+  'const bool live = row < a\.rows;' \
+  '"const bool live = true;"'
 
 if (( survivors > 0 )); then
   echo "emulator-mutations: $survivors mutation(s) survived" >&2

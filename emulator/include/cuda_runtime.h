@@ -167,6 +167,19 @@ inline float atomicAdd(float* address, float value) {
 // -ffp-contract=off), not as the device's math library does.
 inline float __fmul_rn(float a, float b) { return a * b; }
 
+// __dp4a (sm_61+): the four signed bytes of a and b multiplied pairwise and
+// added to c, in 32-bit integer arithmetic (cuda_conformance_test checks it
+// against a device).
+inline int __dp4a(int a, int b, int c) {
+  // 32-bit arithmetic that wraps, as the instruction's does.
+  uint32_t sum = static_cast<uint32_t>(c);
+  for (int i = 0; i < 4; ++i) {
+    sum += static_cast<uint32_t>(static_cast<int8_t>(static_cast<uint32_t>(a) >> (8 * i)) *
+                                 static_cast<int8_t>(static_cast<uint32_t>(b) >> (8 * i)));
+  }
+  return static_cast<int>(sum);
+}
+
 inline int min(int a, int b) { return a < b ? a : b; }
 inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
 inline long min(long a, long b) { return a < b ? a : b; }
