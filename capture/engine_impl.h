@@ -242,7 +242,6 @@ struct CudaEngine::Impl {
   float* k = nullptr;
   float* v = nullptr;
   float* attn = nullptr;
-  float* block_out = nullptr;
   float* router_logits = nullptr;
   float* act = nullptr;         // [k][n_ff_exp]
   // q8_1 blocks of h, attn, act ([k][n_ff_exp / 32]) and shexp_act, written by

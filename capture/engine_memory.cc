@@ -368,7 +368,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_prompt = s.Add((max_ctx + 1) * 4), o_out = s.Add(max_ctx * 4);
   const size_t o_x = s.Add(cfg.n_embd * f), o_h = s.Add(cfg.n_embd * f);
   const size_t o_q = s.Add(q_len * f), o_k = s.Add(kv_len * f), o_v = s.Add(kv_len * f);
-  const size_t o_attn = s.Add(q_len * f), o_block = s.Add(cfg.n_embd * f);
+  const size_t o_attn = s.Add(q_len * f);
   const size_t o_router = s.Add(cfg.n_expert * f);
   const size_t o_act = s.Add(kk * cfg.n_ff_exp * f), o_eout = s.Add(kk * cfg.n_embd * f);
   const size_t n_shexp = static_cast<size_t>(std::max(cfg.n_ff_shexp, 1));
@@ -410,7 +410,6 @@ absl::Status CudaEngine::Impl::AllocateState() {
   k = reinterpret_cast<float*>(at(o_k));
   v = reinterpret_cast<float*>(at(o_v));
   attn = reinterpret_cast<float*>(at(o_attn));
-  block_out = reinterpret_cast<float*>(at(o_block));
   router_logits = reinterpret_cast<float*>(at(o_router));
   act = reinterpret_cast<float*>(at(o_act));
   expert_out = reinterpret_cast<float*>(at(o_eout));
@@ -520,7 +519,7 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
   const uint64_t q_len = static_cast<uint64_t>(cfg.n_head) * cfg.head_dim;
   const uint64_t kv_len = static_cast<uint64_t>(cfg.n_head_kv) * cfg.head_dim;
   const uint64_t kk = static_cast<uint64_t>(cfg.n_expert_used);
-  const uint64_t floats = 4 * static_cast<uint64_t>(cfg.n_embd) + 2 * q_len + 2 * kv_len +
+  const uint64_t floats = 3 * static_cast<uint64_t>(cfg.n_embd) + 2 * q_len + 2 * kv_len +
                           static_cast<uint64_t>(cfg.n_expert) + kk * cfg.n_ff_exp +
                           kk * cfg.n_embd + 3 * static_cast<uint64_t>(cfg.n_ff_shexp) + 1 +
                           static_cast<uint64_t>(cfg.n_vocab);

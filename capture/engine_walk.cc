@@ -122,16 +122,11 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
         return launch_rmsnorm(k, w->k_norm, k, rows, kv_len / rows, eps, nullptr, ms);
       };
     }
-    case StepOp::kRopeQ:
+    case StepOp::kRopeKvAppend:
       return [=, this] {
-        return launch_rope(q, cfg.n_head, cfg.head_dim, pos, freq_base, rope_type, ms);
+        return launch_rope_kv_append(q, k, v, e->k_cache, e->v_cache, pos, cfg.n_head,
+                                     cfg.n_head_kv, cfg.head_dim, freq_base, rope_type, ms);
       };
-    case StepOp::kRopeK:
-      return [=, this] {
-        return launch_rope(k, cfg.n_head_kv, cfg.head_dim, pos, freq_base, rope_type, ms);
-      };
-    case StepOp::kKvAppend:
-      return [=, this] { return launch_kv_append(k, v, e->k_cache, e->v_cache, pos, kv_len, ms); };
     case StepOp::kAttention: {
       const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
       return [=, this] {
@@ -141,10 +136,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       };
     }
     case StepOp::kAttnOut:
-      return [=, this] { return launch_matvec(w->wo, attn, attn_q, nullptr, block_out, ms); };
-    case StepOp::kAttnResidual:
-    case StepOp::kFfnResidual:
-      return [=, this] { return launch_add(x, block_out, n_embd, ms); };
+      return [=, this] { return launch_matvec_residual(w->wo, attn, attn_q, x, ms); };
     case StepOp::kFfnNorm:
       return [=, this] { return launch_rmsnorm(x, w->ffn_norm, h, 1, n_embd, eps, h_q, ms); };
     case StepOp::kRouter:
@@ -256,7 +248,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     case StepOp::kCombine:
       return [=, this] {
         return launch_combine(expert_out, e->weights, top_k, n_embd, shexp ? shexp_out : nullptr,
-                              shexp ? shexp_logit : nullptr, block_out, ms);
+                              shexp ? shexp_logit : nullptr, x, ms);
       };
     case StepOp::kOutputNorm:
       return [=, this] { return launch_rmsnorm(x, output_norm, h, 1, n_embd, eps, h_q, ms); };

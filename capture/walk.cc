@@ -23,12 +23,9 @@ constexpr OpInfo kOps[] = {
     {StepOp::kV, "v", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kQNorm, "q_norm", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kKNorm, "k_norm", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kRopeQ, "rope_q", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kRopeK, "rope_k", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kKvAppend, "kv_append", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kRopeKvAppend, "rope_kv_append", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kAttention, "attention", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kAttnOut, "attn_out", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kAttnResidual, "attn_residual", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kFfnNorm, "ffn_norm", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRouter, "router", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRouterTopk, "router_topk", EntryKind::kKernel, WalkStream::kMain},
@@ -36,8 +33,7 @@ constexpr OpInfo kOps[] = {
     {StepOp::kResidencyStep, "residency_step", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kResidentSlots, "resident_slots", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kStageAllSlots, "stage_all_slots", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kHostReadSelection, "host_read_selection", EntryKind::kMemcpyD2H,
-     WalkStream::kMain},
+    {StepOp::kHostReadSelection, "host_read_selection", EntryKind::kMemcpyD2H, WalkStream::kMain},
     {StepOp::kHostWaitSelection, "host_wait_selection", EntryKind::kHostSync, WalkStream::kMain},
     {StepOp::kHostPolicyStep, "host_policy_step", EntryKind::kHostWork, WalkStream::kMain},
     {StepOp::kHostWriteSlots, "host_write_slots", EntryKind::kMemcpyH2D, WalkStream::kMain},
@@ -59,7 +55,6 @@ constexpr OpInfo kOps[] = {
     {StepOp::kShexpDown, "shexp_down", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpLogit, "shexp_logit", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kCombine, "combine", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kFfnResidual, "ffn_residual", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kOutputNorm, "output_norm", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kLmHead, "lm_head", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRecordLogits, "record_logits", EntryKind::kKernel, WalkStream::kMain},
@@ -102,8 +97,7 @@ void AddAttention(const WalkConfig& c, WalkWriter& w, int step, int layer) {
     w.Add(StepOp::kQNorm, step, layer);
     w.Add(StepOp::kKNorm, step, layer);
   }
-  for (StepOp op : {StepOp::kRopeQ, StepOp::kRopeK, StepOp::kKvAppend, StepOp::kAttention,
-                    StepOp::kAttnOut, StepOp::kAttnResidual}) {
+  for (StepOp op : {StepOp::kRopeKvAppend, StepOp::kAttention, StepOp::kAttnOut}) {
     w.Add(op, step, layer);
   }
 }
@@ -154,7 +148,6 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
     w.Add(split ? StepOp::kDownMisses : StepOp::kDownAll, step, layer);
   }
   w.Add(StepOp::kCombine, step, layer);
-  w.Add(StepOp::kFfnResidual, step, layer);
 }
 
 }  // namespace
@@ -162,6 +155,10 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
 std::string_view StepOpName(StepOp op) { return Info(op).name; }
 EntryKind StepOpKind(StepOp op) { return Info(op).kind; }
 WalkStream StepOpStream(StepOp op) { return Info(op).stream; }
+int StepOpLaunches(StepOp op) {
+  if (StepOpKind(op) != EntryKind::kKernel) return 0;
+  return op == StepOp::kAttention ? 2 : 1;
+}
 
 std::string EntryLabel(const WalkEntry& entry) {
   if (entry.layer < 0) return absl::StrCat("step ", entry.step, " ", Av(StepOpName(entry.op)));
@@ -189,6 +186,14 @@ StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
   }
   w.Add(StepOp::kTokenCopy, config.steps - 1);
   return walk;
+}
+
+int KernelsInLayer(const StepWalk& walk, int layer) {
+  int n = 0;
+  for (const WalkEntry& entry : walk.entries) {
+    if (entry.step == 0 && entry.layer == layer) n += StepOpLaunches(entry.op);
+  }
+  return n;
 }
 
 cudaError_t RunWalk(const StepWalk& walk, size_t* failed_entry) {

@@ -5,11 +5,12 @@
 // memory, so the list (and the graph captured from it) is never patched.
 //
 // Per MoE layer (device residency, split passes):
-//   main: attn_norm q k v [q_norm k_norm] rope_q rope_k kv_append attention attn_out
-//         attn_residual ffn_norm router router_topk residency_step fork_record
-//   copy:                                          fork_wait stage_copy join_record
+//   main: attn_norm q k v [q_norm k_norm] rope_kv_append attention attn_out
+//         ffn_norm router router_topk residency_step fork_record
+//   copy:                               fork_wait stage_copy join_record
 //   main: gate_up_hits down_hits [shexp_*] join_wait gate_up_misses down_misses
-//         combine ffn_residual
+//         combine
+// (attn_out and combine add into the residual stream themselves.)
 // (Routing replay adds trace_routing after router_topk; replay or record adds
 // routing_step_end before end_step.)
 // Arms change only the slot decision (resident_slots, stage_all_slots, or the
@@ -48,12 +49,9 @@ enum class StepOp {
   kV,
   kQNorm,
   kKNorm,
-  kRopeQ,
-  kRopeK,
-  kKvAppend,
+  kRopeKvAppend,
   kAttention,
   kAttnOut,
-  kAttnResidual,
   kFfnNorm,
   kRouter,
   kRouterTopk,
@@ -87,7 +85,6 @@ enum class StepOp {
   kShexpDown,
   kShexpLogit,
   kCombine,
-  kFfnResidual,
   kOutputNorm,
   kLmHead,
   kRecordLogits,    // logits kept per step on the device (CudaEngineOptions::record_logits)
@@ -100,6 +97,9 @@ enum class StepOp {
 std::string_view StepOpName(StepOp op);  // "router_topk", "stage_copy", ...
 EntryKind StepOpKind(StepOp op);
 WalkStream StepOpStream(StepOp op);
+// Kernels one entry of op launches: 0 for events, copies and host work, 2 for
+// attention (its splits, then their merge), else 1.
+int StepOpLaunches(StepOp op);
 
 // How the slots of a step's selection are decided.
 enum class SlotMode {
@@ -146,6 +146,10 @@ struct StepWalk {
   WalkConfig config;
   std::vector<WalkEntry> entries;
 };
+
+// Kernels `layer` launches in the first step of walk, on both streams (the
+// kernel nodes a captured graph has for it).
+int KernelsInLayer(const StepWalk& walk, int layer);
 
 // The walk of config, every entry bound by bind (null: no callables).
 StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind = nullptr);

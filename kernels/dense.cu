@@ -1,5 +1,5 @@
-// Dense decode ops: embedding, RMSNorm, RoPE, KV append, split-K decode
-// attention, residual add, SwiGLU (the matvecs are kernels/matvec.cu). Per-element
+// Dense decode ops: embedding, RMSNorm, RoPE with the KV append, split-K decode
+// attention, SwiGLU (the matvecs are kernels/matvec.cu). Per-element
 // math comes from the MG_HD headers (loader/quant.h, kernels/nn_math.h,
 // kernels/mmvq_math.h); this file holds the indexing and launch geometry. The
 // ops whose output a quantized matvec reads (RMSNorm, the attention merge,
@@ -7,8 +7,8 @@
 //
 // Attention runs one block per (head, split of kAttnSplit positions); the grid
 // is sized by max_ctx at capture and splits past the live length (*pos + 1, read
-// on the device) write an empty softmax state and exit. A second kernel merges
-// the splits of each head.
+// on the device) exit at once. A second kernel merges the splits of each head
+// that ran.
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
 #include "kernels/nn_math.h"
@@ -76,27 +76,34 @@ __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ weight,
   }
 }
 
-// One thread per rotated pair.
-__global__ void rope_kernel(float* x, int32_t n_head, int32_t head_dim,
-                            const int32_t* __restrict__ pos, float freq_base, int32_t rope_type) {
+// A thread per rotated pair of q, then per rotated pair of k (written to the
+// cache row), then per element of v (copied to it).
+__global__ void rope_kv_append_kernel(float* __restrict__ q, const float* __restrict__ k,
+                                      const float* __restrict__ v, float* __restrict__ k_cache,
+                                      float* __restrict__ v_cache, const int32_t* __restrict__ pos,
+                                      int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                                      float freq_base, int32_t rope_type) {
   const int32_t half = head_dim / 2;
-  const int32_t pair = blockIdx.x * blockDim.x + threadIdx.x;
-  if (pair >= n_head * half) return;
-  const int32_t i = pair % half;
-  float* head = x + static_cast<int64_t>(pair / half) * head_dim;
+  const int32_t q_pairs = n_head * half;
+  const int32_t kv_len = n_head_kv * head_dim;
+  const int32_t p = *pos;
+  int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= q_pairs + n_head_kv * half) {
+    i -= q_pairs + n_head_kv * half;
+    if (i < kv_len) v_cache[static_cast<int64_t>(p) * kv_len + i] = v[i];
+    return;
+  }
+  const bool is_q = i < q_pairs;
+  const int32_t pair = is_q ? i : i - q_pairs;
+  const int32_t offset = pair / half * head_dim;
   int32_t a, b;
-  rope_pair_offsets(i, head_dim, rope_type, &a, &b);
-  rope_rotate(head + a, head + b, rope_theta(*pos, i, head_dim, freq_base));
-}
-
-__global__ void kv_append_kernel(const float* __restrict__ k, const float* __restrict__ v,
-                                 float* __restrict__ k_cache, float* __restrict__ v_cache,
-                                 const int32_t* __restrict__ pos, int32_t kv_len) {
-  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= kv_len) return;
-  const int64_t row = static_cast<int64_t>(*pos) * kv_len;
-  k_cache[row + i] = k[i];
-  v_cache[row + i] = v[i];
+  rope_pair_offsets(pair % half, head_dim, rope_type, &a, &b);
+  const float* src = is_q ? q + offset : k + offset;
+  float* dst = is_q ? q + offset : k_cache + static_cast<int64_t>(p) * kv_len + offset;
+  float x0 = src[a], x1 = src[b];
+  rope_rotate(&x0, &x1, rope_theta(p, pair % half, head_dim, freq_base));
+  dst[a] = x0;
+  dst[b] = x1;
 }
 
 // Partial of (head, split): [head_dim] acc, then max, then sum.
@@ -114,15 +121,7 @@ __global__ void attention_split_kernel(const float* __restrict__ q,
   float* out = partial + (static_cast<int64_t>(head) * gridDim.y + split) * (head_dim + 2);
   const int32_t length = min(*pos + 1, max_ctx);
   const int32_t begin = split * kAttnSplit;
-  if (begin >= length) {
-    const SoftmaxPartial empty = empty_softmax();
-    for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) out[d] = 0.0f;
-    if (threadIdx.x == 0) {
-      out[head_dim] = empty.max;
-      out[head_dim + 1] = empty.sum;
-    }
-    return;
-  }
+  if (begin >= length) return;  // the merge reads only the splits that ran
   const int32_t count = min(kAttnSplit, length - begin);
   const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
   const int64_t kv_offset = static_cast<int64_t>(head / (n_head / n_head_kv)) * head_dim;
@@ -170,10 +169,12 @@ __global__ void attention_split_kernel(const float* __restrict__ q,
 // A thread per output element (head i / head_dim, dimension i % head_dim):
 // merges the head's splits in order. With out_q, n_head * head_dim is a
 // multiple of 32, so each warp's 32 elements are one q8_1 block.
-__global__ void attention_merge_kernel(const float* __restrict__ partial, int32_t head_dim,
-                                       int32_t n_splits, int32_t n, float* __restrict__ out,
-                                       block_q8_1* __restrict__ out_q) {
+__global__ void attention_merge_kernel(const float* __restrict__ partial,
+                                       const int32_t* __restrict__ pos, int32_t head_dim,
+                                       int32_t max_ctx, int32_t n_splits, int32_t n,
+                                       float* __restrict__ out, block_q8_1* __restrict__ out_q) {
   const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const int32_t live = (min(*pos + 1, max_ctx) + kAttnSplit - 1) / kAttnSplit;
   float merged = 0.0f;
   if (i < n) {
     const int32_t head = i / head_dim;
@@ -181,7 +182,7 @@ __global__ void attention_merge_kernel(const float* __restrict__ partial, int32_
     const float* head_partial = partial + static_cast<int64_t>(head) * n_splits * (head_dim + 2);
     SoftmaxPartial state = empty_softmax();
     float acc = 0.0f;
-    for (int32_t s = 0; s < n_splits; ++s) {
+    for (int32_t s = 0; s < live; ++s) {
       const float* p = head_partial + static_cast<int64_t>(s) * (head_dim + 2);
       float scale_state, scale_split;
       state = softmax_merge(state, {p[head_dim], p[head_dim + 1]}, &scale_state, &scale_split);
@@ -192,11 +193,6 @@ __global__ void attention_merge_kernel(const float* __restrict__ partial, int32_
   }
   // Whole warps only: n is a multiple of 32 and so is the grid's thread count.
   if (out_q != nullptr && i / 32 * 32 < n) warp_quantize_q8_1(merged, out_q + i / QK8_1);
-}
-
-__global__ void add_kernel(float* x, const float* y, int32_t n) {
-  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) x[i] += y[i];
 }
 
 __global__ void swiglu_kernel(const float* gate, const float* up, float* out, int32_t n,
@@ -228,25 +224,20 @@ cudaError_t launch_rmsnorm(const float* x, const float* weight, float* out, int3
                                        out_q);
 }
 
-cudaError_t launch_rope(float* x, int32_t n_head, int32_t head_dim, const int32_t* pos,
-                        float freq_base, int32_t rope_type, cudaStream_t stream) {
-  if (x == nullptr || pos == nullptr || n_head <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
+cudaError_t launch_rope_kv_append(float* q, const float* k, const float* v, float* k_cache,
+                                  float* v_cache, const int32_t* pos, int32_t n_head,
+                                  int32_t n_head_kv, int32_t head_dim, float freq_base,
+                                  int32_t rope_type, cudaStream_t stream) {
+  if (q == nullptr || k == nullptr || v == nullptr || k_cache == nullptr || v_cache == nullptr ||
+      pos == nullptr || n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
       (rope_type != kRopeNorm && rope_type != kRopeNeox)) {
     return cudaErrorInvalidValue;
   }
-  const int32_t pairs = n_head * head_dim / 2;
-  return launch_kernel<rope_kernel>(ceil_div(pairs, kThreads), kThreads, stream, x, n_head,
-                                    head_dim, pos, freq_base, rope_type);
-}
-
-cudaError_t launch_kv_append(const float* k, const float* v, float* k_cache, float* v_cache,
-                             const int32_t* pos, int32_t kv_len, cudaStream_t stream) {
-  if (k == nullptr || v == nullptr || k_cache == nullptr || v_cache == nullptr || pos == nullptr ||
-      kv_len <= 0) {
-    return cudaErrorInvalidValue;
-  }
-  return launch_kernel<kv_append_kernel>(ceil_div(kv_len, kThreads), kThreads, stream, k, v,
-                                         k_cache, v_cache, pos, kv_len);
+  const int64_t threads = static_cast<int64_t>(n_head + n_head_kv) * head_dim / 2 +
+                          static_cast<int64_t>(n_head_kv) * head_dim;
+  return launch_kernel<rope_kv_append_kernel>(ceil_div(threads, kThreads), kThreads, stream, q, k,
+                                              v, k_cache, v_cache, pos, n_head, n_head_kv,
+                                              head_dim, freq_base, rope_type);
 }
 
 size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx) {
@@ -272,13 +263,8 @@ cudaError_t launch_attention_decode(const float* q, const float* k_cache, const 
   if (split_error != cudaSuccess) return split_error;
   const int32_t n = n_head * head_dim;
   return launch_kernel<attention_merge_kernel>(ceil_div(n, kAttnThreads), kAttnThreads, stream,
-                                               partial, head_dim, n_splits, n, out, out_q);
-}
-
-cudaError_t launch_add(float* x, const float* y, int32_t n, cudaStream_t stream) {
-  if (x == nullptr || y == nullptr || n < 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  return launch_kernel<add_kernel>(ceil_div(n, kThreads), kThreads, stream, x, y, n);
+                                               partial, pos, head_dim, max_ctx, n_splits, n, out,
+                                               out_q);
 }
 
 cudaError_t launch_swiglu(const float* gate, const float* up, float* out, int32_t n,

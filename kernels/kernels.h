@@ -79,23 +79,30 @@ bool matvec_supports_type(GgmlType type, int32_t cols);
 cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
                           const float* bias, float* out, cudaStream_t stream);
 
+// residual[rows] += W x: the projection and its residual add in one launch, one
+// thread writing each row, so the sum's bits are those of an add after it.
+cudaError_t launch_matvec_residual(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
+                                   float* residual, cudaStream_t stream);
+
 // out = silu(gate x) * (up x), gate and up of one type and shape, and with out_q
 // (rows a multiple of 32) out's q8_1 blocks.
 cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& up, const float* x,
                                  const block_q8_1* xq, float* out, block_q8_1* out_q,
                                  cudaStream_t stream);
 
-// Rotates x ([n_head][head_dim]) in place at position *pos; rope_type 0 NORM
-// (adjacent pairs), 1 NEOX (halves), as ggml.
-cudaError_t launch_rope(float* x, int32_t n_head, int32_t head_dim, const int32_t* pos,
-                        float freq_base, int32_t rope_type, cudaStream_t stream);
-
-// k_cache/v_cache of one layer: [max_ctx][kv_len]; writes row *pos.
-cudaError_t launch_kv_append(const float* k, const float* v, float* k_cache, float* v_cache,
-                             const int32_t* pos, int32_t kv_len, cudaStream_t stream);
+// RoPE and the KV append in one launch: q ([n_head][head_dim]) rotated in place
+// at position *pos, k ([n_head_kv][head_dim]) rotated into row *pos of k_cache
+// and v copied into row *pos of v_cache (caches [max_ctx][n_head_kv * head_dim]);
+// k itself is left as it was. rope_type 0 NORM (adjacent pairs), 1 NEOX
+// (halves), as ggml.
+cudaError_t launch_rope_kv_append(float* q, const float* k, const float* v, float* k_cache,
+                                  float* v_cache, const int32_t* pos, int32_t n_head,
+                                  int32_t n_head_kv, int32_t head_dim, float freq_base,
+                                  int32_t rope_type, cudaStream_t stream);
 
 // Split-K decode attention over positions 0..*pos with a grid fixed for max_ctx
-// (n_head x n_splits; splits past the live length exit early), then a merge.
+// (n_head x n_splits; splits past the live length exit early), then a merge
+// that reads only the splits that ran.
 // partial: attention_partial_floats(...) floats of scratch. Head h reads KV head
 // h / (n_head / n_head_kv); head_dim <= 256. With out_q (n_head * head_dim a
 // multiple of 32), out's q8_1 blocks too.
@@ -105,9 +112,6 @@ cudaError_t launch_attention_decode(const float* q, const float* k_cache, const 
                                     int32_t head_dim, int32_t max_ctx, float scale,
                                     float* partial, float* out, block_q8_1* out_q,
                                     cudaStream_t stream);
-
-// x += y.
-cudaError_t launch_add(float* x, const float* y, int32_t n, cudaStream_t stream);
 
 // out = silu(gate) * up, and with out_q (n a multiple of 32) out's q8_1 blocks.
 cudaError_t launch_swiglu(const float* gate, const float* up, float* out, int32_t n,
@@ -198,11 +202,12 @@ cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& la
                                ExpertPass pass, const float* act, const block_q8_1* act_q,
                                float* expert_out, cudaStream_t stream);
 
-// out = sum over r in rank order of weights[r] * expert_out[r]
-//       (+ sigmoid(*shexp_logit) * shexp_out when shexp_out is not null).
-cudaError_t launch_combine(const float* expert_out, const float* weights, int32_t k,
-                           int32_t n_embd, const float* shexp_out, const float* shexp_logit,
-                           float* out, cudaStream_t stream);
+// residual += sum over r in rank order of weights[r] * expert_out[r]
+//             (+ sigmoid(*shexp_logit) * shexp_out when shexp_out is not null):
+// the combine and the FFN's residual add in one launch.
+cudaError_t launch_combine(const float* expert_out, const float* weights, int32_t k, int32_t n_embd,
+                           const float* shexp_out, const float* shexp_logit, float* residual,
+                           cudaStream_t stream);
 
 // ---- tokens ----
 

@@ -51,6 +51,7 @@ struct MatvecArgs {
   const block_q8_1* xq = nullptr;
   int64_t x_stride = 0;
   const float* bias = nullptr;
+  bool accumulate = false;  // out += W x (the residual add)
   // Rank r's output: out + r * out_stride, and with out_q its q8_1 blocks.
   float* out = nullptr;
   block_q8_1* out_q = nullptr;
@@ -95,7 +96,9 @@ __global__ void __launch_bounds__(kThreads) grouped_matvec_kernel(MatvecArgs a) 
   }
   __syncthreads();
   float* out = a.out + r * a.out_stride;
-  for (int i = threadIdx.x; i < kRows && row0 + i < a.rows; i += kThreads) out[row0 + i] = results[i];
+  for (int i = threadIdx.x; i < kRows && row0 + i < a.rows; i += kThreads) {
+    out[row0 + i] = a.accumulate ? out[row0 + i] + results[i] : results[i];
+  }
   if (a.out_q != nullptr && threadIdx.x < 32) {
     warp_quantize_q8_1(results[threadIdx.x], a.out_q + (r * a.out_stride + row0) / QK8_1);
   }
@@ -139,6 +142,19 @@ bool input_ok(GgmlType type, const float* x, const block_q8_1* xq) {
   return mmvq_type(type) ? xq != nullptr : x != nullptr;
 }
 
+// One dense matrix against x (and its q8_1 blocks xq).
+MatvecArgs DenseArgs(const DeviceMatrix& w, const float* x, const block_q8_1* xq) {
+  MatvecArgs a;
+  a.w[0] = static_cast<const uint8_t*>(w.data);
+  a.row_bytes[0] = w.row_bytes;
+  a.rows = w.rows;
+  a.cols = w.cols;
+  a.group = row_group(w.type, w.cols);
+  a.x = x;
+  a.xq = xq;
+  return a;
+}
+
 // An expert pass over the ranks of pass: weights through the slot table.
 MatvecArgs ExpertArgs(const uint8_t* slots, const DeviceBlockLayout& layout,
                       const int32_t* slot_of_rank, const uint8_t* missed, ExpertPass pass) {
@@ -172,16 +188,20 @@ bool matvec_supports_type(GgmlType type, int32_t cols) { return supported(type, 
 cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
                           const float* bias, float* out, cudaStream_t stream) {
   if (!matrix_ok(w) || !input_ok(w.type, x, xq) || out == nullptr) return cudaErrorInvalidValue;
-  MatvecArgs a;
-  a.w[0] = static_cast<const uint8_t*>(w.data);
-  a.row_bytes[0] = w.row_bytes;
-  a.rows = w.rows;
-  a.cols = w.cols;
-  a.group = row_group(w.type, w.cols);
-  a.x = x;
-  a.xq = xq;
+  MatvecArgs a = DenseArgs(w, x, xq);
   a.bias = bias;
   a.out = out;
+  return launch_grouped(w.type, a, 1, stream);
+}
+
+cudaError_t launch_matvec_residual(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
+                                   float* residual, cudaStream_t stream) {
+  if (!matrix_ok(w) || !input_ok(w.type, x, xq) || residual == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  MatvecArgs a = DenseArgs(w, x, xq);
+  a.accumulate = true;
+  a.out = residual;
   return launch_grouped(w.type, a, 1, stream);
 }
 

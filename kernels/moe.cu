@@ -1,6 +1,6 @@
 // MoE kernels: router top-k, routing replay from a trace, the residency step,
 // slot assignment for the arms without a policy, the stage copy of missed
-// experts and the combine (the expert passes are kernels/matvec.cu). Decisions come from
+// experts and the combine with its residual add (the expert passes are kernels/matvec.cu). Decisions come from
 // kernels/moe_math.h, residency/policy.h and residency/hazard_policy.h; this
 // file holds the indexing and launch geometry.
 //
@@ -327,18 +327,19 @@ __global__ void stage_copy_kernel(const uint4* __restrict__ host_blocks, size_t 
 }
 
 // A thread per element; ranks summed in order so the bits do not depend on
-// which pass produced each expert's output.
+// which pass produced each expert's output, then added to the residual.
 __global__ void combine_kernel(const float* __restrict__ expert_out,
                                const float* __restrict__ weights, int32_t k, int32_t n_embd,
                                const float* __restrict__ shexp_out,
-                               const float* __restrict__ shexp_logit, float* __restrict__ out) {
+                               const float* __restrict__ shexp_logit,
+                               float* __restrict__ residual) {
   const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n_embd) return;
   float acc = 0.0f;
   for (int32_t r = 0; r < k; ++r)
     acc += weights[r] * expert_out[static_cast<int64_t>(r) * n_embd + i];
   if (shexp_out != nullptr) acc += sigmoid(*shexp_logit) * shexp_out[i];
-  out[i] = acc;
+  residual[i] += acc;
 }
 
 }  // namespace
@@ -448,14 +449,14 @@ cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayou
 }
 
 cudaError_t launch_combine(const float* expert_out, const float* weights, int32_t k, int32_t n_embd,
-                           const float* shexp_out, const float* shexp_logit, float* out,
+                           const float* shexp_out, const float* shexp_logit, float* residual,
                            cudaStream_t stream) {
-  if (expert_out == nullptr || weights == nullptr || out == nullptr || k <= 0 || n_embd <= 0 ||
+  if (expert_out == nullptr || weights == nullptr || residual == nullptr || k <= 0 || n_embd <= 0 ||
       (shexp_out != nullptr && shexp_logit == nullptr)) {
     return cudaErrorInvalidValue;
   }
   return launch_kernel<combine_kernel>(ceil_div(n_embd, kThreads), kThreads, stream, expert_out,
-                                       weights, k, n_embd, shexp_out, shexp_logit, out);
+                                       weights, k, n_embd, shexp_out, shexp_logit, residual);
 }
 
 }  // namespace moegraph

@@ -270,43 +270,43 @@ TEST_F(KernelsGpuTest, MatvecSwigluPairsGateAndUpAndQuantizesTheProduct) {
   }
 }
 
-TEST_F(KernelsGpuTest, RopeMatchesReference) {
+TEST_F(KernelsGpuTest, RopeAndKvAppendMatchReferenceAndWriteOnlyRowPos) {
   std::mt19937 rng(4);
-  const int32_t n_head = 6;
+  const int32_t n_head = 6, n_head_kv = 2;
   for (RopeType type : {RopeType::kNorm, RopeType::kNeox}) {
     for (int32_t head_dim : {64, 128}) {
       for (int32_t pos : {0, 3, 1000, 32767}) {
-        std::vector<float> x = Gaussian(rng, n_head * head_dim);
-        DeviceArray<float> d_x(x);
+        SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " pos " + std::to_string(pos));
+        const int32_t kv_len = n_head_kv * head_dim;
+        const int64_t max_ctx = pos + 2;
+        std::vector<float> q = Gaussian(rng, n_head * head_dim);
+        std::vector<float> k = Gaussian(rng, kv_len);
+        const std::vector<float> v = Gaussian(rng, kv_len);
+        std::vector<float> k_cache(max_ctx * kv_len, 7.0f), v_cache(max_ctx * kv_len, 8.0f);
+        DeviceArray<float> d_q(q), d_k(k), d_v(v), d_k_cache(k_cache), d_v_cache(v_cache);
         DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos});
-        const int32_t positions[] = {pos};
-        Rope(absl::MakeSpan(x), n_head, head_dim, positions, 1e6f, type);
-        ASSERT_EQ(launch_rope(d_x.get(), n_head, head_dim, d_pos.get(), 1e6f,
-                              type == RopeType::kNorm ? 0 : 1, stream_),
+        ASSERT_EQ(launch_rope_kv_append(d_q.get(), d_k.get(), d_v.get(), d_k_cache.get(),
+                                        d_v_cache.get(), d_pos.get(), n_head, n_head_kv, head_dim,
+                                        1e6f, type == RopeType::kNorm ? 0 : 1, stream_),
                   cudaSuccess);
         Sync();
-        EXPECT_LT(Nmse(d_x.Download(), x), 1e-12) << "pos " << pos;
+        const int32_t positions[] = {pos};
+        const std::vector<float> k_before = k;
+        Rope(absl::MakeSpan(q), n_head, head_dim, positions, 1e6f, type);
+        Rope(absl::MakeSpan(k), n_head_kv, head_dim, positions, 1e6f, type);
+        EXPECT_LT(Nmse(d_q.Download(), q), 1e-12);
+        EXPECT_EQ(d_k.Download(), k_before);  // k itself is left alone
+        const std::vector<float> k_out = d_k_cache.Download();
+        const std::vector<float> k_row(k_out.begin() + pos * kv_len,
+                                       k_out.begin() + (pos + 1) * kv_len);
+        EXPECT_LT(Nmse(k_row, k), 1e-12);
+        std::copy(k_row.begin(), k_row.end(), k_cache.begin() + pos * kv_len);
+        std::copy(v.begin(), v.end(), v_cache.begin() + pos * kv_len);
+        EXPECT_EQ(k_out, k_cache);  // every other row as it was
+        EXPECT_EQ(d_v_cache.Download(), v_cache);
       }
     }
   }
-}
-
-TEST_F(KernelsGpuTest, KvAppendWritesOnlyRowPos) {
-  std::mt19937 rng(5);
-  const int32_t kv_len = 96, max_ctx = 10, pos = 6;
-  const std::vector<float> k = Gaussian(rng, kv_len), v = Gaussian(rng, kv_len);
-  std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
-  std::vector<float> v_cache = Gaussian(rng, max_ctx * kv_len);
-  DeviceArray<float> d_k(k), d_v(v), d_k_cache(k_cache), d_v_cache(v_cache);
-  DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos});
-  ASSERT_EQ(launch_kv_append(d_k.get(), d_v.get(), d_k_cache.get(), d_v_cache.get(), d_pos.get(),
-                             kv_len, stream_),
-            cudaSuccess);
-  Sync();
-  std::copy(k.begin(), k.end(), k_cache.begin() + pos * kv_len);
-  std::copy(v.begin(), v.end(), v_cache.begin() + pos * kv_len);
-  EXPECT_EQ(d_k_cache.Download(), k_cache);
-  EXPECT_EQ(d_v_cache.Download(), v_cache);
 }
 
 TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
@@ -341,22 +341,19 @@ TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
   }
 }
 
-TEST_F(KernelsGpuTest, AddAndSwigluMatchReference) {
+TEST_F(KernelsGpuTest, SwigluMatchesReference) {
   std::mt19937 rng(7);
   const int32_t n = 3008;  // a multiple of 32, not of the 256-thread block
   std::vector<float> a = Gaussian(rng, n), b = Gaussian(rng, n, 3.0f);
   DeviceArray<float> d_a(a), d_b(b), d_out(n);
   DeviceArray<block_q8_1> d_q(n / QK8_1);
   ASSERT_EQ(launch_swiglu(d_b.get(), d_a.get(), d_out.get(), n, d_q.get(), stream_), cudaSuccess);
-  ASSERT_EQ(launch_add(d_a.get(), d_b.get(), n, stream_), cudaSuccess);
   Sync();
   std::vector<float> expected(n);
   Swiglu(b, a, absl::MakeSpan(expected));
   const std::vector<float> out = d_out.Download();
   EXPECT_LT(Nmse(out, expected), 1e-7);
   EXPECT_TRUE(SameBlocks(d_q.Download(), Q8_1(out)));
-  AddInPlace(b, absl::MakeSpan(a));
-  EXPECT_EQ(d_a.Download(), a);
 }
 
 TEST_F(KernelsGpuTest, RouterTopKMatchesReference) {
@@ -714,7 +711,9 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     const std::vector<float> unwritten(k * n_embd, -12345.0f);
     DeviceArray<float> d_act_split(k * n_ff), d_act_all(k * n_ff);
     DeviceArray<float> d_out_split(unwritten), d_out_all(k * n_embd);
-    DeviceArray<float> d_sum_split(n_embd), d_sum_all(n_embd);
+    // The combine adds into the residual stream.
+    const std::vector<float> residual = Gaussian(rng, n_embd);
+    DeviceArray<float> d_sum_split(residual), d_sum_all(residual);
 
     // Pass A alone computes the hits and leaves the misses' outputs alone.
     auto gate_up = [&](ExpertPass pass, DeviceArray<float>& act, DeviceArray<block_q8_1>& act_q) {
@@ -784,7 +783,7 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     std::vector<float> expected_sum(n_embd);
     const double shared_scale = Sigmoid(0.7f);
     for (int32_t i = 0; i < n_embd; ++i) {
-      double acc = shared_scale * shexp[i];
+      double acc = residual[i] + shared_scale * shexp[i];
       for (int32_t r = 0; r < k; ++r)
         acc += static_cast<double>(weights[r]) * expected[r * n_embd + i];
       expected_sum[i] = static_cast<float>(acc);
@@ -954,7 +953,9 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   const DeviceMatrix partial_block{d_x.get(), GgmlType::kQ4_K, 300, 1, 1000};
   EXPECT_EQ(launch_matvec(partial_block, d_x.get(), d_q.get(), nullptr, d_x.get(), stream_),
             cudaErrorInvalidValue);
-  EXPECT_EQ(launch_rope(d_x.get(), 2, 63, d_i.get(), 1e4f, 0, stream_), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_rope_kv_append(d_x.get(), d_x.get(), d_x.get(), d_x.get(), d_x.get(), d_i.get(),
+                                  2, 1, 63, 1e4f, 0, stream_),
+            cudaErrorInvalidValue);
   EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 6, 4, 64, 16, 1.0f,
                                     d_x.get(), d_x.get(), nullptr, stream_),
             cudaErrorInvalidValue);
