@@ -130,6 +130,12 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
         "--slots %d must be auto (0) or at least --top-k %d", options.n_slots, cfg.n_expert_used));
   }
   MG_RETURN_IF_ERROR(CheckSampling(options.sampling));
+  // The attention kernel holds a head's q in shared memory.
+  if (cfg.head_dim > 256) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the CUDA attention takes a head_dim of at most 256 (this model's is %d)",
+        m.file->path(), cfg.head_dim));
+  }
   if (options.record_routing && options.steps_per_launch != 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "recording the routing reads it back after every step: --steps-per-launch %d must be 1",
@@ -171,6 +177,12 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
       if (t != nullptr && !matvec_supports_type(t->ggml_type(), static_cast<int32_t>(t->ne[0]))) {
         return UnsupportedMatrix(m, *t);
       }
+    }
+    // The shared expert's gate/up pair runs in one kernel of one type.
+    if (lt.shexp_gate != nullptr && lt.shexp_up != nullptr &&
+        lt.shexp_gate->ggml_type() != lt.shexp_up->ggml_type()) {
+      return m.file->TensorError(*lt.shexp_up,
+                                 "the CUDA shared expert needs gate and up of one type");
     }
   }
   if (!matvec_supports_type(m.output->ggml_type(), static_cast<int32_t>(m.output->ne[0]))) {

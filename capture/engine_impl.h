@@ -187,6 +187,8 @@ struct CudaEngine::Impl {
 
   WalkConfig MakeWalkConfig(int steps) const;
   std::function<cudaError_t()> Bind(const WalkEntry& entry);
+  // An RMSNorm by weight into h and h_q, run as an op's epilogue.
+  NormEpilogue Norm(const float* weight) const;
   cudaError_t HostPolicyStep(int layer);
   cudaError_t HostStageCopy(int layer);
   // Runs count steps in launches of at most S; after each launch (and its sync),
@@ -240,7 +242,7 @@ struct CudaEngine::Impl {
   float* h = nullptr;
   float* q = nullptr;
   float* k = nullptr;
-  float* v = nullptr;
+  float* q_rope = nullptr;  // q after QK-norm and RoPE, what attention reads
   float* attn = nullptr;
   float* router_logits = nullptr;
   float* act = nullptr;         // [k][n_ff_exp]
@@ -252,14 +254,13 @@ struct CudaEngine::Impl {
   block_q8_1* act_q = nullptr;
   block_q8_1* shexp_act_q = nullptr;
   float* expert_out = nullptr;  // [k][n_embd]
-  float* shexp_gate_out = nullptr;
-  float* shexp_up_out = nullptr;
   float* shexp_act = nullptr;
   float* shexp_out = nullptr;
   float* shexp_logit = nullptr;
   float* logits = nullptr;
   DeviceCounters* counters = nullptr;
   float* partial = nullptr;
+  unsigned int* tickets = nullptr;  // the epilogues' counters (kernels/kernels.h), zeroed
   std::vector<LayerExperts> layer_experts;
   // Routing replay and record: the trace ([n_steps][n_layer][k] ids, -1 for a
   // missing row; f32 weights or none), the record buffer and their step cursor.

@@ -367,12 +367,12 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_sampling = s.Add(sizeof(SamplingParams));
   const size_t o_prompt = s.Add((max_ctx + 1) * 4), o_out = s.Add(max_ctx * 4);
   const size_t o_x = s.Add(cfg.n_embd * f), o_h = s.Add(cfg.n_embd * f);
-  const size_t o_q = s.Add(q_len * f), o_k = s.Add(kv_len * f), o_v = s.Add(kv_len * f);
-  const size_t o_attn = s.Add(q_len * f);
+  const size_t o_q = s.Add(q_len * f), o_k = s.Add(kv_len * f);
+  const size_t o_q_rope = s.Add(q_len * f), o_attn = s.Add(q_len * f);
   const size_t o_router = s.Add(cfg.n_expert * f);
   const size_t o_act = s.Add(kk * cfg.n_ff_exp * f), o_eout = s.Add(kk * cfg.n_embd * f);
   const size_t n_shexp = static_cast<size_t>(std::max(cfg.n_ff_shexp, 1));
-  const size_t o_sg = s.Add(n_shexp * f), o_su = s.Add(n_shexp * f), o_sa = s.Add(n_shexp * f);
+  const size_t o_sa = s.Add(n_shexp * f);
   const size_t o_sout = s.Add(cfg.n_embd * f), o_slogit = s.Add(f);
   const size_t o_logits = s.Add(static_cast<size_t>(cfg.n_vocab) * f);
   const size_t o_counters = s.Add(sizeof(DeviceCounters));
@@ -380,6 +380,8 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_keys = s.Add(n_layer * kk * 4), o_sor = s.Add(n_layer * kk * 4);
   const size_t o_missed = s.Add(n_layer * kk), o_evicted = s.Add(n_layer * kk * 4);
   const size_t o_cursor = s.Add(8);
+  const size_t o_tickets =
+      s.Add(static_cast<size_t>(step_tickets(cfg.n_embd, cfg.n_head, cfg.n_head_kv)) * 4);
   // q8_1 blocks of a vector of n, or none (kNone).
   constexpr size_t kNone = SIZE_MAX;
   auto add_q8_1 = [&s](size_t n) {
@@ -408,19 +410,18 @@ absl::Status CudaEngine::Impl::AllocateState() {
   h = reinterpret_cast<float*>(at(o_h));
   q = reinterpret_cast<float*>(at(o_q));
   k = reinterpret_cast<float*>(at(o_k));
-  v = reinterpret_cast<float*>(at(o_v));
+  q_rope = reinterpret_cast<float*>(at(o_q_rope));
   attn = reinterpret_cast<float*>(at(o_attn));
   router_logits = reinterpret_cast<float*>(at(o_router));
   act = reinterpret_cast<float*>(at(o_act));
   expert_out = reinterpret_cast<float*>(at(o_eout));
-  shexp_gate_out = reinterpret_cast<float*>(at(o_sg));
-  shexp_up_out = reinterpret_cast<float*>(at(o_su));
   shexp_act = reinterpret_cast<float*>(at(o_sa));
   shexp_out = reinterpret_cast<float*>(at(o_sout));
   shexp_logit = reinterpret_cast<float*>(at(o_slogit));
   logits = reinterpret_cast<float*>(at(o_logits));
   counters = reinterpret_cast<DeviceCounters*>(at(o_counters));
   routing_cursor = reinterpret_cast<int64_t*>(at(o_cursor));
+  tickets = reinterpret_cast<unsigned int*>(at(o_tickets));
   auto q8_1_at = [&at](size_t offset) {
     return offset == kNone ? nullptr : reinterpret_cast<block_q8_1*>(at(offset));
   };
@@ -512,24 +513,27 @@ uint64_t RecordBytes(const CudaEngineOptions& options, const ModelConfig& cfg) {
                      static_cast<uint64_t>(cfg.n_layer) * cfg.n_expert_used * 4;
 }
 
-// Scratch bytes the budget sets aside: the decode state, attention partials and
+// Scratch bytes the budget sets aside: the decode state (epilogue tickets
+// included), attention partials and
 // the slack of 256-byte alignment, as AllocateState lays them out.
 uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
   const uint64_t f = sizeof(float);
   const uint64_t q_len = static_cast<uint64_t>(cfg.n_head) * cfg.head_dim;
   const uint64_t kv_len = static_cast<uint64_t>(cfg.n_head_kv) * cfg.head_dim;
   const uint64_t kk = static_cast<uint64_t>(cfg.n_expert_used);
-  const uint64_t floats = 3 * static_cast<uint64_t>(cfg.n_embd) + 2 * q_len + 2 * kv_len +
+  const uint64_t floats = 3 * static_cast<uint64_t>(cfg.n_embd) + 3 * q_len + kv_len +
                           static_cast<uint64_t>(cfg.n_expert) + kk * cfg.n_ff_exp +
-                          kk * cfg.n_embd + 3 * static_cast<uint64_t>(cfg.n_ff_shexp) + 1 +
+                          kk * cfg.n_embd + static_cast<uint64_t>(cfg.n_ff_shexp) + 1 +
                           static_cast<uint64_t>(cfg.n_vocab);
   const uint64_t per_layer = static_cast<uint64_t>(cfg.n_layer) * kk * (4 + 4 + 4 + 4 + 1 + 4);
   // The q8_1 blocks of h, attn, act and shexp_act: 36 bytes per 32 floats, at most.
   const uint64_t q8_1_bytes =
       (static_cast<uint64_t>(cfg.n_embd) + q_len + kk * cfg.n_ff_exp + cfg.n_ff_shexp) / QK8_1 *
       sizeof(block_q8_1);
+  const uint64_t ticket_bytes =
+      static_cast<uint64_t>(step_tickets(cfg.n_embd, cfg.n_head, cfg.n_head_kv)) * 4;
   return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer + q8_1_bytes +
-         attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 68 * 256;
+         ticket_bytes + attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 68 * 256;
 }
 
 }  // namespace moegraph

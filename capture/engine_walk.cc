@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "capture/engine_impl.h"
+#include "kernels/nn_math.h"
 #include "loader/check.h"
 #include "loader/status_util.h"
 
@@ -22,7 +23,6 @@ WalkConfig CudaEngine::Impl::MakeWalkConfig(int steps) const {
   c.steps = steps;
   c.slot_mode = slot_mode;
   c.split_passes = options.doors.split_passes;
-  c.qk_norm = cfg.qk_norm || cfg.qk_norm_full;
   c.shared_expert = cfg.n_ff_shexp > 0;
   c.trace_routing = options.routing_trace != nullptr;
   c.routing_step_end = c.trace_routing || options.routing_record_steps > 0;
@@ -65,15 +65,18 @@ cudaError_t CudaEngine::Impl::HostStageCopy(int layer) {
   return cudaSuccess;
 }
 
+NormEpilogue CudaEngine::Impl::Norm(const float* weight) const {
+  NormEpilogue norm;
+  norm.weight = weight;
+  norm.eps = cfg.rms_eps;
+  norm.out = h;
+  norm.out_q = h_q;
+  return norm;
+}
+
 std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
   const int l = entry.layer;
-  const int n_embd = cfg.n_embd;
   const int top_k = cfg.n_expert_used;
-  const float eps = cfg.rms_eps;
-  const int q_len = cfg.n_head * cfg.head_dim;
-  const int kv_len = cfg.n_head_kv * cfg.head_dim;
-  const int rope_type = cfg.rope_type == RopeType::kNorm ? 0 : 1;
-  const float freq_base = cfg.rope_freq_base;
   cudaStream_t ms = main;
   cudaStream_t cs = copy;
   const LayerWeights* w = l >= 0 ? &layers[static_cast<size_t>(l)] : nullptr;
@@ -93,6 +96,22 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
                                 top_k, pass, act, act_q, expert_out, ms);
     };
   };
+  // The last down pass ends the layer: the combine into x, then the next
+  // layer's attn_norm (output_norm after the last layer) into h.
+  auto down_combine = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
+    CombineEpilogue combine;
+    combine.weights = e->weights;
+    combine.shexp_out = shexp ? shexp_out : nullptr;
+    combine.shexp_logit = shexp ? shexp_logit : nullptr;
+    combine.residual = x;
+    combine.norm =
+        Norm(l + 1 < cfg.n_layer ? layers[static_cast<size_t>(l) + 1].attn_norm : output_norm);
+    return [=, this] {
+      return launch_expert_down_combine(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank,
+                                        e->missed, top_k, pass, act, act_q, expert_out, combine,
+                                        tickets, ms);
+    };
+  };
 
   switch (entry.op) {
     case StepOp::kBeginStep:
@@ -100,52 +119,51 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
         return launch_begin_step(prompt, n_prompt, sampled, step, token, pos, ms);
       };
     case StepOp::kEmbed:
-      return [=, this] { return launch_embed(token_embd, token, x, ms); };
-    case StepOp::kAttnNorm:
-      return [=, this] { return launch_rmsnorm(x, w->attn_norm, h, 1, n_embd, eps, h_q, ms); };
-    case StepOp::kQ:
-      return [=, this] { return launch_matvec(w->wq, h, h_q, w->bq, q, ms); };
-    case StepOp::kK:
-      return [=, this] { return launch_matvec(w->wk, h, h_q, w->bk, k, ms); };
-    case StepOp::kV:
-      return [=, this] { return launch_matvec(w->wv, h, h_q, w->bv, v, ms); };
-    case StepOp::kQNorm: {
-      // olmoe normalises all of q (and k) at once, qwen3moe each head.
-      const int rows = cfg.qk_norm_full ? 1 : cfg.n_head;
+      return
+          [=, this] { return launch_embed(token_embd, token, x, Norm(layers[0].attn_norm), ms); };
+    case StepOp::kQkv: {
+      QkvRope rope;
+      rope.pos = pos;
+      rope.n_head = cfg.n_head;
+      rope.n_head_kv = cfg.n_head_kv;
+      rope.head_dim = cfg.head_dim;
+      rope.freq_base = cfg.rope_freq_base;
+      rope.rope_type = cfg.rope_type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
+      rope.use_norm = cfg.qk_norm || cfg.qk_norm_full;
+      rope.norm.q_weight = w->q_norm;
+      rope.norm.k_weight = w->k_norm;
+      rope.norm.eps = cfg.rms_eps;
+      rope.norm.full = cfg.qk_norm_full;  // olmoe: all of q (and k) at once, qwen3moe each head
+      rope.q_out = q_rope;
+      rope.k_cache = e->k_cache;
+      rope.v_cache = e->v_cache;
       return [=, this] {
-        return launch_rmsnorm(q, w->q_norm, q, rows, q_len / rows, eps, nullptr, ms);
+        return launch_qkv(w->wq, w->wk, w->wv, h, h_q, w->bq, w->bk, w->bv, q, k, nullptr, &rope,
+                          tickets, ms);
       };
     }
-    case StepOp::kKNorm: {
-      const int rows = cfg.qk_norm_full ? 1 : cfg.n_head_kv;
-      return [=, this] {
-        return launch_rmsnorm(k, w->k_norm, k, rows, kv_len / rows, eps, nullptr, ms);
-      };
-    }
-    case StepOp::kRopeKvAppend:
-      return [=, this] {
-        return launch_rope_kv_append(q, k, v, e->k_cache, e->v_cache, pos, cfg.n_head,
-                                     cfg.n_head_kv, cfg.head_dim, freq_base, rope_type, ms);
-      };
     case StepOp::kAttention: {
       const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
       return [=, this] {
-        return launch_attention_decode(q, e->k_cache, e->v_cache, pos, cfg.n_head, cfg.n_head_kv,
-                                       cfg.head_dim, options.max_ctx, scale, partial, attn, attn_q,
-                                       ms);
+        return launch_attention_decode(q_rope, e->k_cache, e->v_cache, pos, cfg.n_head,
+                                       cfg.n_head_kv, cfg.head_dim, options.max_ctx, scale, partial,
+                                       tickets, attn, attn_q, ms);
       };
     }
     case StepOp::kAttnOut:
-      return [=, this] { return launch_matvec_residual(w->wo, attn, attn_q, x, ms); };
-    case StepOp::kFfnNorm:
-      return [=, this] { return launch_rmsnorm(x, w->ffn_norm, h, 1, n_embd, eps, h_q, ms); };
-    case StepOp::kRouter:
-      return [=, this] { return launch_matvec(w->router, h, h_q, nullptr, router_logits, ms); };
-    case StepOp::kRouterTopk:
       return [=, this] {
-        return launch_router_topk(router_logits, cfg.n_expert, top_k, cfg.norm_topk_prob,
-                                  e->selection, e->weights, ms);
+        return launch_matvec_residual(w->wo, attn, attn_q, x, Norm(w->ffn_norm), tickets, ms);
       };
+    case StepOp::kRouter: {
+      RouterEpilogue router;
+      router.k = top_k;
+      router.norm_topk = cfg.norm_topk_prob;
+      router.experts = e->selection;
+      router.weights = e->weights;
+      return [=, this] {
+        return launch_router(w->router, h, h_q, router_logits, router, tickets, ms);
+      };
+    }
     case StepOp::kTraceRouting:
       return [=, this, n_steps = options.routing_trace->n_steps] {
         return launch_trace_routing(trace_ids.as<int32_t>(), trace_weights.as<float>(), n_steps,
@@ -221,37 +239,22 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     case StepOp::kGateUpMisses:
       return gate_up(ExpertPass::kMisses);
     case StepOp::kDownMisses:
-      return down(ExpertPass::kMisses);
+      return down_combine(ExpertPass::kMisses);
     case StepOp::kGateUpAll:
       return gate_up(ExpertPass::kAll);
     case StepOp::kDownAll:
-      return down(ExpertPass::kAll);
-    case StepOp::kShexpGate:
+      return down_combine(ExpertPass::kAll);
+    case StepOp::kShexpGateUp:
       return [=, this] {
-        return launch_matvec(w->shexp_gate, h, h_q, nullptr, shexp_gate_out, ms);
-      };
-    case StepOp::kShexpUp:
-      return [=, this] { return launch_matvec(w->shexp_up, h, h_q, nullptr, shexp_up_out, ms); };
-    case StepOp::kShexpSwiglu:
-      return [=, this] {
-        return launch_swiglu(shexp_gate_out, shexp_up_out, shexp_act, cfg.n_ff_shexp, shexp_act_q,
-                             ms);
+        return launch_matvec_swiglu(w->shexp_gate, w->shexp_up, h, h_q, shexp_act, shexp_act_q, ms);
       };
     case StepOp::kShexpDown:
       return [=, this] {
         return launch_matvec(w->shexp_down, shexp_act, shexp_act_q, nullptr, shexp_out, ms);
       };
     case StepOp::kShexpLogit:
-      return [=, this] {
-        return launch_matvec(w->shexp_gate_inp, h, h_q, nullptr, shexp_logit, ms);
-      };
-    case StepOp::kCombine:
-      return [=, this] {
-        return launch_combine(expert_out, e->weights, top_k, n_embd, shexp ? shexp_out : nullptr,
-                              shexp ? shexp_logit : nullptr, x, ms);
-      };
-    case StepOp::kOutputNorm:
-      return [=, this] { return launch_rmsnorm(x, output_norm, h, 1, n_embd, eps, h_q, ms); };
+      return
+          [=, this] { return launch_matvec(w->shexp_gate_inp, h, h_q, nullptr, shexp_logit, ms); };
     case StepOp::kLmHead:
       return [=, this] { return launch_matvec(output, h, h_q, nullptr, logits, ms); };
     case StepOp::kRecordLogits:

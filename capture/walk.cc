@@ -17,18 +17,10 @@ struct OpInfo {
 constexpr OpInfo kOps[] = {
     {StepOp::kBeginStep, "begin_step", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kEmbed, "embed", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kAttnNorm, "attn_norm", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kQ, "q", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kK, "k", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kV, "v", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kQNorm, "q_norm", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kKNorm, "k_norm", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kRopeKvAppend, "rope_kv_append", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kQkv, "qkv", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kAttention, "attention", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kAttnOut, "attn_out", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kFfnNorm, "ffn_norm", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRouter, "router", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kRouterTopk, "router_topk", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kTraceRouting, "trace_routing", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kResidencyStep, "residency_step", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kResidentSlots, "resident_slots", EntryKind::kKernel, WalkStream::kMain},
@@ -49,13 +41,9 @@ constexpr OpInfo kOps[] = {
     {StepOp::kDownMisses, "down_misses", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kGateUpAll, "gate_up_all", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kDownAll, "down_all", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kShexpGate, "shexp_gate", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kShexpUp, "shexp_up", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kShexpSwiglu, "shexp_swiglu", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kShexpGateUp, "shexp_gate_up", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpDown, "shexp_down", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpLogit, "shexp_logit", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kCombine, "combine", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kOutputNorm, "output_norm", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kLmHead, "lm_head", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRecordLogits, "record_logits", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kSample, "sample", EntryKind::kKernel, WalkStream::kMain},
@@ -91,29 +79,19 @@ class WalkWriter {
   const WalkBinder& bind_;
 };
 
-void AddAttention(const WalkConfig& c, WalkWriter& w, int step, int layer) {
-  for (StepOp op : {StepOp::kAttnNorm, StepOp::kQ, StepOp::kK, StepOp::kV}) w.Add(op, step, layer);
-  if (c.qk_norm) {
-    w.Add(StepOp::kQNorm, step, layer);
-    w.Add(StepOp::kKNorm, step, layer);
-  }
-  for (StepOp op : {StepOp::kRopeKvAppend, StepOp::kAttention, StepOp::kAttnOut}) {
-    w.Add(op, step, layer);
-  }
+void AddAttention(WalkWriter& w, int step, int layer) {
+  for (StepOp op : {StepOp::kQkv, StepOp::kAttention, StepOp::kAttnOut}) w.Add(op, step, layer);
 }
 
 void AddSharedExpert(const WalkConfig& c, WalkWriter& w, int step, int layer) {
   if (!c.shared_expert) return;
-  for (StepOp op : {StepOp::kShexpGate, StepOp::kShexpUp, StepOp::kShexpSwiglu,
-                    StepOp::kShexpDown, StepOp::kShexpLogit}) {
+  for (StepOp op : {StepOp::kShexpGateUp, StepOp::kShexpDown, StepOp::kShexpLogit}) {
     w.Add(op, step, layer);
   }
 }
 
 void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
-  for (StepOp op : {StepOp::kFfnNorm, StepOp::kRouter, StepOp::kRouterTopk}) {
-    w.Add(op, step, layer);
-  }
+  w.Add(StepOp::kRouter, step, layer);
   if (c.trace_routing) w.Add(StepOp::kTraceRouting, step, layer);
   if (c.slot_mode == SlotMode::kResident) {
     // Nothing to copy, so nothing to overlap: one pass over every rank.
@@ -147,7 +125,6 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
     w.Add(split ? StepOp::kGateUpMisses : StepOp::kGateUpAll, step, layer);
     w.Add(split ? StepOp::kDownMisses : StepOp::kDownAll, step, layer);
   }
-  w.Add(StepOp::kCombine, step, layer);
 }
 
 }  // namespace
@@ -155,10 +132,7 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
 std::string_view StepOpName(StepOp op) { return Info(op).name; }
 EntryKind StepOpKind(StepOp op) { return Info(op).kind; }
 WalkStream StepOpStream(StepOp op) { return Info(op).stream; }
-int StepOpLaunches(StepOp op) {
-  if (StepOpKind(op) != EntryKind::kKernel) return 0;
-  return op == StepOp::kAttention ? 2 : 1;
-}
+int StepOpLaunches(StepOp op) { return StepOpKind(op) == EntryKind::kKernel ? 1 : 0; }
 
 std::string EntryLabel(const WalkEntry& entry) {
   if (entry.layer < 0) return absl::StrCat("step ", entry.step, " ", Av(StepOpName(entry.op)));
@@ -174,10 +148,9 @@ StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
     w.Add(StepOp::kBeginStep, step);
     w.Add(StepOp::kEmbed, step);
     for (int layer = 0; layer < config.n_layer; ++layer) {
-      AddAttention(config, w, step, layer);
+      AddAttention(w, step, layer);
       AddMoe(config, w, step, layer);
     }
-    w.Add(StepOp::kOutputNorm, step);
     w.Add(StepOp::kLmHead, step);
     if (config.record_logits) w.Add(StepOp::kRecordLogits, step);
     w.Add(StepOp::kSample, step);

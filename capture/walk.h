@@ -5,17 +5,20 @@
 // memory, so the list (and the graph captured from it) is never patched.
 //
 // Per MoE layer (device residency, split passes):
-//   main: attn_norm q k v [q_norm k_norm] rope_kv_append attention attn_out
-//         ffn_norm router router_topk residency_step fork_record
-//   copy:                               fork_wait stage_copy join_record
+//   main: qkv attention attn_out router residency_step fork_record
+//   copy:                                   fork_wait stage_copy join_record
 //   main: gate_up_hits down_hits [shexp_*] join_wait gate_up_misses down_misses
-//         combine
-// (attn_out and combine add into the residual stream themselves.)
-// (Routing replay adds trace_routing after router_topk; replay or record adds
+// What used to be launches of their own are epilogues of the op before them
+// (kernels/epilogue.cuh): embed runs the first attn_norm; qkv each head's
+// QK-norm, RoPE and KV append; attention merges its splits; attn_out adds into
+// the residual stream and runs ffn_norm; router its top-k; the last down pass
+// (down_misses, or down_all) combines the ranks into the residual stream and
+// runs the next layer's attn_norm (after the last layer, output_norm).
+// (Routing replay adds trace_routing after router; replay or record adds
 // routing_step_end before end_step.)
 // Arms change only the slot decision (resident_slots, stage_all_slots, or the
 // host arm's readback, host step and host copies) and which passes run.
-// Steps end with output_norm lm_head [record_logits] argmax end_step; after the
+// Steps end with lm_head [record_logits] sample end_step; after the
 // last of S steps the token leaves through one device-to-host copy.
 #pragma once
 
@@ -43,18 +46,10 @@ enum class EntryKind {
 enum class StepOp {
   kBeginStep,
   kEmbed,
-  kAttnNorm,
-  kQ,
-  kK,
-  kV,
-  kQNorm,
-  kKNorm,
-  kRopeKvAppend,
+  kQkv,
   kAttention,
   kAttnOut,
-  kFfnNorm,
   kRouter,
-  kRouterTopk,
   kTraceRouting,  // routing replay: the trace's selection over the router's
   // The slot decision, one per arm.
   kResidencyStep,
@@ -71,7 +66,7 @@ enum class StepOp {
   kHostStageCopy,  // host arm: cudaMemcpyAsync per missed block
   kJoinRecord,
   kJoinWait,
-  // Expert passes (the same two launchers for every pass).
+  // Expert passes (the same launchers for every pass; the last down combines).
   kGateUpHits,
   kDownHits,
   kGateUpMisses,
@@ -79,13 +74,9 @@ enum class StepOp {
   kGateUpAll,
   kDownAll,
   // qwen2moe's shared expert, overlapping the copies.
-  kShexpGate,
-  kShexpUp,
-  kShexpSwiglu,
+  kShexpGateUp,
   kShexpDown,
   kShexpLogit,
-  kCombine,
-  kOutputNorm,
   kLmHead,
   kRecordLogits,    // logits kept per step on the device (CudaEngineOptions::record_logits)
   kSample,          // the next token: the argmax, or a draw (CudaEngine::SetSampling)
@@ -94,11 +85,10 @@ enum class StepOp {
   kTokenCopy,
 };
 
-std::string_view StepOpName(StepOp op);  // "router_topk", "stage_copy", ...
+std::string_view StepOpName(StepOp op);  // "router", "stage_copy", ...
 EntryKind StepOpKind(StepOp op);
 WalkStream StepOpStream(StepOp op);
-// Kernels one entry of op launches: 0 for events, copies and host work, 2 for
-// attention (its splits, then their merge), else 1.
+// Kernels one entry of op launches: 0 for events, copies and host work, else 1.
 int StepOpLaunches(StepOp op);
 
 // How the slots of a step's selection are decided.
@@ -115,10 +105,9 @@ struct WalkConfig {
   SlotMode slot_mode = SlotMode::kDevicePolicy;
   // Hits before the join, misses after it; false: one pass after the join.
   bool split_passes = true;
-  bool qk_norm = false;        // q_norm / k_norm entries
   bool shared_expert = false;  // qwen2moe
   // Routing replay and record (moegraph bench): trace_routing after each
-  // router_topk; routing_step_end before each end_step.
+  // router; routing_step_end before each end_step.
   bool trace_routing = false;
   bool routing_step_end = false;
   // record_logits after each lm_head.
@@ -136,7 +125,7 @@ struct WalkEntry {
   std::function<cudaError_t()> enqueue;
 };
 
-// "step 1 layer 3 router_topk" (no layer part outside the layers).
+// "step 1 layer 3 router" (no layer part outside the layers).
 std::string EntryLabel(const WalkEntry& entry);
 
 // Makes the callable of one entry (its op, step and layer are set).

@@ -55,18 +55,26 @@ struct DeviceCounters {
 
 // ---- dense ops ----
 
-// out[n_embd] = dequantized row *token of table (bit for bit the CPU's
-// dequantize_row); a token outside [0, rows) writes nothing.
-cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float* out,
-                         cudaStream_t stream);
+// Ops that fuse the op after them: their last block (kernels/epilogue.cuh) runs
+// it once every block is done. `tickets` is device memory of zeroed counters
+// (the count each launcher names), left zeroed when the launch ends; launches of
+// one stream may share it.
 
-// For each of n_rows rows of row_len: out = x / sqrt(mean(x^2) + eps) * weight.
-// Serves attn/ffn/output norms (n_rows 1), per-head QK-norm (n_rows = heads,
-// row_len = head_dim) and olmoe's full-width QK-norm. out may alias x. With
-// out_q (n_rows 1, row_len a multiple of 32), out's q8_1 blocks too, for the
-// quantized matvecs that read it.
-cudaError_t launch_rmsnorm(const float* x, const float* weight, float* out, int32_t n_rows,
-                           int32_t row_len, float eps, block_q8_1* out_q, cudaStream_t stream);
+// An RMSNorm of an op's n_embd outputs run by the op's last block: out = x /
+// rms(x) * weight, and with out_q (n_embd a multiple of 32) out's q8_1 blocks.
+// weight null: none.
+struct NormEpilogue {
+  const float* weight = nullptr;
+  float eps = 0.0f;
+  float* out = nullptr;
+  block_q8_1* out_q = nullptr;
+};
+
+// out[n_embd] = dequantized row *token of table (bit for bit the CPU's
+// dequantize_row), then norm of out (the first layer's attn_norm), in one
+// block; a token outside [0, rows) writes nothing.
+cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float* out,
+                         const NormEpilogue& norm, cudaStream_t stream);
 
 // Whether launch_matvec computes a matrix of type with rows of cols: q8_0,
 // q4_0, q4_K, q5_K, q6_K (cols a multiple of the block) against q8_1
@@ -80,9 +88,64 @@ cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const block_q8_
                           const float* bias, float* out, cudaStream_t stream);
 
 // residual[rows] += W x: the projection and its residual add in one launch, one
-// thread writing each row, so the sum's bits are those of an add after it.
+// thread writing each row, so the sum's bits are those of an add after it; then
+// norm of the residual (the ffn_norm). tickets: 1.
 cudaError_t launch_matvec_residual(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
-                                   float* residual, cudaStream_t stream);
+                                   float* residual, const NormEpilogue& norm, unsigned int* tickets,
+                                   cudaStream_t stream);
+
+// The QK-norm before RoPE: q_weight ([head_dim], or [n_head * head_dim] when
+// full) and k_weight likewise; full normalises all of q (and of k) at once, as
+// olmoe, else each head, as qwen3moe.
+struct QkNorm {
+  const float* q_weight = nullptr;
+  const float* k_weight = nullptr;
+  float eps = 0.0f;
+  bool full = false;
+};
+
+// What launch_qkv does per head once its rows are done: QK-norm (use_norm),
+// RoPE at position *pos (rope_type 0 NORM, adjacent pairs; 1 NEOX, halves; as
+// ggml), q into q_out ([n_head][head_dim]), k into row *pos of k_cache, v's
+// rows straight into row *pos of v_cache (caches [max_ctx][n_head_kv *
+// head_dim]). head_dim even.
+struct QkvRope {
+  const int32_t* pos = nullptr;
+  int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+  float freq_base = 0.0f;
+  int32_t rope_type = 0;
+  bool use_norm = false;
+  QkNorm norm;
+  float* q_out = nullptr;
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+};
+
+// q, k and v (with their biases when not null) in one launch: three matrices
+// of any types against one input, written to q, k and v. With rope, the
+// attention's inputs: v goes to the cache (v may be null), and each head's last
+// block of q or k runs the QK-norm and RoPE into q_out or the k cache (q and k
+// keep the projections). tickets: n_head + n_head_kv.
+cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const DeviceMatrix& wv,
+                       const float* x, const block_q8_1* xq, const float* bq, const float* bk,
+                       const float* bv, float* q, float* k, float* v, const QkvRope* rope,
+                       unsigned int* tickets, cudaStream_t stream);
+
+// The router's top-k, run by its last block: softmax over the logits (its
+// probabilities replace them), the k best (ties to the lower id), weights
+// renormalised to sum 1 when norm_topk. experts/weights: [k], rank order.
+struct RouterEpilogue {
+  int32_t k = 0;
+  bool norm_topk = false;
+  int32_t* experts = nullptr;
+  float* weights = nullptr;
+};
+
+// logits[rows] = W x, then its top-k (rows = n_expert <= kMaxRouterExperts,
+// k <= kMaxTopK, kernels/moe_math.h). tickets: 1.
+cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
+                          float* logits, const RouterEpilogue& router, unsigned int* tickets,
+                          cudaStream_t stream);
 
 // out = silu(gate x) * (up x), gate and up of one type and shape, and with out_q
 // (rows a multiple of 32) out's q8_1 blocks.
@@ -90,48 +153,29 @@ cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& u
                                  const block_q8_1* xq, float* out, block_q8_1* out_q,
                                  cudaStream_t stream);
 
-// RoPE and the KV append in one launch: q ([n_head][head_dim]) rotated in place
-// at position *pos, k ([n_head_kv][head_dim]) rotated into row *pos of k_cache
-// and v copied into row *pos of v_cache (caches [max_ctx][n_head_kv * head_dim]);
-// k itself is left as it was. rope_type 0 NORM (adjacent pairs), 1 NEOX
-// (halves), as ggml.
-cudaError_t launch_rope_kv_append(float* q, const float* k, const float* v, float* k_cache,
-                                  float* v_cache, const int32_t* pos, int32_t n_head,
-                                  int32_t n_head_kv, int32_t head_dim, float freq_base,
-                                  int32_t rope_type, cudaStream_t stream);
-
 // Split-K decode attention over positions 0..*pos with a grid fixed for max_ctx
-// (n_head x n_splits; splits past the live length exit early), then a merge
-// that reads only the splits that ran.
-// partial: attention_partial_floats(...) floats of scratch. Head h reads KV head
-// h / (n_head / n_head_kv); head_dim <= 256. With out_q (n_head * head_dim a
-// multiple of 32), out's q8_1 blocks too.
+// (n_head x n_splits; splits past the live length exit early); the last split
+// of each head to finish merges the head's splits that ran. partial:
+// attention_partial_floats(...) floats of scratch; tickets: n_head + 1. Head h
+// reads KV head h / (n_head / n_head_kv); head_dim <= 256. With out_q (n_head *
+// head_dim a multiple of 32), out's q8_1 blocks too: written by each head's
+// merge when head_dim is a multiple of 32, else by the last head merged.
 size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx);
 cudaError_t launch_attention_decode(const float* q, const float* k_cache, const float* v_cache,
                                     const int32_t* pos, int32_t n_head, int32_t n_head_kv,
-                                    int32_t head_dim, int32_t max_ctx, float scale,
-                                    float* partial, float* out, block_q8_1* out_q,
+                                    int32_t head_dim, int32_t max_ctx, float scale, float* partial,
+                                    unsigned int* tickets, float* out, block_q8_1* out_q,
                                     cudaStream_t stream);
 
-// out = silu(gate) * up, and with out_q (n a multiple of 32) out's q8_1 blocks.
-cudaError_t launch_swiglu(const float* gate, const float* up, float* out, int32_t n,
-                          block_q8_1* out_q, cudaStream_t stream);
-
 // ---- MoE ----
-
-// Softmax over n_expert router logits, top-k (ties to the lower id), weights
-// renormalised to sum 1 when norm_topk. experts/weights: [k], rank order.
-// n_expert <= kMaxRouterExperts, k <= kMaxTopK (kernels/moe_math.h).
-cudaError_t launch_router_topk(const float* logits, int32_t n_expert, int32_t k, bool norm_topk,
-                               int32_t* experts, float* weights, cudaStream_t stream);
 
 // Routing replay (moegraph bench --routing-trace): the selection of `layer` at
 // trace step *cursor mod n_steps comes from a trace in device memory instead of
 // the router, with no readback: experts[r] = ids[(step * n_layer + layer) * k + r]
 // and weights[r] = trace_weights[same index] (the trace's f16 router weights,
 // widened to f32 when uploaded), or 1/k each when trace_weights is null. A row the
-// trace lacks (its first id < 0) keeps what router_topk wrote. Launched after
-// router_topk, so the router's cost stays in the step.
+// trace lacks (its first id < 0) keeps what the router chose. Launched after
+// the router, so the router's cost stays in the step.
 cudaError_t launch_trace_routing(const int32_t* ids, const float* trace_weights, int64_t n_steps,
                                  int32_t n_layer, int32_t layer, int32_t k, const int64_t* cursor,
                                  int32_t* experts, float* weights, cudaStream_t stream);
@@ -202,12 +246,31 @@ cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& la
                                ExpertPass pass, const float* act, const block_q8_1* act_q,
                                float* expert_out, cudaStream_t stream);
 
-// residual += sum over r in rank order of weights[r] * expert_out[r]
-//             (+ sigmoid(*shexp_logit) * shexp_out when shexp_out is not null):
-// the combine and the FFN's residual add in one launch.
-cudaError_t launch_combine(const float* expert_out, const float* weights, int32_t k, int32_t n_embd,
-                           const float* shexp_out, const float* shexp_logit, float* residual,
-                           cudaStream_t stream);
+// The end of the FFN, run by the last down pass: residual += sum over r in rank
+// order of weights[r] * expert_out[r] (+ sigmoid(*shexp_logit) * shexp_out
+// when shexp_out is not null), then norm of the residual (the next layer's
+// attn_norm, or output_norm).
+struct CombineEpilogue {
+  const float* weights = nullptr;
+  const float* shexp_out = nullptr;
+  const float* shexp_logit = nullptr;
+  float* residual = nullptr;
+  NormEpilogue norm;
+};
+
+// launch_expert_down, then the combine: the last block to finish each 32 rows
+// combines them (one writer per row, ranks in order, so the bits do not depend
+// on which pass computed each rank), and the last of those runs the norm.
+// tickets: n_embd / 32 (rounded up) + 1.
+cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLayout& layout,
+                                       const int32_t* slot_of_rank, const uint8_t* missed,
+                                       int32_t k, ExpertPass pass, const float* act,
+                                       const block_q8_1* act_q, float* expert_out,
+                                       const CombineEpilogue& combine, unsigned int* tickets,
+                                       cudaStream_t stream);
+
+// Tickets every launcher above needs, for a model of n_embd, n_head and n_head_kv.
+int32_t step_tickets(int32_t n_embd, int32_t n_head, int32_t n_head_kv);
 
 // ---- tokens ----
 

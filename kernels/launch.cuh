@@ -9,6 +9,14 @@
 
 #include <utility>
 
+// A device function kept out of line: an epilogue that runs in one block of a
+// launch, whose registers must not count against the kernel's main loop.
+#if defined(__CUDACC__)
+#define MG_NOINLINE __noinline__
+#else
+#define MG_NOINLINE
+#endif
+
 namespace moegraph {
 
 template <auto Kernel, typename... Args>

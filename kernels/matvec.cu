@@ -10,6 +10,14 @@
 // reduces its row with a butterfly. A gate/up pair computes silu(gate . x) *
 // (up . x) per row and, when asked, quantizes each 32 rows of that to q8_1 for
 // the down projection: the block holds them all.
+//
+// Epilogues (kernels/epilogue.cuh): the residual projection's last block runs
+// the RMSNorm after it, the router's its top-k; the last down pass's last block
+// of each 32 rows combines the ranks into the residual, and the last of those
+// runs the next norm. q, k and v are one launch whose blocks each take one
+// matrix's rows (a block-uniform switch on its type, outside the loops), the
+// last block of each head running its QK-norm, RoPE and KV append.
+#include "kernels/epilogue.cuh"
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
 #include "kernels/mmvq_math.h"
@@ -18,6 +26,8 @@
 #include "kernels/reduce.cuh"
 #include "loader/quant.h"
 
+#include <algorithm>
+
 namespace moegraph {
 namespace {
 
@@ -25,6 +35,7 @@ constexpr int kThreads = 128;
 constexpr int kRows = 32;  // rows per block: a q8_1 block of the pair's output
 
 int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+__device__ int32_t ceil_div_device(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
 size_t packed_row_bytes(GgmlType type, int64_t cols) {
   return static_cast<size_t>(cols / quant_block_elems(type) * quant_block_bytes(type));
@@ -57,28 +68,35 @@ struct MatvecArgs {
   block_q8_1* out_q = nullptr;
   int64_t out_stride = 0;
   unsigned long long* count = nullptr;  // once per rank computed
+  // Epilogues, with tickets set: the norm of out (ranks 1), the router's
+  // top-k over out (experts set), or the combine of the ranks' outputs into
+  // combine.residual and its norm.
+  unsigned int* tickets = nullptr;
+  NormEpilogue norm;
+  RouterEpilogue router;
+  CombineEpilogue combine;
 };
 
+// Rows [32 bx, + 32) of rank blockIdx.y by the whole block.
 template <GgmlType T>
-__global__ void __launch_bounds__(kThreads) grouped_matvec_kernel(MatvecArgs a) {
+__device__ __forceinline__ void matvec_rows(const MatvecArgs& a, int32_t bx) {
   __shared__ float results[kRows];
   const int32_t r = blockIdx.y;
   const uint8_t* w0 = a.w[0];
   const uint8_t* w1 = a.w[1];
   if (a.slots != nullptr) {
-    if (!rank_in_pass(a.pass, a.missed[r])) return;
     const uint8_t* block = a.slots + static_cast<size_t>(a.slot_of_rank[r]) * a.block_bytes;
     w0 = block + a.offset[0];
     w1 = block + a.offset[1];
   }
-  if (a.count != nullptr && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(a.count, 1ull);
+  if (a.count != nullptr && bx == 0 && threadIdx.x == 0) atomicAdd(a.count, 1ull);
   // Only the input the type reads is there; the other may be null.
   const float* x = a.x != nullptr ? a.x + r * a.x_stride : nullptr;
   const block_q8_1* xq = a.xq != nullptr ? a.xq + r * a.x_stride / QK8_1 : nullptr;
   const int g = a.group;
   const int t = threadIdx.x % g;
   const int n_groups = kThreads / g;
-  const int32_t row0 = blockIdx.x * kRows;
+  const int32_t row0 = bx * kRows;
   // Every thread runs the same rounds (the groups' butterflies need whole warps).
   for (int i = threadIdx.x / g; i < kRows; i += n_groups) {
     const int32_t row = row0 + i;
@@ -101,6 +119,126 @@ __global__ void __launch_bounds__(kThreads) grouped_matvec_kernel(MatvecArgs a) 
   }
   if (a.out_q != nullptr && threadIdx.x < 32) {
     warp_quantize_q8_1(results[threadIdx.x], a.out_q + (r * a.out_stride + row0) / QK8_1);
+  }
+}
+
+// Rows [32 blockIdx.x, + 32) of the ranks' outputs into the residual, ranks in
+// order (every rank's block of these rows is done), then, in the last block to
+// get here, the norm of the whole residual.
+__device__ void combine_epilogue(const MatvecArgs& a, EpilogueShared* shared) {
+  const CombineEpilogue& c = a.combine;
+  const int32_t row0 = blockIdx.x * kRows;
+  if (!last_block_done(a.tickets + 1 + blockIdx.x, gridDim.y, shared)) return;
+  for (int32_t i = threadIdx.x; i < kRows && row0 + i < a.rows; i += kThreads) {
+    const int32_t row = row0 + i;
+    float acc = 0.0f;
+    for (int32_t r = 0; r < static_cast<int32_t>(gridDim.y); ++r) {
+      acc += c.weights[r] * __ldcg(a.out + r * a.out_stride + row);
+    }
+    if (c.shexp_out != nullptr) acc += sigmoid(*c.shexp_logit) * c.shexp_out[row];
+    c.residual[row] += acc;
+  }
+  if (c.norm.weight == nullptr || !last_block_done(a.tickets, gridDim.x, shared)) return;
+  run_norm_epilogue(c.norm, c.residual, a.rows, shared);
+}
+
+// The launch's epilogue (its tickets are set): the combine, or the router's
+// top-k or the norm of out in the last block. Out of line, so its registers do
+// not count against the matvec loop's.
+MG_NOINLINE __device__ void matvec_epilogue(MatvecArgs a, EpilogueShared* shared) {
+  if (a.combine.residual != nullptr) {
+    combine_epilogue(a, shared);
+    return;
+  }
+  if (!last_block_done(a.tickets, gridDim.x * gridDim.y, shared)) return;
+  if (a.router.experts != nullptr) {
+    warp_router_topk(a.out, a.rows, a.router.k, a.router.norm_topk, a.router.experts,
+                     a.router.weights, shared);
+  } else {
+    run_norm_epilogue(a.norm, a.out, a.rows, shared);
+  }
+}
+
+template <GgmlType T>
+__global__ void __launch_bounds__(kThreads) grouped_matvec_kernel(MatvecArgs a) {
+  __shared__ EpilogueShared shared;
+  if (a.slots == nullptr || rank_in_pass(a.pass, a.missed[blockIdx.y])) {
+    matvec_rows<T>(a, blockIdx.x);
+  }
+  if (a.tickets != nullptr) matvec_epilogue(a, &shared);
+}
+
+// q, k and v: blocks [first_block[j], first_block[j + 1]) compute job j; v's
+// rows go straight to the cache row *pos.
+struct QkvArgs {
+  MatvecArgs job[3];
+  GgmlType type[3];
+  int32_t first_block[4];
+  QkvRope rope;
+  unsigned int* tickets = nullptr;
+};
+
+// Each head of q (j 0) or k (j 1) that rows [32 bx, + 32) hold, once the last
+// block holding rows of it is done: QK-norm and RoPE into q_out or the cache
+// row. With a full-width norm (olmoe) the last block of all of q (or k) does
+// every head.
+__device__ void qkv_rope_epilogue(const QkvArgs& a, int j, int32_t bx, EpilogueShared* shared) {
+  const QkvRope& rope = a.rope;
+  const int32_t d = rope.head_dim;
+  const int32_t n_heads = j == 0 ? rope.n_head : rope.n_head_kv;
+  const int32_t rows = n_heads * d;
+  unsigned int* tickets = a.tickets + (j == 0 ? 0 : rope.n_head);
+  const float* src = a.job[j].out;
+  const int32_t p = *rope.pos;
+  float* dst = j == 0 ? rope.q_out : rope.k_cache + static_cast<int64_t>(p) * rope.n_head_kv * d;
+  const float* weight = rope.use_norm ? (j == 0 ? rope.norm.q_weight : rope.norm.k_weight) : nullptr;
+  if (rope.use_norm && rope.norm.full) {
+    if (!last_block_done(tickets, ceil_div_device(rows, kRows), shared)) return;
+    const float scale = block_rms_scale(src, rows, rope.norm.eps, shared);
+    for (int32_t h = 0; h < n_heads; ++h) {
+      rope_head(src + h * d, scale, weight + h * d, d, p, rope.freq_base, rope.rope_type,
+                dst + h * d);
+    }
+    return;
+  }
+  const int32_t row0 = bx * kRows;
+  const int32_t row_end = min(row0 + kRows, rows);
+  for (int32_t h = row0 / d; h * d < row_end; ++h) {
+    const int32_t blocks = ((h + 1) * d - 1) / kRows - h * d / kRows + 1;
+    if (!last_block_done(tickets + h, blocks, shared)) continue;
+    const float* head_src = src + h * d;
+    const float scale =
+        weight != nullptr ? block_rms_scale(head_src, d, rope.norm.eps, shared) : 1.0f;
+    rope_head(head_src, scale, weight, d, p, rope.freq_base, rope.rope_type, dst + h * d);
+  }
+}
+
+template <GgmlType T>
+__device__ __forceinline__ void qkv_job(const QkvArgs& a, int j, int32_t bx,
+                                        EpilogueShared* shared) {
+  MatvecArgs job = j == 0 ? a.job[0] : j == 1 ? a.job[1] : a.job[2];
+  if (a.tickets != nullptr && j == 2) {
+    job.out = a.rope.v_cache + static_cast<int64_t>(*a.rope.pos) * a.rope.n_head_kv * a.rope.head_dim;
+  }
+  matvec_rows<T>(job, bx);
+  if (a.tickets != nullptr && j < 2) qkv_rope_epilogue(a, j, bx, shared);
+}
+
+__global__ void __launch_bounds__(kThreads) qkv_kernel(QkvArgs a) {
+  __shared__ EpilogueShared shared;
+  const int32_t block = blockIdx.x;
+  const int j = block >= a.first_block[2] ? 2 : block >= a.first_block[1] ? 1 : 0;
+  const int32_t bx = block - a.first_block[j];
+  switch (a.type[j]) {
+    case GgmlType::kQ8_0: return qkv_job<GgmlType::kQ8_0>(a, j, bx, &shared);
+    case GgmlType::kQ4_0: return qkv_job<GgmlType::kQ4_0>(a, j, bx, &shared);
+    case GgmlType::kQ4_K: return qkv_job<GgmlType::kQ4_K>(a, j, bx, &shared);
+    case GgmlType::kQ5_K: return qkv_job<GgmlType::kQ5_K>(a, j, bx, &shared);
+    case GgmlType::kQ6_K: return qkv_job<GgmlType::kQ6_K>(a, j, bx, &shared);
+    case GgmlType::kF32: return qkv_job<GgmlType::kF32>(a, j, bx, &shared);
+    case GgmlType::kF16: return qkv_job<GgmlType::kF16>(a, j, bx, &shared);
+    case GgmlType::kBF16: return qkv_job<GgmlType::kBF16>(a, j, bx, &shared);
+    default: return;
   }
 }
 
@@ -167,6 +305,24 @@ MatvecArgs ExpertArgs(const uint8_t* slots, const DeviceBlockLayout& layout,
   return a;
 }
 
+// The down projection of the ranks of pass.
+MatvecArgs DownArgs(const uint8_t* slots, const DeviceBlockLayout& layout,
+                    const int32_t* slot_of_rank, const uint8_t* missed, ExpertPass pass,
+                    const float* act, const block_q8_1* act_q, float* expert_out) {
+  MatvecArgs a = ExpertArgs(slots, layout, slot_of_rank, missed, pass);
+  a.offset[0] = layout.offset[2];
+  a.row_bytes[0] = layout.row_bytes[2];
+  a.rows = layout.n_embd;
+  a.cols = layout.n_ff;
+  a.group = row_group(layout.type[2], layout.n_ff);
+  a.x = act;
+  a.xq = act_q;
+  a.x_stride = layout.n_ff;
+  a.out = expert_out;
+  a.out_stride = layout.n_embd;
+  return a;
+}
+
 bool layout_ok(const DeviceBlockLayout& layout) {
   if (layout.n_embd <= 0 || layout.n_ff <= 0 || layout.block_bytes % 16 != 0) return false;
   for (int p = 0; p < 3; ++p) {
@@ -195,13 +351,72 @@ cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const block_q8_
 }
 
 cudaError_t launch_matvec_residual(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
-                                   float* residual, cudaStream_t stream) {
-  if (!matrix_ok(w) || !input_ok(w.type, x, xq) || residual == nullptr) {
+                                   float* residual, const NormEpilogue& norm,
+                                   unsigned int* tickets, cudaStream_t stream) {
+  if (!matrix_ok(w) || !input_ok(w.type, x, xq) || residual == nullptr ||
+      !norm_epilogue_ok(norm, w.rows) || (norm.weight != nullptr && tickets == nullptr)) {
     return cudaErrorInvalidValue;
   }
   MatvecArgs a = DenseArgs(w, x, xq);
   a.accumulate = true;
   a.out = residual;
+  if (norm.weight != nullptr) {
+    a.tickets = tickets;
+    a.norm = norm;
+  }
+  return launch_grouped(w.type, a, 1, stream);
+}
+
+cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const DeviceMatrix& wv,
+                       const float* x, const block_q8_1* xq, const float* bq, const float* bk,
+                       const float* bv, float* q, float* k, float* v, const QkvRope* rope,
+                       unsigned int* tickets, cudaStream_t stream) {
+  const DeviceMatrix* w[3] = {&wq, &wk, &wv};
+  const float* bias[3] = {bq, bk, bv};
+  float* out[3] = {q, k, v};
+  QkvArgs a;
+  if (rope != nullptr) {
+    const int32_t d = rope->head_dim;
+    if (rope->pos == nullptr || rope->n_head <= 0 || rope->n_head_kv <= 0 || d <= 0 ||
+        d % 2 != 0 || wq.rows != rope->n_head * d ||
+        wk.rows != rope->n_head_kv * d || wv.rows != wk.rows || rope->q_out == nullptr ||
+        rope->q_out == q || rope->k_cache == nullptr || rope->v_cache == nullptr ||
+        (rope->rope_type != kRopeNorm && rope->rope_type != kRopeNeox) ||
+        (rope->use_norm && (rope->norm.q_weight == nullptr || rope->norm.k_weight == nullptr)) ||
+        tickets == nullptr) {
+      return cudaErrorInvalidValue;
+    }
+    a.rope = *rope;
+    a.tickets = tickets;
+    out[2] = rope->v_cache;  // the row at *pos, found in the kernel
+  }
+  a.first_block[0] = 0;
+  for (int j = 0; j < 3; ++j) {
+    if (!matrix_ok(*w[j]) || w[j]->cols != wq.cols || !input_ok(w[j]->type, x, xq) ||
+        out[j] == nullptr) {
+      return cudaErrorInvalidValue;
+    }
+    a.job[j] = DenseArgs(*w[j], x, xq);
+    a.job[j].bias = bias[j];
+    a.job[j].out = out[j];
+    a.type[j] = w[j]->type;
+    a.first_block[j + 1] = a.first_block[j] + ceil_div(w[j]->rows, kRows);
+  }
+  return launch_kernel<qkv_kernel>(a.first_block[3], kThreads, stream, a);
+}
+
+cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
+                          float* logits, const RouterEpilogue& router, unsigned int* tickets,
+                          cudaStream_t stream) {
+  if (!matrix_ok(w) || !input_ok(w.type, x, xq) || logits == nullptr ||
+      w.rows > kMaxRouterExperts || router.k <= 0 || router.k > kMaxTopK || router.k > w.rows ||
+      router.experts == nullptr || router.weights == nullptr || tickets == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  MatvecArgs a = DenseArgs(w, x, xq);
+  a.out = logits;
+  a.tickets = tickets;
+  a.router = router;
   return launch_grouped(w.type, a, 1, stream);
 }
 
@@ -267,18 +482,33 @@ cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& la
       k <= 0 || k > kMaxTopK || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr) {
     return cudaErrorInvalidValue;
   }
-  MatvecArgs a = ExpertArgs(slots, layout, slot_of_rank, missed, pass);
-  a.offset[0] = layout.offset[2];
-  a.row_bytes[0] = layout.row_bytes[2];
-  a.rows = layout.n_embd;
-  a.cols = layout.n_ff;
-  a.group = row_group(layout.type[2], layout.n_ff);
-  a.x = act;
-  a.xq = act_q;
-  a.x_stride = layout.n_ff;
-  a.out = expert_out;
-  a.out_stride = layout.n_embd;
+  return launch_grouped(layout.type[2],
+                        DownArgs(slots, layout, slot_of_rank, missed, pass, act, act_q,
+                                 expert_out),
+                        k, stream);
+}
+
+cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLayout& layout,
+                                       const int32_t* slot_of_rank, const uint8_t* missed,
+                                       int32_t k, ExpertPass pass, const float* act,
+                                       const block_q8_1* act_q, float* expert_out,
+                                       const CombineEpilogue& combine, unsigned int* tickets,
+                                       cudaStream_t stream) {
+  if (slots == nullptr || !layout_ok(layout) || slot_of_rank == nullptr || missed == nullptr ||
+      k <= 0 || k > kMaxTopK || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr ||
+      combine.weights == nullptr || combine.residual == nullptr ||
+      (combine.shexp_out != nullptr && combine.shexp_logit == nullptr) ||
+      !norm_epilogue_ok(combine.norm, layout.n_embd) || tickets == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  MatvecArgs a = DownArgs(slots, layout, slot_of_rank, missed, pass, act, act_q, expert_out);
+  a.tickets = tickets;
+  a.combine = combine;
   return launch_grouped(layout.type[2], a, k, stream);
+}
+
+int32_t step_tickets(int32_t n_embd, int32_t n_head, int32_t n_head_kv) {
+  return std::max(ceil_div(n_embd, kRows) + 1, n_head + n_head_kv);
 }
 
 }  // namespace moegraph

@@ -1,8 +1,9 @@
-// MoE kernels: router top-k, routing replay from a trace, the residency step,
-// slot assignment for the arms without a policy, the stage copy of missed
-// experts and the combine with its residual add (the expert passes are kernels/matvec.cu). Decisions come from
-// kernels/moe_math.h, residency/policy.h and residency/hazard_policy.h; this
-// file holds the indexing and launch geometry.
+// MoE kernels: routing replay from a trace, the residency steps, slot
+// assignment for the arms without a policy and the stage copy of missed experts
+// (the router with its top-k and the expert passes with the combine are
+// kernels/matvec.cu). Decisions come from kernels/moe_math.h,
+// residency/policy.h and residency/hazard_policy.h; this file holds the
+// indexing and launch geometry.
 //
 // Grids never depend on per-step values: the expert passes and the stage copy
 // launch a block row per rank (blockIdx.y = r) and a block whose rank is not in
@@ -10,7 +11,6 @@
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
 #include "kernels/moe_math.h"
-#include "kernels/nn_math.h"
 #include "kernels/reduce.cuh"
 
 namespace moegraph {
@@ -25,52 +25,6 @@ constexpr int kStageCtasPerExpert = 32;  // enough loads in flight to fill PCIe
 constexpr int kStageUnroll = 4;
 
 int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
-
-// One warp: softmax in f64 as the oracle, then k rounds of a warp argmax in
-// top-k order over the experts not yet taken.
-__global__ void router_topk_kernel(const float* __restrict__ logits, int32_t n_expert, int32_t k,
-                                   bool norm_topk, int32_t* __restrict__ experts,
-                                   float* __restrict__ weights) {
-  __shared__ float probs[kMaxRouterExperts];
-  __shared__ uint8_t taken[kMaxRouterExperts];
-  __shared__ int32_t chosen[kMaxTopK];
-  const int lane = threadIdx.x;
-  float local_max = -INFINITY;
-  for (int32_t i = lane; i < n_expert; i += 32) local_max = fmaxf(local_max, logits[i]);
-  const double max_logit = warp_max(local_max);
-  double local_sum = 0.0;
-  for (int32_t i = lane; i < n_expert; i += 32) local_sum += router_exp(logits[i], max_logit);
-  const double sum = warp_sum(local_sum);
-  for (int32_t i = lane; i < n_expert; i += 32) {
-    probs[i] = router_prob(router_exp(logits[i], max_logit), sum);
-    taken[i] = 0;
-  }
-  __syncwarp();
-  for (int32_t t = 0; t < k; ++t) {
-    float best = -INFINITY;
-    int32_t best_index = INT32_MAX;
-    for (int32_t i = lane; i < n_expert; i += 32) {
-      if (!taken[i] && topk_precedes(probs[i], i, best, best_index)) {
-        best = probs[i];
-        best_index = i;
-      }
-    }
-    warp_best(&best, &best_index);
-    if (lane == 0) {
-      chosen[t] = best_index;
-      taken[best_index] = 1;
-    }
-    __syncwarp();
-  }
-  if (lane == 0) {
-    float chosen_weights[kMaxTopK];
-    topk_weights(probs, chosen, k, norm_topk, chosen_weights);
-    for (int32_t r = 0; r < k; ++r) {
-      experts[r] = chosen[r];
-      weights[r] = chosen_weights[r];
-    }
-  }
-}
 
 // A thread per rank; a missing row (first id < 0) leaves the router's selection.
 __global__ void trace_routing_kernel(const int32_t* __restrict__ ids,
@@ -326,33 +280,7 @@ __global__ void stage_copy_kernel(const uint4* __restrict__ host_blocks, size_t 
   }
 }
 
-// A thread per element; ranks summed in order so the bits do not depend on
-// which pass produced each expert's output, then added to the residual.
-__global__ void combine_kernel(const float* __restrict__ expert_out,
-                               const float* __restrict__ weights, int32_t k, int32_t n_embd,
-                               const float* __restrict__ shexp_out,
-                               const float* __restrict__ shexp_logit,
-                               float* __restrict__ residual) {
-  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n_embd) return;
-  float acc = 0.0f;
-  for (int32_t r = 0; r < k; ++r)
-    acc += weights[r] * expert_out[static_cast<int64_t>(r) * n_embd + i];
-  if (shexp_out != nullptr) acc += sigmoid(*shexp_logit) * shexp_out[i];
-  residual[i] += acc;
-}
-
 }  // namespace
-
-cudaError_t launch_router_topk(const float* logits, int32_t n_expert, int32_t k, bool norm_topk,
-                               int32_t* experts, float* weights, cudaStream_t stream) {
-  if (logits == nullptr || experts == nullptr || weights == nullptr || n_expert <= 0 ||
-      n_expert > kMaxRouterExperts || k <= 0 || k > kMaxTopK || k > n_expert) {
-    return cudaErrorInvalidValue;
-  }
-  return launch_kernel<router_topk_kernel>(1, 32, stream, logits, n_expert, k, norm_topk, experts,
-                                           weights);
-}
 
 cudaError_t launch_trace_routing(const int32_t* ids, const float* trace_weights, int64_t n_steps,
                                  int32_t n_layer, int32_t layer, int32_t k, const int64_t* cursor,
@@ -446,17 +374,6 @@ cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayou
   return launch_kernel<stage_copy_kernel>(
       dim3(kStageCtasPerExpert, k), kThreads, stream, reinterpret_cast<const uint4*>(host_blocks),
       layout.block_bytes, experts, slot_of_rank, missed, reinterpret_cast<uint4*>(slots), counters);
-}
-
-cudaError_t launch_combine(const float* expert_out, const float* weights, int32_t k, int32_t n_embd,
-                           const float* shexp_out, const float* shexp_logit, float* residual,
-                           cudaStream_t stream) {
-  if (expert_out == nullptr || weights == nullptr || residual == nullptr || k <= 0 || n_embd <= 0 ||
-      (shexp_out != nullptr && shexp_logit == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
-  return launch_kernel<combine_kernel>(ceil_div(n_embd, kThreads), kThreads, stream, expert_out,
-                                       weights, k, n_embd, shexp_out, shexp_logit, residual);
 }
 
 }  // namespace moegraph

@@ -5,7 +5,9 @@ Compiles kernels/matvec.cu to PTX for one architecture and checks every
 grouped_matvec_kernel instance: it exists for each weight type the engine
 serves; it makes at most one 8-bit global load (the rank's missed flag of an
 expert pass; the weight stream is read in 16- and 32-bit words); the quant
-types use dp4a; and ptxas assembles it without register spills.
+types use dp4a; and ptxas assembles it without register spills. qkv_kernel
+(every type behind one switch) makes no 8-bit load, uses dp4a and does not
+spill either.
 
 Usage: kernel_shape_test.py NVCC SOURCE_DIR ARCH   (exit 0: pass, 1: fail)
 """
@@ -36,17 +38,24 @@ def main():
                                    check=True, capture_output=True, text=True).stderr
 
     seen = {}
+    qkv_seen = False
     for body in re.split(r"\.entry ", ptx)[1:]:
         name = body.split("(", 1)[0]
+        code = body.split("\n}\n", 1)[0]
+        loads = collections.Counter(re.findall(r"\bld\.global(?:\.nc|\.cg)?(?:\.v\d)?\.(\w+)", code))
+        byte_loads = loads["u8"] + loads["s8"]
+        word_loads = loads["u16"] + loads["s16"] + loads["u32"] + loads["s32"] + loads["b32"]
+        dp4a = len(re.findall(r"\bdp4a\.", code))
+        if "qkv_kernel" in name:
+            qkv_seen = True
+            print(f"qkv: loads {dict(loads)}, dp4a {dp4a}")
+            if byte_loads > 0 or dp4a == 0:
+                failures.append(f"qkv_kernel: {byte_loads} 8-bit global loads, {dp4a} dp4a")
+            continue
         match = re.search(r"grouped_matvec_kernelILNS_8GgmlTypeE(\d+)E", name)
         if not match:
             continue
         type_id = int(match.group(1))
-        code = body.split("\n}\n", 1)[0]
-        loads = collections.Counter(re.findall(r"\bld\.global(?:\.nc)?(?:\.v\d)?\.(\w+)", code))
-        byte_loads = loads["u8"] + loads["s8"]
-        word_loads = loads["u16"] + loads["s16"] + loads["u32"] + loads["s32"] + loads["b32"]
-        dp4a = len(re.findall(r"\bdp4a\.", code))
         type_name = QUANT_TYPES.get(type_id, ELEMENT_TYPES.get(type_id, f"type {type_id}"))
         seen[type_id] = name
         print(f"{type_name}: loads {dict(loads)}, dp4a {dp4a}")
@@ -55,6 +64,8 @@ def main():
         if type_id in QUANT_TYPES and (dp4a == 0 or word_loads == 0):
             failures.append(f"{type_name}: {dp4a} dp4a and {word_loads} 16/32-bit loads")
 
+    if not qkv_seen:
+        failures.append("no qkv_kernel")
     for type_id, type_name in {**QUANT_TYPES, **ELEMENT_TYPES}.items():
         if type_id not in seen:
             failures.append(f"{type_name}: no grouped_matvec_kernel instance")
@@ -62,7 +73,8 @@ def main():
     for name, stores, spill_loads in re.findall(
             r"entry function '(\w+)'.*?(\d+) bytes spill stores, (\d+) bytes spill loads",
             assembled, re.S):
-        if "grouped_matvec_kernel" in name and (stores != "0" or spill_loads != "0"):
+        if ("grouped_matvec_kernel" in name or "qkv_kernel" in name) and (
+                stores != "0" or spill_loads != "0"):
             failures.append(f"{name}: {stores} bytes spill stores, {spill_loads} spill loads")
 
     for failure in failures:

@@ -145,7 +145,7 @@ TEST_F(KernelsGpuTest, EmbedEqualsDequantizedRowBitForBit) {
       DeviceArray<int32_t> d_token(std::vector<int32_t>{token});
       DeviceArray<float> d_out(cols);
       ASSERT_EQ(launch_embed(DeviceView(d_table.get(), type, rows, cols), d_token.get(),
-                             d_out.get(), stream_),
+                             d_out.get(), NormEpilogue{}, stream_),
                 cudaSuccess);
       Sync();
       std::vector<float> expected(cols);
@@ -158,48 +158,55 @@ TEST_F(KernelsGpuTest, EmbedEqualsDequantizedRowBitForBit) {
   }
 }
 
-TEST_F(KernelsGpuTest, RmsNormMatchesReference) {
+// An f32 table: the row is x itself, so the norm embed runs after it is
+// RmsNorm of x; with out_q its q8_1 blocks equal the host's quantization of the
+// f32 row the kernel wrote, bit for bit.
+TEST_F(KernelsGpuTest, EmbedRunsTheFirstNormOnItsRow) {
   std::mt19937 rng(2);
-  struct Shape {
-    int32_t n_rows, row_len;
-  };
-  for (Shape shape : {Shape{1, 2048}, Shape{1, 100}, Shape{32, 128}, Shape{4, 1000}}) {
-    SCOPED_TRACE(std::to_string(shape.n_rows) + "x" + std::to_string(shape.row_len));
-    const std::vector<float> x = Gaussian(rng, shape.n_rows * shape.row_len, 2.0f);
-    const std::vector<float> weight = Gaussian(rng, shape.row_len);
-    std::vector<float> expected(x.size());
+  for (int32_t cols : {64, 100, 2048}) {
+    SCOPED_TRACE(cols);
+    const int32_t rows = 3;
+    const std::vector<float> table = Gaussian(rng, rows * cols, 2.0f);
+    const std::vector<float> weight = Gaussian(rng, cols);
+    const std::vector<float> x(table.begin() + cols, table.begin() + 2 * cols);
+    std::vector<float> expected(cols);
     RmsNorm(x, weight, 1e-6f, absl::MakeSpan(expected));
-    DeviceArray<float> d_x(x), d_weight(weight), d_out(x.size());
-    ASSERT_EQ(launch_rmsnorm(d_x.get(), d_weight.get(), d_out.get(), shape.n_rows, shape.row_len,
-                             1e-6f, nullptr, stream_),
+    DeviceArray<float> d_table(table), d_weight(weight), d_out(cols), d_h(cols);
+    DeviceArray<block_q8_1> d_q(cols / QK8_1 + 1);
+    DeviceArray<int32_t> d_token(std::vector<int32_t>{1});
+    NormEpilogue norm;
+    norm.weight = d_weight.get();
+    norm.eps = 1e-6f;
+    norm.out = d_h.get();
+    norm.out_q = cols % QK8_1 == 0 ? d_q.get() : nullptr;
+    ASSERT_EQ(launch_embed(DeviceView(reinterpret_cast<const uint8_t*>(d_table.get()),
+                                      GgmlType::kF32, rows, cols),
+                           d_token.get(), d_out.get(), norm, stream_),
               cudaSuccess);
     Sync();
-    EXPECT_LT(Nmse(d_out.Download(), expected), 1e-7);
-    // In place (out aliases x), as the launcher allows.
-    ASSERT_EQ(launch_rmsnorm(d_x.get(), d_weight.get(), d_x.get(), shape.n_rows, shape.row_len,
-                             1e-6f, nullptr, stream_),
-              cudaSuccess);
-    Sync();
-    EXPECT_LT(Nmse(d_x.Download(), expected), 1e-7);
+    EXPECT_EQ(d_out.Download(), x);
+    const std::vector<float> h = d_h.Download();
+    EXPECT_LT(Nmse(h, expected), 1e-7);
+    if (norm.out_q != nullptr) {
+      std::vector<block_q8_1> blocks = d_q.Download();
+      blocks.resize(cols / QK8_1);
+      EXPECT_TRUE(SameBlocks(blocks, Q8_1(h)));
+    }
   }
-  // One row of a multiple of 32: with out_q, its q8_1 blocks equal the host's
-  // quantization of the f32 row the kernel wrote, bit for bit.
-  for (int32_t row_len : {64, 2048}) {
-    const std::vector<float> x = Gaussian(rng, row_len, 2.0f);
-    const std::vector<float> weight = Gaussian(rng, row_len);
-    DeviceArray<float> d_x(x), d_weight(weight), d_out(row_len);
-    DeviceArray<block_q8_1> d_q(row_len / QK8_1);
-    ASSERT_EQ(launch_rmsnorm(d_x.get(), d_weight.get(), d_out.get(), 1, row_len, 1e-6f, d_q.get(),
-                             stream_),
-              cudaSuccess);
-    Sync();
-    std::vector<float> expected(row_len);
-    RmsNorm(x, weight, 1e-6f, absl::MakeSpan(expected));
-    const std::vector<float> out = d_out.Download();
-    EXPECT_LT(Nmse(out, expected), 1e-7);
-    EXPECT_TRUE(SameBlocks(d_q.Download(), Q8_1(out))) << row_len;
-  }
+  // out_q where the length is not a multiple of 32.
+  DeviceArray<float> d_x(100);
+  DeviceArray<block_q8_1> d_q(4);
+  DeviceArray<int32_t> d_token(std::vector<int32_t>{0});
+  NormEpilogue norm;
+  norm.weight = d_x.get();
+  norm.out = d_x.get();
+  norm.out_q = d_q.get();
+  EXPECT_EQ(
+      launch_embed(DeviceView(reinterpret_cast<const uint8_t*>(d_x.get()), GgmlType::kF32, 1, 100),
+                   d_token.get(), d_x.get(), norm, stream_),
+      cudaErrorInvalidValue);
 }
+
 // Every type at row lengths from one block to many, against the host's run of
 // the same per-thread arithmetic and butterflies (bit for bit on the emulator; a
 // GPU may fuse multiply-adds: 1e-10) and against the f32 product of the
@@ -270,40 +277,172 @@ TEST_F(KernelsGpuTest, MatvecSwigluPairsGateAndUpAndQuantizesTheProduct) {
   }
 }
 
-TEST_F(KernelsGpuTest, RopeAndKvAppendMatchReferenceAndWriteOnlyRowPos) {
+// residual += W x, then the norm of the residual in the last block (whichever
+// block that is: the emulator runs them in a random order), every launch
+// leaving its ticket at zero.
+TEST_F(KernelsGpuTest, MatvecResidualAddsIntoTheResidualThenRunsTheNorm) {
+  std::mt19937 rng(32);
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kF32}) {
+    SCOPED_TRACE(TypeName(type));
+    const int32_t rows = 1024, cols = 512;
+    const std::vector<uint8_t> w = RandomMatrix(rng, type, rows, cols);
+    const std::vector<float> x = Gaussian(rng, cols);
+    const std::vector<block_q8_1> xq = Q8_1(x);
+    const std::vector<float> residual = Gaussian(rng, rows, 4.0f);
+    const std::vector<float> weight = Gaussian(rng, rows);
+    std::vector<float> expected = GroupedMatvec(type, w.data(), rows, cols, x, xq);
+    for (int32_t i = 0; i < rows; ++i) expected[i] = residual[i] + expected[i];
+    std::vector<float> h_expected(rows);
+    RmsNorm(expected, weight, 1e-6f, absl::MakeSpan(h_expected));
+    DeviceArray<uint8_t> d_w(w);
+    DeviceArray<float> d_x(x), d_residual(residual), d_weight(weight), d_h(rows);
+    DeviceArray<block_q8_1> d_xq(xq), d_h_q(rows / QK8_1);
+    DeviceArray<unsigned int> d_tickets(std::vector<unsigned int>{0});
+    NormEpilogue norm;
+    norm.weight = d_weight.get();
+    norm.eps = 1e-6f;
+    norm.out = d_h.get();
+    norm.out_q = d_h_q.get();
+    ASSERT_EQ(launch_matvec_residual(DeviceView(d_w.get(), type, rows, cols),
+                                     mmvq_type(type) ? nullptr : d_x.get(),
+                                     mmvq_type(type) ? d_xq.get() : nullptr, d_residual.get(), norm,
+                                     d_tickets.get(), stream_),
+              cudaSuccess);
+    Sync();
+    EXPECT_LT(Nmse(d_residual.Download(), expected), 1e-12);
+    const std::vector<float> h = d_h.Download();
+    EXPECT_LT(Nmse(h, h_expected), 1e-7);
+    EXPECT_TRUE(SameBlocks(d_h_q.Download(), Q8_1(h)));
+    EXPECT_EQ(d_tickets.Download()[0], 0u);
+  }
+}
+
+// q, k and v of different types in one launch equal three launches of each.
+TEST_F(KernelsGpuTest, QkvIsThreeMatvecsInOneLaunch) {
+  std::mt19937 rng(33);
+  const int32_t cols = 512;
+  const GgmlType types[3] = {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ6_K};
+  const int32_t rows[3] = {512, 128, 128};
+  std::vector<std::vector<uint8_t>> w;
+  std::vector<std::vector<float>> bias;
+  for (int j = 0; j < 3; ++j) {
+    w.push_back(RandomMatrix(rng, types[j], rows[j], cols));
+    bias.push_back(Gaussian(rng, rows[j]));
+  }
+  const std::vector<float> x = Gaussian(rng, cols);
+  DeviceArray<uint8_t> d_wq(w[0]), d_wk(w[1]), d_wv(w[2]);
+  DeviceArray<float> d_bq(bias[0]), d_bk(bias[1]), d_bv(bias[2]);
+  DeviceArray<float> d_x(x), d_q(rows[0]), d_k(rows[1]), d_v(rows[2]);
+  DeviceArray<block_q8_1> d_xq(Q8_1(x));
+  const DeviceMatrix wq = DeviceView(d_wq.get(), types[0], rows[0], cols);
+  const DeviceMatrix wk = DeviceView(d_wk.get(), types[1], rows[1], cols);
+  const DeviceMatrix wv = DeviceView(d_wv.get(), types[2], rows[2], cols);
+  ASSERT_EQ(launch_qkv(wq, wk, wv, d_x.get(), d_xq.get(), d_bq.get(), d_bk.get(), d_bv.get(),
+                       d_q.get(), d_k.get(), d_v.get(), nullptr, nullptr, stream_),
+            cudaSuccess);
+  Sync();
+  const std::vector<float> fused[3] = {d_q.Download(), d_k.Download(), d_v.Download()};
+  const DeviceMatrix* views[3] = {&wq, &wk, &wv};
+  const float* biases[3] = {d_bq.get(), d_bk.get(), d_bv.get()};
+  for (int j = 0; j < 3; ++j) {
+    DeviceArray<float> d_out(rows[j]);
+    ASSERT_EQ(launch_matvec(*views[j], d_x.get(), d_xq.get(), biases[j], d_out.get(), stream_),
+              cudaSuccess);
+    Sync();
+    EXPECT_EQ(fused[j], d_out.Download()) << "matrix " << j;
+  }
+  // A matrix of other columns than q's.
+  const DeviceMatrix narrow = DeviceView(d_wk.get(), types[1], rows[1] * 2, cols / 2);
+  EXPECT_EQ(launch_qkv(wq, narrow, wv, d_x.get(), d_xq.get(), nullptr, nullptr, nullptr, d_q.get(),
+                       d_k.get(), d_v.get(), nullptr, nullptr, stream_),
+            cudaErrorInvalidValue);
+}
+
+// q, k and v with the epilogue of each head: without a QK-norm, per head
+// (qwen3moe) and over all of q and k (olmoe), then RoPE, against the host's
+// matvecs, RmsNorm and Rope; v lands in the cache row, every other row is left
+// alone, and so are the q and k projections.
+TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
   std::mt19937 rng(4);
-  const int32_t n_head = 6, n_head_kv = 2;
-  for (RopeType type : {RopeType::kNorm, RopeType::kNeox}) {
-    for (int32_t head_dim : {64, 128}) {
-      for (int32_t pos : {0, 3, 1000, 32767}) {
-        SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " pos " + std::to_string(pos));
-        const int32_t kv_len = n_head_kv * head_dim;
-        const int64_t max_ctx = pos + 2;
-        std::vector<float> q = Gaussian(rng, n_head * head_dim);
-        std::vector<float> k = Gaussian(rng, kv_len);
-        const std::vector<float> v = Gaussian(rng, kv_len);
-        std::vector<float> k_cache(max_ctx * kv_len, 7.0f), v_cache(max_ctx * kv_len, 8.0f);
-        DeviceArray<float> d_q(q), d_k(k), d_v(v), d_k_cache(k_cache), d_v_cache(v_cache);
-        DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos});
-        ASSERT_EQ(launch_rope_kv_append(d_q.get(), d_k.get(), d_v.get(), d_k_cache.get(),
-                                        d_v_cache.get(), d_pos.get(), n_head, n_head_kv, head_dim,
-                                        1e6f, type == RopeType::kNorm ? 0 : 1, stream_),
-                  cudaSuccess);
-        Sync();
-        const int32_t positions[] = {pos};
-        const std::vector<float> k_before = k;
-        Rope(absl::MakeSpan(q), n_head, head_dim, positions, 1e6f, type);
-        Rope(absl::MakeSpan(k), n_head_kv, head_dim, positions, 1e6f, type);
-        EXPECT_LT(Nmse(d_q.Download(), q), 1e-12);
-        EXPECT_EQ(d_k.Download(), k_before);  // k itself is left alone
-        const std::vector<float> k_out = d_k_cache.Download();
-        const std::vector<float> k_row(k_out.begin() + pos * kv_len,
-                                       k_out.begin() + (pos + 1) * kv_len);
-        EXPECT_LT(Nmse(k_row, k), 1e-12);
-        std::copy(k_row.begin(), k_row.end(), k_cache.begin() + pos * kv_len);
-        std::copy(v.begin(), v.end(), v_cache.begin() + pos * kv_len);
-        EXPECT_EQ(k_out, k_cache);  // every other row as it was
-        EXPECT_EQ(d_v_cache.Download(), v_cache);
+  const int32_t n_head = 6, n_head_kv = 2, cols = 256;
+  const GgmlType type = GgmlType::kQ8_0;
+  enum class Norm { kNone, kPerHead, kFull };
+  for (Norm norm_mode : {Norm::kNone, Norm::kPerHead, Norm::kFull}) {
+    for (RopeType rope_type : {RopeType::kNorm, RopeType::kNeox}) {
+      // 16 and 48: heads that share a block of 32 rows.
+      for (int32_t head_dim : {16, 48, 64, 256}) {
+        for (int32_t pos : {0, 3, 32767}) {
+          SCOPED_TRACE("norm " + std::to_string(static_cast<int>(norm_mode)) + " head_dim " +
+                       std::to_string(head_dim) + " pos " + std::to_string(pos));
+          const int32_t q_len = n_head * head_dim, kv_len = n_head_kv * head_dim;
+          const int64_t max_ctx = pos + 2;
+          const std::vector<uint8_t> wq = RandomMatrix(rng, type, q_len, cols);
+          const std::vector<uint8_t> wk = RandomMatrix(rng, type, kv_len, cols);
+          const std::vector<uint8_t> wv = RandomMatrix(rng, type, kv_len, cols);
+          const std::vector<float> x = Gaussian(rng, cols);
+          const std::vector<block_q8_1> xq = Q8_1(x);
+          const bool full = norm_mode == Norm::kFull;
+          const std::vector<float> q_weight = Gaussian(rng, full ? q_len : head_dim);
+          const std::vector<float> k_weight = Gaussian(rng, full ? kv_len : head_dim);
+          std::vector<float> k_cache(max_ctx * kv_len, 7.0f), v_cache(max_ctx * kv_len, 8.0f);
+          DeviceArray<uint8_t> d_wq(wq), d_wk(wk), d_wv(wv);
+          DeviceArray<float> d_x(x), d_q(q_len), d_k(kv_len), d_q_out(q_len);
+          DeviceArray<float> d_k_cache(k_cache), d_v_cache(v_cache);
+          DeviceArray<float> d_q_weight(q_weight), d_k_weight(k_weight);
+          DeviceArray<block_q8_1> d_xq(xq);
+          DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos});
+          const std::vector<unsigned int> zero_tickets(n_head + n_head_kv, 0);
+          DeviceArray<unsigned int> d_tickets(zero_tickets);
+          QkvRope rope;
+          rope.pos = d_pos.get();
+          rope.n_head = n_head;
+          rope.n_head_kv = n_head_kv;
+          rope.head_dim = head_dim;
+          rope.freq_base = 1e6f;
+          rope.rope_type = rope_type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
+          rope.use_norm = norm_mode != Norm::kNone;
+          rope.norm.q_weight = d_q_weight.get();
+          rope.norm.k_weight = d_k_weight.get();
+          rope.norm.eps = 1e-6f;
+          rope.norm.full = full;
+          rope.q_out = d_q_out.get();
+          rope.k_cache = d_k_cache.get();
+          rope.v_cache = d_v_cache.get();
+          ASSERT_EQ(launch_qkv(DeviceView(d_wq.get(), type, q_len, cols),
+                               DeviceView(d_wk.get(), type, kv_len, cols),
+                               DeviceView(d_wv.get(), type, kv_len, cols), nullptr, d_xq.get(),
+                               nullptr, nullptr, nullptr, d_q.get(), d_k.get(), nullptr, &rope,
+                               d_tickets.get(), stream_),
+                    cudaSuccess);
+          Sync();
+          EXPECT_EQ(d_tickets.Download(), zero_tickets);
+          const std::vector<float> q0 = GroupedMatvec(type, wq.data(), q_len, cols, x, xq);
+          const std::vector<float> k0 = GroupedMatvec(type, wk.data(), kv_len, cols, x, xq);
+          const std::vector<float> v0 = GroupedMatvec(type, wv.data(), kv_len, cols, x, xq);
+          EXPECT_LT(Nmse(d_q.Download(), q0), 1e-10);  // the projections stay
+          EXPECT_LT(Nmse(d_k.Download(), k0), 1e-10);
+          std::vector<float> q = q0, k = k0;
+          if (norm_mode != Norm::kNone) {
+            RmsNorm(q0, q_weight, 1e-6f, absl::MakeSpan(q));
+            RmsNorm(k0, k_weight, 1e-6f, absl::MakeSpan(k));
+          }
+          const int32_t positions[] = {pos};
+          Rope(absl::MakeSpan(q), n_head, head_dim, positions, 1e6f, rope_type);
+          Rope(absl::MakeSpan(k), n_head_kv, head_dim, positions, 1e6f, rope_type);
+          EXPECT_LT(Nmse(d_q_out.Download(), q), 1e-10);
+          const std::vector<float> k_out = d_k_cache.Download();
+          const std::vector<float> v_out = d_v_cache.Download();
+          const std::vector<float> k_row(k_out.begin() + pos * kv_len,
+                                         k_out.begin() + (pos + 1) * kv_len);
+          const std::vector<float> v_row(v_out.begin() + pos * kv_len,
+                                         v_out.begin() + (pos + 1) * kv_len);
+          EXPECT_LT(Nmse(k_row, k), 1e-10);
+          EXPECT_LT(Nmse(v_row, v0), 1e-10);
+          std::copy(k_row.begin(), k_row.end(), k_cache.begin() + pos * kv_len);
+          std::copy(v_row.begin(), v_row.end(), v_cache.begin() + pos * kv_len);
+          EXPECT_EQ(k_out, k_cache);  // every other row as it was
+          EXPECT_EQ(v_out, v_cache);
+        }
       }
     }
   }
@@ -311,52 +450,74 @@ TEST_F(KernelsGpuTest, RopeAndKvAppendMatchReferenceAndWriteOnlyRowPos) {
 
 TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
   std::mt19937 rng(6);
-  const int32_t n_head = 8, n_head_kv = 2, head_dim = 64, max_ctx = 300;
-  const int32_t kv_len = n_head_kv * head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
-  const std::vector<float> v_cache = Gaussian(rng, max_ctx * kv_len);
-  DeviceArray<float> d_k_cache(k_cache), d_v_cache(v_cache);
-  DeviceArray<float> d_partial(attention_partial_floats(n_head, head_dim, max_ctx));
-  DeviceArray<float> d_out(n_head * head_dim);
-  // 1, a split boundary and one past it, the middle of a split, and max_ctx.
-  for (int32_t length : {1, 2, 128, 129, 200, max_ctx}) {
-    SCOPED_TRACE("length " + std::to_string(length));
-    const std::vector<float> q = Gaussian(rng, n_head * head_dim, 2.0f);
-    DeviceArray<float> d_q(q);
-    DeviceArray<int32_t> d_pos(std::vector<int32_t>{length - 1});
-    DeviceArray<block_q8_1> d_out_q(n_head * head_dim / QK8_1);
-    ASSERT_EQ(launch_attention_decode(d_q.get(), d_k_cache.get(), d_v_cache.get(), d_pos.get(),
-                                      n_head, n_head_kv, head_dim, max_ctx, scale, d_partial.get(),
-                                      d_out.get(), d_out_q.get(), stream_),
-              cudaSuccess);
-    Sync();
-    std::vector<float> expected(q.size());
-    const int32_t q_pos[] = {length - 1};
-    Attention(q, q_pos, k_cache, v_cache, n_head, n_head_kv, head_dim, scale,
-              absl::MakeSpan(expected));
-    const std::vector<float> out = d_out.Download();
-    EXPECT_LT(Nmse(out, expected), 1e-7);
-    EXPECT_TRUE(SameBlocks(d_out_q.Download(), Q8_1(out)));
+  // 16: heads narrower than a q8_1 block, quantized by the last head merged.
+  for (int32_t head_dim : {64, 16}) {
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+    const int32_t n_head = 8, n_head_kv = 2, max_ctx = 300;
+    const int32_t kv_len = n_head_kv * head_dim;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
+    const std::vector<float> v_cache = Gaussian(rng, max_ctx * kv_len);
+    DeviceArray<float> d_k_cache(k_cache), d_v_cache(v_cache);
+    DeviceArray<float> d_partial(attention_partial_floats(n_head, head_dim, max_ctx));
+    DeviceArray<float> d_out(n_head * head_dim);
+    const std::vector<unsigned int> zero_tickets(n_head + 1, 0);
+    DeviceArray<unsigned int> d_tickets(zero_tickets);
+    // 1, a split boundary and one past it, the middle of a split, and max_ctx.
+    for (int32_t length : {1, 2, 128, 129, 200, max_ctx}) {
+      SCOPED_TRACE("length " + std::to_string(length));
+      const std::vector<float> q = Gaussian(rng, n_head * head_dim, 2.0f);
+      DeviceArray<float> d_q(q);
+      DeviceArray<int32_t> d_pos(std::vector<int32_t>{length - 1});
+      DeviceArray<block_q8_1> d_out_q(n_head * head_dim / QK8_1);
+      ASSERT_EQ(
+          launch_attention_decode(d_q.get(), d_k_cache.get(), d_v_cache.get(), d_pos.get(), n_head,
+                                  n_head_kv, head_dim, max_ctx, scale, d_partial.get(),
+                                  d_tickets.get(), d_out.get(), d_out_q.get(), stream_),
+          cudaSuccess);
+      Sync();
+      EXPECT_EQ(d_tickets.Download(), zero_tickets);  // each epilogue ran once, its ticket reset
+      std::vector<float> expected(q.size());
+      const int32_t q_pos[] = {length - 1};
+      Attention(q, q_pos, k_cache, v_cache, n_head, n_head_kv, head_dim, scale,
+                absl::MakeSpan(expected));
+      const std::vector<float> out = d_out.Download();
+      EXPECT_LT(Nmse(out, expected), 1e-7);
+      EXPECT_TRUE(SameBlocks(d_out_q.Download(), Q8_1(out)));
+    }
   }
 }
 
-TEST_F(KernelsGpuTest, SwigluMatchesReference) {
-  std::mt19937 rng(7);
-  const int32_t n = 3008;  // a multiple of 32, not of the 256-thread block
-  std::vector<float> a = Gaussian(rng, n), b = Gaussian(rng, n, 3.0f);
-  DeviceArray<float> d_a(a), d_b(b), d_out(n);
-  DeviceArray<block_q8_1> d_q(n / QK8_1);
-  ASSERT_EQ(launch_swiglu(d_b.get(), d_a.get(), d_out.get(), n, d_q.get(), stream_), cudaSuccess);
-  Sync();
-  std::vector<float> expected(n);
-  Swiglu(b, a, absl::MakeSpan(expected));
-  const std::vector<float> out = d_out.Download();
-  EXPECT_LT(Nmse(out, expected), 1e-7);
-  EXPECT_TRUE(SameBlocks(d_q.Download(), Q8_1(out)));
-}
+// launch_router with logits given: an f32 identity router (row e has 1 at
+// column e and 0 elsewhere) over x = logits gives logits exactly, except that a
+// NaN in x is moved into the diagonal so it spoils its own logit only.
+class RouterTest : public KernelsGpuTest {
+ protected:
+  void Route(const std::vector<float>& logits, int32_t k, bool norm_topk,
+             DeviceArray<int32_t>& experts, DeviceArray<float>& weights) {
+    const int32_t n = static_cast<int32_t>(logits.size());
+    std::vector<float> identity(static_cast<size_t>(n) * n, 0.0f), x = logits;
+    for (int32_t e = 0; e < n; ++e) {
+      identity[static_cast<size_t>(e) * n + e] = std::isnan(x[e]) ? NAN : 1.0f;
+      if (std::isnan(x[e])) x[e] = 1.0f;
+    }
+    DeviceArray<float> d_w(identity), d_x(x), d_logits(n);
+    DeviceArray<unsigned int> d_tickets(std::vector<unsigned int>{0});
+    RouterEpilogue router;
+    router.k = k;
+    router.norm_topk = norm_topk;
+    router.experts = experts.get();
+    router.weights = weights.get();
+    ASSERT_EQ(
+        launch_router(DeviceView(reinterpret_cast<const uint8_t*>(d_w.get()), GgmlType::kF32, n, n),
+                      d_x.get(), nullptr, d_logits.get(), router, d_tickets.get(), stream_),
+        cudaSuccess);
+    Sync();
+    EXPECT_EQ(d_tickets.Download()[0], 0u);
+  }
+};
 
-TEST_F(KernelsGpuTest, RouterTopKMatchesReference) {
+TEST_F(RouterTest, TopKMatchesReference) {
   std::mt19937 rng(8);
   struct Case {
     int32_t n_expert, k;
@@ -367,12 +528,9 @@ TEST_F(KernelsGpuTest, RouterTopKMatchesReference) {
       SCOPED_TRACE("n_expert " + std::to_string(c.n_expert) + " trial " + std::to_string(trial));
       std::vector<float> logits = Gaussian(rng, c.n_expert, 2.0f);
       if (trial % 4 == 3) logits[c.n_expert / 2] = logits[1];  // a tie in the logits
-      DeviceArray<float> d_logits(logits), d_weights(c.k);
       DeviceArray<int32_t> d_experts(c.k);
-      ASSERT_EQ(launch_router_topk(d_logits.get(), c.n_expert, c.k, c.norm, d_experts.get(),
-                                   d_weights.get(), stream_),
-                cudaSuccess);
-      Sync();
+      DeviceArray<float> d_weights(c.k);
+      ASSERT_NO_FATAL_FAILURE(Route(logits, c.k, c.norm, d_experts, d_weights));
       std::vector<float> probs = logits;
       Softmax(c.n_expert, absl::MakeSpan(probs));
       const std::vector<int32_t> expected = TopK(probs, c.k);
@@ -391,17 +549,14 @@ TEST_F(KernelsGpuTest, RouterTopKMatchesReference) {
 // A NaN logit makes every probability NaN (the f64 sum is NaN). The router must
 // still pick k distinct valid experts, as select_topk does, and sampling must
 // give sample_token's token (the argmax, 0) instead of leaving a stale one.
-TEST_F(KernelsGpuTest, NaNLogitsGiveTheHostDecision) {
+TEST_F(RouterTest, NaNLogitsGiveTheHostDecision) {
   std::mt19937 rng(13);
   const int32_t n_expert = 60, k = 4;
   std::vector<float> logits = Gaussian(rng, n_expert);
   logits[17] = NAN;
-  DeviceArray<float> d_logits(logits), d_weights(k);
+  DeviceArray<float> d_weights(k);
   DeviceArray<int32_t> d_experts(k);
-  ASSERT_EQ(launch_router_topk(d_logits.get(), n_expert, k, true, d_experts.get(),
-                               d_weights.get(), stream_),
-            cudaSuccess);
-  Sync();
+  ASSERT_NO_FATAL_FAILURE(Route(logits, k, true, d_experts, d_weights));
   std::vector<float> probs(n_expert);
   router_softmax(logits.data(), n_expert, probs.data());
   std::vector<int32_t> expected(k);
@@ -662,7 +817,8 @@ TEST_F(KernelsGpuTest, StageCopyCopiesExactlyTheMissedBlocks) {
 }
 
 // Expert blocks in slots, passes A (hits) + B (misses) against one kAll pass and
-// against the reference SwiGLU FFN of each expert; then combine.
+// against the reference SwiGLU FFN of each expert; the last down pass combines
+// the ranks into the residual and runs the norm after it.
 TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit) {
   struct Types {
     GgmlType gate_up, down;
@@ -714,6 +870,11 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     // The combine adds into the residual stream.
     const std::vector<float> residual = Gaussian(rng, n_embd);
     DeviceArray<float> d_sum_split(residual), d_sum_all(residual);
+    const std::vector<float> norm_weight = Gaussian(rng, n_embd);
+    DeviceArray<float> d_norm_weight(norm_weight), d_h_split(n_embd), d_h_all(n_embd);
+    DeviceArray<block_q8_1> d_h_q_split(n_embd / QK8_1), d_h_q_all(n_embd / QK8_1);
+    const std::vector<unsigned int> zero_tickets(step_tickets(n_embd, 1, 1), 0);
+    DeviceArray<unsigned int> d_tickets(zero_tickets);
 
     // Pass A alone computes the hits and leaves the misses' outputs alone.
     auto gate_up = [&](ExpertPass pass, DeviceArray<float>& act, DeviceArray<block_q8_1>& act_q) {
@@ -733,22 +894,45 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     for (int32_t r = 0; r < k; ++r) {
       EXPECT_EQ(after_a[r * n_embd] == -12345.0f, missed[r] == 1) << "rank " << r;
     }
+    auto down_combine = [&](ExpertPass pass, DeviceArray<float>& act,
+                            DeviceArray<block_q8_1>& act_q, DeviceArray<float>& out,
+                            DeviceArray<float>& sum, DeviceArray<float>& h,
+                            DeviceArray<block_q8_1>& h_q) {
+      CombineEpilogue combine;
+      combine.weights = d_weights.get();
+      combine.shexp_out = d_shexp.get();
+      combine.shexp_logit = d_logit.get();
+      combine.residual = sum.get();
+      combine.norm.weight = d_norm_weight.get();
+      combine.norm.eps = 1e-6f;
+      combine.norm.out = h.get();
+      combine.norm.out_q = h_q.get();
+      return launch_expert_down_combine(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(),
+                                        k, pass, act.get(), act_q.get(), out.get(), combine,
+                                        d_tickets.get(), stream_);
+    };
     ASSERT_EQ(gate_up(ExpertPass::kMisses, d_act_split, d_act_q_split), cudaSuccess);
-    ASSERT_EQ(down(ExpertPass::kMisses, d_act_split, d_act_q_split, d_out_split), cudaSuccess);
-    ASSERT_EQ(gate_up(ExpertPass::kAll, d_act_all, d_act_q_all), cudaSuccess);
-    ASSERT_EQ(down(ExpertPass::kAll, d_act_all, d_act_q_all, d_out_all), cudaSuccess);
-    ASSERT_EQ(launch_combine(d_out_split.get(), d_weights.get(), k, n_embd, d_shexp.get(),
-                             d_logit.get(), d_sum_split.get(), stream_),
+    ASSERT_EQ(down_combine(ExpertPass::kMisses, d_act_split, d_act_q_split, d_out_split,
+                           d_sum_split, d_h_split, d_h_q_split),
               cudaSuccess);
-    ASSERT_EQ(launch_combine(d_out_all.get(), d_weights.get(), k, n_embd, d_shexp.get(),
-                             d_logit.get(), d_sum_all.get(), stream_),
+    ASSERT_EQ(gate_up(ExpertPass::kAll, d_act_all, d_act_q_all), cudaSuccess);
+    ASSERT_EQ(down_combine(ExpertPass::kAll, d_act_all, d_act_q_all, d_out_all, d_sum_all, d_h_all,
+                           d_h_q_all),
               cudaSuccess);
     Sync();
+    EXPECT_EQ(d_tickets.Download(), zero_tickets);
 
     const std::vector<float> out_split = d_out_split.Download();
     const std::vector<float> sum_split = d_sum_split.Download();
     EXPECT_EQ(out_split, d_out_all.Download());
     EXPECT_EQ(sum_split, d_sum_all.Download());
+    const std::vector<float> h_split = d_h_split.Download();
+    EXPECT_EQ(h_split, d_h_all.Download());
+    EXPECT_TRUE(SameBlocks(d_h_q_split.Download(), Q8_1(h_split)));
+    EXPECT_TRUE(SameBlocks(d_h_q_all.Download(), Q8_1(h_split)));
+    std::vector<float> h_expected(n_embd);
+    RmsNorm(sum_split, norm_weight, 1e-6f, absl::MakeSpan(h_expected));
+    EXPECT_LT(Nmse(h_split, h_expected), 1e-7);
     const DeviceCounters counters = d_counters.Download()[0];
     EXPECT_EQ(counters.pass_a_experts, 2u + 4u);  // two hits, then the kAll pass
     EXPECT_EQ(counters.pass_b_experts, 2u);
@@ -921,11 +1105,6 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   const DeviceMatrix f32_odd{d_x.get(), GgmlType::kF32, 62, 2, 248};  // not a multiple of 4
   EXPECT_EQ(launch_matvec(f32_odd, d_x.get(), nullptr, nullptr, d_x.get(), stream_),
             cudaErrorInvalidValue);
-  // out_q where the length is not a multiple of 32.
-  EXPECT_EQ(launch_rmsnorm(d_x.get(), d_x.get(), d_x.get(), 1, 100, 1e-6f, d_q.get(), stream_),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(launch_swiglu(d_x.get(), d_x.get(), d_x.get(), 100, d_q.get(), stream_),
-            cudaErrorInvalidValue);
   // The hazard step: a layer past the state's, a pool past the rank's slot bits
   // or below k slots, a missing array.
   int32_t* i = d_i.get();
@@ -953,17 +1132,58 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   const DeviceMatrix partial_block{d_x.get(), GgmlType::kQ4_K, 300, 1, 1000};
   EXPECT_EQ(launch_matvec(partial_block, d_x.get(), d_q.get(), nullptr, d_x.get(), stream_),
             cudaErrorInvalidValue);
-  EXPECT_EQ(launch_rope_kv_append(d_x.get(), d_x.get(), d_x.get(), d_x.get(), d_x.get(), d_i.get(),
-                                  2, 1, 63, 1e4f, 0, stream_),
-            cudaErrorInvalidValue);
+  // The fused QK-norm and RoPE: an odd head_dim, no tickets, a QK-norm without
+  // its weights, q rotated in place.
+  unsigned int* tickets = reinterpret_cast<unsigned int*>(d_i.get());
+  auto qkv = [&](int32_t head_dim, const QkvRope& rope, unsigned int* qkv_tickets) {
+    const DeviceMatrix wq{d_x.get(), GgmlType::kF32, 64, 2 * head_dim, 256};
+    const DeviceMatrix wkv{d_x.get(), GgmlType::kF32, 64, head_dim, 256};
+    QkvRope r = rope;
+    r.head_dim = head_dim;
+    return launch_qkv(wq, wkv, wkv, d_x.get(), nullptr, nullptr, nullptr, nullptr, d_x.get(),
+                      d_x.get(), d_x.get(), &r, qkv_tickets, stream_);
+  };
+  QkvRope rope;
+  rope.pos = d_i.get();
+  rope.n_head = 2;
+  rope.n_head_kv = 1;
+  rope.q_out = d_x.get() + 256;
+  rope.k_cache = rope.v_cache = d_x.get();
+  EXPECT_EQ(qkv(63, rope, tickets), cudaErrorInvalidValue);
+  EXPECT_EQ(qkv(64, rope, nullptr), cudaErrorInvalidValue);
+  QkvRope bad = rope;
+  bad.use_norm = true;
+  EXPECT_EQ(qkv(64, bad, tickets), cudaErrorInvalidValue);
+  bad = rope;
+  bad.q_out = d_x.get();
+  EXPECT_EQ(qkv(64, bad, tickets), cudaErrorInvalidValue);
   EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 6, 4, 64, 16, 1.0f,
-                                    d_x.get(), d_x.get(), nullptr, stream_),
+                                    d_x.get(), tickets, d_x.get(), nullptr, stream_),
             cudaErrorInvalidValue);
   // 65536 splits of 128 positions: past CUDA's gridDim.y limit.
-  EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 4, 4, 64,
-                                    65536 * 128, 1.0f, d_x.get(), d_x.get(), nullptr, stream_),
+  EXPECT_EQ(
+      launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 4, 4, 64, 65536 * 128,
+                              1.0f, d_x.get(), tickets, d_x.get(), nullptr, stream_),
+      cudaErrorInvalidValue);
+  // No tickets; q8_1 output blocks of an output not a multiple of 32 long.
+  EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 4, 4, 64, 16, 1.0f,
+                                    d_x.get(), nullptr, d_x.get(), nullptr, stream_),
             cudaErrorInvalidValue);
-  EXPECT_EQ(launch_router_topk(d_x.get(), 8, 9, true, d_i.get(), d_x.get(), stream_),
+  EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 4, 4, 10, 16, 1.0f,
+                                    d_x.get(), tickets, d_x.get(), d_q.get(), stream_),
+            cudaErrorInvalidValue);
+  // A residual norm without tickets.
+  NormEpilogue norm;
+  norm.weight = d_x.get();
+  norm.out = d_x.get();
+  EXPECT_EQ(launch_matvec_residual(f32, d_x.get(), nullptr, d_x.get(), norm, nullptr, stream_),
+            cudaErrorInvalidValue);
+  // A router's k past its experts.
+  RouterEpilogue router;
+  router.k = 3;
+  router.experts = d_i.get();
+  router.weights = d_x.get();
+  EXPECT_EQ(launch_router(f32, d_x.get(), nullptr, d_x.get(), router, tickets, stream_),
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_sample(d_x.get(), 10, nullptr, d_i.get(), d_i.get(), stream_),
             cudaErrorInvalidValue);

@@ -113,7 +113,7 @@ mutate syncthreads-removed kernels/moe.cu kernels/libmg_kernels.a kernels_test \
 # 3. A stream synchronize inside the captured walk: capture refuses it.
 mutate sync-in-capture capture/engine_walk.cc capture/libmg_capture.a engine_gpu_test \
   'EngineArmsTest.EveryArmGivesTheSameTokensAndLogits' \
-  '(case StepOp::kCombine:\n      return \[=, this\] \{\n)' \
+  '(case StepOp::kAttnOut:\n      return \[=, this\] \{\n)' \
   '$1 . "        if (const cudaError_t e = cudaStreamSynchronize(ms); e != cudaSuccess) return e;\n"'
 
 # 4. The matvec kernel's bounds check removed: the last block's spare groups
@@ -123,8 +123,15 @@ mutate bounds-check-removed kernels/matvec.cu kernels/libmg_kernels.a kernels_te
   'const bool live = row < a\.rows;' \
   '"const bool live = true;"'
 
+# 5. The residual projection's epilogue one ticket early: the norm runs in the
+#    next-to-last block to finish, before the last one has added its rows.
+mutate epilogue-one-block-early kernels/matvec.cu kernels/libmg_kernels.a kernels_test \
+  'KernelsGpuTest.MatvecResidualAddsIntoTheResidualThenRunsTheNorm' \
+  'last_block_done\(a\.tickets, gridDim\.x \* gridDim\.y, shared\)' \
+  '"last_block_done(a.tickets, gridDim.x * gridDim.y - 1, shared)"'
+
 if (( survivors > 0 )); then
   echo "emulator-mutations: $survivors mutation(s) survived" >&2
   exit 1
 fi
-echo "emulator-mutations: all 4 mutations caught"
+echo "emulator-mutations: all 5 mutations caught"

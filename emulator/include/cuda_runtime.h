@@ -163,6 +163,15 @@ inline float atomicAdd(float* address, float value) {
   return old;
 }
 
+// A kernel's blocks run one at a time over one memory, so a block sees every
+// write of the blocks before it: a fence has nothing left to order, and a load
+// through L2 (the last-block epilogues of kernels/epilogue.cuh) is a load.
+inline void __threadfence() {}
+template <typename T>
+inline T __ldcg(const T* address) {
+  return *address;
+}
+
 // Host arithmetic, rounded as the CPU rounds (the emulated tree compiles with
 // -ffp-contract=off), not as the device's math library does.
 inline float __fmul_rn(float a, float b) { return a * b; }

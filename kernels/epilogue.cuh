@@ -1,0 +1,162 @@
+// The last block of a launch finishes the op: every block publishes its writes
+// (__threadfence) and takes a ticket from a counter in device memory; the block
+// that draws the last ticket resets the counter for the next launch and runs
+// the epilogue, reading the other blocks' writes through L2 (__ldcg). The
+// epilogue is serial code in a fixed order, so its bits never depend on which
+// block finished last (the emulator runs blocks in a random order to prove it).
+// This is how the step fuses an op with the one after it without a launch (the
+// RMSNorm after a residual add, top-k after the router, a head's QK-norm, RoPE
+// and KV append after q/k, a head's attention merge after its splits).
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "kernels/kernels.h"
+#include "kernels/nn_math.h"
+#include "kernels/q8_1.cuh"
+#include "kernels/reduce.cuh"
+
+namespace moegraph {
+
+// The shared memory of the functions below, declared by the kernel (a static
+// in an inline function would be one per program, not per kernel, in the emulator).
+struct EpilogueShared {
+  float scratch[32];
+  bool last;
+  int32_t chosen[kMaxTopK];  // router top-k
+};
+
+// Every thread of the block calls it once its writes are done. True in the block
+// that takes the last of `expected` tickets of *ticket (then zeroed again).
+__device__ inline bool last_block_done(unsigned int* ticket, unsigned int expected,
+                                       EpilogueShared* shared) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    shared->last = atomicAdd(ticket, 1u) == expected - 1;
+    if (shared->last) *ticket = 0;
+  }
+  __syncthreads();
+  const bool last = shared->last;
+  __syncthreads();  // every thread has read it before a later call writes it
+  if (last) __threadfence();
+  return last;
+}
+
+// out = x / rms(x) * weight over x[0, n) by the whole block, and out's q8_1
+// blocks when out_q is set (n a multiple of 32, blockDim.x of 32). x is read
+// through L2: other blocks of the launch may have written it.
+__device__ inline void block_rmsnorm(const float* x, const float* __restrict__ weight, float* out,
+                                     int32_t n, float eps, block_q8_1* __restrict__ out_q,
+                                     EpilogueShared* shared) {
+  float sum_sq = 0.0f;
+  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = __ldcg(x + i);
+    sum_sq += v * v;
+  }
+  const float scale = rms_scale(block_sum(sum_sq, shared->scratch), n, eps);
+  if (out_q == nullptr) {
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x)
+      out[i] = __ldcg(x + i) * scale * weight[i];
+    return;
+  }
+  // Warp w's lanes hold elements [32 (w + j * warps), + 32) in round j: one q8_1 block.
+  for (int32_t base = threadIdx.x / 32 * 32; base < n; base += blockDim.x) {
+    const int32_t i = base + threadIdx.x % 32;
+    const float v = __ldcg(x + i) * scale * weight[i];
+    out[i] = v;
+    warp_quantize_q8_1(v, out_q + i / QK8_1);
+  }
+}
+
+// Host side: a norm epilogue of n values is none, or has its output (q8_1
+// blocks need n % 32 == 0).
+inline bool norm_epilogue_ok(const NormEpilogue& norm, int64_t n) {
+  return norm.weight == nullptr ||
+         (norm.out != nullptr && (norm.out_q == nullptr || n % QK8_1 == 0));
+}
+
+// RMSNorm's factor over x[0, n) by the whole block (x read through L2).
+__device__ inline float block_rms_scale(const float* x, int32_t n, float eps,
+                                        EpilogueShared* shared) {
+  float sum_sq = 0.0f;
+  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = __ldcg(x + i);
+    sum_sq += v * v;
+  }
+  return rms_scale(block_sum(sum_sq, shared->scratch), n, eps);
+}
+
+// One head by the whole block, a thread per pair: src (read through L2) times
+// scale * weight when weight is set (the QK-norm), rotated at position p into dst.
+__device__ inline void rope_head(const float* src, float scale, const float* __restrict__ weight,
+                                 int32_t head_dim, int32_t p, float freq_base, int32_t rope_type,
+                                 float* __restrict__ dst) {
+  for (int32_t i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
+    int32_t a, b;
+    rope_pair_offsets(i, head_dim, rope_type, &a, &b);
+    float x0 = __ldcg(src + a), x1 = __ldcg(src + b);
+    if (weight != nullptr) {
+      x0 = x0 * scale * weight[a];
+      x1 = x1 * scale * weight[b];
+    }
+    rope_rotate(&x0, &x1, rope_theta(p, i, head_dim, freq_base));
+    dst[a] = x0;
+    dst[b] = x1;
+  }
+}
+
+// The router's top-k by warp 0 of the block (the other warps return): softmax
+// in f64 as the oracle, its probabilities written over logits[0, n_expert)
+// (read through L2: other blocks wrote them), then k rounds of a warp argmax in
+// top-k order over the experts not yet taken (lane l holds the taken bits of
+// experts l, l + 32, ...: n_expert <= 1024). experts/weights: [k], rank order.
+__device__ inline void warp_router_topk(float* logits, int32_t n_expert, int32_t k, bool norm_topk,
+                                        int32_t* __restrict__ experts, float* __restrict__ weights,
+                                        EpilogueShared* shared) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  float local_max = -INFINITY;
+  for (int32_t i = lane; i < n_expert; i += 32) local_max = fmaxf(local_max, __ldcg(logits + i));
+  const double max_logit = warp_max(local_max);
+  double local_sum = 0.0;
+  for (int32_t i = lane; i < n_expert; i += 32)
+    local_sum += router_exp(__ldcg(logits + i), max_logit);
+  const double sum = warp_sum(local_sum);
+  for (int32_t i = lane; i < n_expert; i += 32) {
+    logits[i] = router_prob(router_exp(__ldcg(logits + i), max_logit), sum);
+  }
+  const float* probs = logits;
+  uint32_t taken = 0;
+  __syncwarp();
+  for (int32_t t = 0; t < k; ++t) {
+    float best = -INFINITY;
+    int32_t best_index = INT32_MAX;
+    for (int32_t i = lane, bit = 0; i < n_expert; i += 32, ++bit) {
+      if (!((taken >> bit) & 1u) && topk_precedes(probs[i], i, best, best_index)) {
+        best = probs[i];
+        best_index = i;
+      }
+    }
+    warp_best(&best, &best_index);
+    if (best_index % 32 == lane) taken |= 1u << (best_index / 32);
+    if (lane == 0) shared->chosen[t] = best_index;
+  }
+  __syncwarp();
+  if (lane == 0) {
+    topk_weights(probs, shared->chosen, k, norm_topk, weights);
+    for (int32_t r = 0; r < k; ++r) experts[r] = shared->chosen[r];
+  }
+}
+
+// The norm an op's last block runs on the op's output (NormEpilogue, kernels.h).
+__device__ inline void run_norm_epilogue(const NormEpilogue& norm, const float* x, int32_t n,
+                                         EpilogueShared* shared) {
+  if (norm.weight != nullptr) {
+    block_rmsnorm(x, norm.weight, norm.out, n, norm.eps, norm.out_q, shared);
+  }
+}
+
+}  // namespace moegraph
