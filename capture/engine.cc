@@ -221,10 +221,18 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   MG_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(0), "cudaSetDevice(0)"));
   cudaDeviceProp prop{};
   MG_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties"));
-  MG_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&main, cudaStreamNonBlocking),
-                                "creating the main stream"));
-  MG_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking),
-                                "creating the copy stream"));
+  // The copy stream outranks the main one, so the hits pass cannot starve the
+  // miss copies it overlaps (the graph keeps these priorities per node).
+  int least_priority = 0, greatest_priority = 0;
+  MG_RETURN_IF_ERROR(
+      CudaStatus(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority),
+                 "cudaDeviceGetStreamPriorityRange"));
+  MG_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithPriority(&main, cudaStreamNonBlocking, least_priority),
+                 "creating the main stream"));
+  MG_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithPriority(&copy, cudaStreamNonBlocking, greatest_priority),
+                 "creating the copy stream"));
   for (int l = 0; l < cfg.n_layer; ++l) {
     cudaEvent_t f = nullptr;
     cudaEvent_t j = nullptr;
@@ -241,19 +249,18 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
 
   // The context's memory, before the experts are pinned: the dense weights, the
   // KV cache and the scratch must fit beside the rail, whatever the slots get.
-  const uint64_t kv_bytes = 2ull * static_cast<uint64_t>(cfg.n_layer) *
-                            static_cast<uint64_t>(options.max_ctx) * cfg.n_head_kv * cfg.head_dim *
-                            sizeof(float);
+  const uint64_t kv_bytes = KvCacheBytes(cfg, options.max_ctx, options.kv_type);
+  const int kv_elem = options.kv_type == KvCacheType::kF16 ? 2 : 4;
   const uint64_t dense = DenseBytes(m);
   const uint64_t scratch = ScratchBytes(cfg, options.max_ctx) + RecordBytes(options, cfg);
   if (dense + kv_bytes + scratch + options.rail_bytes > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "--ctx %d: the GPU needs %.2f GiB before any expert slot (dense weights %.2f GiB, KV "
-        "cache %.2f GiB = 2 x %d layers x %d positions x %d KV heads x %d x 4 bytes, scratch "
+        "cache %.2f GiB = 2 x %d layers x %d positions x %d KV heads x %d x %d bytes, scratch "
         "%.2f GiB, rail %.2f GiB) and %.2f GiB of its memory is free; a smaller --ctx fits",
         options.max_ctx, Gib(dense + kv_bytes + scratch + options.rail_bytes), Gib(dense),
-        Gib(kv_bytes), cfg.n_layer, options.max_ctx, cfg.n_head_kv, cfg.head_dim, Gib(scratch),
-        Gib(options.rail_bytes), Gib(free_bytes)));
+        Gib(kv_bytes), cfg.n_layer, options.max_ctx, cfg.n_head_kv, cfg.head_dim, kv_elem,
+        Gib(scratch), Gib(options.rail_bytes), Gib(free_bytes)));
   }
   if (experts == nullptr) {
     MG_ASSIGN_OR_RETURN(experts, PinExperts(m, progress));
@@ -284,8 +291,10 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
     absl::StrAppendFormat(&banner, "\nclass %d: %d layers, %d slots x %.3f MiB = %.2f MiB", c,
                           p.layers.size(), p.n_slots, Mib(p.block_bytes), Mib(p.pool_bytes()));
   }
-  absl::StrAppendFormat(&banner, "\ndense %.2f MiB, KV %.2f MiB, experts %.2f MiB pinned",
-                        Mib(dense_bytes), Mib(kv_bytes), Mib(store->total_bytes()));
+  absl::StrAppendFormat(&banner, "\ndense %.2f MiB, KV %.2f MiB (%s), experts %.2f MiB pinned",
+                        Mib(dense_bytes), Mib(kv_bytes),
+                        options.kv_type == KvCacheType::kF16 ? "f16" : "f32",
+                        Mib(store->total_bytes()));
   return Sync("uploading the model");
 }
 

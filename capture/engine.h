@@ -47,6 +47,7 @@ HostAllocator CudaPinnedAllocator();
 
 struct CudaEngineOptions {
   int max_ctx = 0;  // KV cache positions (steps per Generate)
+  KvCacheType kv_type = KvCacheType::kF16;  // the KV cache's elements (--kv-type)
   // Slots over all size classes; 0: auto (the budget decides). Classes share
   // them in proportion to their layer counts, as on the CPU backend.
   int32_t n_slots = 0;

@@ -119,8 +119,8 @@ struct LayerExperts {
   int32_t* slot_of_rank = nullptr;       // [k]
   uint8_t* missed = nullptr;             // [k]
   int32_t* evicted = nullptr;            // [k]
-  float* k_cache = nullptr;              // [max_ctx][kv_len]
-  float* v_cache = nullptr;
+  void* k_cache = nullptr;               // [max_ctx][kv_len], CudaEngineOptions::kv_type
+  void* v_cache = nullptr;
 };
 
 // The device copy of a policy's state arrays, field for field a

@@ -430,9 +430,8 @@ absl::Status CudaEngine::Impl::AllocateState() {
   act_q = cfg.n_ff_exp % QK8_1 == 0 ? q8_1_at(o_act_q) : nullptr;
   shexp_act_q = q8_1_at(o_sa_q);
 
-  const size_t cache_floats = max_ctx * kv_len;
-  MG_ASSIGN_OR_RETURN(kv_buffer,
-                      CudaBuffer::Device(2 * n_layer * cache_floats * f, "the KV cache"));
+  const size_t cache_bytes = KvCacheBytes(cfg, options.max_ctx, options.kv_type) / n_layer / 2;
+  MG_ASSIGN_OR_RETURN(kv_buffer, CudaBuffer::Device(2 * n_layer * cache_bytes, "the KV cache"));
   const size_t partial_floats = attention_partial_floats(cfg.n_head, cfg.head_dim, options.max_ctx);
   MG_ASSIGN_OR_RETURN(partial_buffer, CudaBuffer::Device(partial_floats * f, "attention partials"));
   partial = partial_buffer.as<float>();
@@ -451,8 +450,8 @@ absl::Status CudaEngine::Impl::AllocateState() {
     e.slot_of_rank = reinterpret_cast<int32_t*>(at(o_sor)) + l * kk;
     e.missed = at(o_missed) + l * kk;
     e.evicted = reinterpret_cast<int32_t*>(at(o_evicted)) + l * kk;
-    e.k_cache = kv_buffer.as<float>() + (2 * l) * cache_floats;
-    e.v_cache = kv_buffer.as<float>() + (2 * l + 1) * cache_floats;
+    e.k_cache = kv_buffer.as<uint8_t>() + (2 * l) * cache_bytes;
+    e.v_cache = kv_buffer.as<uint8_t>() + (2 * l + 1) * cache_bytes;
     layer_experts.push_back(e);
   }
 

@@ -135,6 +135,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       rope.norm.eps = cfg.rms_eps;
       rope.norm.full = cfg.qk_norm_full;  // olmoe: all of q (and k) at once, qwen3moe each head
       rope.q_out = q_rope;
+      rope.kv_f16 = options.kv_type == KvCacheType::kF16;
       rope.k_cache = e->k_cache;
       rope.v_cache = e->v_cache;
       return [=, this] {
@@ -145,7 +146,8 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     case StepOp::kAttention: {
       const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
       return [=, this] {
-        return launch_attention_decode(q_rope, e->k_cache, e->v_cache, pos, cfg.n_head,
+        return launch_attention_decode(q_rope, e->k_cache, e->v_cache,
+                                       options.kv_type == KvCacheType::kF16, pos, cfg.n_head,
                                        cfg.n_head_kv, cfg.head_dim, options.max_ctx, scale, partial,
                                        tickets, attn, attn_q, ms);
       };

@@ -34,8 +34,9 @@ absl::StatusOr<StepGraph> StepGraph::Capture(const StepWalk& walk, cudaStream_t 
                                                 EntryLabel(walk.entries[failed])));
   }
   MG_RETURN_IF_ERROR(CudaStatus(end_err, "graph capture: cudaStreamEndCapture"));
-  MG_RETURN_IF_ERROR(CudaStatus(cudaGraphInstantiate(&out.exec_, out.graph_, 0),
-                                "graph capture: cudaGraphInstantiate"));
+  MG_RETURN_IF_ERROR(CudaStatus(
+      cudaGraphInstantiate(&out.exec_, out.graph_, cudaGraphInstantiateFlagUseNodePriority),
+      "graph capture: cudaGraphInstantiate"));
   ++counters.captures;
   return out;
 }

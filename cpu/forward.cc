@@ -516,12 +516,6 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
 
 }  // namespace
 
-size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type) {
-  const size_t elem = type == KvCacheType::kF16 ? 2 : 4;
-  return 2 * static_cast<size_t>(config.n_layer) * static_cast<size_t>(max_ctx) *
-         static_cast<size_t>(config.n_head_kv) * static_cast<size_t>(config.head_dim) * elem;
-}
-
 absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int max_ctx,
                                                          ExpertProvider* experts,
                                                          const CpuForwardOptions& options) {

@@ -20,15 +20,10 @@
 
 namespace moegraph {
 
-enum class KvCacheType { kF16, kF32 };
-
 struct CpuForwardOptions {
   int threads = 0;                          // 0: the physical cores
   KvCacheType kv_type = KvCacheType::kF16;  // llama.cpp's default
 };
-
-// The bytes of the K and V caches CreateCpuForward allocates for max_ctx positions.
-size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type);
 
 // Like Oracle::Create, with the fast path's arithmetic. Errors name the tensor
 // whose type the path cannot compute, or the bad option.

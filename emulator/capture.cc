@@ -229,7 +229,8 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
                                  unsigned long long flags) {
   MG_EMU_CALL(d);
   auto found = d.graphs.find(graph);
-  if (pGraphExec == nullptr || found == d.graphs.end() || flags != 0) {
+  if (pGraphExec == nullptr || found == d.graphs.end() ||
+      (flags & ~static_cast<unsigned long long>(cudaGraphInstantiateFlagUseNodePriority)) != 0) {
     return Return(cudaErrorInvalidValue);
   }
   auto exec_graph = std::make_shared<moegraph_emu::ExecGraph>();

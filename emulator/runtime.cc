@@ -3,6 +3,7 @@
 // Stream capture and graphs are in capture.cc.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +23,8 @@ namespace {
 constexpr size_t kH200Memory = size_t{143771} << 20;
 constexpr size_t kDeviceAlignment = 256;
 constexpr size_t kPinnedAlignment = 4096;
+constexpr int kLeastStreamPriority = 0;
+constexpr int kGreatestStreamPriority = -5;
 
 thread_local cudaError_t last_error = cudaSuccess;
 
@@ -298,11 +301,12 @@ cudaError_t PrepareCopy(Device& d, const char* call, void* dst, const void* src,
   return cudaSuccess;
 }
 
-cudaError_t CreateStream(cudaStream_t* out, unsigned int flags) {
+cudaError_t CreateStream(cudaStream_t* out, unsigned int flags, int priority = 0) {
   MG_EMU_CALL(d);
   if (out == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return Return(cudaErrorInvalidValue);
   auto stream = std::make_shared<CUstream_st>();
   stream->blocking = (flags & cudaStreamNonBlocking) == 0;
+  stream->priority = std::clamp(priority, kGreatestStreamPriority, kLeastStreamPriority);
   d.streams[stream.get()] = stream;
   *out = stream.get();
   return cudaSuccess;
@@ -751,6 +755,26 @@ cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
   return moegraph_emu::CreateStream(pStream, flags);
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
+  MG_EMU_CALL(d);
+  if (leastPriority != nullptr) *leastPriority = moegraph_emu::kLeastStreamPriority;
+  if (greatestPriority != nullptr) *greatestPriority = moegraph_emu::kGreatestStreamPriority;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int priority) {
+  return moegraph_emu::CreateStream(pStream, flags, priority);
+}
+
+cudaError_t cudaStreamGetPriority(cudaStream_t hStream, int* priority) {
+  MG_EMU_CALL(d);
+  CUstream_st* s = d.FindStream(hStream);
+  if (s == nullptr) return Return(cudaErrorInvalidResourceHandle);
+  if (priority == nullptr) return Return(cudaErrorInvalidValue);
+  *priority = s->priority;
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {

@@ -116,6 +116,7 @@ class WaitWork final : public Work {
 struct CUstream_st {
   bool legacy = false;
   bool blocking = true;  // synchronizes with the legacy stream
+  int priority = 0;      // recorded; the scheduler picks streams at random whatever it is
   std::deque<std::unique_ptr<moegraph_emu::Work>> queue;
   uint64_t enqueued = 0;
   uint64_t completed = 0;

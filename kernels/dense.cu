@@ -59,17 +59,48 @@ __global__ void embed_kernel(const uint8_t* __restrict__ table, GgmlType type, i
   run_norm_epilogue(norm, out, static_cast<int32_t>(n_blocks * block_elems), &shared);
 }
 
+// A cache element as f32: T is float (--kv-type f32) or uint16_t (f16 bits).
+template <typename T>
+__device__ __forceinline__ float kv_value(const T* p) {
+  if constexpr (sizeof(T) == 2) {
+    return f16_to_f32(*p);
+  } else {
+    return *p;
+  }
+}
+
+// The score of one key against q_head by a group of g lanes (g a power of two
+// dividing 32, head_dim a multiple of 8 g): f16 keys read 8 at a time (16-byte
+// loads), q_head as float4 pairs.
+__device__ __forceinline__ float key_dot_f16x8(const float* q_head, const uint16_t* key,
+                                               int32_t head_dim, int t, int g) {
+  float dot = 0.0f;
+  for (int32_t d = 8 * t; d < head_dim; d += 8 * g) {
+    const uint4 packed = *reinterpret_cast<const uint4*>(key + d);
+    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+    const float4 qa = *reinterpret_cast<const float4*>(q_head + d);
+    const float4 qb = *reinterpret_cast<const float4*>(q_head + d + 4);
+    const float qs[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    for (int i = 0; i < 8; ++i) {
+      const uint16_t h = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
+      dot += qs[i] * f16_to_f32(h);
+    }
+  }
+  return group_sum(dot, g);
+}
+
 // Partial of (head, split): [head_dim] acc, then max, then sum.
-__global__ void attention_split_kernel(const float* __restrict__ q,
-                                       const float* __restrict__ k_cache,
-                                       const float* __restrict__ v_cache,
+template <typename T>
+__global__ void attention_split_kernel(const float* __restrict__ q, const T* __restrict__ k_cache,
+                                       const T* __restrict__ v_cache,
                                        const int32_t* __restrict__ pos, int32_t n_head,
                                        int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
                                        float scale, float* __restrict__ partial,
                                        unsigned int* __restrict__ tickets,
                                        float* __restrict__ merged_out,
                                        block_q8_1* __restrict__ out_q) {
-  __shared__ float q_head[kMaxHeadDim];
+  __shared__ float4 q_head4[kMaxHeadDim / 4];  // 16-byte aligned, for key_dot_f16x8
+  float* q_head = reinterpret_cast<float*>(q_head4);
   __shared__ float weights[kAttnSplit];
   __shared__ float scratch[32];
   __shared__ EpilogueShared shared;
@@ -87,15 +118,29 @@ __global__ void attention_split_kernel(const float* __restrict__ q,
   }
   __syncthreads();
 
-  // Scores: a warp per position, lanes over head_dim.
   const int lane = threadIdx.x % 32;
   const int n_warps = blockDim.x / 32;
-  for (int32_t t = threadIdx.x / 32; t < count; t += n_warps) {
-    const float* key = k_cache + (begin + t) * kv_len + kv_offset;
-    float dot = 0.0f;
-    for (int32_t d = lane; d < head_dim; d += 32) dot += q_head[d] * key[d];
-    dot = warp_sum(dot);
-    if (lane == 0) weights[t] = dot * scale;
+  if (sizeof(T) == 2 && head_dim % 8 == 0) {
+    // f16 keys: a group of g lanes per position, 16-byte loads.
+    const int g = min(32, head_dim / 8);
+    const int per_warp = 32 / g;
+    for (int32_t t0 = threadIdx.x / 32 * per_warp; t0 < count; t0 += n_warps * per_warp) {
+      const int32_t t = t0 + lane / g;
+      // Lanes past the split's end read its last key and drop the score.
+      const uint16_t* key = reinterpret_cast<const uint16_t*>(k_cache) +
+                            (begin + min(t, count - 1)) * kv_len + kv_offset;
+      const float dot = key_dot_f16x8(q_head, key, head_dim, lane % g, g);
+      if (lane % g == 0 && t < count) weights[t] = dot * scale;
+    }
+  } else {
+    // A warp per position, lanes over head_dim.
+    for (int32_t t = threadIdx.x / 32; t < count; t += n_warps) {
+      const T* key = k_cache + (begin + t) * kv_len + kv_offset;
+      float dot = 0.0f;
+      for (int32_t d = lane; d < head_dim; d += 32) dot += q_head[d] * kv_value(key + d);
+      dot = warp_sum(dot);
+      if (lane == 0) weights[t] = dot * scale;
+    }
   }
   __syncthreads();
 
@@ -112,9 +157,9 @@ __global__ void attention_split_kernel(const float* __restrict__ q,
 
   // Weighted values: a thread per dimension, positions in order (coalesced rows).
   for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    const float* value = v_cache + static_cast<int64_t>(begin) * kv_len + kv_offset + d;
+    const T* value = v_cache + static_cast<int64_t>(begin) * kv_len + kv_offset + d;
     float acc = 0.0f;
-    for (int32_t t = 0; t < count; ++t) acc += weights[t] * value[t * kv_len];
+    for (int32_t t = 0; t < count; ++t) acc += weights[t] * kv_value(value + t * kv_len);
     out[d] = acc;
   }
   if (threadIdx.x == 0) {
@@ -176,22 +221,31 @@ size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ct
   return static_cast<size_t>(n_head) * attention_splits(max_ctx) * (head_dim + 2);
 }
 
-cudaError_t launch_attention_decode(const float* q, const float* k_cache, const float* v_cache,
-                                    const int32_t* pos, int32_t n_head, int32_t n_head_kv,
-                                    int32_t head_dim, int32_t max_ctx, float scale, float* partial,
-                                    unsigned int* tickets, float* out, block_q8_1* out_q,
-                                    cudaStream_t stream) {
+cudaError_t launch_attention_decode(const float* q, const void* k_cache, const void* v_cache,
+                                    bool kv_f16, const int32_t* pos, int32_t n_head,
+                                    int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
+                                    float scale, float* partial, unsigned int* tickets, float* out,
+                                    block_q8_1* out_q, cudaStream_t stream) {
   if (q == nullptr || k_cache == nullptr || v_cache == nullptr || pos == nullptr ||
       partial == nullptr || tickets == nullptr || out == nullptr || n_head <= 0 ||
       n_head_kv <= 0 || n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim ||
-      max_ctx <= 0 || (out_q != nullptr && n_head * head_dim % QK8_1 != 0)) {
+      max_ctx <= 0 || (out_q != nullptr && n_head * head_dim % QK8_1 != 0) ||
+      reinterpret_cast<uintptr_t>(k_cache) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   const int32_t n_splits = attention_splits(max_ctx);
   if (n_splits > kMaxGridY) return cudaErrorInvalidValue;
-  return launch_kernel<attention_split_kernel>(dim3(n_head, n_splits), kAttnThreads, stream, q,
-                                               k_cache, v_cache, pos, n_head, n_head_kv, head_dim,
-                                               max_ctx, scale, partial, tickets, out, out_q);
+  const dim3 grid(n_head, n_splits);
+  if (kv_f16) {
+    return launch_kernel<attention_split_kernel<uint16_t>>(
+        grid, kAttnThreads, stream, q, static_cast<const uint16_t*>(k_cache),
+        static_cast<const uint16_t*>(v_cache), pos, n_head, n_head_kv, head_dim, max_ctx, scale,
+        partial, tickets, out, out_q);
+  }
+  return launch_kernel<attention_split_kernel<float>>(
+      grid, kAttnThreads, stream, q, static_cast<const float*>(k_cache),
+      static_cast<const float*>(v_cache), pos, n_head, n_head_kv, head_dim, max_ctx, scale,
+      partial, tickets, out, out_q);
 }
 
 }  // namespace moegraph

@@ -17,6 +17,7 @@
 #include "kernels/nn_math.h"
 #include "kernels/q8_1.cuh"
 #include "kernels/reduce.cuh"
+#include "loader/quant.h"
 
 namespace moegraph {
 
@@ -90,10 +91,11 @@ __device__ inline float block_rms_scale(const float* x, int32_t n, float eps,
 }
 
 // One head by the whole block, a thread per pair: src (read through L2) times
-// scale * weight when weight is set (the QK-norm), rotated at position p into dst.
+// scale * weight when weight is set (the QK-norm), rotated at position p into
+// dst, or as f16 into dst_f16 (the other null).
 __device__ inline void rope_head(const float* src, float scale, const float* __restrict__ weight,
                                  int32_t head_dim, int32_t p, float freq_base, int32_t rope_type,
-                                 float* __restrict__ dst) {
+                                 float* __restrict__ dst, uint16_t* __restrict__ dst_f16) {
   for (int32_t i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
     int32_t a, b;
     rope_pair_offsets(i, head_dim, rope_type, &a, &b);
@@ -103,8 +105,13 @@ __device__ inline void rope_head(const float* src, float scale, const float* __r
       x1 = x1 * scale * weight[b];
     }
     rope_rotate(&x0, &x1, rope_theta(p, i, head_dim, freq_base));
-    dst[a] = x0;
-    dst[b] = x1;
+    if (dst_f16 != nullptr) {
+      dst_f16[a] = f32_to_f16(x0);
+      dst_f16[b] = f32_to_f16(x1);
+    } else {
+      dst[a] = x0;
+      dst[b] = x1;
+    }
   }
 }
 

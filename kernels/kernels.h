@@ -108,7 +108,7 @@ struct QkNorm {
 // RoPE at position *pos (rope_type 0 NORM, adjacent pairs; 1 NEOX, halves; as
 // ggml), q into q_out ([n_head][head_dim]), k into row *pos of k_cache, v's
 // rows straight into row *pos of v_cache (caches [max_ctx][n_head_kv *
-// head_dim]). head_dim even.
+// head_dim], f16 when kv_f16, else f32). head_dim even.
 struct QkvRope {
   const int32_t* pos = nullptr;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
@@ -117,8 +117,9 @@ struct QkvRope {
   bool use_norm = false;
   QkNorm norm;
   float* q_out = nullptr;
-  float* k_cache = nullptr;
-  float* v_cache = nullptr;
+  bool kv_f16 = false;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
 };
 
 // q, k and v (with their biases when not null) in one launch: three matrices
@@ -153,7 +154,8 @@ cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& u
                                  const block_q8_1* xq, float* out, block_q8_1* out_q,
                                  cudaStream_t stream);
 
-// Split-K decode attention over positions 0..*pos with a grid fixed for max_ctx
+// Split-K decode attention over positions 0..*pos of the caches (f16 when
+// kv_f16, else f32; launch_qkv's layout) with a grid fixed for max_ctx
 // (n_head x n_splits; splits past the live length exit early); the last split
 // of each head to finish merges the head's splits that ran. partial:
 // attention_partial_floats(...) floats of scratch; tickets: n_head + 1. Head h
@@ -161,11 +163,11 @@ cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& u
 // head_dim a multiple of 32), out's q8_1 blocks too: written by each head's
 // merge when head_dim is a multiple of 32, else by the last head merged.
 size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx);
-cudaError_t launch_attention_decode(const float* q, const float* k_cache, const float* v_cache,
-                                    const int32_t* pos, int32_t n_head, int32_t n_head_kv,
-                                    int32_t head_dim, int32_t max_ctx, float scale, float* partial,
-                                    unsigned int* tickets, float* out, block_q8_1* out_q,
-                                    cudaStream_t stream);
+cudaError_t launch_attention_decode(const float* q, const void* k_cache, const void* v_cache,
+                                    bool kv_f16, const int32_t* pos, int32_t n_head,
+                                    int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
+                                    float scale, float* partial, unsigned int* tickets, float* out,
+                                    block_q8_1* out_q, cudaStream_t stream);
 
 // ---- MoE ----
 

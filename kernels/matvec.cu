@@ -63,8 +63,10 @@ struct MatvecArgs {
   int64_t x_stride = 0;
   const float* bias = nullptr;
   bool accumulate = false;  // out += W x (the residual add)
-  // Rank r's output: out + r * out_stride, and with out_q its q8_1 blocks.
+  // Rank r's output: out + r * out_stride, and with out_q its q8_1 blocks;
+  // with out_f16 set, rows go there as f16 instead (the v cache row).
   float* out = nullptr;
+  uint16_t* out_f16 = nullptr;
   block_q8_1* out_q = nullptr;
   int64_t out_stride = 0;
   unsigned long long* count = nullptr;  // once per rank computed
@@ -113,6 +115,12 @@ __device__ __forceinline__ void matvec_rows(const MatvecArgs& a, int32_t bx) {
     if (t == 0) results[i] = live ? v : 0.0f;
   }
   __syncthreads();
+  if (a.out_f16 != nullptr) {
+    for (int i = threadIdx.x; i < kRows && row0 + i < a.rows; i += kThreads) {
+      a.out_f16[row0 + i] = f32_to_f16(results[i]);
+    }
+    return;
+  }
   float* out = a.out + r * a.out_stride;
   for (int i = threadIdx.x; i < kRows && row0 + i < a.rows; i += kThreads) {
     out[row0 + i] = a.accumulate ? out[row0 + i] + results[i] : results[i];
@@ -190,14 +198,20 @@ __device__ void qkv_rope_epilogue(const QkvArgs& a, int j, int32_t bx, EpilogueS
   unsigned int* tickets = a.tickets + (j == 0 ? 0 : rope.n_head);
   const float* src = a.job[j].out;
   const int32_t p = *rope.pos;
-  float* dst = j == 0 ? rope.q_out : rope.k_cache + static_cast<int64_t>(p) * rope.n_head_kv * d;
+  // q to q_out; k to its cache row, f32 or f16.
+  const int64_t k_row = static_cast<int64_t>(p) * rope.n_head_kv * d;
+  float* dst = j == 0         ? rope.q_out
+               : rope.kv_f16 ? nullptr
+                             : static_cast<float*>(rope.k_cache) + k_row;
+  uint16_t* dst_f16 = j == 1 && rope.kv_f16 ? static_cast<uint16_t*>(rope.k_cache) + k_row : nullptr;
   const float* weight = rope.use_norm ? (j == 0 ? rope.norm.q_weight : rope.norm.k_weight) : nullptr;
   if (rope.use_norm && rope.norm.full) {
     if (!last_block_done(tickets, ceil_div_device(rows, kRows), shared)) return;
     const float scale = block_rms_scale(src, rows, rope.norm.eps, shared);
     for (int32_t h = 0; h < n_heads; ++h) {
       rope_head(src + h * d, scale, weight + h * d, d, p, rope.freq_base, rope.rope_type,
-                dst + h * d);
+                dst != nullptr ? dst + h * d : nullptr,
+                dst_f16 != nullptr ? dst_f16 + h * d : nullptr);
     }
     return;
   }
@@ -209,7 +223,9 @@ __device__ void qkv_rope_epilogue(const QkvArgs& a, int j, int32_t bx, EpilogueS
     const float* head_src = src + h * d;
     const float scale =
         weight != nullptr ? block_rms_scale(head_src, d, rope.norm.eps, shared) : 1.0f;
-    rope_head(head_src, scale, weight, d, p, rope.freq_base, rope.rope_type, dst + h * d);
+    rope_head(head_src, scale, weight, d, p, rope.freq_base, rope.rope_type,
+              dst != nullptr ? dst + h * d : nullptr,
+              dst_f16 != nullptr ? dst_f16 + h * d : nullptr);
   }
 }
 
@@ -218,7 +234,12 @@ __device__ __forceinline__ void qkv_job(const QkvArgs& a, int j, int32_t bx,
                                         EpilogueShared* shared) {
   MatvecArgs job = j == 0 ? a.job[0] : j == 1 ? a.job[1] : a.job[2];
   if (a.tickets != nullptr && j == 2) {
-    job.out = a.rope.v_cache + static_cast<int64_t>(*a.rope.pos) * a.rope.n_head_kv * a.rope.head_dim;
+    const int64_t row = static_cast<int64_t>(*a.rope.pos) * a.rope.n_head_kv * a.rope.head_dim;
+    if (a.rope.kv_f16) {
+      job.out_f16 = static_cast<uint16_t*>(a.rope.v_cache) + row;
+    } else {
+      job.out = static_cast<float*>(a.rope.v_cache) + row;
+    }
   }
   matvec_rows<T>(job, bx);
   if (a.tickets != nullptr && j < 2) qkv_rope_epilogue(a, j, bx, shared);
@@ -388,7 +409,7 @@ cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const Dev
     }
     a.rope = *rope;
     a.tickets = tickets;
-    out[2] = rope->v_cache;  // the row at *pos, found in the kernel
+    out[2] = static_cast<float*>(rope->v_cache);  // the row at *pos, found in the kernel
   }
   a.first_block[0] = 0;
   for (int j = 0; j < 3; ++j) {

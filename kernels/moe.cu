@@ -24,7 +24,6 @@ constexpr int kHazardThreads = 1024;
 constexpr int kStageCtasPerExpert = 32;  // enough loads in flight to fill PCIe
 constexpr int kStageUnroll = 4;
 
-int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
 // A thread per rank; a missing row (first id < 0) leaves the router's selection.
 __global__ void trace_routing_kernel(const int32_t* __restrict__ ids,

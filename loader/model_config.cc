@@ -458,5 +458,10 @@ WeightView Model::expert(int layer, ExpertProj proj, int expert) const {
   return v;
 }
 
-}  // namespace moegraph
+size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type) {
+  const size_t elem = type == KvCacheType::kF16 ? 2 : 4;
+  return 2 * static_cast<size_t>(config.n_layer) * static_cast<size_t>(max_ctx) *
+         static_cast<size_t>(config.n_head_kv) * static_cast<size_t>(config.head_dim) * elem;
+}
 
+}  // namespace moegraph

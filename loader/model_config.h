@@ -5,6 +5,7 @@
 // error, each by name.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -100,5 +101,11 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file);
 absl::StatusOr<Model> LoadModel(const GgufFile& file);
 
 WeightView weight_view(const GgufTensor& t);
+
+// The KV cache's element type (--kv-type), on either backend.
+enum class KvCacheType { kF16, kF32 };
+
+// The bytes of the K and V caches of every layer for max_ctx positions.
+size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type);
 
 }  // namespace moegraph

@@ -73,6 +73,12 @@ MG_HD inline float f32_from_bits(uint32_t bits) {
 // Exact widening. A NaN keeps its payload with the quiet bit set, which is what
 // ggml's float-arithmetic version produces on x86.
 MG_HD inline float f16_to_f32(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  // One instruction on the device; exact, as every f16 is an f32.
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1fu;
   uint32_t mantissa = h & 0x3ffu;
@@ -89,11 +95,18 @@ MG_HD inline float f16_to_f32(uint16_t h) {
     --f32_exponent;
   }
   return f32_from_bits(sign | (f32_exponent << 23) | ((mantissa & 0x3ffu) << 13));
+#endif
 }
 
 // Round to nearest even, subnormals kept, overflow to inf; every NaN becomes
 // 0x7e00 with its sign, as ggml's GGML_FP32_TO_FP16 does.
 MG_HD inline uint16_t f32_to_f16(float f) {
+#if defined(__CUDA_ARCH__)
+  // Round to nearest even, as below (a NaN's payload aside).
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   const uint32_t bits = f32_to_bits(f);
   const uint32_t sign = (bits >> 16) & 0x8000u;
   uint32_t magnitude = bits & 0x7fffffffu;
@@ -115,6 +128,7 @@ MG_HD inline uint16_t f32_to_f16(float f) {
   const uint32_t half = 1u << (shift - 1);
   if (remainder > half || (remainder == half && (units & 1u))) ++units;
   return static_cast<uint16_t>(sign | units);
+#endif
 }
 
 MG_HD inline float bf16_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t>(h) << 16); }

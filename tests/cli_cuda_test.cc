@@ -191,7 +191,8 @@ TEST_F(CliCudaTest, ServeSamplesEachRequestWithItsOwnSettings) {
   ASSERT_NE(sampled, greedy);
 
   testing_util::ServeProcess server(MOEGRAPH_BIN);
-  const int port = server.Start({"-m", fixture, "--backend", "cuda", "--ctx", "64"});
+  const int port =
+      server.Start({"-m", fixture, "--backend", "cuda", "--ctx", "64", "--kv-type", "f32"});
   ASSERT_GT(port, 0) << server.Log();
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(600, 0);

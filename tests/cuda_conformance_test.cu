@@ -235,6 +235,37 @@ TEST_F(CudaConformanceTest, ACaptureWithAForkAndAJoinReplaysItsLaunchesEachTime)
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 }
 
+// The engine's copy stream takes the greatest priority and its graphs launch
+// with the priorities captured from their streams.
+TEST_F(CudaConformanceTest, AStreamKeepsItsClampedPriorityAndAGraphUsesNodePriorities) {
+  int least = 0, greatest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  EXPECT_LT(greatest, least);  // a smaller number is a higher priority
+  cudaStream_t high = nullptr, past = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithPriority(&high, cudaStreamNonBlocking, greatest), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithPriority(&past, cudaStreamNonBlocking, greatest - 10),
+            cudaSuccess);
+  int priority = 0;
+  ASSERT_EQ(cudaStreamGetPriority(high, &priority), cudaSuccess);
+  EXPECT_EQ(priority, greatest);
+  ASSERT_EQ(cudaStreamGetPriority(past, &priority), cudaSuccess);
+  EXPECT_EQ(priority, greatest);  // clamped to the range
+  EXPECT_EQ(cudaStreamDestroy(past), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(high), cudaSuccess);
+
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(CaptureForkJoin(true, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(counter_, 0, sizeof(unsigned long long), stream_), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+  Sync();
+  EXPECT_EQ(Counter(), 1ull + 32 * 10 + 128 * 100);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
 TEST_F(CudaConformanceTest, EndingACaptureWhoseForkNeverJoinedFails) {
   cudaGraph_t graph = nullptr;
   EXPECT_EQ(CaptureForkJoin(false, &graph), cudaErrorStreamCaptureUnjoined);

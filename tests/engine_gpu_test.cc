@@ -74,9 +74,11 @@ Doors DoorsOf(Arm arm) {
 
 std::unique_ptr<CudaEngine> MakeEngine(const Model& model, Arm arm, int32_t slots,
                                        int steps_per_launch = 1, bool record_routing = false,
-                                       ResidencyPolicy policy = kDefaultResidencyPolicy) {
+                                       ResidencyPolicy policy = kDefaultResidencyPolicy,
+                                       KvCacheType kv_type = KvCacheType::kF16) {
   CudaEngineOptions options;
   options.max_ctx = 64;
+  options.kv_type = kv_type;
   options.n_slots = slots;
   options.doors = DoorsOf(arm);
   options.doors.policy = policy;
@@ -127,8 +129,12 @@ TEST_P(EngineOracleTest, LogitsMatchTheOracleAndF32TokensAreEqual) {
 
   absl::StatusOr<std::unique_ptr<Oracle>> oracle = Oracle::Create(model, 64);
   ASSERT_TRUE(oracle.ok()) << oracle.status();
-  // Tight slots so the expert path both hits and misses.
-  std::unique_ptr<CudaEngine> engine = MakeEngine(model, Arm::kGraph, 3);
+  // Tight slots so the expert path both hits and misses. An f32 model keeps an
+  // f32 KV cache (the exact comparison), the quantized ones the default f16.
+  const KvCacheType kv_type =
+      c.expert_type == GgmlType::kF32 ? KvCacheType::kF32 : KvCacheType::kF16;
+  std::unique_ptr<CudaEngine> engine =
+      MakeEngine(model, Arm::kGraph, 3, 1, false, kDefaultResidencyPolicy, kv_type);
   ASSERT_NE(engine, nullptr);
 
   for (size_t n = 1; n <= kPrompt.size(); n += 3) {
@@ -156,6 +162,7 @@ TEST_P(EngineOracleTest, LogitsMatchTheOracleAndF32TokensAreEqual) {
     // within 1e-6 of each other.
     CudaEngineOptions options;
     options.max_ctx = 64;
+    options.kv_type = KvCacheType::kF32;
     options.n_slots = 3;
     options.sampling.temperature = 1.2f;
     options.sampling.top_k = 60;

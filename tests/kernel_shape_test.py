@@ -7,7 +7,8 @@ serves; it makes at most one 8-bit global load (the rank's missed flag of an
 expert pass; the weight stream is read in 16- and 32-bit words); the quant
 types use dp4a; and ptxas assembles it without register spills. qkv_kernel
 (every type behind one switch) makes no 8-bit load, uses dp4a and does not
-spill either.
+spill either. In kernels/dense.cu, the attention kernel of the f16 cache reads
+its keys in 16-byte loads and makes no 8-bit load.
 
 Usage: kernel_shape_test.py NVCC SOURCE_DIR ARCH   (exit 0: pass, 1: fail)
 """
@@ -36,6 +37,27 @@ def main():
         assembled = subprocess.run([ptxas, f"-arch=sm_{arch}", "-v", ptx_path, "-o",
                                     os.path.join(work, "matvec.cubin")],
                                    check=True, capture_output=True, text=True).stderr
+
+        dense_path = os.path.join(work, "dense.ptx")
+        subprocess.run([nvcc, "-O3", f"-arch=sm_{arch}", "-std=c++17", f"-I{source_dir}", "-ptx",
+                        os.path.join(source_dir, "kernels", "dense.cu"), "-o", dense_path],
+                       check=True)
+        dense_ptx = open(dense_path).read()
+
+    attention_seen = False
+    for body in re.split(r"\.entry ", dense_ptx)[1:]:
+        name = body.split("(", 1)[0]
+        if "attention_split_kernelItE" not in name:  # the uint16_t (f16) instance
+            continue
+        attention_seen = True
+        code = body.split("\n}\n", 1)[0]
+        vector = len(re.findall(r"\bld\.global(?:\.nc)?\.v4\.", code))
+        byte_loads = len(re.findall(r"\bld\.global(?:\.nc|\.cg)?\.[us]8\b", code))
+        print(f"attention f16: {vector} 16-byte loads, {byte_loads} 8-bit loads")
+        if vector == 0 or byte_loads > 0:
+            failures.append(f"attention f16: {vector} 16-byte loads, {byte_loads} 8-bit loads")
+    if not attention_seen:
+        failures.append("no f16 attention_split_kernel")
 
     seen = {}
     qkv_seen = False

@@ -369,6 +369,8 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
   enum class Norm { kNone, kPerHead, kFull };
   for (Norm norm_mode : {Norm::kNone, Norm::kPerHead, Norm::kFull}) {
     for (RopeType rope_type : {RopeType::kNorm, RopeType::kNeox}) {
+      // f16 caches with the per-head norm: the rows written are the f32 ones rounded.
+      const bool kv_f16 = norm_mode == Norm::kPerHead && rope_type == RopeType::kNeox;
       // 16 and 48: heads that share a block of 32 rows.
       for (int32_t head_dim : {16, 48, 64, 256}) {
         for (int32_t pos : {0, 3, 32767}) {
@@ -388,6 +390,9 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
           DeviceArray<uint8_t> d_wq(wq), d_wk(wk), d_wv(wv);
           DeviceArray<float> d_x(x), d_q(q_len), d_k(kv_len), d_q_out(q_len);
           DeviceArray<float> d_k_cache(k_cache), d_v_cache(v_cache);
+          const std::vector<uint16_t> k_half(k_cache.size(), f32_to_f16(7.0f));
+          const std::vector<uint16_t> v_half(v_cache.size(), f32_to_f16(8.0f));
+          DeviceArray<uint16_t> d_k_half(k_half), d_v_half(v_half);
           DeviceArray<float> d_q_weight(q_weight), d_k_weight(k_weight);
           DeviceArray<block_q8_1> d_xq(xq);
           DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos});
@@ -406,8 +411,9 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
           rope.norm.eps = 1e-6f;
           rope.norm.full = full;
           rope.q_out = d_q_out.get();
-          rope.k_cache = d_k_cache.get();
-          rope.v_cache = d_v_cache.get();
+          rope.kv_f16 = kv_f16;
+          rope.k_cache = kv_f16 ? static_cast<void*>(d_k_half.get()) : d_k_cache.get();
+          rope.v_cache = kv_f16 ? static_cast<void*>(d_v_half.get()) : d_v_cache.get();
           ASSERT_EQ(launch_qkv(DeviceView(d_wq.get(), type, q_len, cols),
                                DeviceView(d_wk.get(), type, kv_len, cols),
                                DeviceView(d_wv.get(), type, kv_len, cols), nullptr, d_xq.get(),
@@ -419,6 +425,7 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
           const std::vector<float> q0 = GroupedMatvec(type, wq.data(), q_len, cols, x, xq);
           const std::vector<float> k0 = GroupedMatvec(type, wk.data(), kv_len, cols, x, xq);
           const std::vector<float> v0 = GroupedMatvec(type, wv.data(), kv_len, cols, x, xq);
+          std::vector<float> v0_expected = v0;
           EXPECT_LT(Nmse(d_q.Download(), q0), 1e-10);  // the projections stay
           EXPECT_LT(Nmse(d_k.Download(), k0), 1e-10);
           std::vector<float> q = q0, k = k0;
@@ -430,14 +437,28 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
           Rope(absl::MakeSpan(q), n_head, head_dim, positions, 1e6f, rope_type);
           Rope(absl::MakeSpan(k), n_head_kv, head_dim, positions, 1e6f, rope_type);
           EXPECT_LT(Nmse(d_q_out.Download(), q), 1e-10);
-          const std::vector<float> k_out = d_k_cache.Download();
-          const std::vector<float> v_out = d_v_cache.Download();
+          // The caches as f32 (the f16 ones widened), and the reference rows rounded
+          // to f16 and back.
+          std::vector<float> k_out = d_k_cache.Download(), v_out = d_v_cache.Download();
+          if (kv_f16) {
+            const std::vector<uint16_t> k_bits = d_k_half.Download(), v_bits = d_v_half.Download();
+            for (size_t i = 0; i < k_out.size(); ++i) {
+              k_out[i] = f16_to_f32(k_bits[i]);
+              v_out[i] = f16_to_f32(v_bits[i]);
+            }
+            for (float& value : k) value = f16_to_f32(f32_to_f16(value));
+            std::vector<float> v_rounded = v0;
+            for (float& value : v_rounded) value = f16_to_f32(f32_to_f16(value));
+            v0_expected = v_rounded;
+          }
           const std::vector<float> k_row(k_out.begin() + pos * kv_len,
                                          k_out.begin() + (pos + 1) * kv_len);
           const std::vector<float> v_row(v_out.begin() + pos * kv_len,
                                          v_out.begin() + (pos + 1) * kv_len);
-          EXPECT_LT(Nmse(k_row, k), 1e-10);
-          EXPECT_LT(Nmse(v_row, v0), 1e-10);
+          // f16: a value next to a rounding boundary may round the other way.
+          const double cache_bound = kv_f16 ? 1e-6 : 1e-10;
+          EXPECT_LT(Nmse(k_row, k), cache_bound);
+          EXPECT_LT(Nmse(v_row, v0_expected), cache_bound);
           std::copy(k_row.begin(), k_row.end(), k_cache.begin() + pos * kv_len);
           std::copy(v_row.begin(), v_row.end(), v_cache.begin() + pos * kv_len);
           EXPECT_EQ(k_out, k_cache);  // every other row as it was
@@ -448,42 +469,57 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
   }
 }
 
+// f32 and f16 caches (the reference reads the f16 values widened back), every
+// length's splits and merge.
 TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
   std::mt19937 rng(6);
   // 16: heads narrower than a q8_1 block, quantized by the last head merged.
   for (int32_t head_dim : {64, 16}) {
-    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
-    const int32_t n_head = 8, n_head_kv = 2, max_ctx = 300;
-    const int32_t kv_len = n_head_kv * head_dim;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    const std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
-    const std::vector<float> v_cache = Gaussian(rng, max_ctx * kv_len);
-    DeviceArray<float> d_k_cache(k_cache), d_v_cache(v_cache);
-    DeviceArray<float> d_partial(attention_partial_floats(n_head, head_dim, max_ctx));
-    DeviceArray<float> d_out(n_head * head_dim);
-    const std::vector<unsigned int> zero_tickets(n_head + 1, 0);
-    DeviceArray<unsigned int> d_tickets(zero_tickets);
-    // 1, a split boundary and one past it, the middle of a split, and max_ctx.
-    for (int32_t length : {1, 2, 128, 129, 200, max_ctx}) {
-      SCOPED_TRACE("length " + std::to_string(length));
-      const std::vector<float> q = Gaussian(rng, n_head * head_dim, 2.0f);
-      DeviceArray<float> d_q(q);
-      DeviceArray<int32_t> d_pos(std::vector<int32_t>{length - 1});
-      DeviceArray<block_q8_1> d_out_q(n_head * head_dim / QK8_1);
-      ASSERT_EQ(
-          launch_attention_decode(d_q.get(), d_k_cache.get(), d_v_cache.get(), d_pos.get(), n_head,
-                                  n_head_kv, head_dim, max_ctx, scale, d_partial.get(),
-                                  d_tickets.get(), d_out.get(), d_out_q.get(), stream_),
-          cudaSuccess);
-      Sync();
-      EXPECT_EQ(d_tickets.Download(), zero_tickets);  // each epilogue ran once, its ticket reset
-      std::vector<float> expected(q.size());
-      const int32_t q_pos[] = {length - 1};
-      Attention(q, q_pos, k_cache, v_cache, n_head, n_head_kv, head_dim, scale,
-                absl::MakeSpan(expected));
-      const std::vector<float> out = d_out.Download();
-      EXPECT_LT(Nmse(out, expected), 1e-7);
-      EXPECT_TRUE(SameBlocks(d_out_q.Download(), Q8_1(out)));
+    for (bool kv_f16 : {false, true}) {
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + (kv_f16 ? " f16" : " f32"));
+      const int32_t n_head = 8, n_head_kv = 2, max_ctx = 300;
+      const int32_t kv_len = n_head_kv * head_dim;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
+      std::vector<float> v_cache = Gaussian(rng, max_ctx * kv_len);
+      std::vector<uint16_t> k_half(k_cache.size()), v_half(v_cache.size());
+      for (size_t i = 0; i < k_cache.size(); ++i) {
+        k_half[i] = f32_to_f16(k_cache[i]);
+        v_half[i] = f32_to_f16(v_cache[i]);
+        if (kv_f16) {
+          k_cache[i] = f16_to_f32(k_half[i]);
+          v_cache[i] = f16_to_f32(v_half[i]);
+        }
+      }
+      DeviceArray<float> d_k_cache(k_cache), d_v_cache(v_cache);
+      DeviceArray<uint16_t> d_k_half(k_half), d_v_half(v_half);
+      const void* k_in = kv_f16 ? static_cast<const void*>(d_k_half.get()) : d_k_cache.get();
+      const void* v_in = kv_f16 ? static_cast<const void*>(d_v_half.get()) : d_v_cache.get();
+      DeviceArray<float> d_partial(attention_partial_floats(n_head, head_dim, max_ctx));
+      DeviceArray<float> d_out(n_head * head_dim);
+      const std::vector<unsigned int> zero_tickets(n_head + 1, 0);
+      DeviceArray<unsigned int> d_tickets(zero_tickets);
+      // 1, a split boundary and one past it, the middle of a split, and max_ctx.
+      for (int32_t length : {1, 2, 128, 129, 200, max_ctx}) {
+        SCOPED_TRACE("length " + std::to_string(length));
+        const std::vector<float> q = Gaussian(rng, n_head * head_dim, 2.0f);
+        DeviceArray<float> d_q(q);
+        DeviceArray<int32_t> d_pos(std::vector<int32_t>{length - 1});
+        DeviceArray<block_q8_1> d_out_q(n_head * head_dim / QK8_1);
+        ASSERT_EQ(launch_attention_decode(d_q.get(), k_in, v_in, kv_f16, d_pos.get(), n_head,
+                                          n_head_kv, head_dim, max_ctx, scale, d_partial.get(),
+                                          d_tickets.get(), d_out.get(), d_out_q.get(), stream_),
+                  cudaSuccess);
+        Sync();
+        EXPECT_EQ(d_tickets.Download(), zero_tickets);  // each epilogue ran once, its ticket reset
+        std::vector<float> expected(q.size());
+        const int32_t q_pos[] = {length - 1};
+        Attention(q, q_pos, k_cache, v_cache, n_head, n_head_kv, head_dim, scale,
+                  absl::MakeSpan(expected));
+        const std::vector<float> out = d_out.Download();
+        EXPECT_LT(Nmse(out, expected), 1e-7);
+        EXPECT_TRUE(SameBlocks(d_out_q.Download(), Q8_1(out)));
+      }
     }
   }
 }
@@ -1157,21 +1193,20 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   bad = rope;
   bad.q_out = d_x.get();
   EXPECT_EQ(qkv(64, bad, tickets), cudaErrorInvalidValue);
-  EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 6, 4, 64, 16, 1.0f,
-                                    d_x.get(), tickets, d_x.get(), nullptr, stream_),
-            cudaErrorInvalidValue);
-  // 65536 splits of 128 positions: past CUDA's gridDim.y limit.
-  EXPECT_EQ(
-      launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 4, 4, 64, 65536 * 128,
-                              1.0f, d_x.get(), tickets, d_x.get(), nullptr, stream_),
-      cudaErrorInvalidValue);
-  // No tickets; q8_1 output blocks of an output not a multiple of 32 long.
-  EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 4, 4, 64, 16, 1.0f,
-                                    d_x.get(), nullptr, d_x.get(), nullptr, stream_),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(launch_attention_decode(d_x.get(), d_x.get(), d_x.get(), d_i.get(), 4, 4, 10, 16, 1.0f,
-                                    d_x.get(), tickets, d_x.get(), d_q.get(), stream_),
-            cudaErrorInvalidValue);
+  // Attention: KV heads not dividing the heads, 65536 splits of 128 positions
+  // (past CUDA's gridDim.y limit), no tickets, q8_1 output blocks of an output
+  // not a multiple of 32 long, a cache not 16-byte aligned.
+  auto attention = [&](int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
+                       unsigned int* attention_tickets, block_q8_1* out_q, const void* k) {
+    return launch_attention_decode(d_x.get(), k, d_x.get(), true, d_i.get(), n_head, n_head_kv,
+                                   head_dim, max_ctx, 1.0f, d_x.get(), attention_tickets, d_x.get(),
+                                   out_q, stream_);
+  };
+  EXPECT_EQ(attention(6, 4, 64, 16, tickets, nullptr, d_x.get()), cudaErrorInvalidValue);
+  EXPECT_EQ(attention(4, 4, 64, 65536 * 128, tickets, nullptr, d_x.get()), cudaErrorInvalidValue);
+  EXPECT_EQ(attention(4, 4, 64, 16, nullptr, nullptr, d_x.get()), cudaErrorInvalidValue);
+  EXPECT_EQ(attention(4, 4, 10, 16, tickets, d_q.get(), d_x.get()), cudaErrorInvalidValue);
+  EXPECT_EQ(attention(4, 4, 64, 16, tickets, nullptr, d_x.get() + 1), cudaErrorInvalidValue);
   // A residual norm without tickets.
   NormEpilogue norm;
   norm.weight = d_x.get();

@@ -3,8 +3,9 @@
 # build, run the GPU tests (cuda_conformance_test first: it holds the CPU emulator
 # of docs/EMULATOR.md to the hardware), time the miss copy (stage copy kernel vs cudaMemcpyAsync),
 # decode a synthetic qwen3moe fixture in every arm, benchmark a Qwen3-30B-A3B-shaped
-# fixture (16 GiB of q4_K experts) at three slot counts, and end in one markdown
-# table (check | result | detail). Finishes inside 8 minutes: every step has a
+# fixture (16 GiB of q4_K experts) at three slot counts beside llama.cpp's CUDA
+# llama-bench on the same file (when bundled: tools/build-llama-cuda.sh), and end
+# in one markdown table (check | result | detail). Finishes inside 8 minutes: every step has a
 # timeout, and steps are skipped once the overall budget is spent. Reads the device
 # only; never changes clocks or any setting.
 #
@@ -66,6 +67,18 @@ bundle() {
     done < <(ldd "$build/$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }')
   done
   cp -R "$shared/golden/quant" "$dest/shared/golden/" || return 1
+  # The peer, when tools/build-llama-cuda.sh has built it: llama-bench (ggml and
+  # llama linked in) without the CUDA toolkit's libraries, which the device has.
+  local llama=${LLAMA_CUDA_BUILD:-$PWD/build-llama-cuda}/build/bin/llama-bench
+  if [[ -x $llama ]]; then
+    mkdir -p "$dest/llama" && strip -o "$dest/llama/llama-bench" "$llama" || return 1
+    while read -r name path; do
+      [[ $name =~ $runtime || $name =~ ^lib(cuda|cudart|cublas|cublasLt)\.so ]] ||
+        cp -L "$path" "$dest/lib/$name" || return 1
+    done < <(ldd "$llama" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }')
+  else
+    echo "device-check --bundle: no $llama (tools/build-llama-cuda.sh builds it): no peer rows"
+  fi
   echo "bundled $build/ into $dest/ ($(du -sh "$dest" | cut -f1)); on the device carry" \
     "[\"$dest\"] and run tools/device-check.sh $dest"
 }
@@ -418,6 +431,35 @@ else
   else
     row "qwen3 bench" "ok" "48L 128x top-8 q4_K, trace reuse 0.45; t/s graph/host: $ratios"
   fi
+fi
+
+echo "== llama.cpp"
+STEP="llama.cpp"
+# The peer on the same file: every layer's experts on the GPU (-ngl 99), then
+# the experts of half the layers on the host (--n-cpu-moe 24: the other 24
+# layers' 3072 experts on the GPU, the graph arm's middle slot count above).
+LLAMA_BENCH=$BUILD/llama/llama-bench
+if [[ ! -x $LLAMA_BENCH ]]; then
+  row "llama.cpp" "SKIPPED" "no $LLAMA_BENCH (tools/build-llama-cuda.sh, then --bundle)"
+elif ((QWEN3_OK == 0)); then
+  row "llama.cpp" "FAIL" "no Qwen3-shaped fixture"
+else
+  for setting in "-ngl 99" "-ngl 99 --n-cpu-moe 24"; do
+    log=$WORK/llama-bench.log
+    # shellcheck disable=SC2086 # the setting is words
+    LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} run_step 90 "$log" \
+      "$LLAMA_BENCH" -m "$QWEN3" $setting -p 0 -n 32 -r 2 -o md
+    rc=$?
+    cat "$log"
+    if [[ -n ${OUT:-} && -d $OUT ]]; then cat "$log" >>"$OUT/llama-bench.md"; fi
+    # llama-bench's markdown: the last column is "t/s" as "mean ± sd".
+    rate=$(awk -F'|' '/tg32/ { gsub(/ /, "", $(NF - 1)); print $(NF - 1) }' "$log" | tail -1)
+    if ((rc != 0)) || [[ -z $rate ]]; then
+      row "llama.cpp $setting" "FAIL" "exit $rc: $(tail -1 "$log")"
+    else
+      row "llama.cpp $setting" "ok" "tg32 $rate t/s on the Qwen3-shaped file"
+    fi
+  done
 fi
 rm -f "$QWEN3"
 STEP=finished

@@ -71,6 +71,8 @@ enum cudaStreamCaptureMode {
 #define cudaHostAllocWriteCombined 0x04
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
+// cudaGraphInstantiate: launch the nodes with the priorities captured from their streams.
+#define cudaGraphInstantiateFlagUseNodePriority 8
 #define cudaEventDefault 0x00
 #define cudaEventBlockingSync 0x01
 #define cudaEventDisableTiming 0x02
@@ -98,6 +100,9 @@ struct dim3 {
 
 struct alignas(16) uint4 {
   unsigned int x, y, z, w;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
 };
 
 // The fields of CUDA's cudaDeviceProp that the emulator fills (an H200's values).
@@ -148,6 +153,11 @@ cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t 
 
 cudaError_t cudaStreamCreate(cudaStream_t* pStream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags);
+// Priorities as an H200 numbers them: 0 (least) to -5 (greatest); a value
+// outside the range is clamped to it, as CUDA does.
+cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority, int* greatestPriority);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int priority);
+cudaError_t cudaStreamGetPriority(cudaStream_t hStream, int* priority);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0);

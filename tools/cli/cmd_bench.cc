@@ -192,6 +192,7 @@ class CudaTarget final : public Target {
       int64_t record_steps) {
     CudaEngineOptions options;
     options.max_ctx = ctx;
+    MG_ASSIGN_OR_RETURN(options.kv_type, ReadKvType());
     options.n_slots = slots;
     options.sharing_engines = sharing_engines;
     options.doors = doors;

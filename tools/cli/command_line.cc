@@ -58,7 +58,7 @@ std::vector<FlagDoc> Engine() {
       {"t", "N",
        "cpu: threads, the caller included; at most the logical CPUs (default: the "
        "physical cores)"},
-      {"kv_type", "f16|f32", "cpu: the KV cache's element type (default: f16)"},
+      {"kv_type", "f16|f32", "the KV cache's element type (default: f16)"},
       {"verbose", "",
        "print the doors line and the CUDA runtime's reason when there is no "
        "device (default: false)"},
@@ -185,7 +185,7 @@ std::vector<CommandSpec> MakeCommands() {
         {"ctx", "N", "KV cache positions (default: 0: what the tests need)"},
         {"backend", "cpu|cuda|auto", "cuda when a device exists, else cpu (default: auto)"},
         {"steps_per_launch", "N", "cuda: decode steps captured in one CUDA graph (default: 1)"},
-        {"kv_type", "f16|f32", "cpu: the KV cache's element type (default: f16)"},
+        {"kv_type", "f16|f32", "the KV cache's element type (default: f16)"},
         {"verbose", "",
          "print the CUDA runtime's reason when there is no device (default: "
          "false)"}}});

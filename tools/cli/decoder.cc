@@ -30,7 +30,7 @@ ABSL_FLAG(float, temp, 0.0f, "sampling temperature (0: greedy)");
 ABSL_FLAG(float, top_p, 0.95f, "sampling's top-p (1: off)");
 ABSL_FLAG(float, min_p, 0.05f, "sampling's min-p (0: off)");
 ABSL_FLAG(std::string, t, "", "CPU backend threads (empty or 0: the physical cores)");
-ABSL_FLAG(std::string, kv_type, "f16", "the CPU backend's KV cache element type, f16 or f32");
+ABSL_FLAG(std::string, kv_type, "f16", "the KV cache's element type, f16 or f32");
 ABSL_FLAG(int32_t, n_cpu_moe, -1, "llama.cpp's --n-cpu-moe: layers whose experts stay on the host");
 
 namespace moegraph {
@@ -262,6 +262,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
     CudaEngineOptions options;
     options.sampling = flags.sampling;
     options.max_ctx = max_ctx;
+    options.kv_type = flags.cpu.kv_type;
     options.n_slots = flags.slots;
     if (flags.n_cpu_moe >= 0) {
       // llama.cpp keeps the experts of the first N layers on the host and the
