@@ -621,5 +621,23 @@ TEST_F(EngineArmsTest, AStoreOfAnotherModelIsAnErrorNamingTheStore) {
   EXPECT_EQ(store->use_count(), 1);  // the failed engine holds no reference
 }
 
+// The attention kernel holds a head's q in shared memory: a wider head is
+// refused before anything is allocated, naming the file and the head_dim.
+TEST_F(EngineArmsTest, AHeadWiderThanTheAttentionTakesIsAnErrorNamingIt) {
+  FixtureSpec spec;
+  spec.n_layer = 1;
+  spec.n_head = 2;
+  spec.n_head_kv = 1;
+  spec.head_dim = 288;
+  absl::StatusOr<std::unique_ptr<LoadedModel>> wide = LoadFixture(spec);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  CudaEngineOptions options;
+  options.max_ctx = 8;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine = CudaEngine::Create((*wide)->model, options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_TRUE(MessageHas(engine.status(), "head_dim of at most 256 (this model's is 288)"))
+      << engine.status();
+}
+
 }  // namespace
 }  // namespace moegraph

@@ -3,7 +3,9 @@
 # build, run the GPU tests (cuda_conformance_test first: it holds the CPU emulator
 # of docs/EMULATOR.md to the hardware), time the miss copy (stage copy kernel vs cudaMemcpyAsync),
 # decode a synthetic qwen3moe fixture in every arm, benchmark a Qwen3-30B-A3B-shaped
-# fixture (16 GiB of q4_K experts) at three slot counts beside llama.cpp's CUDA
+# fixture (16 GiB of q4_K experts) at three slot counts, racecheck and memcheck on
+# the engine test, Nsight Compute's bank conflicts and DRAM throughput of the
+# matvecs and attention (where the counters are readable), beside llama.cpp's CUDA
 # llama-bench on the same file (when bundled: tools/build-llama-cuda.sh), and end
 # in one markdown table (check | result | detail). Finishes inside 8 minutes: every step has a
 # timeout, and steps are skipped once the overall budget is spent. Reads the device
@@ -284,6 +286,29 @@ for test in cuda_conformance_test kernels_test engine_gpu_test; do
   fi
 done
 
+# compute-sanitizer on the engine test's every-arm run (the step's kernels,
+# epilogues and copies): racecheck finds shared-memory hazards, memcheck
+# out-of-bounds and misaligned accesses.
+SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for tool in racecheck memcheck; do
+  echo "== $tool"
+  STEP=$tool
+  if [[ ! -x $SANITIZER || ! -x $BUILD/tests/engine_gpu_test ]]; then
+    row "$tool" "SKIPPED" "no compute-sanitizer or engine_gpu_test"
+    continue
+  fi
+  run_step 60 "$WORK/$tool.log" "$SANITIZER" --tool "$tool" --error-exitcode 3 \
+    "$BUILD/tests/engine_gpu_test" --gtest_filter=EngineArmsTest.EveryArmGivesTheSameTokensAndLogits
+  rc=$?
+  tail -5 "$WORK/$tool.log"
+  summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/$tool.log" | tail -1)
+  if ((rc == 0)); then
+    row "$tool" "ok" "engine every-arm test: ${summary:-no summary line}"
+  else
+    row "$tool" "FAIL" "exit $rc: ${summary:-$(tail -1 "$WORK/$tool.log")}"
+  fi
+done
+
 echo "== copy bench"
 STEP="copy bench"
 # The same bytes both ways: 8 Qwen3 q4_K expert blocks (a layer that misses all
@@ -447,7 +472,7 @@ else
   for setting in "-ngl 99" "-ngl 99 --n-cpu-moe 24"; do
     log=$WORK/llama-bench.log
     # shellcheck disable=SC2086 # the setting is words
-    LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} run_step 90 "$log" \
+    LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} run_step 75 "$log" \
       "$LLAMA_BENCH" -m "$QWEN3" $setting -p 0 -n 32 -r 2 -o md
     rc=$?
     cat "$log"
@@ -461,5 +486,42 @@ else
     fi
   done
 fi
+echo "== ncu"
+STEP=ncu
+# Where Nsight Compute may read the counters: shared-memory bank conflicts and
+# DRAM throughput of the expert matvecs and the attention of 8 decoded tokens on
+# the Qwen3-shaped file (resident: every expert in place).
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+if [[ ! -x $NCU ]]; then
+  row "ncu" "SKIPPED" "no ncu"
+elif ((QWEN3_OK == 0)); then
+  row "ncu" "FAIL" "no Qwen3-shaped fixture"
+else
+  run_step 60 "$WORK/ncu.log" "$NCU" --csv --launch-skip 200 --launch-count 40 \
+    -k regex:'grouped_matvec|attention_split' \
+    --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    "$MOEGRAPH" run -m "$QWEN3" --backend cuda --arm resident --tokens 1,2,3 -n 8
+  rc=$?
+  tail -3 "$WORK/ncu.log"
+  if [[ -n ${OUT:-} && -d $OUT ]]; then cp "$WORK/ncu.log" "$OUT/ncu.csv"; fi
+  # CSV rows: ..."Kernel Name",...,"Metric Name","Metric Unit","Metric Value".
+  metrics=$(awk -F'","' '
+    NF > 5 {
+      kernel = ($0 ~ /attention_split/) ? "attention" : "matvec"
+      metric = $(NF - 2); value = $NF; gsub(/[",]/, "", value)
+      key = kernel " " (metric ~ /bank/ ? "bank conflicts" : "DRAM % of peak")
+      sum[key] += value; n[key]++
+    }
+    END { for (k in sum) { printf "%s%s %.1f", sep, k, sum[k] / n[k]; sep = "; " } }' \
+    "$WORK/ncu.log")
+  if ((rc != 0)) && grep -q ERR_NVGPUCTRPERM "$WORK/ncu.log"; then
+    row "ncu" "SKIPPED" "the counters are not readable here (ERR_NVGPUCTRPERM)"
+  elif ((rc != 0)) || [[ -z $metrics ]]; then
+    row "ncu" "FAIL" "exit $rc: $(tail -1 "$WORK/ncu.log")"
+  else
+    row "ncu" "ok" "mean per launch: $metrics"
+  fi
+fi
+
 rm -f "$QWEN3"
 STEP=finished
