@@ -46,18 +46,24 @@ __device__ inline bool last_block_done(unsigned int* ticket, unsigned int expect
   return last;
 }
 
+// RMSNorm's factor over x[0, n) by the whole block (x read through L2).
+__device__ inline float block_rms_scale(const float* x, int32_t n, float eps,
+                                        EpilogueShared* shared) {
+  float sum_sq = 0.0f;
+  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = __ldcg(x + i);
+    sum_sq += v * v;
+  }
+  return rms_scale(block_sum(sum_sq, shared->scratch), n, eps);
+}
+
 // out = x / rms(x) * weight over x[0, n) by the whole block, and out's q8_1
 // blocks when out_q is set (n a multiple of 32, blockDim.x of 32). x is read
 // through L2: other blocks of the launch may have written it.
 __device__ inline void block_rmsnorm(const float* x, const float* __restrict__ weight, float* out,
                                      int32_t n, float eps, block_q8_1* __restrict__ out_q,
                                      EpilogueShared* shared) {
-  float sum_sq = 0.0f;
-  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = __ldcg(x + i);
-    sum_sq += v * v;
-  }
-  const float scale = rms_scale(block_sum(sum_sq, shared->scratch), n, eps);
+  const float scale = block_rms_scale(x, n, eps, shared);
   if (out_q == nullptr) {
     for (int32_t i = threadIdx.x; i < n; i += blockDim.x)
       out[i] = __ldcg(x + i) * scale * weight[i];
@@ -77,17 +83,6 @@ __device__ inline void block_rmsnorm(const float* x, const float* __restrict__ w
 inline bool norm_epilogue_ok(const NormEpilogue& norm, int64_t n) {
   return norm.weight == nullptr ||
          (norm.out != nullptr && (norm.out_q == nullptr || n % QK8_1 == 0));
-}
-
-// RMSNorm's factor over x[0, n) by the whole block (x read through L2).
-__device__ inline float block_rms_scale(const float* x, int32_t n, float eps,
-                                        EpilogueShared* shared) {
-  float sum_sq = 0.0f;
-  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = __ldcg(x + i);
-    sum_sq += v * v;
-  }
-  return rms_scale(block_sum(sum_sq, shared->scratch), n, eps);
 }
 
 // One head by the whole block, a thread per pair: src (read through L2) times

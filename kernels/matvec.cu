@@ -34,8 +34,9 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kRows = 32;  // rows per block: a q8_1 block of the pair's output
 
-int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
-__device__ int32_t ceil_div_device(int32_t a, int32_t b) { return (a + b - 1) / b; }
+__host__ __device__ int32_t ceil_div(int64_t a, int64_t b) {
+  return static_cast<int32_t>((a + b - 1) / b);
+}
 
 size_t packed_row_bytes(GgmlType type, int64_t cols) {
   return static_cast<size_t>(cols / quant_block_elems(type) * quant_block_bytes(type));
@@ -206,7 +207,7 @@ __device__ void qkv_rope_epilogue(const QkvArgs& a, int j, int32_t bx, EpilogueS
   uint16_t* dst_f16 = j == 1 && rope.kv_f16 ? static_cast<uint16_t*>(rope.k_cache) + k_row : nullptr;
   const float* weight = rope.use_norm ? (j == 0 ? rope.norm.q_weight : rope.norm.k_weight) : nullptr;
   if (rope.use_norm && rope.norm.full) {
-    if (!last_block_done(tickets, ceil_div_device(rows, kRows), shared)) return;
+    if (!last_block_done(tickets, ceil_div(rows, kRows), shared)) return;
     const float scale = block_rms_scale(src, rows, rope.norm.eps, shared);
     for (int32_t h = 0; h < n_heads; ++h) {
       rope_head(src + h * d, scale, weight + h * d, d, p, rope.freq_base, rope.rope_type,
