@@ -136,6 +136,13 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
         "%s: the CUDA attention takes a head_dim of at most 256 (this model's is %d)",
         m.file->path(), cfg.head_dim));
   }
+  // The f16 cache is read 8 elements (16 bytes) at a time.
+  if (options.kv_type == KvCacheType::kF16 && cfg.head_dim % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the CUDA attention reads an f16 KV cache in 8-element loads and this model's "
+        "head_dim is %d: give --kv-type f32",
+        m.file->path(), cfg.head_dim));
+  }
   if (options.record_routing && options.steps_per_launch != 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "recording the routing reads it back after every step: --steps-per-launch %d must be 1",

@@ -59,16 +59,6 @@ __global__ void embed_kernel(const uint8_t* __restrict__ table, GgmlType type, i
   run_norm_epilogue(norm, out, static_cast<int32_t>(n_blocks * block_elems), &shared);
 }
 
-// A cache element as f32: T is float (--kv-type f32) or uint16_t (f16 bits).
-template <typename T>
-__device__ __forceinline__ float kv_value(const T* p) {
-  if constexpr (sizeof(T) == 2) {
-    return f16_to_f32(*p);
-  } else {
-    return *p;
-  }
-}
-
 // The score of one key against q_head by a group of g lanes (g a power of two
 // dividing 32, head_dim a multiple of 8 g): f16 keys read 8 at a time (16-byte
 // loads), q_head as float4 pairs.
@@ -102,6 +92,8 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
   __shared__ float4 q_head4[kMaxHeadDim / 4];  // 16-byte aligned, for key_dot_f16x8
   float* q_head = reinterpret_cast<float*>(q_head4);
   __shared__ float weights[kAttnSplit];
+  // The f16 values' per-group sums: at most 8 floats per thread.
+  __shared__ float value_sums[sizeof(T) == 2 ? 8 * kAttnThreads : 1];
   __shared__ float scratch[32];
   __shared__ EpilogueShared shared;
   const int32_t head = blockIdx.x;
@@ -120,24 +112,25 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
 
   const int lane = threadIdx.x % 32;
   const int n_warps = blockDim.x / 32;
-  if (sizeof(T) == 2 && head_dim % 8 == 0) {
-    // f16 keys: a group of g lanes per position, 16-byte loads.
-    const int g = min(32, head_dim / 8);
+  if constexpr (sizeof(T) == 2) {
+    // f16 keys: a group of g lanes per position (the greatest power of two
+    // up to head_dim / 8, so groups tile the warp), 16-byte loads.
+    int g = 1;
+    while (2 * g <= min(32, head_dim / 8)) g *= 2;
     const int per_warp = 32 / g;
     for (int32_t t0 = threadIdx.x / 32 * per_warp; t0 < count; t0 += n_warps * per_warp) {
       const int32_t t = t0 + lane / g;
       // Lanes past the split's end read its last key and drop the score.
-      const uint16_t* key = reinterpret_cast<const uint16_t*>(k_cache) +
-                            (begin + min(t, count - 1)) * kv_len + kv_offset;
+      const uint16_t* key = k_cache + (begin + min(t, count - 1)) * kv_len + kv_offset;
       const float dot = key_dot_f16x8(q_head, key, head_dim, lane % g, g);
       if (lane % g == 0 && t < count) weights[t] = dot * scale;
     }
   } else {
     // A warp per position, lanes over head_dim.
     for (int32_t t = threadIdx.x / 32; t < count; t += n_warps) {
-      const T* key = k_cache + (begin + t) * kv_len + kv_offset;
+      const float* key = k_cache + (begin + t) * kv_len + kv_offset;
       float dot = 0.0f;
-      for (int32_t d = lane; d < head_dim; d += 32) dot += q_head[d] * kv_value(key + d);
+      for (int32_t d = lane; d < head_dim; d += 32) dot += q_head[d] * key[d];
       dot = warp_sum(dot);
       if (lane == 0) weights[t] = dot * scale;
     }
@@ -155,12 +148,40 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
   }
   const float sum = block_sum(local_sum, scratch);  // its barriers publish weights[]
 
-  // Weighted values: a thread per dimension, positions in order (coalesced rows).
-  for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    const T* value = v_cache + static_cast<int64_t>(begin) * kv_len + kv_offset + d;
-    float acc = 0.0f;
-    for (int32_t t = 0; t < count; ++t) acc += weights[t] * kv_value(value + t * kv_len);
-    out[d] = acc;
+  if constexpr (sizeof(T) == 2) {
+    // f16 values: head_dim / 8 lanes own 8 dimensions each (16-byte loads), the
+    // block's other groups of that many lanes take every groups-th position;
+    // the groups' sums are added in group order.
+    const int32_t lanes = head_dim / 8;
+    const int32_t groups = static_cast<int32_t>(blockDim.x) / lanes;
+    const int32_t group = static_cast<int32_t>(threadIdx.x) / lanes;
+    const int32_t d0 = 8 * (static_cast<int32_t>(threadIdx.x) % lanes);
+    if (group < groups) {
+      float acc[8] = {};
+      const uint16_t* value = v_cache + static_cast<int64_t>(begin) * kv_len + kv_offset + d0;
+      for (int32_t t = group; t < count; t += groups) {
+        const uint4 packed = *reinterpret_cast<const uint4*>(value + t * kv_len);
+        const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+        for (int i = 0; i < 8; ++i) {
+          acc[i] += weights[t] * f16_to_f32(static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2))));
+        }
+      }
+      for (int i = 0; i < 8; ++i) value_sums[group * head_dim + d0 + i] = acc[i];
+    }
+    __syncthreads();
+    for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+      float acc = 0.0f;
+      for (int32_t g = 0; g < groups; ++g) acc += value_sums[g * head_dim + d];
+      out[d] = acc;
+    }
+  } else {
+    // f32 values: a thread per dimension, positions in order (coalesced rows).
+    for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+      const float* value = v_cache + static_cast<int64_t>(begin) * kv_len + kv_offset + d;
+      float acc = 0.0f;
+      for (int32_t t = 0; t < count; ++t) acc += weights[t] * value[t * kv_len];
+      out[d] = acc;
+    }
   }
   if (threadIdx.x == 0) {
     out[head_dim] = max_score;
@@ -230,7 +251,8 @@ cudaError_t launch_attention_decode(const float* q, const void* k_cache, const v
       partial == nullptr || tickets == nullptr || out == nullptr || n_head <= 0 ||
       n_head_kv <= 0 || n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim ||
       max_ctx <= 0 || (out_q != nullptr && n_head * head_dim % QK8_1 != 0) ||
-      reinterpret_cast<uintptr_t>(k_cache) % 16 != 0) {
+      (kv_f16 && (head_dim % 8 != 0 || reinterpret_cast<uintptr_t>(k_cache) % 16 != 0 ||
+                  reinterpret_cast<uintptr_t>(v_cache) % 16 != 0))) {
     return cudaErrorInvalidValue;
   }
   const int32_t n_splits = attention_splits(max_ctx);

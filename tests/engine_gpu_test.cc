@@ -639,5 +639,26 @@ TEST_F(EngineArmsTest, AHeadWiderThanTheAttentionTakesIsAnErrorNamingIt) {
       << engine.status();
 }
 
+// A head not a multiple of 8 wide takes the f32 cache: the f16 one is read 8
+// elements at a time. The refusal names the flag that lifts it.
+TEST_F(EngineArmsTest, AnF16CacheOfHeadsNotAMultipleOf8IsAnErrorNamingTheFlag) {
+  FixtureSpec spec;
+  spec.n_layer = 1;
+  spec.n_head = 2;
+  spec.n_head_kv = 1;
+  spec.head_dim = 12;
+  absl::StatusOr<std::unique_ptr<LoadedModel>> narrow = LoadFixture(spec);
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  CudaEngineOptions options;
+  options.max_ctx = 8;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create((*narrow)->model, options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_TRUE(MessageHas(engine.status(), "head_dim is 12: give --kv-type f32")) << engine.status();
+  options.kv_type = KvCacheType::kF32;
+  engine = CudaEngine::Create((*narrow)->model, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+}
+
 }  // namespace
 }  // namespace moegraph

@@ -473,11 +473,13 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
 // length's splits and merge.
 TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
   std::mt19937 rng(6);
-  // 16: heads narrower than a q8_1 block, quantized by the last head merged.
-  for (int32_t head_dim : {64, 16}) {
+  // 16: heads narrower than a q8_1 block, quantized by the last head merged;
+  // 24: f16 values in 3-lane groups, 128 threads not a multiple of them; 256:
+  // the widest head, a full warp of 8-dimension lanes per group.
+  for (int32_t head_dim : {64, 16, 24, 256}) {
     for (bool kv_f16 : {false, true}) {
       SCOPED_TRACE("head_dim " + std::to_string(head_dim) + (kv_f16 ? " f16" : " f32"));
-      const int32_t n_head = 8, n_head_kv = 2, max_ctx = 300;
+      const int32_t n_head = head_dim == 24 ? 4 : 8, n_head_kv = 2, max_ctx = 300;
       const int32_t kv_len = n_head_kv * head_dim;
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
       std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
@@ -1195,18 +1197,23 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   EXPECT_EQ(qkv(64, bad, tickets), cudaErrorInvalidValue);
   // Attention: KV heads not dividing the heads, 65536 splits of 128 positions
   // (past CUDA's gridDim.y limit), no tickets, q8_1 output blocks of an output
-  // not a multiple of 32 long, a cache not 16-byte aligned.
+  // not a multiple of 32 long, an f16 cache not 16-byte aligned (keys or
+  // values) or with heads not a multiple of 8 wide (its 16-byte loads).
   auto attention = [&](int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
-                       unsigned int* attention_tickets, block_q8_1* out_q, const void* k) {
-    return launch_attention_decode(d_x.get(), k, d_x.get(), true, d_i.get(), n_head, n_head_kv,
-                                   head_dim, max_ctx, 1.0f, d_x.get(), attention_tickets, d_x.get(),
-                                   out_q, stream_);
+                       unsigned int* attention_tickets, block_q8_1* out_q, const void* k,
+                       const void* v = nullptr) {
+    return launch_attention_decode(d_x.get(), k, v != nullptr ? v : d_x.get(), true, d_i.get(),
+                                   n_head, n_head_kv, head_dim, max_ctx, 1.0f, d_x.get(),
+                                   attention_tickets, d_x.get(), out_q, stream_);
   };
   EXPECT_EQ(attention(6, 4, 64, 16, tickets, nullptr, d_x.get()), cudaErrorInvalidValue);
   EXPECT_EQ(attention(4, 4, 64, 65536 * 128, tickets, nullptr, d_x.get()), cudaErrorInvalidValue);
   EXPECT_EQ(attention(4, 4, 64, 16, nullptr, nullptr, d_x.get()), cudaErrorInvalidValue);
   EXPECT_EQ(attention(4, 4, 10, 16, tickets, d_q.get(), d_x.get()), cudaErrorInvalidValue);
   EXPECT_EQ(attention(4, 4, 64, 16, tickets, nullptr, d_x.get() + 1), cudaErrorInvalidValue);
+  EXPECT_EQ(attention(4, 4, 64, 16, tickets, nullptr, d_x.get(), d_x.get() + 1),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(attention(4, 4, 12, 16, tickets, nullptr, d_x.get()), cudaErrorInvalidValue);
   // A residual norm without tickets.
   NormEpilogue norm;
   norm.weight = d_x.get();
