@@ -8,6 +8,7 @@
 //   MOEGRAPH_POLICY=hazard|slru|lru  the residency policy
 //   MOEGRAPH_PROTECTED_FRAC   slru's protected share of the slots, in [0, 1)
 //   MOEGRAPH_SPLIT_PASSES=0   one expert pass over all ranks after the copies join
+//   MOEGRAPH_PDL=0            kernels launched without programmatic dependent launch
 #pragma once
 
 #include <functional>
@@ -36,6 +37,7 @@ struct Doors {
   ResidencyPolicy policy = kDefaultResidencyPolicy;  // MOEGRAPH_POLICY
   double protected_frac = kDefaultProtectedFrac;     // MOEGRAPH_PROTECTED_FRAC
   bool split_passes = true;                          // MOEGRAPH_SPLIT_PASSES
+  bool programmatic_launch = true;                   // MOEGRAPH_PDL (sm_90 and later)
   bool resident = false;   // every expert on the device (--arm resident only)
 
 };

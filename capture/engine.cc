@@ -228,6 +228,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   MG_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(0), "cudaSetDevice(0)"));
   cudaDeviceProp prop{};
   MG_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties"));
+  programmatic_launch = options.doors.programmatic_launch && prop.major >= 9;
   // The copy stream outranks the main one, so the hits pass cannot starve the
   // miss copies it overlaps (the graph keeps these priorities per node).
   int least_priority = 0, greatest_priority = 0;

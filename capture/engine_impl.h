@@ -203,6 +203,8 @@ struct CudaEngine::Impl {
   CudaEngineOptions options;
   Arm arm = Arm::kGraph;
   SlotMode slot_mode = SlotMode::kDevicePolicy;
+  // MOEGRAPH_PDL on a device that has it (compute capability 9.0 and later).
+  bool programmatic_launch = false;
   std::string banner;
   HostCounters host;
   EngineCounters host_expert;  // the host arm's policy tallies
@@ -258,6 +260,7 @@ struct CudaEngine::Impl {
   float* shexp_out = nullptr;
   float* shexp_logit = nullptr;
   float* logits = nullptr;
+  void* sample_scratch = nullptr;  // launch_sample's blocks' argmax and candidates
   DeviceCounters* counters = nullptr;
   float* partial = nullptr;
   unsigned int* tickets = nullptr;  // the epilogues' counters (kernels/kernels.h), zeroed

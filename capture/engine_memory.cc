@@ -375,6 +375,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_sa = s.Add(n_shexp * f);
   const size_t o_sout = s.Add(cfg.n_embd * f), o_slogit = s.Add(f);
   const size_t o_logits = s.Add(static_cast<size_t>(cfg.n_vocab) * f);
+  const size_t o_sample = s.Add(sample_scratch_bytes(cfg.n_vocab));
   const size_t o_counters = s.Add(sizeof(DeviceCounters));
   const size_t o_sel = s.Add(n_layer * kk * 4), o_w = s.Add(n_layer * kk * f);
   const size_t o_keys = s.Add(n_layer * kk * 4), o_sor = s.Add(n_layer * kk * 4);
@@ -419,6 +420,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   shexp_out = reinterpret_cast<float*>(at(o_sout));
   shexp_logit = reinterpret_cast<float*>(at(o_slogit));
   logits = reinterpret_cast<float*>(at(o_logits));
+  sample_scratch = at(o_sample);
   counters = reinterpret_cast<DeviceCounters*>(at(o_counters));
   routing_cursor = reinterpret_cast<int64_t*>(at(o_cursor));
   tickets = reinterpret_cast<unsigned int*>(at(o_tickets));
@@ -512,8 +514,8 @@ uint64_t RecordBytes(const CudaEngineOptions& options, const ModelConfig& cfg) {
                      static_cast<uint64_t>(cfg.n_layer) * cfg.n_expert_used * 4;
 }
 
-// Scratch bytes the budget sets aside: the decode state (epilogue tickets
-// included), attention partials and
+// Scratch bytes the budget sets aside: the decode state (epilogue tickets and
+// the sampler's scratch included), attention partials and
 // the slack of 256-byte alignment, as AllocateState lays them out.
 uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
   const uint64_t f = sizeof(float);
@@ -532,7 +534,8 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
   const uint64_t ticket_bytes =
       static_cast<uint64_t>(step_tickets(cfg.n_embd, cfg.n_head, cfg.n_head_kv)) * 4;
   return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer + q8_1_bytes +
-         ticket_bytes + attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 68 * 256;
+         ticket_bytes + sample_scratch_bytes(cfg.n_vocab) +
+         attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 69 * 256;
 }
 
 }  // namespace moegraph

@@ -23,6 +23,7 @@ WalkConfig CudaEngine::Impl::MakeWalkConfig(int steps) const {
   c.steps = steps;
   c.slot_mode = slot_mode;
   c.split_passes = options.doors.split_passes;
+  c.programmatic_launch = programmatic_launch;
   c.shared_expert = cfg.n_ff_shexp > 0;
   c.trace_routing = options.routing_trace != nullptr;
   c.routing_step_end = c.trace_routing || options.routing_record_steps > 0;
@@ -265,7 +266,10 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
                                     logits_record.as<float>(), ms);
       };
     case StepOp::kSample:
-      return [=, this] { return launch_sample(logits, cfg.n_vocab, sampling, step, sampled, ms); };
+      return [=, this] {
+        return launch_sample(logits, cfg.n_vocab, sampling, step, sample_scratch, tickets, sampled,
+                             ms);
+      };
     case StepOp::kRoutingStepEnd:
       return [=, this] {
         return launch_routing_step_end(layer_experts[0].selection, cfg.n_layer * top_k,
@@ -306,7 +310,7 @@ absl::StatusOr<int> CudaEngine::Impl::RunSteps(
       MG_RETURN_IF_ERROR(graph_it->second.Launch(main, host));
     } else {
       size_t failed = 0;
-      const cudaError_t err = RunWalk(walk_it->second, &failed);
+      const cudaError_t err = LaunchWalk(walk_it->second, host, &failed);
       if (err != cudaSuccess) {
         return CudaStatus(
             err, absl::StrCat("eager walk: ", EntryLabel(walk_it->second.entries[failed])));

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "kernels/kernels.h"
 #include "loader/status_util.h"
 
 namespace moegraph {
@@ -19,6 +20,12 @@ absl::Status CudaStatus(cudaError_t err, std::string_view what) {
   return absl::InternalError(message);
 }
 
+cudaError_t LaunchWalk(const StepWalk& walk, HostCounters& counters, size_t* failed_entry) {
+  const ProgrammaticLaunchScope scope(
+      walk.config.programmatic_launch ? &counters.programmatic_launches : nullptr);
+  return RunWalk(walk, failed_entry);
+}
+
 absl::StatusOr<StepGraph> StepGraph::Capture(const StepWalk& walk, cudaStream_t main,
                                              HostCounters& counters) {
   StepGraph out;
@@ -26,7 +33,7 @@ absl::StatusOr<StepGraph> StepGraph::Capture(const StepWalk& walk, cudaStream_t 
   MG_RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(main, cudaStreamCaptureModeThreadLocal),
                                 "graph capture: cudaStreamBeginCapture"));
   size_t failed = 0;
-  const cudaError_t walk_err = RunWalk(walk, &failed);
+  const cudaError_t walk_err = LaunchWalk(walk, counters, &failed);
   // The capture ends whatever happened, so the stream is usable afterwards.
   const cudaError_t end_err = cudaStreamEndCapture(main, &out.graph_);
   if (walk_err != cudaSuccess) {

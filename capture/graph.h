@@ -20,12 +20,18 @@ struct HostCounters {
   uint64_t eager_steps = 0;     // steps run as eager walks
   uint64_t host_syncs = 0;      // stream or event synchronizations, blocking copies
   uint64_t h2d_memcpys = 0;     // host-to-device copy calls (uploads, the host arm's misses)
+  // Kernels launched (or captured) with programmatic dependent launch.
+  uint64_t programmatic_launches = 0;
 };
 
 // OK for cudaSuccess; otherwise an error naming `what` and the CUDA error
 // (ResourceExhausted for cudaErrorMemoryAllocation, Internal for the rest), and
 // the thread's last CUDA error is cleared.
 absl::Status CudaStatus(cudaError_t err, std::string_view what);
+
+// RunWalk, its kernels launched programmatically (counted in
+// counters.programmatic_launches) when walk.config.programmatic_launch is set.
+cudaError_t LaunchWalk(const StepWalk& walk, HostCounters& counters, size_t* failed_entry);
 
 // One walk captured on `main` (the copy stream joins through the walk's fork
 // events) and instantiated. Move-only; destroys the graph with it.

@@ -105,6 +105,8 @@ struct WalkConfig {
   SlotMode slot_mode = SlotMode::kDevicePolicy;
   // Hits before the join, misses after it; false: one pass after the join.
   bool split_passes = true;
+  // Kernels launched with programmatic dependent launch (MOEGRAPH_PDL, sm_90+).
+  bool programmatic_launch = false;
   bool shared_expert = false;  // qwen2moe
   // Routing replay and record (moegraph bench): trace_routing after each
   // router; routing_step_end before each end_step.

@@ -97,6 +97,7 @@ constexpr ErrorText kErrors[] = {
     {cudaErrorIllegalState, "cudaErrorIllegalState",
      "the operation cannot be performed in the present state"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
      "an illegal memory access was encountered"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
@@ -477,28 +478,36 @@ void ReseedForTesting(uint64_t seed) {
   d.rng = Rng(seed);
 }
 
-void EnqueueKernel(std::shared_ptr<const KernelLaunch> launch, cudaStream_t stream) {
+cudaError_t CheckLaunchConfig(const cudaLaunchConfig_t* config) {
+  if (config == nullptr || (config->numAttrs > 0 && config->attrs == nullptr)) {
+    return Return(cudaErrorInvalidValue);
+  }
+  if (config->dynamicSmemBytes != 0) return Return(cudaErrorNotSupported);
+  for (unsigned int i = 0; i < config->numAttrs; ++i) {
+    const cudaLaunchAttributeID id = config->attrs[i].id;
+    if (id != cudaLaunchAttributeIgnore &&
+        id != cudaLaunchAttributeProgrammaticStreamSerialization) {
+      return Return(cudaErrorNotSupported);
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t EnqueueKernel(std::shared_ptr<const KernelLaunch> launch, cudaStream_t stream) {
   Device& d = Device::Get();
   std::lock_guard<std::mutex> lock(d.mutex);
-  if (const cudaError_t blocked = d.Blocked(); blocked != cudaSuccess) {
-    Return(blocked);
-    return;
-  }
+  if (const cudaError_t blocked = d.Blocked(); blocked != cudaSuccess) return Return(blocked);
   CUstream_st* s = d.FindStream(stream);
-  if (s == nullptr) {
-    Return(cudaErrorInvalidResourceHandle);
-    return;
-  }
+  if (s == nullptr) return Return(cudaErrorInvalidResourceHandle);
   const dim3 grid = launch->grid();
   const dim3 block = launch->block();
   const unsigned long long threads = static_cast<unsigned long long>(block.x) * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 ||
       grid.z > 65535 || block.x == 0 || block.y == 0 || block.z == 0 || block.x > 1024 ||
       block.y > 1024 || block.z > 64 || threads > 1024) {
-    Return(cudaErrorInvalidConfiguration);
-    return;
+    return Return(cudaErrorInvalidConfiguration);
   }
-  Return(d.Submit(s, std::move(launch)));
+  return Return(d.Submit(s, std::move(launch)));
 }
 
 }  // namespace moegraph_emu

@@ -25,6 +25,7 @@ constexpr std::array<std::string_view, kCounterCount> kNames = {
     "host.eager_steps",
     "host.host_syncs",
     "host.h2d_memcpys",
+    "host.programmatic_launches",
 };
 
 bool IsHostCounter(Counter c) { return c >= Counter::kGraphLaunches; }
@@ -43,6 +44,7 @@ void SetHost(const HostCounters& h, CounterValues& v) {
   v.Set(Counter::kEagerSteps, h.eager_steps);
   v.Set(Counter::kHostSyncs, h.host_syncs);
   v.Set(Counter::kH2dMemcpys, h.h2d_memcpys);
+  v.Set(Counter::kProgrammaticLaunches, h.programmatic_launches);
 }
 
 }  // namespace

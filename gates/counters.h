@@ -38,8 +38,9 @@ enum class Counter : uint8_t {
   kEagerSteps,
   kHostSyncs,
   kH2dMemcpys,
+  kProgrammaticLaunches,
 };
-inline constexpr size_t kCounterCount = static_cast<size_t>(Counter::kH2dMemcpys) + 1;
+inline constexpr size_t kCounterCount = static_cast<size_t>(Counter::kProgrammaticLaunches) + 1;
 
 // "misses", "device.pass_b_experts", "host.host_syncs", ...
 std::string_view CounterName(Counter counter);

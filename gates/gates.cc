@@ -431,6 +431,7 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   MG_ASSIGN_OR_RETURN(const Doors eager, DoorsFromEnv({{"MOEGRAPH_GRAPH", "0"}}));
   MG_ASSIGN_OR_RETURN(const Doors host, DoorsFromEnv({{"MOEGRAPH_RESIDENCY", "host"}}));
   MG_ASSIGN_OR_RETURN(const Doors single, DoorsFromEnv({{"MOEGRAPH_SPLIT_PASSES", "0"}}));
+  MG_ASSIGN_OR_RETURN(const Doors no_pdl, DoorsFromEnv({{"MOEGRAPH_PDL", "0"}}));
 
   MG_ASSIGN_OR_RETURN(const ArmRun base,
                       RunArm(context, model, SpecOf(context, defaults, max_ctx), work));
@@ -442,6 +443,7 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kPassBExperts, "default"));
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kPassBExperts, d[Counter::kDeviceMisses], "default"));
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kPassAExperts, d[Counter::kDeviceHits], "default"));
+  MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kProgrammaticLaunches, "default"));
 
   // MOEGRAPH_GRAPH=0: eager steps instead of graph launches.
   MG_ASSIGN_OR_RETURN(const ArmRun eager_run,
@@ -476,12 +478,24 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   MG_RETURN_IF_ERROR(ExpectMoved(s, Counter::kDeviceMisses, "MOEGRAPH_SPLIT_PASSES=0"));
   MG_RETURN_IF_ERROR(ExpectEq(s, Counter::kPassAExperts, steps * SelectedPerStep(model),
                               "MOEGRAPH_SPLIT_PASSES=0"));
+
+  // MOEGRAPH_PDL=0: the same walk launched without the attribute.
+  MG_ASSIGN_OR_RETURN(const ArmRun no_pdl_run,
+                      RunArm(context, model, SpecOf(context, no_pdl, max_ctx), work));
+  MG_RETURN_IF_ERROR(
+      ExpectFlat(no_pdl_run.delta, Counter::kProgrammaticLaunches, "MOEGRAPH_PDL=0"));
+  MG_RETURN_IF_ERROR(ExpectEq(no_pdl_run.delta, Counter::kGraphLaunches, steps, "MOEGRAPH_PDL=0"));
+  if (no_pdl_run.transcript.tokens != base.transcript.tokens) {
+    return Fail("MOEGRAPH_PDL=0 changed the tokens of the default arm");
+  }
   return Pass(absl::StrFormat(
       "MOEGRAPH_GRAPH=0: %d eager steps, 0 launches (default: %d launches, 0 eager); "
       "MOEGRAPH_RESIDENCY=host: %d syncs, %d copy calls, residency kernel flat (default: %d "
-      "syncs, 1 copy call); MOEGRAPH_SPLIT_PASSES=0: pass B flat (default: %d)",
+      "syncs, 1 copy call); MOEGRAPH_SPLIT_PASSES=0: pass B flat (default: %d); "
+      "MOEGRAPH_PDL=0: 0 programmatic launches (default: %d)",
       eager_run.delta[Counter::kEagerSteps], d[Counter::kGraphLaunches], h[Counter::kHostSyncs],
-      h[Counter::kH2dMemcpys], d[Counter::kHostSyncs], d[Counter::kPassBExperts]));
+      h[Counter::kH2dMemcpys], d[Counter::kHostSyncs], d[Counter::kPassBExperts],
+      d[Counter::kProgrammaticLaunches]));
 }
 
 // ---- oracle-nmse ----
@@ -678,8 +692,8 @@ std::vector<Gate> AllGates() {
                    "their counter on their arm and leave it flat otherwise",
                    false, Guarded(DoorEngagement)});
   gates.push_back({"door-engagement-cuda",
-                   "MOEGRAPH_GRAPH, MOEGRAPH_RESIDENCY, MOEGRAPH_SPLIT_PASSES each move their "
-                   "counter on their arm and leave it flat otherwise",
+                   "MOEGRAPH_GRAPH, MOEGRAPH_RESIDENCY, MOEGRAPH_SPLIT_PASSES, MOEGRAPH_PDL "
+                   "each move their counter on their arm and leave it flat otherwise",
                    true, Guarded(DoorEngagementCuda)});
   gates.push_back({"oracle-nmse",
                    "logits against the CPU oracle: NMSE under 5e-4 (quantized experts) or "

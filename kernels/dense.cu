@@ -47,6 +47,7 @@ bool table_ok(const DeviceMatrix& m) {
 __global__ void embed_kernel(const uint8_t* __restrict__ table, GgmlType type, int32_t rows,
                              size_t row_bytes, int32_t n_blocks, const int32_t* __restrict__ token,
                              float* __restrict__ out, NormEpilogue norm) {
+  wait_for_prior_grids();
   __shared__ EpilogueShared shared;
   const int32_t t = *token;
   if (t < 0 || t >= rows) return;
@@ -89,6 +90,7 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
                                        unsigned int* __restrict__ tickets,
                                        float* __restrict__ merged_out,
                                        block_q8_1* __restrict__ out_q) {
+  wait_for_prior_grids();
   __shared__ float4 q_head4[kMaxHeadDim / 4];  // 16-byte aligned, for key_dot_f16x8
   float* q_head = reinterpret_cast<float*>(q_head4);
   __shared__ float weights[kAttnSplit];

@@ -15,6 +15,7 @@ constexpr int kThreadsPerBlock = 256;
 __global__ void dequantize_blocks(GgmlType type, const uint8_t* __restrict__ src,
                                   float* __restrict__ dst, int64_t n_blocks, int64_t block_elems,
                                   int64_t block_bytes) {
+  wait_for_prior_grids();
   const int64_t block = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (block >= n_blocks) return;
   dequantize_block(type, src + block * block_bytes, dst + block * block_elems);

@@ -53,6 +53,27 @@ struct DeviceCounters {
   unsigned long long steps;
 };
 
+// ---- programmatic dependent launch ----
+
+// While a scope is open, every launch this thread makes carries CUDA's
+// programmatic stream serialization (sm_90): the kernel's blocks may start
+// while the kernel before it in the stream finishes, and wait for it
+// (griddepcontrol.wait, kernels/launch.cuh) before they touch global memory.
+// Each such launch increments *counter. Scopes nest; the innermost wins.
+class ProgrammaticLaunchScope {
+ public:
+  explicit ProgrammaticLaunchScope(uint64_t* counter);
+  ~ProgrammaticLaunchScope();
+  ProgrammaticLaunchScope(const ProgrammaticLaunchScope&) = delete;
+  ProgrammaticLaunchScope& operator=(const ProgrammaticLaunchScope&) = delete;
+
+ private:
+  uint64_t* previous_;
+};
+
+// The counter of this thread's innermost open scope; nullptr outside every scope.
+uint64_t* programmatic_launch_counter();
+
 // ---- dense ops ----
 
 // Ops that fuse the op after them: their last block (kernels/epilogue.cuh) runs
@@ -276,19 +297,25 @@ int32_t step_tickets(int32_t n_embd, int32_t n_head, int32_t n_head_kv);
 
 // ---- tokens ----
 
-// token_out = argmax (ties to the lowest id).
-cudaError_t launch_argmax(const float* logits, int32_t n, int32_t* token_out,
-                          cudaStream_t stream);
-
 // Sampling: top-k, top-p, min-p, temperature and a Philox-4x32-10 draw keyed by
 // params->seed with counter *step (the position whose logits these are), so a
 // replay with the same seed draws the same tokens. The decision is
 // sample_token of kernels/sample_math.h, bit for bit; temperature 0 is the
-// argmax. *params is device memory read when the kernel runs, so a captured
-// graph samples with whatever was written there last; it must satisfy
-// sampling_params_valid (checked by whoever writes it).
+// argmax (ties to the lowest id). *params is device memory read when the
+// kernel runs, so a captured graph samples with whatever was written there
+// last; it must satisfy sampling_params_valid (checked by whoever writes it).
+// One block per 4096 logits (n at most 2^22); the last to finish decides.
+// scratch: sample_scratch_bytes(n) of device memory, 16-byte aligned, whose
+// first int32 is the SamplePath the last decision took; tickets: 1.
+enum class SamplePath : int32_t {
+  kArgmax = 0,      // greedy
+  kCandidates = 1,  // over the blocks' top-k candidates
+  kVocabulary = 2,  // over every logit (top-k off, past 256, or too many ties in a block)
+};
+size_t sample_scratch_bytes(int32_t n);
 cudaError_t launch_sample(const float* logits, int32_t n, const SamplingParams* params,
-                          const int32_t* step, int32_t* token_out, cudaStream_t stream);
+                          const int32_t* step, void* scratch, unsigned int* tickets,
+                          int32_t* token_out, cudaStream_t stream);
 
 // The step's logits kept for later: record[*step * n .. + n) = logits while
 // *step < record_steps (a gate reads every step's logits in one readback).

@@ -170,6 +170,7 @@ MG_NOINLINE __device__ void matvec_epilogue(MatvecArgs a, EpilogueShared* shared
 
 template <GgmlType T>
 __global__ void __launch_bounds__(kThreads) grouped_matvec_kernel(MatvecArgs a) {
+  wait_for_prior_grids();
   __shared__ EpilogueShared shared;
   if (a.slots == nullptr || rank_in_pass(a.pass, a.missed[blockIdx.y])) {
     matvec_rows<T>(a, blockIdx.x);
@@ -247,6 +248,7 @@ __device__ __forceinline__ void qkv_job(const QkvArgs& a, int j, int32_t bx,
 }
 
 __global__ void __launch_bounds__(kThreads) qkv_kernel(QkvArgs a) {
+  wait_for_prior_grids();
   __shared__ EpilogueShared shared;
   const int32_t block = blockIdx.x;
   const int j = block >= a.first_block[2] ? 2 : block >= a.first_block[1] ? 1 : 0;

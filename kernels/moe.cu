@@ -31,6 +31,7 @@ __global__ void trace_routing_kernel(const int32_t* __restrict__ ids,
                                      int32_t n_layer, int32_t layer, int32_t k,
                                      const int64_t* __restrict__ cursor,
                                      int32_t* __restrict__ experts, float* __restrict__ weights) {
+  wait_for_prior_grids();
   const int32_t r = threadIdx.x;
   if (r >= k) return;
   const int64_t row = ((*cursor % n_steps) * n_layer + layer) * k;
@@ -44,6 +45,7 @@ __global__ void trace_routing_kernel(const int32_t* __restrict__ ids,
 __global__ void routing_step_end_kernel(const int32_t* __restrict__ selection, int32_t n,
                                         int32_t* __restrict__ record, int64_t record_steps,
                                         int64_t* cursor) {
+  wait_for_prior_grids();
   const int64_t step = *cursor;
   if (record != nullptr && step < record_steps) {
     for (int32_t i = threadIdx.x; i < n; i += blockDim.x) record[step * n + i] = selection[i];
@@ -120,6 +122,7 @@ __global__ void __launch_bounds__(kResidencyThreads)
                           int32_t* __restrict__ selected_keys, int32_t* __restrict__ slot_of_rank,
                           uint8_t* __restrict__ missed, int32_t* __restrict__ evicted_keys,
                           uint64_t* __restrict__ rank_cache, DeviceCounters* counters) {
+  wait_for_prior_grids();
   __shared__ int32_t keys[kMaxTopK];
   __shared__ uint8_t rank_missed[kMaxTopK];
   __shared__ bool demotion_due;
@@ -180,6 +183,7 @@ __global__ void __launch_bounds__(kHazardThreads)
                        int32_t* __restrict__ selected_keys, int32_t* __restrict__ slot_of_rank,
                        uint8_t* __restrict__ missed, int32_t* __restrict__ evicted_keys,
                        uint64_t* __restrict__ rank_cache, DeviceCounters* counters) {
+  wait_for_prior_grids();
   __shared__ int32_t keys[kMaxTopK];
   __shared__ uint8_t rank_missed[kMaxTopK];
   __shared__ StepOutcome outcome;
@@ -233,6 +237,7 @@ __global__ void resident_slots_kernel(int32_t layer, int32_t n_expert,
                                       const int32_t* __restrict__ experts, int32_t k,
                                       int32_t* __restrict__ slot_of_rank,
                                       uint8_t* __restrict__ missed) {
+  wait_for_prior_grids();
   const int32_t r = threadIdx.x;
   if (r >= k) return;
   slot_of_rank[r] = residency_key(layer, experts[r], n_expert);
@@ -241,6 +246,7 @@ __global__ void resident_slots_kernel(int32_t layer, int32_t n_expert,
 
 __global__ void stage_all_slots_kernel(int32_t k, int32_t* __restrict__ slot_of_rank,
                                        uint8_t* __restrict__ missed) {
+  wait_for_prior_grids();
   const int32_t r = threadIdx.x;
   if (r >= k) return;
   slot_of_rank[r] = r;
@@ -254,6 +260,7 @@ __global__ void stage_copy_kernel(const uint4* __restrict__ host_blocks, size_t 
                                   const int32_t* __restrict__ slot_of_rank,
                                   const uint8_t* __restrict__ missed, uint4* __restrict__ slots,
                                   DeviceCounters* counters) {
+  wait_for_prior_grids();
   const int32_t r = blockIdx.y;
   if (!missed[r]) return;
   const size_t n_chunks = block_bytes / 16;

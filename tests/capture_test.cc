@@ -38,15 +38,16 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
   EXPECT_TRUE(r.doors.graph);
   EXPECT_TRUE(r.doors.moe_cache);
   EXPECT_TRUE(r.doors.split_passes);
+  EXPECT_TRUE(r.doors.programmatic_launch);
   EXPECT_FALSE(r.doors.resident);
   EXPECT_EQ(r.doors.residency, ResidencyMode::kDevice);
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kHazard);
   EXPECT_DOUBLE_EQ(r.doors.protected_frac, kDefaultProtectedFrac);
-  for (const char* door : {"MOEGRAPH_GRAPH=1 (default)", "MOEGRAPH_MOE_CACHE=1 (default)",
-                           "MOEGRAPH_RESIDENCY=device (default)",
-                           "MOEGRAPH_POLICY=hazard (default)",
-                           "MOEGRAPH_PROTECTED_FRAC=0.80 (default)",
-                           "MOEGRAPH_SPLIT_PASSES=1 (default)"}) {
+  for (const char* door :
+       {"MOEGRAPH_GRAPH=1 (default)", "MOEGRAPH_MOE_CACHE=1 (default)",
+        "MOEGRAPH_RESIDENCY=device (default)", "MOEGRAPH_POLICY=hazard (default)",
+        "MOEGRAPH_PROTECTED_FRAC=0.80 (default)", "MOEGRAPH_SPLIT_PASSES=1 (default)",
+        "MOEGRAPH_PDL=1 (default)"}) {
     EXPECT_NE(r.banner.find(door), std::string::npos) << door << "\n" << r.banner;
   }
 }
@@ -103,13 +104,16 @@ TEST(DoorsTest, AVariableSetInTheEnvironmentWinsOverTheArmAndTheBannerSaysSo) {
       << env_host.banner;
 }
 
-TEST(DoorsTest, PolicyFractionAndPassesComeFromTheEnvironment) {
+TEST(DoorsTest, PolicyFractionPassesAndPdlComeFromTheEnvironment) {
   const ResolvedDoors r = Resolve(std::nullopt, {{"MOEGRAPH_POLICY", "lru"},
                                                  {"MOEGRAPH_PROTECTED_FRAC", "0.5"},
-                                                 {"MOEGRAPH_SPLIT_PASSES", "0"}});
+                                                 {"MOEGRAPH_SPLIT_PASSES", "0"},
+                                                 {"MOEGRAPH_PDL", "0"}});
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kLru);
   EXPECT_DOUBLE_EQ(r.doors.protected_frac, 0.5);
   EXPECT_FALSE(r.doors.split_passes);
+  EXPECT_FALSE(r.doors.programmatic_launch);
+  EXPECT_NE(r.banner.find("MOEGRAPH_PDL=0 (env)"), std::string::npos) << r.banner;
   EXPECT_NE(r.banner.find("MOEGRAPH_POLICY=lru (env)"), std::string::npos) << r.banner;
 
   const ResolvedDoors slru = Resolve(std::nullopt, {{"MOEGRAPH_POLICY", "slru"},
@@ -119,11 +123,15 @@ TEST(DoorsTest, PolicyFractionAndPassesComeFromTheEnvironment) {
 }
 
 TEST(DoorsTest, BadValuesAndContradictionsNameTheVariables) {
-  const std::vector<std::pair<std::string, std::string>> bad = {
-      {"MOEGRAPH_GRAPH", "yes"},          {"MOEGRAPH_MOE_CACHE", "2"},
-      {"MOEGRAPH_RESIDENCY", "gpu"},      {"MOEGRAPH_POLICY", "opt"},
-      {"MOEGRAPH_PROTECTED_FRAC", "1.0"}, {"MOEGRAPH_PROTECTED_FRAC", "-0.1"},
-      {"MOEGRAPH_PROTECTED_FRAC", "x"},   {"MOEGRAPH_SPLIT_PASSES", "true"}};
+  const std::vector<std::pair<std::string, std::string>> bad = {{"MOEGRAPH_GRAPH", "yes"},
+                                                                {"MOEGRAPH_MOE_CACHE", "2"},
+                                                                {"MOEGRAPH_RESIDENCY", "gpu"},
+                                                                {"MOEGRAPH_POLICY", "opt"},
+                                                                {"MOEGRAPH_PROTECTED_FRAC", "1.0"},
+                                                                {"MOEGRAPH_PROTECTED_FRAC", "-0.1"},
+                                                                {"MOEGRAPH_PROTECTED_FRAC", "x"},
+                                                                {"MOEGRAPH_SPLIT_PASSES", "true"},
+                                                                {"MOEGRAPH_PDL", "on"}};
   for (const auto& [name, value] : bad) {
     absl::StatusOr<ResolvedDoors> r = ResolveDoors(std::nullopt, FakeEnv({{name, value}}));
     ASSERT_FALSE(r.ok()) << name << "=" << value;

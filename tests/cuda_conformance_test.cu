@@ -50,6 +50,14 @@ __global__ void sum_kernel(const int* values, int n, unsigned long long* out) {
   if (i < n) atomicAdd(out, static_cast<unsigned long long>(values[i]));
 }
 
+// Launched programmatically after a producer: waits for it (griddepcontrol.wait)
+// before reading what it wrote.
+__global__ void dependent_copy_kernel(const int* in, int* out, int n) {
+  wait_for_prior_grids();
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = in[i] + 1;
+}
+
 class CudaConformanceTest : public testing_util::CudaStreamTest {
  protected:
   void SetUp() override {
@@ -264,6 +272,61 @@ TEST_F(CudaConformanceTest, AStreamKeepsItsClampedPriorityAndAGraphUsesNodePrior
   EXPECT_EQ(Counter(), 1ull + 32 * 10 + 128 * 100);
   EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
+// A chain of programmatic launches (MOEGRAPH_PDL), each waiting for the one
+// before it: in a stream and in a captured graph every kernel sees its
+// predecessor's writes, and the scope counts the launches it made so.
+TEST_F(CudaConformanceTest, AProgrammaticLaunchSeesTheWritesOfTheKernelBeforeIt) {
+  constexpr int n = 1 << 16;
+  int *a = nullptr, *b = nullptr, *c = nullptr;
+  for (int** p : {&a, &b, &c}) {
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(p), n * sizeof(int)), cudaSuccess);
+  }
+  auto chain = [&](int round) {
+    EXPECT_EQ(launch_kernel<fill_kernel>(n / 256, 256, stream_, a, n, round), cudaSuccess);
+    EXPECT_EQ(launch_kernel<dependent_copy_kernel>(n / 256, 256, stream_, a, b, n), cudaSuccess);
+    EXPECT_EQ(launch_kernel<dependent_copy_kernel>(n / 256, 256, stream_, b, c, n), cudaSuccess);
+  };
+  auto download = [&] {
+    std::vector<int> out(n);
+    EXPECT_EQ(cudaMemcpy(out.data(), c, n * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  };
+  uint64_t programmatic = 0;
+  {
+    const ProgrammaticLaunchScope scope(&programmatic);
+    for (int round = 0; round < 3; ++round) {
+      chain(round * 10);
+      Sync();
+      EXPECT_EQ(download(), std::vector<int>(n, round * 10 + 2));
+    }
+    EXPECT_EQ(launch_kernel<add_kernel>(1, 1025, stream_, counter_, 1ull),
+              cudaErrorInvalidConfiguration);  // refused, not counted
+  }
+  EXPECT_EQ(programmatic, 9u);
+
+  cudaGraph_t graph = nullptr;
+  {
+    const ProgrammaticLaunchScope scope(&programmatic);
+    ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    chain(100);
+    ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+  }
+  EXPECT_EQ(programmatic, 12u);  // captured launches count once, replays do not
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority),
+            cudaSuccess);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(launch_kernel<fill_kernel>(n / 256, 256, stream_, c, n, -1), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+    Sync();
+    EXPECT_EQ(download(), std::vector<int>(n, 102));
+  }
+  EXPECT_EQ(programmatic, 12u);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  for (int* p : {a, b, c}) cudaFree(p);
 }
 
 TEST_F(CudaConformanceTest, EndingACaptureWhoseForkNeverJoinedFails) {

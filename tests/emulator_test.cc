@@ -277,6 +277,40 @@ TEST_F(EmulatorTest, OnlyMappedPinnedMemoryHasADevicePointer) {
   cudaGetLastError();
 }
 
+// cudaLaunchKernelEx's configuration: the programmatic attribute (and Ignore
+// entries) launch; another attribute or dynamic shared memory is not emulated,
+// a missing configuration or attribute list is invalid. Each refusal is also
+// the thread's last error, and nothing runs.
+TEST_F(EmulatorTest, LaunchExTakesTheProgrammaticAttributeAndRefusesWhatItDoesNotEmulate) {
+  int* d = DeviceAlloc<int>(1);
+  cudaLaunchAttribute attrs[3] = {};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeIgnore;
+  attrs[2].id = cudaLaunchAttributePriority;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = 1;
+  config.blockDim = 1;
+  config.stream = stream_;
+  config.attrs = attrs;
+  config.numAttrs = 2;
+  EXPECT_EQ(moegraph_emu::LaunchEx<store_kernel>(&config, d, 7), cudaSuccess);
+  config.numAttrs = 3;
+  EXPECT_EQ(moegraph_emu::LaunchEx<store_kernel>(&config, d, 8), cudaErrorNotSupported);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorNotSupported);
+  config.numAttrs = 1;
+  config.dynamicSmemBytes = 16;
+  EXPECT_EQ(moegraph_emu::LaunchEx<store_kernel>(&config, d, 9), cudaErrorNotSupported);
+  config.dynamicSmemBytes = 0;
+  config.attrs = nullptr;
+  EXPECT_EQ(moegraph_emu::LaunchEx<store_kernel>(&config, d, 10), cudaErrorInvalidValue);
+  EXPECT_EQ(moegraph_emu::LaunchEx<store_kernel>(nullptr, d, 11), cudaErrorInvalidValue);
+  cudaGetLastError();
+  int value = 0;
+  ASSERT_EQ(cudaMemcpy(&value, d, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(value, 7);
+}
+
 TEST_F(EmulatorTest, CaptureRefusesSynchronousCopiesTheDeviceAndTheLegacyStream) {
   int* d = DeviceAlloc<int>(4);
   std::vector<int> host(4);

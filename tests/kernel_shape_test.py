@@ -8,7 +8,11 @@ expert pass; the weight stream is read in 16- and 32-bit words); the quant
 types use dp4a; and ptxas assembles it without register spills. qkv_kernel
 (every type behind one switch) makes no 8-bit load, uses dp4a and does not
 spill either. In kernels/dense.cu, the attention kernel of the f16 cache reads
-its keys and values in 16-byte loads: no 8- or 16-bit global load.
+its keys and values in 16-byte loads: no 8- or 16-bit global load. In every
+kernel of kernels/*.cu, griddepcontrol.wait (wait_for_prior_grids,
+kernels/launch.cuh) comes before the first global (or generic) load, store or
+atomic, and griddepcontrol.launch_dependents follows it: a kernel launched
+programmatically may start before the one it follows has finished.
 
 Usage: kernel_shape_test.py NVCC SOURCE_DIR ARCH   (exit 0: pass, 1: fail)
 """
@@ -43,6 +47,31 @@ def main():
                         os.path.join(source_dir, "kernels", "dense.cu"), "-o", dense_path],
                        check=True)
         dense_ptx = open(dense_path).read()
+        other_ptx = []
+        for source in ("moe.cu", "tokens.cu", "dequant.cu"):
+            path = os.path.join(work, source + ".ptx")
+            subprocess.run([nvcc, "-O3", f"-arch=sm_{arch}", "-std=c++17", f"-I{source_dir}",
+                            "-ptx", os.path.join(source_dir, "kernels", source), "-o", path],
+                           check=True)
+            other_ptx.append(open(path).read())
+
+    # The programmatic launch's order: the wait before any global access.
+    memory_op = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st|atom|red)\.(?!param|shared|local|const)",
+                           re.M)
+    entries = 0
+    for text in [ptx, dense_ptx, *other_ptx]:
+        for body in re.split(r"\.entry ", text)[1:]:
+            name = body.split("(", 1)[0]
+            code = body.split("\n}\n", 1)[0]
+            entries += 1
+            wait = code.find("griddepcontrol.wait;")
+            trigger = code.find("griddepcontrol.launch_dependents;")
+            first = memory_op.search(code)
+            if wait < 0 or trigger < wait or (first is not None and first.start() < wait):
+                failures.append(f"{name}: griddepcontrol.wait at {wait}, launch_dependents at "
+                                f"{trigger}, first global access at "
+                                f"{first.start() if first else None}")
+    print(f"{entries} kernels wait for the prior grid before touching global memory")
 
     attention_seen = False
     for body in re.split(r"\.entry ", dense_ptx)[1:]:

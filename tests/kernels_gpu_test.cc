@@ -72,6 +72,30 @@ std::vector<float> Gaussian(std::mt19937& rng, size_t n, float sd = 1.0f) {
   return v;
 }
 
+// launch_sample with its own scratch and ticket; path() is the SamplePath the
+// last launch took.
+class Sampler {
+ public:
+  explicit Sampler(int32_t n)
+      : n_(n), scratch_(sample_scratch_bytes(n)), tickets_(std::vector<unsigned int>{0}) {}
+  cudaError_t Launch(const float* logits, const SamplingParams* params, const int32_t* step,
+                     int32_t* token_out, cudaStream_t stream) {
+    return launch_sample(logits, n_, params, step, scratch_.get(), tickets_.get(), token_out,
+                         stream);
+  }
+  SamplePath path() const {
+    int32_t path = -1;
+    EXPECT_EQ(cudaMemcpy(&path, scratch_.get(), sizeof(path), cudaMemcpyDeviceToHost), cudaSuccess);
+    return static_cast<SamplePath>(path);
+  }
+  unsigned int ticket() const { return tickets_.Download()[0]; }
+
+ private:
+  int32_t n_;
+  DeviceArray<uint8_t> scratch_;
+  DeviceArray<unsigned int> tickets_;
+};
+
 // Normalised mean squared error of actual against expected (test-backend-ops' NMSE).
 double Nmse(const std::vector<float>& actual, const std::vector<float>& expected) {
   EXPECT_EQ(actual.size(), expected.size());
@@ -610,10 +634,12 @@ TEST_F(RouterTest, NaNLogitsGiveTheHostDecision) {
   params.top_k = 40;
   params.seed = 1;
   DeviceArray<SamplingParams> d_params(std::vector<SamplingParams>{params});
+  Sampler sampler(1000);
   ASSERT_EQ(
-      launch_sample(d_nan_logits.get(), 1000, d_params.get(), d_step.get(), d_token.get(), stream_),
+      sampler.Launch(d_nan_logits.get(), d_params.get(), d_step.get(), d_token.get(), stream_),
       cudaSuccess);
   Sync();
+  EXPECT_EQ(sampler.path(), SamplePath::kCandidates);
   EXPECT_EQ(d_token.Download()[0], sample_token(nan_logits.data(), 1000, params, 0.5f));
   EXPECT_EQ(d_token.Download()[0], 0);
 }
@@ -1015,43 +1041,51 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
   }
 }
 
+// Greedy: the argmax over 38 blocks, ties to the lowest id within a block and
+// across blocks.
 TEST_F(KernelsGpuTest, ArgmaxTiesGoToTheLowestId) {
   std::mt19937 rng(11);
   const int32_t n = 151936;
   std::vector<float> logits = Gaussian(rng, n);
-  for (int32_t i : {90000, 70001, 151935}) logits[i] = 9.0f;
+  for (int32_t i : {90000, 70003, 70001, 151935}) logits[i] = 9.0f;
   DeviceArray<float> d_logits(logits);
-  DeviceArray<int32_t> d_token(1);
-  ASSERT_EQ(launch_argmax(d_logits.get(), n, d_token.get(), stream_), cudaSuccess);
+  DeviceArray<int32_t> d_token(1), d_step(std::vector<int32_t>{0});
+  DeviceArray<SamplingParams> d_params(std::vector<SamplingParams>{SamplingParams{}});
+  Sampler sampler(n);
+  ASSERT_EQ(sampler.Launch(d_logits.get(), d_params.get(), d_step.get(), d_token.get(), stream_),
+            cudaSuccess);
   Sync();
   EXPECT_EQ(d_token.Download()[0], 70001);
   EXPECT_EQ(ArgMax(logits), 70001);
+  EXPECT_EQ(sampler.path(), SamplePath::kArgmax);
+  EXPECT_EQ(sampler.ticket(), 0u);
 }
 
 // The kernel computes sample_token's floats bit for bit (kernels/sample_math.h),
 // so every setting and draw gives the host's token, even flat logits where many
-// draws land near a boundary.
+// draws land near a boundary; a top-k of at most 256 decides over the blocks'
+// candidates, any other setting over the vocabulary.
 TEST_F(KernelsGpuTest, SamplingEqualsTheHostDecisionForEverySetting) {
   std::mt19937 rng(12);
   const uint64_t seed = 0x1234567887654321ull;
-  DeviceArray<int32_t> d_step(1), d_token(1), d_argmax(1);
+  DeviceArray<int32_t> d_step(1), d_token(1);
   DeviceArray<SamplingParams> d_params(1);
   struct Setting {
     float temperature, top_p;
     int32_t top_k;
     float min_p;
   };
-  const Setting settings[] = {{0.0f, 1.0f, 0, 0.0f},   {0.7f, 1.0f, 0, 0.0f},
-                              {0.7f, 0.9f, 0, 0.0f},   {0.8f, 0.95f, 40, 0.05f},
-                              {1.5f, 0.3f, 0, 0.0f},   {1.0f, 1.0f, 5, 0.0f},
-                              {1.0f, 1.0f, 0, 0.2f},   {0.2f, 0.99f, 1000, 0.01f}};
+  const Setting settings[] = {
+      {0.0f, 1.0f, 0, 0.0f},    {0.7f, 1.0f, 0, 0.0f},      {0.7f, 0.9f, 0, 0.0f},
+      {0.8f, 0.95f, 40, 0.05f}, {1.5f, 0.3f, 0, 0.0f},      {1.0f, 1.0f, 5, 0.0f},
+      {1.0f, 1.0f, 0, 0.2f},    {0.2f, 0.99f, 1000, 0.01f}, {2.0f, 0.98f, 256, 0.0f}};
   for (int32_t step = 0; step < 8; ++step) {
     const int32_t n = step % 2 == 0 ? 1000 : 151936;
     SCOPED_TRACE("step " + std::to_string(step) + " n " + std::to_string(n));
     const std::vector<float> logits = Gaussian(rng, n, step < 4 ? 4.0f : 0.5f);
     DeviceArray<float> d_logits(logits);
+    Sampler sampler(n);
     d_step.Upload({step});
-    ASSERT_EQ(launch_argmax(d_logits.get(), n, d_argmax.get(), stream_), cudaSuccess);
     for (const Setting& s : settings) {
       SamplingParams params;
       params.temperature = s.temperature;
@@ -1061,17 +1095,59 @@ TEST_F(KernelsGpuTest, SamplingEqualsTheHostDecisionForEverySetting) {
       params.seed = seed;
       d_params.Upload({params});
       ASSERT_EQ(
-          launch_sample(d_logits.get(), n, d_params.get(), d_step.get(), d_token.get(), stream_),
+          sampler.Launch(d_logits.get(), d_params.get(), d_step.get(), d_token.get(), stream_),
           cudaSuccess);
       Sync();
       const int32_t token = d_token.Download()[0];
       EXPECT_EQ(token, sample_token(logits.data(), n, params, sample_uniform(seed, step)))
           << "temperature " << s.temperature << " top_p " << s.top_p << " top_k " << s.top_k
           << " min_p " << s.min_p;
-      if (s.temperature == 0.0f) {
-        EXPECT_EQ(token, d_argmax.Download()[0]);
-      }
+      const SamplePath path = s.temperature == 0.0f ? SamplePath::kArgmax
+                              : s.top_k > 0 && s.top_k <= 256 && s.top_k < n
+                                  ? SamplePath::kCandidates
+                                  : SamplePath::kVocabulary;
+      EXPECT_EQ(sampler.path(), path) << "top_k " << s.top_k;
+      if (s.temperature == 0.0f) EXPECT_EQ(token, ArgMax(logits));
+      EXPECT_EQ(sampler.ticket(), 0u);
     }
+  }
+}
+
+// Ties, NaN and -inf among the candidates: a block whose top-40 boundary is a
+// logit 300 tokens share holds too many, and the decision falls back to the
+// vocabulary; NaN never survives, -inf survives top-k only as a tie. Either
+// way the host's token.
+TEST_F(KernelsGpuTest, SamplingWithTiesNansAndInfinitiesEqualsTheHostDecision) {
+  std::mt19937 rng(13);
+  const int32_t n = 20000;
+  DeviceArray<int32_t> d_step(std::vector<int32_t>{3}), d_token(1);
+  SamplingParams params;
+  params.temperature = 0.9f;
+  params.top_k = 40;
+  params.top_p = 0.95f;
+  params.seed = 5;
+  DeviceArray<SamplingParams> d_params(std::vector<SamplingParams>{params});
+  Sampler sampler(n);
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    std::vector<float> logits = Gaussian(rng, n, 2.0f);
+    if (variant == 0) {
+      // Block 1 (tokens 4096..8191): 300 tokens share its largest logit.
+      for (int32_t i = 5000; i < 5300; ++i) logits[i] = 12.0f;
+    } else if (variant == 1) {
+      for (int32_t i = 0; i < n; i += 3) logits[i] = NAN;
+      for (int32_t i = 1; i < n; i += 7) logits[i] = -INFINITY;
+    } else {
+      // Fewer logits that are not NaN than k in the first four blocks: each
+      // keeps all of its own.
+      for (int32_t i = 0; i < 16384; ++i) logits[i] = i % 200 == 0 ? 1.0f : NAN;
+    }
+    DeviceArray<float> d_logits(logits);
+    ASSERT_EQ(sampler.Launch(d_logits.get(), d_params.get(), d_step.get(), d_token.get(), stream_),
+              cudaSuccess);
+    Sync();
+    EXPECT_EQ(d_token.Download()[0], sample_token(logits.data(), n, params, sample_uniform(5, 3)));
+    EXPECT_EQ(sampler.path(), variant == 0 ? SamplePath::kVocabulary : SamplePath::kCandidates);
   }
 }
 
@@ -1227,8 +1303,20 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   router.weights = d_x.get();
   EXPECT_EQ(launch_router(f32, d_x.get(), nullptr, d_x.get(), router, tickets, stream_),
             cudaErrorInvalidValue);
-  EXPECT_EQ(launch_sample(d_x.get(), 10, nullptr, d_i.get(), d_i.get(), stream_),
-            cudaErrorInvalidValue);
+  // Sampling without settings, scratch or tickets, with scratch not 16-byte
+  // aligned, and past 2^22 logits.
+  DeviceArray<SamplingParams> d_params(1);
+  DeviceArray<uint8_t> d_scratch(sample_scratch_bytes(10));
+  auto sample = [&](const SamplingParams* params, void* scratch, unsigned int* sample_tickets,
+                    int32_t n) {
+    return launch_sample(d_x.get(), n, params, d_i.get(), scratch, sample_tickets, d_i.get(),
+                         stream_);
+  };
+  EXPECT_EQ(sample(nullptr, d_scratch.get(), tickets, 10), cudaErrorInvalidValue);
+  EXPECT_EQ(sample(d_params.get(), nullptr, tickets, 10), cudaErrorInvalidValue);
+  EXPECT_EQ(sample(d_params.get(), d_scratch.get(), nullptr, 10), cudaErrorInvalidValue);
+  EXPECT_EQ(sample(d_params.get(), d_scratch.get() + 4, tickets, 10), cudaErrorInvalidValue);
+  EXPECT_EQ(sample(d_params.get(), d_scratch.get(), tickets, (1 << 22) + 1), cudaErrorInvalidValue);
 }
 
 }  // namespace

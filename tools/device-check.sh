@@ -367,12 +367,16 @@ declare -A ARGS=(
   [resident]="--arm resident"
   [graph]="--arm graph --slots 128"
   [graph-s4]="--arm graph --slots 128 --steps-per-launch 4"
+  [graph-nopdl]="--arm graph --slots 128"
   [eager]="--arm eager --slots 128"
   [host]="--arm host --slots 128"
   [stage]="--arm stage"
 )
+# The arms' doors beyond --arm: graph-nopdl is the graph arm without
+# programmatic dependent launch, its rate beside graph's.
+declare -A ENVS=([graph-nopdl]="MOEGRAPH_PDL=0")
 REFERENCE=""
-for arm in resident graph graph-s4 eager host stage; do
+for arm in resident graph graph-nopdl graph-s4 eager host stage; do
   echo "== run $arm"
   STEP="run $arm"
   log=$WORK/run-$arm.log
@@ -380,9 +384,9 @@ for arm in resident graph graph-s4 eager host stage; do
     row "run $arm" "FAIL" "no fixture"
     continue
   fi
-  # shellcheck disable=SC2086  # ARGS holds several flags
-  run_step 45 "$log" "$MOEGRAPH" run --backend cuda -m "$FIXTURE" --tokens "$TOKENS" -n "$N" \
-    ${ARGS[$arm]}
+  # shellcheck disable=SC2086  # ARGS holds several flags, ENVS variable assignments
+  run_step 45 "$log" env ${ENVS[$arm]:-} "$MOEGRAPH" run --backend cuda -m "$FIXTURE" \
+    --tokens "$TOKENS" -n "$N" ${ARGS[$arm]}
   rc=$?
   cat "$log"
   summary=$(grep -E '^backend cuda \(arm' "$log" | tail -1)

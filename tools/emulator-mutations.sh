@@ -130,8 +130,15 @@ mutate epilogue-one-block-early kernels/matvec.cu kernels/libmg_kernels.a kernel
   'last_block_done\(a\.tickets, gridDim\.x \* gridDim\.y, shared\)' \
   '"last_block_done(a.tickets, gridDim.x * gridDim.y - 1, shared)"'
 
+# 6. A block's top-k candidates without its boundary key: a token top-k keeps
+#    is missing from the sampler's candidates.
+mutate sample-candidates-drop-the-boundary kernels/tokens.cu kernels/libmg_kernels.a kernels_test \
+  'KernelsGpuTest.SamplingWithTiesNansAndInfinitiesEqualsTheHostDecision' \
+  'sample_order_key\(v\[i\]\) >= lo;' \
+  '"sample_order_key(v[i]) > lo;"'
+
 if (( survivors > 0 )); then
   echo "emulator-mutations: $survivors mutation(s) survived" >&2
   exit 1
 fi
-echo "emulator-mutations: all 5 mutations caught"
+echo "emulator-mutations: all 6 mutations caught"

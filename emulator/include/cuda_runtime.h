@@ -112,8 +112,13 @@ struct KernelSignature<void (*)(Params...)> {
 };
 
 // Enqueues the launch on stream, or records it in the stream's capture; a bad
-// configuration or stream becomes the thread's last error, as for <<<...>>>.
-void EnqueueKernel(std::shared_ptr<const KernelLaunch> launch, cudaStream_t stream);
+// configuration or stream becomes the thread's last error, as for <<<...>>>,
+// and is returned.
+cudaError_t EnqueueKernel(std::shared_ptr<const KernelLaunch> launch, cudaStream_t stream);
+
+// cudaLaunchKernelEx's checks of the configuration beyond grid, block and
+// stream: its attributes and dynamic shared memory.
+cudaError_t CheckLaunchConfig(const cudaLaunchConfig_t* config);
 
 // "matvec_kernel" from KernelName<matvec_kernel>'s signature.
 std::string KernelNameFromSignature(const char* signature);
@@ -131,6 +136,20 @@ void Launch(dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
   EnqueueKernel(std::make_shared<const LaunchType>(KernelName<Kernel>(), grid, block,
                                                    std::forward<Args>(args)...),
                 stream);
+}
+
+// cudaLaunchKernelEx(config, Kernel, args...). A programmatic launch runs as
+// any other: its kernel starts after the one before it in the stream has
+// finished, which is what its griddepcontrol.wait would give it (the overlap
+// before the wait is not emulated).
+template <auto Kernel, typename... Args>
+cudaError_t LaunchEx(const cudaLaunchConfig_t* config, Args&&... args) {
+  if (const cudaError_t bad = CheckLaunchConfig(config); bad != cudaSuccess) return bad;
+  using LaunchType = typename KernelSignature<decltype(Kernel)>::template Launch<Kernel>;
+  return EnqueueKernel(
+      std::make_shared<const LaunchType>(KernelName<Kernel>(), config->gridDim, config->blockDim,
+                                         std::forward<Args>(args)...),
+      config->stream);
 }
 
 }  // namespace moegraph_emu

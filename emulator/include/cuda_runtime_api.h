@@ -36,6 +36,7 @@ enum cudaError {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
+  cudaErrorNotSupported = 801,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchFailure = 719,
   cudaErrorStreamCaptureUnsupported = 900,
@@ -103,6 +104,34 @@ struct alignas(16) uint4 {
 };
 struct alignas(16) float4 {
   float x, y, z, w;
+};
+
+// cudaLaunchKernelEx's configuration, as CUDA lays it out. The emulator takes
+// the attributes the engine sets (programmatic stream serialization; Ignore
+// entries) and refuses the others, and dynamic shared memory, with
+// cudaErrorNotSupported.
+enum cudaLaunchAttributeID {
+  cudaLaunchAttributeIgnore = 0,
+  cudaLaunchAttributeProgrammaticStreamSerialization = 6,
+  cudaLaunchAttributePriority = 8,
+};
+union cudaLaunchAttributeValue {
+  char pad[64];
+  unsigned int programmaticStreamSerializationAllowed;
+  int priority;
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  char pad[8 - sizeof(cudaLaunchAttributeID)];
+  cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+  dim3 gridDim;
+  dim3 blockDim;
+  size_t dynamicSmemBytes;
+  cudaStream_t stream;
+  cudaLaunchAttribute* attrs;
+  unsigned int numAttrs;
 };
 
 // The fields of CUDA's cudaDeviceProp that the emulator fills (an H200's values).
