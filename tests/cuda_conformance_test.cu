@@ -5,11 +5,16 @@
 // The Release tree compiles it with nvcc (without a device every test skips);
 // the emulated tree compiles the same file against the emulator, so a device run
 // checks the emulator against the hardware.
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
+
+#include "loader/quant.h"
 
 #include "kernels/launch.cuh"
 #include "tests/cuda_test_util.h"
@@ -400,6 +405,201 @@ TEST_F(CudaConformanceTest, LaunchesBeyondTheLimitsAreInvalidConfigurations) {
   EXPECT_EQ(launch_kernel<add_kernel>(1, 1024, stream_, counter_, 1ull), cudaSuccess);
   Sync();
   EXPECT_EQ(Counter(), 65535ull + 1024);
+}
+
+// ---- cuBLASLt: the prefill's GEMMs ----
+
+// D (m x n, column-major: a token per column) = alpha op(A) B + beta C, with A
+// the weights as the file stores them (m rows of k, so column-major k x m,
+// op T) and B the tokens' activations (k per token). Values are multiples of
+// 1/8 in [-2, 2], so every product and sum is exact in f32 and any order of
+// summation gives the same bits.
+class CublasLtTest : public CudaConformanceTest {
+ protected:
+  static constexpr int m = 64, n = 8, k = 256;
+
+  void SetUp() override {
+    CudaConformanceTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_EQ(cublasLtCreate(&handle_), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatmulPreferenceCreate(&pref_), CUBLAS_STATUS_SUCCESS);
+    const uint64_t workspace = 0;
+    ASSERT_EQ(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &workspace, sizeof(workspace)),
+              CUBLAS_STATUS_SUCCESS);
+    for (int i = 0; i < m * k; ++i) weights_.push_back(static_cast<float>(i * 7 % 33 - 16) / 8);
+    for (int i = 0; i < k * n; ++i) tokens_.push_back(static_cast<float>(i * 5 % 29 - 14) / 8);
+  }
+  void TearDown() override {
+    if (pref_ != nullptr) cublasLtMatmulPreferenceDestroy(pref_);
+    if (handle_ != nullptr) cublasLtDestroy(handle_);
+    for (void* p : allocations_) cudaFree(p);
+    CudaConformanceTest::TearDown();
+  }
+
+  // values on the device as type (exact: they are multiples of 1/8 under 2).
+  void* Upload(const std::vector<float>& values, cudaDataType type) {
+    const size_t bytes = values.size() * (type == CUDA_R_32F ? 4 : 2);
+    std::vector<uint8_t> host(bytes);
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (type == CUDA_R_32F) {
+        std::memcpy(host.data() + 4 * i, &values[i], 4);
+      } else {
+        const uint16_t h = type == CUDA_R_16F ? f32_to_f16(values[i]) : f32_to_bf16(values[i]);
+        std::memcpy(host.data() + 2 * i, &h, 2);
+      }
+    }
+    void* device = nullptr;
+    EXPECT_EQ(cudaMalloc(&device, bytes), cudaSuccess);
+    allocations_.push_back(device);
+    EXPECT_EQ(cudaMemcpy(device, host.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return device;
+  }
+
+  // W x for every token, in double (exact here).
+  std::vector<float> Expected() const {
+    std::vector<float> out(m * n);
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < m; ++i) {
+        double acc = 0;
+        for (int p = 0; p < k; ++p) acc += double{weights_[i * k + p]} * tokens_[j * k + p];
+        out[j * m + i] = static_cast<float>(acc);
+      }
+    }
+    return out;
+  }
+
+  // The matmul's descriptors, the heuristic's first algorithm, then the matmul.
+  cublasStatus_t Matmul(cudaDataType ab, cudaDataType cd, const void* a, const void* b, void* d,
+                        float beta, int64_t ldd = m, int b_type = -1, int* algos = nullptr) {
+    // b_type -1: B of A's type.
+    const cudaDataType bt = b_type < 0 ? ab : static_cast<cudaDataType>(b_type);
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasStatus_t status = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    const int32_t trans = CUBLAS_OP_T;
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      status = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans,
+                                              sizeof(trans));
+    }
+    if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatrixLayoutCreate(&la, ab, k, m, k);
+    if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatrixLayoutCreate(&lb, bt, k, n, k);
+    if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatrixLayoutCreate(&lc, cd, m, n, ldd);
+    cublasLtMatmulHeuristicResult_t result = {};
+    int found = 0;
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      status = cublasLtMatmulAlgoGetHeuristic(handle_, desc, la, lb, lc, lc, pref_, 1, &result,
+                                              &found);
+    }
+    if (algos != nullptr) *algos = found;
+    const float alpha = 1.0f;
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      status = cublasLtMatmul(handle_, desc, &alpha, a, la, b, lb, &beta, d, lc, d, lc,
+                              found > 0 ? &result.algo : nullptr, nullptr, 0, stream_);
+    }
+    for (cublasLtMatrixLayout_t l : {la, lb, lc}) {
+      if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
+    }
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+    return status;
+  }
+
+  std::vector<float> Download(const void* d, cudaDataType cd) {
+    std::vector<float> out(m * n);
+    if (cd == CUDA_R_32F) {
+      EXPECT_EQ(cudaMemcpy(out.data(), d, out.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      return out;
+    }
+    std::vector<uint16_t> half(m * n);
+    EXPECT_EQ(cudaMemcpy(half.data(), d, half.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < half.size(); ++i) {
+      out[i] = cd == CUDA_R_16F ? f16_to_f32(half[i]) : bf16_to_f32(half[i]);
+    }
+    return out;
+  }
+
+  cublasLtHandle_t handle_ = nullptr;
+  cublasLtMatmulPreference_t pref_ = nullptr;
+  std::vector<float> weights_, tokens_;
+  std::vector<void*> allocations_;
+};
+
+TEST_F(CublasLtTest, TheWeightsTimesEveryTokenEqualTheHostProductInEveryType) {
+  const std::vector<float> expected = Expected();
+  for (cudaDataType ab : {CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F}) {
+    for (cudaDataType cd : {CUDA_R_32F, ab}) {
+      SCOPED_TRACE("types " + std::to_string(ab) + " -> " + std::to_string(cd));
+      const void* a = Upload(weights_, ab);
+      const void* b = Upload(tokens_, ab);
+      void* d = Upload(std::vector<float>(m * n, 0.0f), cd);
+      int algos = 0;
+      ASSERT_EQ(Matmul(ab, cd, a, b, d, 0.0f, m, -1, &algos), CUBLAS_STATUS_SUCCESS);
+      EXPECT_GE(algos, 1);
+      Sync();
+      std::vector<float> want = expected;
+      if (cd == CUDA_R_16F) {
+        for (float& v : want) v = f16_to_f32(f32_to_f16(v));
+      } else if (cd == CUDA_R_16BF) {
+        for (float& v : want) v = bf16_to_f32(f32_to_bf16(v));
+      }
+      EXPECT_EQ(Download(d, cd), want);
+    }
+  }
+}
+
+// beta 1 with C = D: the product added to what D held; captured in a graph,
+// each replay adds it again.
+TEST_F(CublasLtTest, BetaOneAccumulatesAndACapturedMatmulReplays) {
+  const void* a = Upload(weights_, CUDA_R_16F);
+  const void* b = Upload(tokens_, CUDA_R_16F);
+  std::vector<float> start(m * n);
+  for (int i = 0; i < m * n; ++i) start[i] = static_cast<float>(i % 5);
+  void* d = Upload(start, CUDA_R_32F);
+  ASSERT_EQ(Matmul(CUDA_R_16F, CUDA_R_32F, a, b, d, 1.0f), CUBLAS_STATUS_SUCCESS);
+  Sync();
+  const std::vector<float> product = Expected();
+  std::vector<float> want = start;
+  for (int i = 0; i < m * n; ++i) want[i] += product[i];
+  EXPECT_EQ(Download(d, CUDA_R_32F), want);
+
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(Matmul(CUDA_R_16F, CUDA_R_32F, a, b, d, 1.0f), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+    Sync();
+    for (int i = 0; i < m * n; ++i) want[i] += product[i];
+    EXPECT_EQ(Download(d, CUDA_R_32F), want);
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
+// A and B of different types have no algorithm; D's leading dimension under
+// its rows is invalid; a null handle is not initialized.
+TEST_F(CublasLtTest, MixedTypesAShortLeadingDimensionAndNoHandleAreRefused) {
+  const void* a = Upload(weights_, CUDA_R_16F);
+  const void* b = Upload(tokens_, CUDA_R_32F);
+  void* d = Upload(std::vector<float>(m * n, 0.0f), CUDA_R_32F);
+  int algos = -1;
+  EXPECT_EQ(Matmul(CUDA_R_16F, CUDA_R_32F, a, b, d, 0.0f, m, CUDA_R_32F, &algos),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(algos, 0);
+  b = Upload(tokens_, CUDA_R_16F);
+  EXPECT_EQ(Matmul(CUDA_R_16F, CUDA_R_32F, a, b, d, 0.0f, m - 1), CUBLAS_STATUS_INVALID_VALUE);
+  cublasLtMatmulDesc_t desc = nullptr;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatrixLayout_t l = nullptr;
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, 4, 4, 4), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t result = {};
+  int found = 0;
+  EXPECT_EQ(cublasLtMatmulAlgoGetHeuristic(nullptr, desc, l, l, l, l, pref_, 1, &result, &found),
+            CUBLAS_STATUS_NOT_INITIALIZED);
+  cublasLtMatrixLayoutDestroy(l);
+  cublasLtMatmulDescDestroy(desc);
 }
 
 }  // namespace

@@ -45,7 +45,8 @@ readonly BINARIES=(tools/moegraph tools/moegraph_gpu_bench gates/moegraph-gates
 bundle() {
   local build=$1 dest=$2 shared=${MOEGRAPH_SHARED:-$PWD/../shared} bin name path
   # The C and C++ runtime stay behind: the device image's own is as new or newer.
-  local runtime='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s)\.so'
+  # So does cuBLASLt (540 MB, over the carry limit): the image has its own.
+  local runtime='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublasLt|libcublas)\.so'
   for bin in "${BINARIES[@]}"; do
     if [[ ! -x $build/$bin ]]; then
       echo "device-check --bundle: $build/$bin is not built" >&2
@@ -175,6 +176,20 @@ if timeout 60 nvidia-smi -L >"$WORK/smi.log" 2>&1; then
 else
   cat "$WORK/smi.log"
   row "device" "FAIL" "nvidia-smi -L failed"
+fi
+
+echo "== cublasLt"
+# The prefill's GEMMs link cuBLASLt, which the bundle does not carry: the image's
+# copy (the nvidia-cublas wheel of its Python, or the toolkit's) goes on the path.
+cublaslt=$( (ldconfig -p 2>/dev/null | awk '/libcublasLt\.so\.13 / { print $NF; exit }'
+  find /usr/local/cuda/lib64 /usr/local/cuda/targets /opt /usr/lib -name 'libcublasLt.so.13*' \
+    2>/dev/null) | head -1)
+if [[ -n $cublaslt ]]; then
+  LD_LIBRARY_PATH=$(dirname "$cublaslt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LD_LIBRARY_PATH
+  row "cublasLt" "ok" "$cublaslt"
+else
+  row "cublasLt" "FAIL" "no libcublasLt.so.13 on the machine: the conformance test cannot load"
 fi
 
 echo "== build"
