@@ -1,5 +1,5 @@
-// GPU dequantization of ggml blocks to f32, with the same per-block code as the
-// CPU (loader/quant.h), so both produce the same floats bit for bit.
+// GPU dequantization of ggml blocks to f32 or f16, with the same per-block code
+// as the CPU (loader/quant.h), so both produce the same floats bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -16,5 +16,9 @@ namespace moegraph {
 // otherwise the launch's error.
 cudaError_t launch_dequantize(GgmlType type, const void* src, float* dst, int64_t n,
                               cudaStream_t stream);
+
+// The same, each float rounded to f16 (f32_to_f16): the prefill's GEMM weights.
+cudaError_t launch_dequantize_f16(GgmlType type, const void* src, uint16_t* dst, int64_t n,
+                                  cudaStream_t stream);
 
 }  // namespace moegraph

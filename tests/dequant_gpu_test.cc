@@ -54,6 +54,25 @@ class DequantGpuTest : public testing_util::CudaStreamTest {
     return out;
   }
 
+  // The same to f16 bits.
+  std::vector<uint16_t> DequantizeOnDeviceF16(GgmlType type, const std::vector<uint8_t>& bytes,
+                                              int64_t n) {
+    void* src = nullptr;
+    void* dst = nullptr;
+    std::vector<uint16_t> out(n, 0xffff);
+    EXPECT_EQ(cudaMalloc(&src, bytes.size()), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&dst, n * sizeof(uint16_t)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(src, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(launch_dequantize_f16(type, src, static_cast<uint16_t*>(dst), n, stream_),
+              cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(out.data(), dst, n * sizeof(uint16_t), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    cudaFree(src);
+    cudaFree(dst);
+    return out;
+  }
+
   void ExpectSameAsCpu(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n) {
     std::vector<float> cpu(n);
     ASSERT_TRUE(dequantize_row(type, bytes.data(), cpu.data(), n));
@@ -61,6 +80,10 @@ class DequantGpuTest : public testing_util::CudaStreamTest {
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(f32_to_bits(gpu[i]), f32_to_bits(cpu[i]))
           << "element " << i << ": gpu " << gpu[i] << ", cpu " << cpu[i];
+    }
+    const std::vector<uint16_t> half = DequantizeOnDeviceF16(type, bytes, n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(half[i], f32_to_f16(cpu[i])) << "element " << i << " as f16: cpu " << cpu[i];
     }
   }
 };
@@ -104,6 +127,10 @@ TEST_F(DequantGpuTest, LauncherRejectsBadArguments) {
   EXPECT_EQ(launch_dequantize(GgmlType::kQ4_K, nullptr, nullptr, 100, stream_),
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_dequantize(GgmlType::kQ8_0, nullptr, nullptr, 0, stream_), cudaSuccess);
+  EXPECT_EQ(launch_dequantize_f16(GgmlType::kQ2_K, nullptr, nullptr, 256, stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_dequantize_f16(GgmlType::kQ4_K, nullptr, nullptr, 100, stream_),
+            cudaErrorInvalidValue);
 }
 
 }  // namespace
