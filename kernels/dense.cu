@@ -80,38 +80,30 @@ __device__ __forceinline__ float key_dot_f16x8(const float* q_head, const uint16
   return group_sum(dot, g);
 }
 
-// Partial of (head, split): [head_dim] acc, then max, then sum.
+// A block's shared memory for one split (declared by the kernel: see
+// kernels/epilogue.cuh).
 template <typename T>
-__global__ void attention_split_kernel(const float* __restrict__ q, const T* __restrict__ k_cache,
-                                       const T* __restrict__ v_cache,
-                                       const int32_t* __restrict__ pos, int32_t n_head,
-                                       int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
-                                       float scale, float* __restrict__ partial,
-                                       unsigned int* __restrict__ tickets,
-                                       float* __restrict__ merged_out,
-                                       block_q8_1* __restrict__ out_q) {
-  wait_for_prior_grids();
-  __shared__ float4 q_head4[kMaxHeadDim / 4];  // 16-byte aligned, for key_dot_f16x8
-  float* q_head = reinterpret_cast<float*>(q_head4);
-  __shared__ float weights[kAttnSplit];
+struct SplitShared {
+  float4 q_head4[kMaxHeadDim / 4];  // the head's q, 16-byte aligned for key_dot_f16x8
+  float weights[kAttnSplit];
   // The f16 values' per-group sums: at most 8 floats per thread.
-  __shared__ float value_sums[sizeof(T) == 2 ? 8 * kAttnThreads : 1];
-  __shared__ float scratch[32];
-  __shared__ EpilogueShared shared;
-  const int32_t head = blockIdx.x;
-  const int32_t split = blockIdx.y;
-  float* out = partial + (static_cast<int64_t>(head) * gridDim.y + split) * (head_dim + 2);
-  const int32_t length = min(*pos + 1, max_ctx);
-  const int32_t begin = split * kAttnSplit;
-  if (begin >= length) return;  // the merge reads only the splits that ran
-  const int32_t count = min(kAttnSplit, length - begin);
-  const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
-  const int64_t kv_offset = static_cast<int64_t>(head / (n_head / n_head_kv)) * head_dim;
-  for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    q_head[d] = q[static_cast<int64_t>(head) * head_dim + d];
-  }
-  __syncthreads();
+  float value_sums[sizeof(T) == 2 ? 8 * kAttnThreads : 1];
+  float scratch[32];
+};
 
+// The softmax partial of the head's q (sh->q_head4, written and published by
+// the caller) against cache rows [begin, begin + count) of one KV head: the
+// weighted values into acc_out[d] by the thread d % blockDim.x, the max and
+// the sum returned on every thread. Decode and prefill both run it, so a
+// prompt row's attention has the decode step's bits.
+template <typename T>
+__device__ SoftmaxPartial attend_split(const T* __restrict__ k_cache,
+                                       const T* __restrict__ v_cache, int64_t kv_len,
+                                       int64_t kv_offset, int32_t head_dim, int32_t begin,
+                                       int32_t count, float scale, SplitShared<T>* sh,
+                                       float* acc_out) {
+  const float* q_head = reinterpret_cast<const float*>(sh->q_head4);
+  float* weights = sh->weights;
   const int lane = threadIdx.x % 32;
   const int n_warps = blockDim.x / 32;
   if constexpr (sizeof(T) == 2) {
@@ -142,13 +134,13 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
   float local_max = -INFINITY;
   for (int32_t t = threadIdx.x; t < count; t += blockDim.x)
     local_max = fmaxf(local_max, weights[t]);
-  const float max_score = block_max(local_max, scratch);
+  const float max_score = block_max(local_max, sh->scratch);
   float local_sum = 0.0f;
   for (int32_t t = threadIdx.x; t < count; t += blockDim.x) {
     weights[t] = expf(weights[t] - max_score);
     local_sum += weights[t];
   }
-  const float sum = block_sum(local_sum, scratch);  // its barriers publish weights[]
+  const float sum = block_sum(local_sum, sh->scratch);  // its barriers publish weights[]
 
   if constexpr (sizeof(T) == 2) {
     // f16 values: head_dim / 8 lanes own 8 dimensions each (16-byte loads), the
@@ -168,13 +160,13 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
           acc[i] += weights[t] * f16_to_f32(static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2))));
         }
       }
-      for (int i = 0; i < 8; ++i) value_sums[group * head_dim + d0 + i] = acc[i];
+      for (int i = 0; i < 8; ++i) sh->value_sums[group * head_dim + d0 + i] = acc[i];
     }
     __syncthreads();
     for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
       float acc = 0.0f;
-      for (int32_t g = 0; g < groups; ++g) acc += value_sums[g * head_dim + d];
-      out[d] = acc;
+      for (int32_t g = 0; g < groups; ++g) acc += sh->value_sums[g * head_dim + d];
+      acc_out[d] = acc;
     }
   } else {
     // f32 values: a thread per dimension, positions in order (coalesced rows).
@@ -182,13 +174,51 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
       const float* value = v_cache + static_cast<int64_t>(begin) * kv_len + kv_offset + d;
       float acc = 0.0f;
       for (int32_t t = 0; t < count; ++t) acc += weights[t] * value[t * kv_len];
-      out[d] = acc;
+      acc_out[d] = acc;
     }
   }
+  __syncthreads();  // weights and value_sums are free for the next split
+  return {max_score, sum};
+}
+
+// The head's q into sh->q_head4, published to the block.
+template <typename T>
+__device__ void load_q_head(const float* __restrict__ q, int32_t head_dim, SplitShared<T>* sh) {
+  float* q_head = reinterpret_cast<float*>(sh->q_head4);
+  for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) q_head[d] = q[d];
+  __syncthreads();
+}
+
+// Partial of (head, split): [head_dim] acc, then max, then sum.
+template <typename T>
+__global__ void attention_split_kernel(const float* __restrict__ q, const T* __restrict__ k_cache,
+                                       const T* __restrict__ v_cache,
+                                       const int32_t* __restrict__ pos, int32_t n_head,
+                                       int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
+                                       float scale, float* __restrict__ partial,
+                                       unsigned int* __restrict__ tickets,
+                                       float* __restrict__ merged_out,
+                                       block_q8_1* __restrict__ out_q) {
+  wait_for_prior_grids();
+  __shared__ SplitShared<T> sh;
+  __shared__ EpilogueShared shared;
+  const int32_t head = blockIdx.x;
+  const int32_t split = blockIdx.y;
+  float* out = partial + (static_cast<int64_t>(head) * gridDim.y + split) * (head_dim + 2);
+  const int32_t length = min(*pos + 1, max_ctx);
+  const int32_t begin = split * kAttnSplit;
+  if (begin >= length) return;  // the merge reads only the splits that ran
+  const int32_t count = min(kAttnSplit, length - begin);
+  const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
+  const int64_t kv_offset = static_cast<int64_t>(head / (n_head / n_head_kv)) * head_dim;
+  load_q_head(q + static_cast<int64_t>(head) * head_dim, head_dim, &sh);
+  const SoftmaxPartial p =
+      attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim, begin, count, scale, &sh, out);
   if (threadIdx.x == 0) {
-    out[head_dim] = max_score;
-    out[head_dim + 1] = sum;
+    out[head_dim] = p.max;
+    out[head_dim + 1] = p.sum;
   }
+  const int lane = threadIdx.x % 32;
 
   // The head's last split merges the splits that ran, in order: a lane per
   // dimension, so when head_dim is a multiple of 32 a warp's lanes hold one
@@ -224,6 +254,45 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
   for (int32_t base = threadIdx.x / 32 * 32; base < n; base += blockDim.x) {
     const int32_t i = base + lane;
     warp_quantize_q8_1(__ldcg(merged_out + i), out_q + i / QK8_1);
+  }
+}
+
+// Row `row` of a ubatch at position *pos0 + row against the cache rows 0..pos,
+// split by split as the decode step's attention and merged in the same order,
+// so each row's output has the decode step's bits at its position.
+template <typename T>
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_prefill_kernel(const float* __restrict__ q, const T* __restrict__ k_cache,
+                             const T* __restrict__ v_cache, const int32_t* __restrict__ pos0,
+                             int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale,
+                             float* __restrict__ out) {
+  wait_for_prior_grids();
+  __shared__ SplitShared<T> sh;
+  __shared__ float split_acc[kMaxHeadDim];
+  const int32_t head = blockIdx.x;
+  const int64_t row = blockIdx.y;
+  const int32_t length = *pos0 + static_cast<int32_t>(row) + 1;
+  const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
+  const int64_t kv_offset = static_cast<int64_t>(head / (n_head / n_head_kv)) * head_dim;
+  const int64_t at = (row * n_head + head) * head_dim;
+  load_q_head(q + at, head_dim, &sh);
+  constexpr int kDimsPerThread = kMaxHeadDim / kAttnThreads;
+  float acc[kDimsPerThread] = {};
+  SoftmaxPartial state = empty_softmax();
+  for (int32_t begin = 0; begin < length; begin += kAttnSplit) {
+    const int32_t count = min(kAttnSplit, length - begin);
+    const SoftmaxPartial p = attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim, begin,
+                                          count, scale, &sh, split_acc);
+    float scale_state, scale_split;
+    state = softmax_merge(state, p, &scale_state, &scale_split);
+    for (int i = 0; i < kDimsPerThread; ++i) {
+      const int32_t d = static_cast<int32_t>(threadIdx.x) + i * kAttnThreads;
+      if (d < head_dim) acc[i] = acc[i] * scale_state + split_acc[d] * scale_split;
+    }
+  }
+  for (int i = 0; i < kDimsPerThread; ++i) {
+    const int32_t d = static_cast<int32_t>(threadIdx.x) + i * kAttnThreads;
+    if (d < head_dim) out[at + d] = acc[i] / state.sum;
   }
 }
 
@@ -270,6 +339,28 @@ cudaError_t launch_attention_decode(const float* q, const void* k_cache, const v
       grid, kAttnThreads, stream, q, static_cast<const float*>(k_cache),
       static_cast<const float*>(v_cache), pos, n_head, n_head_kv, head_dim, max_ctx, scale,
       partial, tickets, out, out_q);
+}
+
+cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const void* v_cache,
+                                     bool kv_f16, const int32_t* pos0, int32_t tokens,
+                                     int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                                     float scale, float* out, cudaStream_t stream) {
+  if (q == nullptr || k_cache == nullptr || v_cache == nullptr || pos0 == nullptr ||
+      out == nullptr || tokens <= 0 || tokens > kMaxGridY || n_head <= 0 || n_head_kv <= 0 ||
+      n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim ||
+      (kv_f16 && (head_dim % 8 != 0 || reinterpret_cast<uintptr_t>(k_cache) % 16 != 0 ||
+                  reinterpret_cast<uintptr_t>(v_cache) % 16 != 0))) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(n_head, tokens);
+  if (kv_f16) {
+    return launch_kernel<attention_prefill_kernel<uint16_t>>(
+        grid, kAttnThreads, stream, q, static_cast<const uint16_t*>(k_cache),
+        static_cast<const uint16_t*>(v_cache), pos0, n_head, n_head_kv, head_dim, scale, out);
+  }
+  return launch_kernel<attention_prefill_kernel<float>>(
+      grid, kAttnThreads, stream, q, static_cast<const float*>(k_cache),
+      static_cast<const float*>(v_cache), pos0, n_head, n_head_kv, head_dim, scale, out);
 }
 
 }  // namespace moegraph

@@ -190,6 +190,16 @@ cudaError_t launch_attention_decode(const float* q, const void* k_cache, const v
                                     float scale, float* partial, unsigned int* tickets, float* out,
                                     block_q8_1* out_q, cudaStream_t stream);
 
+// Causal attention of a prompt's ubatch (issue 20): row t of q (n_head x
+// head_dim, at position *pos0 + t) against cache rows 0..*pos0 + t, whose rows
+// of the ubatch are already written. Each row is computed split by split and
+// merged as launch_attention_decode does, so it has the decode step's bits at
+// its position. tokens <= 65535; the caches and head_dim as for decode.
+cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const void* v_cache,
+                                     bool kv_f16, const int32_t* pos0, int32_t tokens,
+                                     int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                                     float scale, float* out, cudaStream_t stream);
+
 // ---- MoE ----
 
 // Routing replay (moegraph bench --routing-trace): the selection of `layer` at

@@ -8,7 +8,8 @@ expert pass; the weight stream is read in 16- and 32-bit words); the quant
 types use dp4a; and ptxas assembles it without register spills. qkv_kernel
 (every type behind one switch) makes no 8-bit load, uses dp4a and does not
 spill either. In kernels/dense.cu, the attention kernel of the f16 cache reads
-its keys and values in 16-byte loads: no 8- or 16-bit global load. In every
+its keys and values in 16-byte loads, and so does the prefill's: no 8- or
+16-bit global load. In every
 kernel of kernels/*.cu, griddepcontrol.wait (wait_for_prior_grids,
 kernels/launch.cuh) comes before the first global (or generic) load, store or
 atomic, and griddepcontrol.launch_dependents follows it: a kernel launched
@@ -73,20 +74,21 @@ def main():
                                 f"{first.start() if first else None}")
     print(f"{entries} kernels wait for the prior grid before touching global memory")
 
-    attention_seen = False
+    attention_seen = 0
     for body in re.split(r"\.entry ", dense_ptx)[1:]:
         name = body.split("(", 1)[0]
-        if "attention_split_kernelItE" not in name:  # the uint16_t (f16) instance
+        # The uint16_t (f16) instances of the decode and the prefill attention.
+        if "attention_split_kernelItE" not in name and "attention_prefill_kernelItE" not in name:
             continue
-        attention_seen = True
+        attention_seen += 1
         code = body.split("\n}\n", 1)[0]
         vector = len(re.findall(r"\bld\.global(?:\.nc)?\.v4\.", code))
         narrow = len(re.findall(r"\bld\.global(?:\.nc|\.cg)?\.[usb](?:8|16)\b", code))
-        print(f"attention f16: {vector} 16-byte loads, {narrow} 8- or 16-bit loads")
+        print(f"{name}: {vector} 16-byte loads, {narrow} 8- or 16-bit loads")
         if vector < 2 or narrow > 0:
-            failures.append(f"attention f16: {vector} 16-byte loads, {narrow} 8- or 16-bit loads")
-    if not attention_seen:
-        failures.append("no f16 attention_split_kernel")
+            failures.append(f"{name}: {vector} 16-byte loads, {narrow} 8- or 16-bit loads")
+    if attention_seen != 2:
+        failures.append(f"{attention_seen} f16 attention kernels, expected decode and prefill")
 
     seen = {}
     qkv_seen = False

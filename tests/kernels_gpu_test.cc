@@ -550,6 +550,68 @@ TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
   }
 }
 
+// A prompt's ubatch of 9 rows at positions 124..132 (across a split boundary):
+// each row has the decode step's bits at its position, on f32 and f16 caches,
+// and the reference's values.
+TEST_F(KernelsGpuTest, PrefillAttentionRowsHaveTheDecodeStepsBits) {
+  std::mt19937 rng(7);
+  for (int32_t head_dim : {64, 24}) {
+    for (bool kv_f16 : {false, true}) {
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + (kv_f16 ? " f16" : " f32"));
+      const int32_t n_head = 4, n_head_kv = 2, max_ctx = 300, tokens = 9, pos0 = 124;
+      const int32_t q_len = n_head * head_dim, kv_len = n_head_kv * head_dim;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
+      std::vector<float> v_cache = Gaussian(rng, max_ctx * kv_len);
+      std::vector<uint16_t> k_half(k_cache.size()), v_half(v_cache.size());
+      for (size_t i = 0; i < k_cache.size(); ++i) {
+        k_half[i] = f32_to_f16(k_cache[i]);
+        v_half[i] = f32_to_f16(v_cache[i]);
+        if (kv_f16) {
+          k_cache[i] = f16_to_f32(k_half[i]);
+          v_cache[i] = f16_to_f32(v_half[i]);
+        }
+      }
+      DeviceArray<float> d_k_cache(k_cache), d_v_cache(v_cache);
+      DeviceArray<uint16_t> d_k_half(k_half), d_v_half(v_half);
+      const void* k_in = kv_f16 ? static_cast<const void*>(d_k_half.get()) : d_k_cache.get();
+      const void* v_in = kv_f16 ? static_cast<const void*>(d_v_half.get()) : d_v_cache.get();
+      const std::vector<float> q = Gaussian(rng, tokens * q_len, 2.0f);
+      DeviceArray<float> d_q(q), d_out(tokens * q_len);
+      DeviceArray<int32_t> d_pos0(std::vector<int32_t>{pos0});
+      ASSERT_EQ(launch_attention_prefill(d_q.get(), k_in, v_in, kv_f16, d_pos0.get(), tokens,
+                                         n_head, n_head_kv, head_dim, scale, d_out.get(), stream_),
+                cudaSuccess);
+      Sync();
+      const std::vector<float> prefill = d_out.Download();
+
+      DeviceArray<float> d_partial(attention_partial_floats(n_head, head_dim, max_ctx));
+      DeviceArray<unsigned int> d_tickets(std::vector<unsigned int>(n_head + 1, 0));
+      DeviceArray<float> d_row_q(q_len), d_row_out(q_len);
+      std::vector<int32_t> positions(tokens);
+      for (int32_t t = 0; t < tokens; ++t) {
+        positions[t] = pos0 + t;
+        d_row_q.Upload(std::vector<float>(q.begin() + t * q_len, q.begin() + (t + 1) * q_len));
+        DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos0 + t});
+        ASSERT_EQ(launch_attention_decode(d_row_q.get(), k_in, v_in, kv_f16, d_pos.get(), n_head,
+                                          n_head_kv, head_dim, max_ctx, scale, d_partial.get(),
+                                          d_tickets.get(), d_row_out.get(), nullptr, stream_),
+                  cudaSuccess);
+        Sync();
+        const std::vector<float> decode = d_row_out.Download();
+        for (int32_t i = 0; i < q_len; ++i) {
+          ASSERT_EQ(f32_to_bits(prefill[t * q_len + i]), f32_to_bits(decode[i]))
+              << "row " << t << " element " << i;
+        }
+      }
+      std::vector<float> expected(q.size());
+      Attention(q, positions, k_cache, v_cache, n_head, n_head_kv, head_dim, scale,
+                absl::MakeSpan(expected));
+      EXPECT_LT(Nmse(prefill, expected), 1e-7);
+    }
+  }
+}
+
 // launch_router with logits given: an f32 identity router (row e has 1 at
 // column e and 0 elsewhere) over x = logits gives logits exactly, except that a
 // NaN in x is moved into the diagonal so it spoils its own logit only.
@@ -1290,6 +1352,16 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   EXPECT_EQ(attention(4, 4, 64, 16, tickets, nullptr, d_x.get(), d_x.get() + 1),
             cudaErrorInvalidValue);
   EXPECT_EQ(attention(4, 4, 12, 16, tickets, nullptr, d_x.get()), cudaErrorInvalidValue);
+  // Prefill attention: no rows, rows past gridDim.y, an f16 head not a multiple of 8.
+  EXPECT_EQ(launch_attention_prefill(d_x.get(), d_x.get(), d_x.get(), true, d_i.get(), 0, 4, 4, 64,
+                                     1.0f, d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_attention_prefill(d_x.get(), d_x.get(), d_x.get(), true, d_i.get(), 65536, 4, 4,
+                                     64, 1.0f, d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_attention_prefill(d_x.get(), d_x.get(), d_x.get(), true, d_i.get(), 1, 4, 4, 12,
+                                     1.0f, d_x.get(), stream_),
+            cudaErrorInvalidValue);
   // A residual norm without tickets.
   NormEpilogue norm;
   norm.weight = d_x.get();
