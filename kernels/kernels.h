@@ -200,6 +200,20 @@ cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const 
                                      int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                                      float scale, float* out, cudaStream_t stream);
 
+// ---- a prompt's ubatch (kernels/prefill.cu) ----
+
+// Each of tokens rows of x (n floats) normed, x / rms(x) * weight, into out
+// as f16 bits: the prefill GEMMs' input.
+cudaError_t launch_rmsnorm_rows_f16(const float* x, const float* weight, int32_t n, int32_t tokens,
+                                    float eps, uint16_t* out, cudaStream_t stream);
+
+// What launch_qkv's epilogues do for one token, for tokens rows of q, k and v
+// ([tokens][n_head or n_head_kv][head_dim], the GEMMs' output) at positions
+// *rope.pos + row: QK-norm and RoPE into row `row` of rope.q_out and into the
+// k cache's row, v's rows into the v cache's.
+cudaError_t launch_rope_append_rows(const float* q, const float* k, const float* v, int32_t tokens,
+                                    const QkvRope& rope, cudaStream_t stream);
+
 // ---- MoE ----
 
 // Routing replay (moegraph bench --routing-trace): the selection of `layer` at

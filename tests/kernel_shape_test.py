@@ -49,7 +49,7 @@ def main():
                        check=True)
         dense_ptx = open(dense_path).read()
         other_ptx = []
-        for source in ("moe.cu", "tokens.cu", "dequant.cu"):
+        for source in ("moe.cu", "tokens.cu", "dequant.cu", "prefill.cu"):
             path = os.path.join(work, source + ".ptx")
             subprocess.run([nvcc, "-O3", f"-arch=sm_{arch}", "-std=c++17", f"-I{source_dir}",
                             "-ptx", os.path.join(source_dir, "kernels", source), "-o", path],

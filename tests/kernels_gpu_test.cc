@@ -550,6 +550,105 @@ TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
   }
 }
 
+// A ubatch's row ops: 5 rows at positions 3..7 QK-normed (per head and
+// full-width), rotated and appended to f32 and f16 caches as the reference does
+// it row by row; rows normed into f16 for the GEMMs.
+TEST_F(KernelsGpuTest, PrefillRowsAreNormedRotatedAndAppendedAsTheReference) {
+  std::mt19937 rng(8);
+  const int32_t n_head = 4, n_head_kv = 2, head_dim = 32, tokens = 5, pos0 = 3, max_ctx = 16;
+  const int32_t q_len = n_head * head_dim, kv_len = n_head_kv * head_dim;
+  enum class Norm { kNone, kPerHead, kFull };
+  for (Norm norm_mode : {Norm::kNone, Norm::kPerHead, Norm::kFull}) {
+    for (bool kv_f16 : {false, true}) {
+      SCOPED_TRACE("norm " + std::to_string(static_cast<int>(norm_mode)) +
+                   (kv_f16 ? " f16" : " f32"));
+      const bool full = norm_mode == Norm::kFull;
+      const std::vector<float> q = Gaussian(rng, tokens * q_len),
+                               k = Gaussian(rng, tokens * kv_len),
+                               v = Gaussian(rng, tokens * kv_len);
+      const std::vector<float> q_weight = Gaussian(rng, full ? q_len : head_dim);
+      const std::vector<float> k_weight = Gaussian(rng, full ? kv_len : head_dim);
+      DeviceArray<float> d_q(q), d_k(k), d_v(v), d_q_out(tokens * q_len);
+      DeviceArray<float> d_q_weight(q_weight), d_k_weight(k_weight);
+      DeviceArray<float> d_k_cache(std::vector<float>(max_ctx * kv_len, 7.0f)),
+          d_v_cache(std::vector<float>(max_ctx * kv_len, 8.0f));
+      DeviceArray<uint16_t> d_k_half(max_ctx * kv_len), d_v_half(max_ctx * kv_len);
+      DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos0});
+      QkvRope rope;
+      rope.pos = d_pos.get();
+      rope.n_head = n_head;
+      rope.n_head_kv = n_head_kv;
+      rope.head_dim = head_dim;
+      rope.freq_base = 1e6f;
+      rope.rope_type = kRopeNeox;
+      rope.use_norm = norm_mode != Norm::kNone;
+      rope.norm.q_weight = d_q_weight.get();
+      rope.norm.k_weight = d_k_weight.get();
+      rope.norm.eps = 1e-6f;
+      rope.norm.full = full;
+      rope.q_out = d_q_out.get();
+      rope.kv_f16 = kv_f16;
+      rope.k_cache = kv_f16 ? static_cast<void*>(d_k_half.get()) : d_k_cache.get();
+      rope.v_cache = kv_f16 ? static_cast<void*>(d_v_half.get()) : d_v_cache.get();
+      ASSERT_EQ(launch_rope_append_rows(d_q.get(), d_k.get(), d_v.get(), tokens, rope, stream_),
+                cudaSuccess);
+      Sync();
+
+      std::vector<float> q_expected = q, k_expected = k;
+      std::vector<int32_t> positions(tokens);
+      for (int32_t t = 0; t < tokens; ++t) {
+        positions[t] = pos0 + t;
+        if (norm_mode == Norm::kNone) continue;
+        const auto q_row = absl::MakeConstSpan(q).subspan(t * q_len, q_len);
+        const auto k_row = absl::MakeConstSpan(k).subspan(t * kv_len, kv_len);
+        RmsNorm(q_row, q_weight, 1e-6f, absl::MakeSpan(q_expected).subspan(t * q_len, q_len));
+        RmsNorm(k_row, k_weight, 1e-6f, absl::MakeSpan(k_expected).subspan(t * kv_len, kv_len));
+      }
+      Rope(absl::MakeSpan(q_expected), n_head, head_dim, positions, 1e6f, RopeType::kNeox);
+      Rope(absl::MakeSpan(k_expected), n_head_kv, head_dim, positions, 1e6f, RopeType::kNeox);
+      EXPECT_LT(Nmse(d_q_out.Download(), q_expected), 1e-10);
+      std::vector<float> k_rows(tokens * kv_len), v_rows(tokens * kv_len);
+      if (kv_f16) {
+        const std::vector<uint16_t> kh = d_k_half.Download(), vh = d_v_half.Download();
+        for (int32_t i = 0; i < tokens * kv_len; ++i) {
+          k_rows[i] = f16_to_f32(kh[pos0 * kv_len + i]);
+          v_rows[i] = f16_to_f32(vh[pos0 * kv_len + i]);
+          EXPECT_EQ(vh[pos0 * kv_len + i], f32_to_f16(v[i]));
+        }
+        EXPECT_LT(Nmse(k_rows, k_expected), 1e-6);
+      } else {
+        const std::vector<float> kc = d_k_cache.Download(), vc = d_v_cache.Download();
+        for (int32_t i = 0; i < tokens * kv_len; ++i) {
+          k_rows[i] = kc[pos0 * kv_len + i];
+          v_rows[i] = vc[pos0 * kv_len + i];
+        }
+        EXPECT_LT(Nmse(k_rows, k_expected), 1e-10);
+        EXPECT_EQ(v_rows, v);
+        EXPECT_EQ(kc[0], 7.0f);                         // rows before the ubatch untouched
+        EXPECT_EQ(kc[(pos0 + tokens) * kv_len], 7.0f);  // and after it
+      }
+    }
+  }
+
+  // Rows normed into f16.
+  const int32_t n = 96;
+  const std::vector<float> x = Gaussian(rng, tokens * n), weight = Gaussian(rng, n);
+  DeviceArray<float> d_x(x), d_weight(weight);
+  DeviceArray<uint16_t> d_out(tokens * n);
+  ASSERT_EQ(
+      launch_rmsnorm_rows_f16(d_x.get(), d_weight.get(), n, tokens, 1e-6f, d_out.get(), stream_),
+      cudaSuccess);
+  Sync();
+  std::vector<float> expected(x.size());
+  RmsNorm(x, weight, 1e-6f, absl::MakeSpan(expected));
+  std::vector<float> got(x.size());
+  const std::vector<uint16_t> half = d_out.Download();
+  for (size_t i = 0; i < half.size(); ++i) got[i] = f16_to_f32(half[i]);
+  EXPECT_LT(Nmse(got, expected), 1e-6);
+  EXPECT_EQ(launch_rmsnorm_rows_f16(d_x.get(), d_weight.get(), n, 0, 1e-6f, d_out.get(), stream_),
+            cudaErrorInvalidValue);
+}
+
 // A prompt's ubatch of 9 rows at positions 124..132 (across a split boundary):
 // each row has the decode step's bits at its position, on f32 and f16 caches,
 // and the reference's values.
