@@ -110,6 +110,27 @@ __device__ inline void rope_head(const float* src, float scale, const float* __r
   }
 }
 
+// Head h of one token's q (j 0) or k (j 1) row src (read through L2), times
+// scale * the QK-norm weight when rope.use_norm (a full-width norm's head h
+// takes weight[h head_dim, + head_dim)), rotated at position p: q into
+// q_out[h head_dim, ...), k into the k cache's row p, f32 or f16. The decode
+// step's qkv epilogue and the prefill's rows both run it.
+__device__ inline void rope_qk_head(const QkvRope& rope, int j, const float* src, float scale,
+                                    int32_t h, int32_t p, float* __restrict__ q_out) {
+  const int32_t d = rope.head_dim;
+  const int64_t head = static_cast<int64_t>(h) * d;
+  const int64_t k_at = static_cast<int64_t>(p) * rope.n_head_kv * d + head;
+  const float* weight = nullptr;
+  if (rope.use_norm) {
+    weight = (j == 0 ? rope.norm.q_weight : rope.norm.k_weight) + (rope.norm.full ? head : 0);
+  }
+  float* dst = j == 0         ? q_out + head
+               : rope.kv_f16 ? nullptr
+                             : static_cast<float*>(rope.k_cache) + k_at;
+  uint16_t* dst_f16 = j == 1 && rope.kv_f16 ? static_cast<uint16_t*>(rope.k_cache) + k_at : nullptr;
+  rope_head(src + head, scale, weight, d, p, rope.freq_base, rope.rope_type, dst, dst_f16);
+}
+
 // The router's top-k by warp 0 of the block (the other warps return): softmax
 // in f64 as the oracle, its probabilities written over logits[0, n_expert)
 // (read through L2: other blocks wrote them), then k rounds of a warp argmax in

@@ -200,21 +200,10 @@ __device__ void qkv_rope_epilogue(const QkvArgs& a, int j, int32_t bx, EpilogueS
   unsigned int* tickets = a.tickets + (j == 0 ? 0 : rope.n_head);
   const float* src = a.job[j].out;
   const int32_t p = *rope.pos;
-  // q to q_out; k to its cache row, f32 or f16.
-  const int64_t k_row = static_cast<int64_t>(p) * rope.n_head_kv * d;
-  float* dst = j == 0         ? rope.q_out
-               : rope.kv_f16 ? nullptr
-                             : static_cast<float*>(rope.k_cache) + k_row;
-  uint16_t* dst_f16 = j == 1 && rope.kv_f16 ? static_cast<uint16_t*>(rope.k_cache) + k_row : nullptr;
-  const float* weight = rope.use_norm ? (j == 0 ? rope.norm.q_weight : rope.norm.k_weight) : nullptr;
   if (rope.use_norm && rope.norm.full) {
     if (!last_block_done(tickets, ceil_div(rows, kRows), shared)) return;
     const float scale = block_rms_scale(src, rows, rope.norm.eps, shared);
-    for (int32_t h = 0; h < n_heads; ++h) {
-      rope_head(src + h * d, scale, weight + h * d, d, p, rope.freq_base, rope.rope_type,
-                dst != nullptr ? dst + h * d : nullptr,
-                dst_f16 != nullptr ? dst_f16 + h * d : nullptr);
-    }
+    for (int32_t h = 0; h < n_heads; ++h) rope_qk_head(rope, j, src, scale, h, p, rope.q_out);
     return;
   }
   const int32_t row0 = bx * kRows;
@@ -222,12 +211,9 @@ __device__ void qkv_rope_epilogue(const QkvArgs& a, int j, int32_t bx, EpilogueS
   for (int32_t h = row0 / d; h * d < row_end; ++h) {
     const int32_t blocks = ((h + 1) * d - 1) / kRows - h * d / kRows + 1;
     if (!last_block_done(tickets + h, blocks, shared)) continue;
-    const float* head_src = src + h * d;
     const float scale =
-        weight != nullptr ? block_rms_scale(head_src, d, rope.norm.eps, shared) : 1.0f;
-    rope_head(head_src, scale, weight, d, p, rope.freq_base, rope.rope_type,
-              dst != nullptr ? dst + h * d : nullptr,
-              dst_f16 != nullptr ? dst_f16 + h * d : nullptr);
+        rope.use_norm ? block_rms_scale(src + h * d, d, rope.norm.eps, shared) : 1.0f;
+    rope_qk_head(rope, j, src, scale, h, p, rope.q_out);
   }
 }
 

@@ -53,29 +53,15 @@ __global__ void __launch_bounds__(kRowThreads)
   const int32_t n_heads = j == 0 ? rope.n_head : rope.n_head_kv;
   const int64_t row_len = static_cast<int64_t>(n_heads) * d;
   const float* src = (j == 0 ? q : k) + row * row_len;
-  float* dst = j == 0        ? rope.q_out + row * row_len
-               : rope.kv_f16 ? nullptr
-                             : static_cast<float*>(rope.k_cache) + cache_row;
-  uint16_t* dst_f16 =
-      j == 1 && rope.kv_f16 ? static_cast<uint16_t*>(rope.k_cache) + cache_row : nullptr;
-  const float* weight =
-      rope.use_norm ? (j == 0 ? rope.norm.q_weight : rope.norm.k_weight) : nullptr;
   const float full_scale =
       rope.use_norm && rope.norm.full
           ? block_rms_scale(src, static_cast<int32_t>(row_len), rope.norm.eps, &shared)
           : 1.0f;
   for (int32_t h = 0; h < n_heads; ++h) {
-    const float* head_src = src + static_cast<int64_t>(h) * d;
-    float scale = full_scale;
-    if (rope.use_norm && !rope.norm.full) {
-      scale = block_rms_scale(head_src, d, rope.norm.eps, &shared);
-    }
-    const float* head_weight =
-        weight == nullptr ? nullptr : (rope.norm.full ? weight + h * d : weight);
-    rope_head(head_src, scale, head_weight, d, p, rope.freq_base, rope.rope_type,
-              dst != nullptr ? dst + h * d : nullptr,
-              dst_f16 != nullptr ? dst_f16 + h * d : nullptr);
-    __syncthreads();  // the shared scratch of the next head's norm
+    const float scale = rope.use_norm && !rope.norm.full
+                            ? block_rms_scale(src + h * d, d, rope.norm.eps, &shared)
+                            : full_scale;
+    rope_qk_head(rope, j, src, scale, h, p, rope.q_out + row * row_len);
   }
 }
 

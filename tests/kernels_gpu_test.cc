@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -493,6 +494,37 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
   }
 }
 
+// A random KV cache of n elements a side on the device, f16 bits (kv_f16) or
+// f32; k and v hold the values the reference reads (the f16 ones widened).
+struct RandomKvCache {
+  RandomKvCache(std::mt19937& rng, size_t n, bool kv_f16)
+      : k(Gaussian(rng, n)), v(Gaussian(rng, n)), f16(kv_f16) {
+    std::vector<uint16_t> k_half(n), v_half(n);
+    for (size_t i = 0; i < n; ++i) {
+      k_half[i] = f32_to_f16(k[i]);
+      v_half[i] = f32_to_f16(v[i]);
+      if (kv_f16) {
+        k[i] = f16_to_f32(k_half[i]);
+        v[i] = f16_to_f32(v_half[i]);
+      }
+    }
+    if (kv_f16) {
+      k_f16 = std::make_unique<DeviceArray<uint16_t>>(k_half);
+      v_f16 = std::make_unique<DeviceArray<uint16_t>>(v_half);
+    } else {
+      k_f32 = std::make_unique<DeviceArray<float>>(k);
+      v_f32 = std::make_unique<DeviceArray<float>>(v);
+    }
+  }
+  const void* k_in() const { return f16 ? static_cast<const void*>(k_f16->get()) : k_f32->get(); }
+  const void* v_in() const { return f16 ? static_cast<const void*>(v_f16->get()) : v_f32->get(); }
+
+  std::vector<float> k, v;
+  bool f16;
+  std::unique_ptr<DeviceArray<float>> k_f32, v_f32;
+  std::unique_ptr<DeviceArray<uint16_t>> k_f16, v_f16;
+};
+
 // f32 and f16 caches (the reference reads the f16 values widened back), every
 // length's splits and merge.
 TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
@@ -506,21 +538,11 @@ TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
       const int32_t n_head = head_dim == 24 ? 4 : 8, n_head_kv = 2, max_ctx = 300;
       const int32_t kv_len = n_head_kv * head_dim;
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
-      std::vector<float> v_cache = Gaussian(rng, max_ctx * kv_len);
-      std::vector<uint16_t> k_half(k_cache.size()), v_half(v_cache.size());
-      for (size_t i = 0; i < k_cache.size(); ++i) {
-        k_half[i] = f32_to_f16(k_cache[i]);
-        v_half[i] = f32_to_f16(v_cache[i]);
-        if (kv_f16) {
-          k_cache[i] = f16_to_f32(k_half[i]);
-          v_cache[i] = f16_to_f32(v_half[i]);
-        }
-      }
-      DeviceArray<float> d_k_cache(k_cache), d_v_cache(v_cache);
-      DeviceArray<uint16_t> d_k_half(k_half), d_v_half(v_half);
-      const void* k_in = kv_f16 ? static_cast<const void*>(d_k_half.get()) : d_k_cache.get();
-      const void* v_in = kv_f16 ? static_cast<const void*>(d_v_half.get()) : d_v_cache.get();
+      const RandomKvCache cache(rng, max_ctx * kv_len, kv_f16);
+      const std::vector<float>& k_cache = cache.k;
+      const std::vector<float>& v_cache = cache.v;
+      const void* k_in = cache.k_in();
+      const void* v_in = cache.v_in();
       DeviceArray<float> d_partial(attention_partial_floats(n_head, head_dim, max_ctx));
       DeviceArray<float> d_out(n_head * head_dim);
       const std::vector<unsigned int> zero_tickets(n_head + 1, 0);
@@ -660,21 +682,11 @@ TEST_F(KernelsGpuTest, PrefillAttentionRowsHaveTheDecodeStepsBits) {
       const int32_t n_head = 4, n_head_kv = 2, max_ctx = 300, tokens = 9, pos0 = 124;
       const int32_t q_len = n_head * head_dim, kv_len = n_head_kv * head_dim;
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      std::vector<float> k_cache = Gaussian(rng, max_ctx * kv_len);
-      std::vector<float> v_cache = Gaussian(rng, max_ctx * kv_len);
-      std::vector<uint16_t> k_half(k_cache.size()), v_half(v_cache.size());
-      for (size_t i = 0; i < k_cache.size(); ++i) {
-        k_half[i] = f32_to_f16(k_cache[i]);
-        v_half[i] = f32_to_f16(v_cache[i]);
-        if (kv_f16) {
-          k_cache[i] = f16_to_f32(k_half[i]);
-          v_cache[i] = f16_to_f32(v_half[i]);
-        }
-      }
-      DeviceArray<float> d_k_cache(k_cache), d_v_cache(v_cache);
-      DeviceArray<uint16_t> d_k_half(k_half), d_v_half(v_half);
-      const void* k_in = kv_f16 ? static_cast<const void*>(d_k_half.get()) : d_k_cache.get();
-      const void* v_in = kv_f16 ? static_cast<const void*>(d_v_half.get()) : d_v_cache.get();
+      const RandomKvCache cache(rng, max_ctx * kv_len, kv_f16);
+      const std::vector<float>& k_cache = cache.k;
+      const std::vector<float>& v_cache = cache.v;
+      const void* k_in = cache.k_in();
+      const void* v_in = cache.v_in();
       const std::vector<float> q = Gaussian(rng, tokens * q_len, 2.0f);
       DeviceArray<float> d_q(q), d_out(tokens * q_len);
       DeviceArray<int32_t> d_pos0(std::vector<int32_t>{pos0});
