@@ -20,6 +20,7 @@ constexpr std::string_view kPolicyVar = "MOEGRAPH_POLICY";
 constexpr std::string_view kProtectedFracVar = "MOEGRAPH_PROTECTED_FRAC";
 constexpr std::string_view kSplitPassesVar = "MOEGRAPH_SPLIT_PASSES";
 constexpr std::string_view kPdlVar = "MOEGRAPH_PDL";
+constexpr std::string_view kPrefillVar = "MOEGRAPH_PREFILL";
 
 // kImplied: changed to agree with a door the environment set.
 enum class Source { kDefault, kArm, kEnv, kImplied };
@@ -123,6 +124,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   Door<double> protected_frac{kDefaultProtectedFrac};
   Door<bool> split_passes{true};
   Door<bool> programmatic_launch{true};
+  Door<bool> batched_prefill{true};
   Door<bool> resident{false};
   if (arm_flag.has_value()) ApplyArm(*arm_flag, graph, moe_cache, residency, resident);
   const std::string arm_text =
@@ -148,6 +150,13 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   }
   MG_ASSIGN_OR_RETURN(const std::optional<bool> env_pdl, ReadBool(env, kPdlVar));
   if (env_pdl.has_value()) take(programmatic_launch, *env_pdl, kPdlVar, *env_pdl ? "1" : "0");
+  if (const std::optional<std::string> text = env(kPrefillVar); text.has_value()) {
+    if (*text != "batched" && *text != "steps") {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s='%s' must be batched or steps", Av(kPrefillVar), *text));
+    }
+    take(batched_prefill, *text == "batched", kPrefillVar, *text);
+  }
   if (const std::optional<std::string> text = env(kResidencyVar); text.has_value()) {
     if (*text != "device" && *text != "host") {
       return absl::InvalidArgumentError(
@@ -217,6 +226,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   d.protected_frac = protected_frac.value;
   d.split_passes = split_passes.value;
   d.programmatic_launch = programmatic_launch.value;
+  d.batched_prefill = batched_prefill.value;
   d.resident = resident.value;
   if (!d.moe_cache) {
     out.arm = Arm::kStage;
@@ -243,13 +253,15 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
                       Av(SourceName(split_passes.source))),
       absl::StrFormat("%s=%d (%s)", Av(kPdlVar), d.programmatic_launch ? 1 : 0,
                       Av(SourceName(programmatic_launch.source))),
+      absl::StrFormat("%s=%s (%s)", Av(kPrefillVar), d.batched_prefill ? "batched" : "steps",
+                      Av(SourceName(batched_prefill.source))),
   };
   out.banner = absl::StrCat("doors: arm ", Av(ArmName(out.arm)), "; ", absl::StrJoin(doors, ", "));
   for (const std::string& note : notes) absl::StrAppend(&out.banner, "\ndoors: ", note);
   out.all_default = notes.empty();
   for (const Source source :
        {graph.source, moe_cache.source, residency.source, policy.source, protected_frac.source,
-        split_passes.source, programmatic_launch.source, resident.source}) {
+        split_passes.source, programmatic_launch.source, batched_prefill.source, resident.source}) {
     out.all_default = out.all_default && source == Source::kDefault;
   }
   return out;

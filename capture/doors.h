@@ -38,6 +38,9 @@ struct Doors {
   double protected_frac = kDefaultProtectedFrac;     // MOEGRAPH_PROTECTED_FRAC
   bool split_passes = true;                          // MOEGRAPH_SPLIT_PASSES
   bool programmatic_launch = true;                   // MOEGRAPH_PDL (sm_90 and later)
+  // MOEGRAPH_PREFILL: batched (a prompt in ubatches, capture/engine_prefill.cc)
+  // or steps (one T=1 decode step per prompt token, the rollback).
+  bool batched_prefill = true;
   bool resident = false;   // every expert on the device (--arm resident only)
 
 };

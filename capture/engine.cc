@@ -107,6 +107,10 @@ CudaEngine::Impl::~Impl() {
   graphs.clear();
   for (cudaEvent_t e : fork_events) cudaEventDestroy(e);
   for (cudaEvent_t e : join_events) cudaEventDestroy(e);
+  for (cudaEvent_t e :
+       {prefill.ring_ready[0], prefill.ring_ready[1], prefill.ring_free[0], prefill.ring_free[1]}) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (main != nullptr) cudaStreamDestroy(main);
   if (copy != nullptr) cudaStreamDestroy(copy);
 }
@@ -120,6 +124,10 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   if (options.max_ctx < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--ctx %d: the context must hold at least one token", options.max_ctx));
+  }
+  if (options.ubatch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("-ub %d: a ubatch needs at least 1 token", options.ubatch));
   }
   if (options.steps_per_launch < 1) {
     return absl::InvalidArgumentError(
@@ -260,7 +268,9 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   const uint64_t kv_bytes = KvCacheBytes(cfg, options.max_ctx, options.kv_type);
   const int kv_elem = options.kv_type == KvCacheType::kF16 ? 2 : 4;
   const uint64_t dense = DenseBytes(m);
-  const uint64_t scratch = ScratchBytes(cfg, options.max_ctx) + RecordBytes(options, cfg);
+  const uint64_t prefill_bytes = PrefillBytes(m, options);
+  const uint64_t scratch =
+      ScratchBytes(cfg, options.max_ctx) + RecordBytes(options, cfg) + prefill_bytes;
   if (dense + kv_bytes + scratch + options.rail_bytes > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "--ctx %d: the GPU needs %.2f GiB before any expert slot (dense weights %.2f GiB, KV "
@@ -293,6 +303,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   MG_RETURN_IF_ERROR(UploadDense());
   MG_RETURN_IF_ERROR(AllocatePools());
   MG_RETURN_IF_ERROR(AllocateState());
+  MG_RETURN_IF_ERROR(AllocatePrefill());
   for (size_t c = 0; c < pools.size(); ++c) {
     const SlotPoolInfo& p = pools[c].info;
     pool_infos.push_back(p);
@@ -303,6 +314,18 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
                         Mib(dense_bytes), Mib(kv_bytes),
                         options.kv_type == KvCacheType::kF16 ? "f16" : "f32",
                         Mib(store->total_bytes()));
+  if (!prefill.unavailable.empty()) {
+    absl::StrAppendFormat(&banner,
+                          "\nwarning: prompts run as T=1 steps: cuBLASLt cannot be opened (%s); "
+                          "put its lib folder on LD_LIBRARY_PATH for the batched prefill",
+                          prefill.unavailable);
+  } else if (options.doors.batched_prefill) {
+    absl::StrAppendFormat(&banner,
+                          "\nprefill: ubatches of %d tokens, %.2f MiB of scratch (the ring: 2 x "
+                          "%.3f MiB)",
+                          prefill.ubatch, Mib(prefill_bytes),
+                          Mib(static_cast<uint64_t>(prefill.ring[1] - prefill.ring[0])));
+  }
   return Sync("uploading the model");
 }
 
@@ -392,7 +415,12 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
   }
 
   auto clock = std::chrono::steady_clock::now();
-  MG_RETURN_IF_ERROR(s.RunSteps(static_cast<int>(prompt.size())).status());
+  if (s.BatchedPrefill()) {
+    MG_RETURN_IF_ERROR(s.Prefill(start, static_cast<int>(prompt.size())));
+  } else {
+    MG_RETURN_IF_ERROR(s.RunSteps(static_cast<int>(prompt.size())).status());
+    s.host.prompt_steps += prompt.size();
+  }
   st.prompt_tokens = static_cast<int>(prompt.size());
   st.prompt_seconds = SecondsSince(clock);
   std::vector<int32_t> out;

@@ -6,9 +6,13 @@
 // arm reads the selection back on purpose: it is the baseline).
 //
 // Options and counters mirror reference/cpu_backend.h; the arm comes from the
-// doors (capture/doors.h). Each token is one T=1 step, the prompt included:
-// begin_step reads the next token from a device array of prompt ids while the
-// device step counter is inside the prompt, then the previous step's argmax.
+// doors (capture/doors.h). A prompt runs in ubatches of -ub tokens (the
+// batched prefill, capture/engine_prefill.cc: GEMMs, experts grouped by
+// expert, the slot tables read and never written), then each generated token
+// is one T=1 step. With MOEGRAPH_PREFILL=steps (or an option that records
+// every step) the prompt is T=1 steps too: begin_step reads the next token
+// from a device array of prompt ids while the device step counter is inside
+// the prompt, then the previous step's sample.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +60,9 @@ struct CudaEngineOptions {
   // S: steps captured in one graph (or run as one eager walk); the host waits
   // once per S steps.
   int steps_per_launch = 1;
+  // -ub: prompt tokens per ubatch of the batched prefill (MOEGRAPH_PREFILL);
+  // capped at max_ctx.
+  int ubatch = 512;
   // After every launch, copy the step's selection to the host (one more sync per
   // step; steps_per_launch must be 1). For the table-equality gate.
   bool record_routing = false;
@@ -105,7 +112,7 @@ class CudaEngine {
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
 
-  // Decode from position `start`: the prompt as T=1 steps, then n_predict
+  // Decode from position `start`: the prompt (batched or as T=1 steps), then n_predict
   // tokens picked by sampling() (the draw for position p counted p, so
   // the tokens equal Oracle::Generate's for equal logits), each fed back but
   // the last. The KV cache below `start` is kept from earlier calls (a chat's

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "capture/engine.h"
+#include "kernels/gemm.h"
 #include "loader/status_util.h"
 
 namespace moegraph {
@@ -96,6 +97,17 @@ class CudaBuffer {
   bool pinned_ = false;
 };
 
+// Buffers carved from one allocation, each 256-byte aligned: Add returns a
+// buffer's offset, total is the allocation's size.
+struct BufferLayout {
+  size_t total = 0;
+  size_t Add(size_t bytes) {
+    const size_t at = total;
+    total += (bytes + 255) / 256 * 256;
+    return at;
+  }
+};
+
 struct LayerWeights {
   DeviceMatrix wq, wk, wv, wo, router;
   DeviceMatrix shexp_gate, shexp_up, shexp_down, shexp_gate_inp;
@@ -163,10 +175,49 @@ struct DevicePool {
   std::optional<PolicyCache> host_cache;  // the host arm's policy state
 };
 
+// A prompt's ubatches on the device (engine_prefill.cc): rows of up to
+// `ubatch` tokens in buffers carved from one allocation, the weight tile a
+// quantized matrix is dequantized into for its GEMM, and the ring of two
+// staging buffers that streamed experts are copied into.
+struct PrefillState {
+  int32_t ubatch = 0;       // rows per ubatch: -ub, at most --ctx; 0: prompts run as steps
+  std::string unavailable;  // why the door's batched prefill cannot run (no cuBLASLt)
+  CudaBuffer device;
+  CudaBuffer host;                     // pinned: the routing readback and a layer's plan
+  const int32_t* positions = nullptr;  // [max_ctx]: 0, 1, ...; a ubatch's are positions + p0
+  float* x = nullptr;                  // the residual stream, [ubatch][n_embd]
+  float* h = nullptr;                  // a norm's rows, and as f16
+  uint16_t* h16 = nullptr;
+  float *q = nullptr, *k = nullptr, *v = nullptr, *q_rope = nullptr;
+  float* attn = nullptr;
+  uint16_t* attn16 = nullptr;
+  float* router_logits = nullptr;  // [ubatch][n_expert]
+  int32_t* selection = nullptr;    // [ubatch][k]
+  float* weights = nullptr;        // [ubatch][k]
+  int32_t* entries = nullptr;      // the plan's token * k + rank, grouped by expert
+  float* xg = nullptr;             // an expert's (or the shared expert's) rows
+  uint16_t* xg16 = nullptr;
+  float *gate = nullptr, *up = nullptr, *act = nullptr, *yg = nullptr;
+  uint16_t* act16 = nullptr;
+  float* expert_out = nullptr;  // [ubatch * k][n_embd], by (token, rank)
+  float* shexp_out = nullptr;
+  float* shexp_logit = nullptr;
+  uint16_t* tile = nullptr;
+  uint8_t* ring[2] = {nullptr, nullptr};
+  int32_t* selection_host = nullptr;               // [ubatch][k]
+  int32_t* entries_host = nullptr;                 // [ubatch * k]
+  int32_t* table_host = nullptr;                   // [n_expert]: a layer's slot table
+  cudaEvent_t ring_ready[2] = {nullptr, nullptr};  // a ring buffer's copy is done
+  cudaEvent_t ring_free[2] = {nullptr, nullptr};   // its expert's last GEMM is done
+  GemmRunner gemm;
+};
+
 // Bytes the budget counts before anything is allocated (engine_memory.cc).
 uint64_t DenseBytes(const Model& m);
 uint64_t RecordBytes(const CudaEngineOptions& options, const ModelConfig& cfg);
 uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx);
+// The prefill's device bytes (engine_prefill.cc): 0 when prompts run as steps.
+uint64_t PrefillBytes(const Model& m, const CudaEngineOptions& options);
 
 struct CudaEngine::Impl {
   ~Impl();
@@ -189,6 +240,9 @@ struct CudaEngine::Impl {
   std::function<cudaError_t()> Bind(const WalkEntry& entry);
   // An RMSNorm by weight into h and h_q, run as an op's epilogue.
   NormEpilogue Norm(const float* weight) const;
+  // Layer's QK-norm, RoPE at *pos and KV append, q into q_out: the decode
+  // step's qkv epilogue and the prefill's rows.
+  QkvRope Rope(int layer, const int32_t* pos, float* q_out) const;
   cudaError_t HostPolicyStep(int layer);
   cudaError_t HostStageCopy(int layer);
   // Runs count steps in launches of at most S; after each launch (and its sync),
@@ -197,6 +251,24 @@ struct CudaEngine::Impl {
   absl::StatusOr<int> RunSteps(
       int count, const std::function<absl::StatusOr<bool>(int steps)>& after_launch = nullptr);
   absl::Status Sync(std::string_view what);
+
+  // The batched prefill (engine_prefill.cc). Whether prompts run in ubatches:
+  // the door, and no option that records every step.
+  bool BatchedPrefill() const;
+  absl::Status AllocatePrefill();
+  // Positions [first, first + count) from the prompt ids already on the
+  // device, in ubatches; then the last one's logits, the token sampled from
+  // them (at step first + count - 1, as the T=1 path) into out_tokens and
+  // token_host, and the step counter at first + count.
+  absl::Status Prefill(int first, int count);
+  absl::Status PrefillUbatch(int p0, int rows);
+  absl::Status PrefillExperts(int layer, int rows);
+  // y (rows x w.rows) = x w^T, or += with accumulate: f32 GEMM for an f32
+  // weight (x), else f16 (x16), a quantized weight dequantized into the tile.
+  absl::Status Project(const DeviceMatrix& w, const float* x, const uint16_t* x16, int rows,
+                       float* y, bool accumulate, std::string_view what);
+  // The layer's slot table (expert -> slot or kNoSlot) into table_host.
+  absl::Status ReadLayerSlots(int layer);
 
   const Model* model = nullptr;
   ModelConfig cfg;
@@ -274,6 +346,8 @@ struct CudaEngine::Impl {
   // Pinned host memory: the token copy and the host arm's per-layer staging.
   CudaBuffer token_host;
   CudaBuffer selection_host, slot_of_rank_host, missed_host;  // [n_layer][k]
+
+  PrefillState prefill;
 
   std::map<int, StepWalk> walks;    // by steps per walk
   std::map<int, StepGraph> graphs;  // by steps per graph

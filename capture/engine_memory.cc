@@ -183,16 +183,6 @@ PolicyStateBytes PolicyBytes(ResidencyPolicy policy, const ModelConfig& cfg) {
   return {4 * keys + 12 * static_cast<uint64_t>(cfg.n_layer), 21};
 }
 
-// Layout of the small per-step buffers in one allocation, each 256-byte aligned.
-struct StateLayout {
-  size_t total = 0;
-  size_t Add(size_t bytes) {
-    const size_t at = total;
-    total += (bytes + 255) / 256 * 256;
-    return at;
-  }
-};
-
 }  // namespace
 
 absl::Status CudaEngine::Impl::PlanPools(uint64_t free_bytes, uint64_t dense, uint64_t kv_bytes,
@@ -362,7 +352,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t n_layer = static_cast<size_t>(cfg.n_layer);
   const size_t kk = static_cast<size_t>(top_k);
 
-  StateLayout s;
+  BufferLayout s;
   const size_t o_token = s.Add(4), o_pos = s.Add(4), o_step = s.Add(4), o_sampled = s.Add(4);
   const size_t o_sampling = s.Add(sizeof(SamplingParams));
   const size_t o_prompt = s.Add((max_ctx + 1) * 4), o_out = s.Add(max_ctx * 4);

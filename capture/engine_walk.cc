@@ -75,6 +75,28 @@ NormEpilogue CudaEngine::Impl::Norm(const float* weight) const {
   return norm;
 }
 
+QkvRope CudaEngine::Impl::Rope(int layer, const int32_t* pos, float* q_out) const {
+  const LayerWeights& w = layers[static_cast<size_t>(layer)];
+  const LayerExperts& e = layer_experts[static_cast<size_t>(layer)];
+  QkvRope rope;
+  rope.pos = pos;
+  rope.n_head = cfg.n_head;
+  rope.n_head_kv = cfg.n_head_kv;
+  rope.head_dim = cfg.head_dim;
+  rope.freq_base = cfg.rope_freq_base;
+  rope.rope_type = cfg.rope_type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
+  rope.use_norm = cfg.qk_norm || cfg.qk_norm_full;
+  rope.norm.q_weight = w.q_norm;
+  rope.norm.k_weight = w.k_norm;
+  rope.norm.eps = cfg.rms_eps;
+  rope.norm.full = cfg.qk_norm_full;  // olmoe: all of q (and k) at once, qwen3moe each head
+  rope.q_out = q_out;
+  rope.kv_f16 = options.kv_type == KvCacheType::kF16;
+  rope.k_cache = e.k_cache;
+  rope.v_cache = e.v_cache;
+  return rope;
+}
+
 std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
   const int l = entry.layer;
   const int top_k = cfg.n_expert_used;
@@ -123,22 +145,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       return
           [=, this] { return launch_embed(token_embd, token, x, Norm(layers[0].attn_norm), ms); };
     case StepOp::kQkv: {
-      QkvRope rope;
-      rope.pos = pos;
-      rope.n_head = cfg.n_head;
-      rope.n_head_kv = cfg.n_head_kv;
-      rope.head_dim = cfg.head_dim;
-      rope.freq_base = cfg.rope_freq_base;
-      rope.rope_type = cfg.rope_type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
-      rope.use_norm = cfg.qk_norm || cfg.qk_norm_full;
-      rope.norm.q_weight = w->q_norm;
-      rope.norm.k_weight = w->k_norm;
-      rope.norm.eps = cfg.rms_eps;
-      rope.norm.full = cfg.qk_norm_full;  // olmoe: all of q (and k) at once, qwen3moe each head
-      rope.q_out = q_rope;
-      rope.kv_f16 = options.kv_type == KvCacheType::kF16;
-      rope.k_cache = e->k_cache;
-      rope.v_cache = e->v_cache;
+      const QkvRope rope = Rope(l, pos, q_rope);
       return [=, this] {
         return launch_qkv(w->wq, w->wk, w->wv, h, h_q, w->bq, w->bk, w->bv, q, k, nullptr, &rope,
                           tickets, ms);

@@ -22,6 +22,16 @@ struct HostCounters {
   uint64_t h2d_memcpys = 0;     // host-to-device copy calls (uploads, the host arm's misses)
   // Kernels launched (or captured) with programmatic dependent launch.
   uint64_t programmatic_launches = 0;
+  // Prompts: tokens run as T=1 decode steps, or in the batched prefill's
+  // ubatches; the prefill's routed experts read in place from their slots or
+  // streamed through the staging ring (once per ubatch and layer), and the
+  // bytes streamed.
+  uint64_t prompt_steps = 0;
+  uint64_t prefill_tokens = 0;
+  uint64_t prefill_ubatches = 0;
+  uint64_t prefill_experts_in_place = 0;
+  uint64_t prefill_experts_streamed = 0;
+  uint64_t prefill_bytes_streamed = 0;
 };
 
 // OK for cudaSuccess; otherwise an error naming `what` and the CUDA error

@@ -26,6 +26,11 @@ constexpr std::array<std::string_view, kCounterCount> kNames = {
     "host.host_syncs",
     "host.h2d_memcpys",
     "host.programmatic_launches",
+    "host.prompt_steps",
+    "host.prefill_tokens",
+    "host.prefill_experts_in_place",
+    "host.prefill_experts_streamed",
+    "host.prefill_bytes_streamed",
 };
 
 bool IsHostCounter(Counter c) { return c >= Counter::kGraphLaunches; }
@@ -45,6 +50,11 @@ void SetHost(const HostCounters& h, CounterValues& v) {
   v.Set(Counter::kHostSyncs, h.host_syncs);
   v.Set(Counter::kH2dMemcpys, h.h2d_memcpys);
   v.Set(Counter::kProgrammaticLaunches, h.programmatic_launches);
+  v.Set(Counter::kPromptSteps, h.prompt_steps);
+  v.Set(Counter::kPrefillTokens, h.prefill_tokens);
+  v.Set(Counter::kPrefillExpertsInPlace, h.prefill_experts_in_place);
+  v.Set(Counter::kPrefillExpertsStreamed, h.prefill_experts_streamed);
+  v.Set(Counter::kPrefillBytesStreamed, h.prefill_bytes_streamed);
 }
 
 }  // namespace

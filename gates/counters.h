@@ -39,8 +39,13 @@ enum class Counter : uint8_t {
   kHostSyncs,
   kH2dMemcpys,
   kProgrammaticLaunches,
+  kPromptSteps,
+  kPrefillTokens,
+  kPrefillExpertsInPlace,
+  kPrefillExpertsStreamed,
+  kPrefillBytesStreamed,
 };
-inline constexpr size_t kCounterCount = static_cast<size_t>(Counter::kProgrammaticLaunches) + 1;
+inline constexpr size_t kCounterCount = static_cast<size_t>(Counter::kPrefillBytesStreamed) + 1;
 
 // "misses", "device.pass_b_experts", "host.host_syncs", ...
 std::string_view CounterName(Counter counter);

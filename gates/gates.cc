@@ -37,10 +37,10 @@ std::function<GateResult(GateContext&)> Guarded(GateBody body) {
 }
 
 // Token ids in [0, n_vocab) from a small LCG: different seeds, different prompts.
-std::vector<int32_t> PromptOf(const Model& model, uint64_t seed) {
+std::vector<int32_t> PromptOf(const Model& model, uint64_t seed, int length = kPromptLength) {
   std::vector<int32_t> prompt;
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int i = 0; i < kPromptLength; ++i) {
+  for (int i = 0; i < length; ++i) {
     x = x * 6364136223846793005ull + 1442695040888963407ull;
     prompt.push_back(static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(model.config.n_vocab)));
   }
@@ -272,10 +272,14 @@ absl::StatusOr<GateResult> ReadbackCount(GateContext& context) {
     spec.steps_per_launch = s;
     MG_ASSIGN_OR_RETURN(const ArmRun run, RunArm(context, model, spec, work));
     const std::string arm = absl::StrFormat("graph S=%d", s);
-    const uint64_t launches = (kPromptLength + s - 1) / s + kDecode / s;
+    const uint64_t launches = kDecode / s;
+    const uint64_t n_layer = static_cast<uint64_t>(model.config.n_layer);
     MG_RETURN_IF_ERROR(ExpectEq(run.delta, Counter::kGraphLaunches, launches, arm));
-    // One wait per launch, and one readback of the generated tokens.
-    MG_RETURN_IF_ERROR(ExpectEq(run.delta, Counter::kHostSyncs, launches + 1, arm));
+    // The batched prompt (one ubatch): a routing readback per MoE layer and its
+    // token; then one wait per launch and one readback of the generated tokens.
+    MG_RETURN_IF_ERROR(ExpectEq(run.delta, Counter::kHostSyncs, n_layer + 1 + launches + 1, arm));
+    MG_RETURN_IF_ERROR(ExpectEq(run.delta, Counter::kPrefillTokens, kPromptLength, arm));
+    MG_RETURN_IF_ERROR(ExpectFlat(run.delta, Counter::kPromptSteps, arm));
     MG_RETURN_IF_ERROR(ExpectFlat(run.delta, Counter::kEagerSteps, arm));
     absl::StrAppendFormat(&detail, "graph S=%d: %d syncs for %d decode tokens (1/%d per token); ",
                           s, kDecode / s, kDecode, s);
@@ -283,9 +287,10 @@ absl::StatusOr<GateResult> ReadbackCount(GateContext& context) {
   MG_ASSIGN_OR_RETURN(const Doors host_doors, DoorsFromEnv({{"MOEGRAPH_RESIDENCY", "host"}}));
   MG_ASSIGN_OR_RETURN(const ArmRun host,
                       RunArm(context, model, SpecOf(context, host_doors, max_ctx), work));
-  const uint64_t steps = kPromptLength + kDecode;
   const uint64_t n_layer = static_cast<uint64_t>(model.config.n_layer);
-  MG_RETURN_IF_ERROR(ExpectEq(host.delta, Counter::kHostSyncs, steps * (n_layer + 1) + 1, "host"));
+  // The prompt's syncs (as the graph arm's), then the decode's.
+  MG_RETURN_IF_ERROR(
+      ExpectEq(host.delta, Counter::kHostSyncs, (kDecode + 1) * (n_layer + 1) + 1, "host"));
   MG_RETURN_IF_ERROR(ExpectFlat(host.delta, Counter::kGraphLaunches, "host"));
   absl::StrAppendFormat(&detail, "host: %d per token (%d MoE layers + 1)", n_layer + 1, n_layer);
   return Pass(detail);
@@ -425,25 +430,45 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   const Model& model = *context.model.model;
   const Workload work{PromptOf(model, 7), 24, LogitRows::kNone};
   const int max_ctx = kPromptLength + 24;
-  const uint64_t steps = kPromptLength + 23;
+  const uint64_t steps = 23;  // decode steps: the prompt is batched
   const uint64_t n_layer = static_cast<uint64_t>(model.config.n_layer);
   MG_ASSIGN_OR_RETURN(const Doors defaults, DoorsFromEnv({}));
   MG_ASSIGN_OR_RETURN(const Doors eager, DoorsFromEnv({{"MOEGRAPH_GRAPH", "0"}}));
   MG_ASSIGN_OR_RETURN(const Doors host, DoorsFromEnv({{"MOEGRAPH_RESIDENCY", "host"}}));
   MG_ASSIGN_OR_RETURN(const Doors single, DoorsFromEnv({{"MOEGRAPH_SPLIT_PASSES", "0"}}));
   MG_ASSIGN_OR_RETURN(const Doors no_pdl, DoorsFromEnv({{"MOEGRAPH_PDL", "0"}}));
+  MG_ASSIGN_OR_RETURN(const Doors prefill_steps, DoorsFromEnv({{"MOEGRAPH_PREFILL", "steps"}}));
 
+  // The default: the prompt batched (a routing readback per MoE layer, its
+  // token, the step counter and plan uploads, a copy per streamed expert),
+  // then one graph launch and one wait per decode step.
   MG_ASSIGN_OR_RETURN(const ArmRun base,
                       RunArm(context, model, SpecOf(context, defaults, max_ctx), work));
   const CounterValues& d = base.delta;
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kGraphLaunches, steps, "default"));
   MG_RETURN_IF_ERROR(ExpectFlat(d, Counter::kEagerSteps, "default"));
-  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kHostSyncs, steps + 1, "default"));
-  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kH2dMemcpys, 1, "default (the prompt upload only)"));
+  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kHostSyncs, n_layer + 1 + steps + 1, "default"));
+  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kPrefillTokens, kPromptLength, "default"));
+  MG_RETURN_IF_ERROR(ExpectFlat(d, Counter::kPromptSteps, "default"));
+  MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kPrefillExpertsStreamed, "default (a cold cache)"));
+  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kH2dMemcpys,
+                              3 + n_layer + d[Counter::kPrefillExpertsStreamed],
+                              "default (the prompt, the step counter twice, a plan per layer, "
+                              "the streamed experts)"));
   MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kPassBExperts, "default"));
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kPassBExperts, d[Counter::kDeviceMisses], "default"));
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kPassAExperts, d[Counter::kDeviceHits], "default"));
   MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kProgrammaticLaunches, "default"));
+
+  // MOEGRAPH_PREFILL=steps: the prompt as T=1 steps in the decode graph.
+  MG_ASSIGN_OR_RETURN(const ArmRun steps_run,
+                      RunArm(context, model, SpecOf(context, prefill_steps, max_ctx), work));
+  const std::string steps_arm = "MOEGRAPH_PREFILL=steps";
+  MG_RETURN_IF_ERROR(ExpectEq(steps_run.delta, Counter::kPromptSteps, kPromptLength, steps_arm));
+  MG_RETURN_IF_ERROR(ExpectFlat(steps_run.delta, Counter::kPrefillTokens, steps_arm));
+  MG_RETURN_IF_ERROR(ExpectFlat(steps_run.delta, Counter::kPrefillExpertsStreamed, steps_arm));
+  MG_RETURN_IF_ERROR(
+      ExpectEq(steps_run.delta, Counter::kGraphLaunches, kPromptLength + steps, steps_arm));
 
   // MOEGRAPH_GRAPH=0: eager steps instead of graph launches.
   MG_ASSIGN_OR_RETURN(const ArmRun eager_run,
@@ -458,7 +483,8 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
                       RunArm(context, model, SpecOf(context, host, max_ctx), work));
   const CounterValues& h = host_run.delta;
   const std::string host_arm = "MOEGRAPH_RESIDENCY=host";
-  MG_RETURN_IF_ERROR(ExpectEq(h, Counter::kHostSyncs, steps * (n_layer + 1) + 1, host_arm));
+  // The prompt's syncs (as the default's), then one per MoE layer and token.
+  MG_RETURN_IF_ERROR(ExpectEq(h, Counter::kHostSyncs, (steps + 1) * (n_layer + 1) + 1, host_arm));
   MG_RETURN_IF_ERROR(ExpectFlat(h, Counter::kDeviceHits, host_arm));
   MG_RETURN_IF_ERROR(ExpectFlat(h, Counter::kDeviceMisses, host_arm));
   MG_RETURN_IF_ERROR(ExpectFlat(h, Counter::kGraphLaunches, host_arm));
@@ -491,11 +517,61 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   return Pass(absl::StrFormat(
       "MOEGRAPH_GRAPH=0: %d eager steps, 0 launches (default: %d launches, 0 eager); "
       "MOEGRAPH_RESIDENCY=host: %d syncs, %d copy calls, residency kernel flat (default: %d "
-      "syncs, 1 copy call); MOEGRAPH_SPLIT_PASSES=0: pass B flat (default: %d); "
-      "MOEGRAPH_PDL=0: 0 programmatic launches (default: %d)",
+      "syncs); MOEGRAPH_SPLIT_PASSES=0: pass B flat (default: %d); "
+      "MOEGRAPH_PDL=0: 0 programmatic launches (default: %d); MOEGRAPH_PREFILL=steps: %d prompt "
+      "steps, 0 prefill tokens (default: 0, %d)",
       eager_run.delta[Counter::kEagerSteps], d[Counter::kGraphLaunches], h[Counter::kHostSyncs],
       h[Counter::kH2dMemcpys], d[Counter::kHostSyncs], d[Counter::kPassBExperts],
-      d[Counter::kProgrammaticLaunches]));
+      d[Counter::kProgrammaticLaunches], steps_run.delta[Counter::kPromptSteps],
+      d[Counter::kPrefillTokens]));
+}
+
+// ---- prefill-keeps-decode-set ----
+
+absl::StatusOr<GateResult> PrefillKeepsDecodeSet(GateContext& context) {
+  const Model& model = *context.model.model;
+  constexpr int kLongPrompt = 700;
+  MG_ASSIGN_OR_RETURN(const Doors doors, DoorsFromEnv({}));
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<GateEngine> engine,
+                      context.make_engine(model, SpecOf(context, doors, kLongPrompt + 8)));
+  // A warm cache: a short prompt and 32 decode steps.
+  MG_RETURN_IF_ERROR(engine->Decode(PromptOf(model, 21), 32, LogitRows::kNone).status());
+  std::vector<ResidencySnapshot> warm;
+  for (size_t c = 0; c < engine->pools().size(); ++c) {
+    MG_ASSIGN_OR_RETURN(warm.emplace_back(), engine->Residency(static_cast<int>(c)));
+  }
+  const Workload work{PromptOf(model, 22, kLongPrompt), 0, LogitRows::kNone};
+  Transcript transcript;
+  MG_ASSIGN_OR_RETURN(const CounterValues d, Measure(*engine, work, &transcript));
+  for (size_t c = 0; c < warm.size(); ++c) {
+    MG_ASSIGN_OR_RETURN(const ResidencySnapshot after, engine->Residency(static_cast<int>(c)));
+    if (absl::Status same = CompareResidency(after, warm[c]); !same.ok()) {
+      return Fail(absl::StrFormat("size class %d after a %d-token prompt: %s (before it)", c,
+                                  kLongPrompt, same.message()));
+    }
+  }
+  const std::string arm = "a 700-token prompt";
+  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kPrefillTokens, kLongPrompt, arm));
+  MG_RETURN_IF_ERROR(ExpectFlat(d, Counter::kPromptSteps, arm));
+  MG_RETURN_IF_ERROR(ExpectFlat(d, Counter::kSteps, arm));
+  MG_RETURN_IF_ERROR(ExpectFlat(d, Counter::kDeviceHits, arm));
+  MG_RETURN_IF_ERROR(ExpectFlat(d, Counter::kDeviceMisses, arm));
+  MG_RETURN_IF_ERROR(ExpectFlat(d, Counter::kDeviceEvictions, arm));
+  MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kPrefillExpertsInPlace, arm));
+  MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kPrefillExpertsStreamed, arm));
+  const size_t block_bytes = engine->pools()[0].block_bytes;
+  for (const SlotPoolInfo& pool : engine->pools()) {
+    if (pool.block_bytes != block_bytes) {
+      return Fail("the fixture has size classes of different block sizes");
+    }
+  }
+  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kPrefillBytesStreamed,
+                              d[Counter::kPrefillExpertsStreamed] * block_bytes, arm));
+  return Pass(absl::StrFormat(
+      "every residency array of %d size classes equal before and after a %d-token prompt; it "
+      "read %d experts in place and streamed %d (%d bytes), with no step, hit, miss or eviction",
+      warm.size(), kLongPrompt, d[Counter::kPrefillExpertsInPlace],
+      d[Counter::kPrefillExpertsStreamed], d[Counter::kPrefillBytesStreamed]));
 }
 
 // ---- oracle-nmse ----
@@ -685,16 +761,21 @@ std::vector<Gate> AllGates() {
                    false, Guarded(PolicySimulation)});
   gates.push_back({"readback-count",
                    "host syncs per token: 1/S in graph mode (S = 1, 4), one per MoE layer plus "
-                   "one in the host arm",
+                   "one in the host arm; a batched prompt's: one per MoE layer plus one",
                    true, Guarded(ReadbackCount)});
   gates.push_back({"door-engagement",
                    "MOEGRAPH_MOE_CACHE, MOEGRAPH_POLICY, MOEGRAPH_PROTECTED_FRAC each move "
                    "their counter on their arm and leave it flat otherwise",
                    false, Guarded(DoorEngagement)});
   gates.push_back({"door-engagement-cuda",
-                   "MOEGRAPH_GRAPH, MOEGRAPH_RESIDENCY, MOEGRAPH_SPLIT_PASSES, MOEGRAPH_PDL "
-                   "each move their counter on their arm and leave it flat otherwise",
+                   "MOEGRAPH_GRAPH, MOEGRAPH_RESIDENCY, MOEGRAPH_SPLIT_PASSES, MOEGRAPH_PDL, "
+                   "MOEGRAPH_PREFILL each move their counter on their arm and leave it flat "
+                   "otherwise",
                    true, Guarded(DoorEngagementCuda)});
+  gates.push_back({"prefill-keeps-decode-set",
+                   "a 700-token prompt on a warm cache leaves every residency array as it was, "
+                   "reads experts in place and streams the others (bytes = streamed x block)",
+                   true, Guarded(PrefillKeepsDecodeSet)});
   gates.push_back({"oracle-nmse",
                    "logits against the CPU oracle: NMSE under 5e-4 (quantized experts) or "
                    "1e-6 (f32)",

@@ -42,16 +42,18 @@ bool table_ok(const DeviceMatrix& m) {
          m.row_bytes >= packed_row_bytes(m.type, m.cols);
 }
 
-// One block: a thread per ggml block of the row (the same floats as the CPU's
-// dequantize_row), then the norm of the row.
+// A block per token (row blockIdx.x of out): a thread per ggml block of the row
+// (the same floats as the CPU's dequantize_row), then the norm of the row (one
+// token only: the norm writes one output).
 __global__ void embed_kernel(const uint8_t* __restrict__ table, GgmlType type, int32_t rows,
                              size_t row_bytes, int32_t n_blocks, const int32_t* __restrict__ token,
                              float* __restrict__ out, NormEpilogue norm) {
   wait_for_prior_grids();
   __shared__ EpilogueShared shared;
-  const int32_t t = *token;
+  const int32_t t = token[blockIdx.x];
   if (t < 0 || t >= rows) return;
   const int64_t block_elems = quant_block_elems(type);
+  out += static_cast<int64_t>(blockIdx.x) * n_blocks * block_elems;
   for (int32_t block = threadIdx.x; block < n_blocks; block += blockDim.x) {
     dequantize_block(type, table + t * row_bytes + block * quant_block_bytes(type),
                      out + block * block_elems);
@@ -307,6 +309,18 @@ cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float*
   return launch_kernel<embed_kernel>(1, kThreads, stream, static_cast<const uint8_t*>(table.data),
                                      table.type, table.rows, table.row_bytes, n_blocks, token, out,
                                      norm);
+}
+
+cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, int32_t n_tokens,
+                              float* out, cudaStream_t stream) {
+  if (!table_ok(table) || tokens == nullptr || out == nullptr || n_tokens <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int32_t n_blocks = static_cast<int32_t>(table.cols / quant_block_elems(table.type));
+  return launch_kernel<embed_kernel>(n_tokens, kThreads, stream,
+                                     static_cast<const uint8_t*>(table.data), table.type,
+                                     table.rows, table.row_bytes, n_blocks, tokens, out,
+                                     NormEpilogue{});
 }
 
 size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx) {

@@ -97,6 +97,11 @@ struct NormEpilogue {
 cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float* out,
                          const NormEpilogue& norm, cudaStream_t stream);
 
+// Rows t of out ([tokens][n_embd]) = dequantized row tokens[t] of table, as
+// launch_embed without a norm; a token outside [0, rows) writes nothing.
+cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, int32_t n_tokens,
+                              float* out, cudaStream_t stream);
+
 // Whether launch_matvec computes a matrix of type with rows of cols: q8_0,
 // q4_0, q4_K, q5_K, q6_K (cols a multiple of the block) against q8_1
 // activations, f32 (cols a multiple of 4), f16 and bf16 (of 8) against f32 ones.
@@ -203,9 +208,53 @@ cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const 
 // ---- a prompt's ubatch (kernels/prefill.cu) ----
 
 // Each of tokens rows of x (n floats) normed, x / rms(x) * weight, into out
-// as f16 bits: the prefill GEMMs' input.
-cudaError_t launch_rmsnorm_rows_f16(const float* x, const float* weight, int32_t n, int32_t tokens,
-                                    float eps, uint16_t* out, cudaStream_t stream);
+// (f32) and out_f16 (f16 bits), each where not null: the prefill GEMMs' input.
+cudaError_t launch_rmsnorm_rows(const float* x, const float* weight, int32_t n, int32_t tokens,
+                                float eps, float* out, uint16_t* out_f16, cudaStream_t stream);
+
+// The norm epilogue of one row of n (norm.weight set): the last token's
+// output_norm into what the decode step's lm_head reads.
+cudaError_t launch_rmsnorm_row(const float* x, int32_t n, const NormEpilogue& norm,
+                               cudaStream_t stream);
+
+// n floats of x as f16 bits.
+cudaError_t launch_to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
+
+// Each of tokens rows of out (n floats) set to row: a bias before a GEMM adds
+// into it.
+cudaError_t launch_fill_rows(const float* row, int32_t n, int32_t tokens, float* out,
+                             cudaStream_t stream);
+
+// The router's top-k (RouterEpilogue's, warp_router_topk) for each of tokens
+// rows of logits ([tokens][n_expert], overwritten by the probabilities):
+// experts and weights [tokens][k] in rank order.
+cudaError_t launch_router_topk_rows(float* logits, int32_t n_expert, int32_t tokens, int32_t k,
+                                    bool norm_topk, int32_t* experts, float* weights,
+                                    cudaStream_t stream);
+
+// An expert's tokens in a row each: row i of out (f32) and of out_f16 (each
+// where not null) is row entries[i] / k of x and of x_f16 (rows of n);
+// entries are token * k + rank (residency/prefill_plan.h).
+cudaError_t launch_gather_rows(const float* x, const uint16_t* x_f16, int32_t n,
+                               const int32_t* entries, int32_t count, int32_t k, float* out,
+                               uint16_t* out_f16, cudaStream_t stream);
+
+// out[i] = silu(gate[i]) * up[i] for n elements, into out and out_f16 (each
+// where not null).
+cudaError_t launch_swiglu_rows(const float* gate, const float* up, int64_t n, float* out,
+                               uint16_t* out_f16, cudaStream_t stream);
+
+// Row i of y (rows of n) to row entries[i] of out: an expert's outputs to
+// their (token, rank) rows.
+cudaError_t launch_scatter_rows(const float* y, int32_t n, const int32_t* entries, int32_t count,
+                                float* out, cudaStream_t stream);
+
+// The decode step's combine for each of tokens rows: residual[t] += sum over
+// r in rank order of weights[t][r] * expert_out[t * k + r] (+ sigmoid(
+// shexp_logit[t]) * shexp_out[t] when shexp_out is not null), rows of n.
+cudaError_t launch_combine_rows(const float* expert_out, const float* weights, int32_t k, int32_t n,
+                                int32_t tokens, const float* shexp_out, const float* shexp_logit,
+                                float* residual, cudaStream_t stream);
 
 // What launch_qkv's epilogues do for one token, for tokens rows of q, k and v
 // ([tokens][n_head or n_head_kv][head_dim], the GEMMs' output) at positions

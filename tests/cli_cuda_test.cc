@@ -74,7 +74,18 @@ TEST_F(CliCudaTest, EveryArmPrintsTheCpuBackendsTokens) {
     ASSERT_EQ(cuda.exit_code, 0) << arm << ": " << cuda.err;
     EXPECT_EQ(IdsAfter(cuda.out, "generated"), want) << arm << ":\n" << cuda.out;
     EXPECT_TRUE(testing_util::Contains(cuda.out, "backend cuda (arm " + arm + ")"));
+    EXPECT_TRUE(testing_util::Contains(cuda.out, "prompts: 5 tokens in 1 ubatch (")) << arm << ":\n"
+                                                                                     << cuda.out;
+    EXPECT_TRUE(testing_util::Contains(cuda.out, "0 as T=1 steps")) << arm << ":\n" << cuda.out;
   }
+  // MOEGRAPH_PREFILL=steps: the T=1 prompt, the same tokens.
+  ASSERT_EQ(setenv("MOEGRAPH_PREFILL", "steps", 1), 0);  // the child inherits it
+  const ProcessResult steps = Moegraph("run", fixture_path(), "cuda", flags);
+  unsetenv("MOEGRAPH_PREFILL");
+  ASSERT_EQ(steps.exit_code, 0) << steps.err;
+  EXPECT_EQ(IdsAfter(steps.out, "generated"), want);
+  EXPECT_TRUE(testing_util::Contains(steps.out, "prompts: 0 tokens in 0 ubatches")) << steps.out;
+  EXPECT_TRUE(testing_util::Contains(steps.out, "5 as T=1 steps")) << steps.out;
   // S = 4 steps per graph launch: the same tokens.
   const ProcessResult batched =
       Moegraph("run", fixture_path(), "cuda", flags + " --steps-per-launch 4");

@@ -75,13 +75,15 @@ Doors DoorsOf(Arm arm) {
 std::unique_ptr<CudaEngine> MakeEngine(const Model& model, Arm arm, int32_t slots,
                                        int steps_per_launch = 1, bool record_routing = false,
                                        ResidencyPolicy policy = kDefaultResidencyPolicy,
-                                       KvCacheType kv_type = KvCacheType::kF16) {
+                                       KvCacheType kv_type = KvCacheType::kF16,
+                                       bool batched_prefill = true) {
   CudaEngineOptions options;
   options.max_ctx = 64;
   options.kv_type = kv_type;
   options.n_slots = slots;
   options.doors = DoorsOf(arm);
   options.doors.policy = policy;
+  options.doors.batched_prefill = batched_prefill;
   options.steps_per_launch = steps_per_launch;
   options.record_routing = record_routing;
   absl::StatusOr<std::unique_ptr<CudaEngine>> engine = CudaEngine::Create(model, options);
@@ -272,7 +274,17 @@ TEST_F(EngineArmsTest, EveryArmGivesTheSameTokensAndLogits) {
     ASSERT_TRUE(logits.ok()) << logits.status();
     absl::StatusOr<EngineCounters> counters = engine->ReadCounters();
     ASSERT_TRUE(counters.ok()) << counters.status();
-    const uint64_t steps = kPrompt.size() + kPredict - 1;
+    // The prompt is batched: the steps are the decode's, and the prefill read
+    // its experts in place or streamed them as the arm keeps them.
+    const HostCounters& host = engine->host_counters();
+    EXPECT_EQ(host.prompt_steps, 0u) << ArmName(arm);
+    EXPECT_EQ(host.prefill_tokens, kPrompt.size()) << ArmName(arm);
+    EXPECT_GT(host.prefill_experts_in_place + host.prefill_experts_streamed, 0u);
+    EXPECT_EQ(host.prefill_bytes_streamed,
+              host.prefill_experts_streamed * engine->pools()[0].block_bytes);
+    if (arm == Arm::kResident) EXPECT_EQ(host.prefill_experts_streamed, 0u);
+    if (arm == Arm::kStage) EXPECT_EQ(host.prefill_experts_in_place, 0u);
+    const uint64_t steps = kPredict - 1;
     EXPECT_EQ(counters->steps, steps) << ArmName(arm);
     const uint64_t selected = steps * 3 * 4;
     EXPECT_EQ(counters->hits + counters->misses, selected) << ArmName(arm);
@@ -326,9 +338,10 @@ TEST_F(EngineArmsTest, ASinkStreamsTheTokensAndStopsTheDecode) {
     EXPECT_EQ(*stopped, std::vector<int32_t>(full->begin(), full->begin() + 2));
     absl::StatusOr<EngineCounters> after = engine->ReadCounters();
     ASSERT_TRUE(after.ok());
-    // The prompt, then launches until the one holding the second token.
+    // The prompt is batched (no steps), then launches until the one holding
+    // the second token.
     const uint64_t decode_launched = static_cast<uint64_t>(steps_per_launch);
-    EXPECT_EQ(after->steps - before->steps, kPrompt.size() + decode_launched);
+    EXPECT_EQ(after->steps - before->steps, decode_launched);
   }
 }
 
@@ -351,7 +364,9 @@ TEST_F(EngineArmsTest, TheLogitsRecordHoldsTheLogitsThatPickedEachToken) {
   const size_t n_vocab = static_cast<size_t>(model().config.n_vocab);
   ASSERT_EQ(rows->size(), kPredict * n_vocab);
 
-  std::unique_ptr<CudaEngine> plain = MakeEngine(model(), Arm::kGraph, 5);
+  // Prompts as steps, as the recording engine runs them: the same bits.
+  std::unique_ptr<CudaEngine> plain = MakeEngine(model(), Arm::kGraph, 5, 1, false,
+                                                 kDefaultResidencyPolicy, KvCacheType::kF16, false);
   ASSERT_NE(plain, nullptr);
   std::vector<int32_t> prefix = kPrompt;
   for (int i = 0; i < kPredict; ++i) {
@@ -446,7 +461,8 @@ TEST_F(EngineArmsTest, DeviceTablesEqualAHostCacheFedTheRecordedRouting) {
 TEST_F(EngineArmsTest, HostSyncsPerTokenAreOnePerLaunchInGraphMode) {
   constexpr int kDecode = 8;  // a multiple of every S below
   for (int s : {1, 4}) {
-    std::unique_ptr<CudaEngine> engine = MakeEngine(model(), Arm::kGraph, 6, s);
+    std::unique_ptr<CudaEngine> engine = MakeEngine(
+        model(), Arm::kGraph, 6, s, false, kDefaultResidencyPolicy, KvCacheType::kF16, false);
     ASSERT_NE(engine, nullptr);
     const HostCounters before = engine->host_counters();
     ASSERT_TRUE(engine->Generate(kPrompt, kDecode + 1).ok());
@@ -484,7 +500,8 @@ TEST_F(EngineArmsTest, HostSyncsPerTokenAreOnePerLaunchInGraphMode) {
 }
 
 TEST_F(EngineArmsTest, TheHostArmSyncsOncePerMoeLayerAndOncePerToken) {
-  std::unique_ptr<CudaEngine> engine = MakeEngine(model(), Arm::kHost, 6);
+  std::unique_ptr<CudaEngine> engine = MakeEngine(
+      model(), Arm::kHost, 6, 1, false, kDefaultResidencyPolicy, KvCacheType::kF16, false);
   ASSERT_NE(engine, nullptr);
   const HostCounters before = engine->host_counters();
   ASSERT_TRUE(engine->Generate(kPrompt, 5).ok());

@@ -104,15 +104,16 @@ TEST(GateRunnerTest, OnlySelectsNamedGatesInRegistryOrderAndRejectsUnknownNames)
 TEST(GateRunnerTest, TheRegistryHasTheIssuesGatesWithDescriptions) {
   const std::vector<Gate> gates = AllGates();
   const std::string list = ListGates(gates);
-  for (const char* name :
-       {"cache-bit-identity", "graph-eager-identity", "policy-simulation", "readback-count",
-        "door-engagement", "door-engagement-cuda", "oracle-nmse", "anchor-replay"}) {
+  for (const char* name : {"cache-bit-identity", "graph-eager-identity", "policy-simulation",
+                           "readback-count", "door-engagement", "door-engagement-cuda",
+                           "prefill-keeps-decode-set", "oracle-nmse", "anchor-replay"}) {
     EXPECT_TRUE(Contains(list, name));
   }
   for (const Gate& gate : gates) {
     EXPECT_FALSE(gate.description.empty()) << gate.name;
     const bool cuda_only = gate.name == "graph-eager-identity" || gate.name == "readback-count" ||
-                           gate.name == "door-engagement-cuda";
+                           gate.name == "door-engagement-cuda" ||
+                           gate.name == "prefill-keeps-decode-set";
     EXPECT_EQ(gate.needs_cuda, cuda_only) << gate.name;
   }
 }
@@ -267,7 +268,7 @@ TEST(GatesBinaryTest, PassesEveryCpuGateAndFailsWhenTheCacheNeverEvicts) {
   EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
   EXPECT_TRUE(Contains(run.out, "PASS cache-bit-identity: "));
   EXPECT_TRUE(Contains(run.out, "SKIP graph-eager-identity: "));
-  EXPECT_TRUE(Contains(run.out, "\n5 passed, 0 failed, 3 skipped\n"));
+  EXPECT_TRUE(Contains(run.out, "\n5 passed, 0 failed, 4 skipped\n"));
 
   // Every expert fits: nothing is evicted, so the gates anchored on evictions fail.
   const ProcessResult all_fit = RunProcess({MOEGRAPH_GATES_BIN, "--backend", "cpu", "--slots", "48",

@@ -66,7 +66,8 @@ TEST_F(GemmGpuTest, AQ4KWeightTimesSevenTokensEqualsTheHostProduct) {
   ASSERT_EQ(launch_dequantize_f16(GgmlType::kF32, d_x, d_x16, tokens * cols, stream_), cudaSuccess);
   GemmRunner gemm;
   ASSERT_EQ(gemm.Init(), CUBLAS_STATUS_SUCCESS);
-  ASSERT_EQ(gemm.F16(d_w16, rows, cols, d_x16, tokens, d_y, false, stream_), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(gemm.Multiply(GemmType::kF16, d_w16, rows, cols, d_x16, tokens, d_y, false, stream_),
+            CUBLAS_STATUS_SUCCESS);
   Sync();
   const std::vector<float> y = Download(d_y, tokens * rows);
 
@@ -93,23 +94,61 @@ TEST_F(GemmGpuTest, AQ4KWeightTimesSevenTokensEqualsTheHostProduct) {
   }
   EXPECT_LT(worst, cols * 6e-8);
 
-  ASSERT_EQ(gemm.F16(d_w16, rows, cols, d_x16, tokens, d_y, true, stream_), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(gemm.Multiply(GemmType::kF16, d_w16, rows, cols, d_x16, tokens, d_y, true, stream_),
+            CUBLAS_STATUS_SUCCESS);
   Sync();
   const std::vector<float> twice = Download(d_y, tokens * rows);
   for (size_t i = 0; i < y.size(); ++i)
     EXPECT_NEAR(twice[i], 2 * y[i], 1e-4 * std::abs(y[i]) + 1e-5);
 }
 
+// f32 operands (an f32 weight): the double product within f32 summation's
+// error, for two token counts of one runner (a plan per shape).
+TEST_F(GemmGpuTest, AnF32WeightTimesTokensEqualsTheHostProduct) {
+  constexpr int32_t rows = 40, cols = 96;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> gaussian(0.0f, 1.0f);
+  std::vector<float> w(rows * cols), x(9 * cols);
+  for (float& v : w) v = gaussian(rng);
+  for (float& v : x) v = gaussian(rng);
+  const float* d_w = Upload(w);
+  const float* d_x = Upload(x);
+  GemmRunner gemm;
+  ASSERT_EQ(gemm.Init(), CUBLAS_STATUS_SUCCESS);
+  for (int32_t tokens : {9, 2}) {
+    float* d_y = Upload(std::vector<float>(tokens * rows, -1.0f));
+    ASSERT_EQ(gemm.Multiply(GemmType::kF32, d_w, rows, cols, d_x, tokens, d_y, false, stream_),
+              CUBLAS_STATUS_SUCCESS);
+    Sync();
+    const std::vector<float> y = Download(d_y, tokens * rows);
+    for (int32_t t = 0; t < tokens; ++t) {
+      for (int32_t r = 0; r < rows; ++r) {
+        double acc = 0.0, magnitude = 0.0;
+        for (int32_t c = 0; c < cols; ++c) {
+          const double product = double{w[r * cols + c]} * x[t * cols + c];
+          acc += product;
+          magnitude += std::abs(product);
+        }
+        EXPECT_LT(std::abs(y[t * rows + r] - acc), cols * 6e-8 * magnitude) << t << " " << r;
+      }
+    }
+  }
+}
+
 TEST_F(GemmGpuTest, AnUninitializedRunnerOrBadArgumentsAreRefused) {
   GemmRunner gemm;
   uint16_t* d = Upload(std::vector<uint16_t>(16));
   float* y = Upload(std::vector<float>(16));
-  EXPECT_EQ(gemm.F16(d, 4, 4, d, 1, y, false, stream_), CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(gemm.Multiply(GemmType::kF16, d, 4, 4, d, 1, y, false, stream_),
+            CUBLAS_STATUS_NOT_INITIALIZED);
   ASSERT_EQ(gemm.Init(), CUBLAS_STATUS_SUCCESS);
-  EXPECT_EQ(gemm.F16(nullptr, 4, 4, d, 1, y, false, stream_), CUBLAS_STATUS_INVALID_VALUE);
-  EXPECT_EQ(gemm.F16(d, 0, 4, d, 1, y, false, stream_), CUBLAS_STATUS_INVALID_VALUE);
-  EXPECT_EQ(gemm.F16(d, 4, 4, d, 0, y, false, stream_), CUBLAS_STATUS_INVALID_VALUE);
-  EXPECT_EQ(gemm.F16(d, 4, 4, d, 1, y, false, stream_), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(gemm.Multiply(GemmType::kF16, nullptr, 4, 4, d, 1, y, false, stream_),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm.Multiply(GemmType::kF16, d, 0, 4, d, 1, y, false, stream_),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm.Multiply(GemmType::kF16, d, 4, 4, d, 0, y, false, stream_),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm.Multiply(GemmType::kF16, d, 4, 4, d, 1, y, false, stream_), CUBLAS_STATUS_SUCCESS);
 }
 
 }  // namespace

@@ -652,23 +652,27 @@ TEST_F(KernelsGpuTest, PrefillRowsAreNormedRotatedAndAppendedAsTheReference) {
     }
   }
 
-  // Rows normed into f16.
+  // Rows normed into f32 and f16: the f16 bits are the f32 values rounded.
   const int32_t n = 96;
   const std::vector<float> x = Gaussian(rng, tokens * n), weight = Gaussian(rng, n);
-  DeviceArray<float> d_x(x), d_weight(weight);
-  DeviceArray<uint16_t> d_out(tokens * n);
-  ASSERT_EQ(
-      launch_rmsnorm_rows_f16(d_x.get(), d_weight.get(), n, tokens, 1e-6f, d_out.get(), stream_),
-      cudaSuccess);
+  DeviceArray<float> d_x(x), d_weight(weight), d_out(tokens * n);
+  DeviceArray<uint16_t> d_half(tokens * n);
+  ASSERT_EQ(launch_rmsnorm_rows(d_x.get(), d_weight.get(), n, tokens, 1e-6f, d_out.get(),
+                                d_half.get(), stream_),
+            cudaSuccess);
   Sync();
   std::vector<float> expected(x.size());
   RmsNorm(x, weight, 1e-6f, absl::MakeSpan(expected));
-  std::vector<float> got(x.size());
-  const std::vector<uint16_t> half = d_out.Download();
-  for (size_t i = 0; i < half.size(); ++i) got[i] = f16_to_f32(half[i]);
-  EXPECT_LT(Nmse(got, expected), 1e-6);
-  EXPECT_EQ(launch_rmsnorm_rows_f16(d_x.get(), d_weight.get(), n, 0, 1e-6f, d_out.get(), stream_),
-            cudaErrorInvalidValue);
+  const std::vector<float> got = d_out.Download();
+  EXPECT_LT(Nmse(got, expected), 1e-10);
+  const std::vector<uint16_t> half = d_half.Download();
+  for (size_t i = 0; i < half.size(); ++i) EXPECT_EQ(half[i], f32_to_f16(got[i])) << i;
+  EXPECT_EQ(
+      launch_rmsnorm_rows(d_x.get(), d_weight.get(), n, 0, 1e-6f, d_out.get(), nullptr, stream_),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(
+      launch_rmsnorm_rows(d_x.get(), d_weight.get(), n, tokens, 1e-6f, nullptr, nullptr, stream_),
+      cudaErrorInvalidValue);
 }
 
 // A prompt's ubatch of 9 rows at positions 124..132 (across a split boundary):

@@ -5,11 +5,12 @@
 // once, with the first slot count's group.
 //
 // Tests, as llama-bench's: pp<p> feeds p prompt tokens and times them (CUDA:
-// one T=1 step each, as decode does; the CPU backend: one batch where every
-// expert is resident, else T=1 steps); tg<n> feeds one token and generates n,
-// timing all n steps; pp<p>+tg<n> feeds p and generates n, timing all, t/s
-// over p + n. -p, -n and -t take lists, a row each. Each (engine, test) runs
-// once untimed first (graph capture, cache warm-up).
+// the batched prefill in ubatches of -ub, or one T=1 step each with
+// MOEGRAPH_PREFILL=steps, a routing trace or a routing record; the CPU
+// backend: one batch where every expert is resident, else T=1 steps); tg<n> feeds one token and
+// generates n, timing all n steps; pp<p>+tg<n> feeds p and generates n, timing all, t/s over p + n.
+// -p, -n and -t take lists, a row each. Each (engine, test) runs once untimed first (graph capture,
+// cache warm-up).
 #include <unistd.h>
 
 #include <algorithm>
@@ -197,6 +198,7 @@ class CudaTarget final : public Target {
     options.sharing_engines = sharing_engines;
     options.doors = doors;
     options.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
+    MG_ASSIGN_OR_RETURN(options.ubatch, ReadUbatch());
     options.routing_trace = trace;
     options.routing_record_steps = record_steps;
     auto target = std::unique_ptr<CudaTarget>(new CudaTarget());
@@ -216,6 +218,12 @@ class CudaTarget final : public Target {
     MG_ASSIGN_OR_RETURN(const EngineCounters after, engine_->ReadCounters());
     Sample s;
     AddCounters(before, after, s);
+    // The batched prefill's experts count as the decode's do: read in place
+    // (hits) or copied (misses, bytes), so a pp row's hit %, MiB/tok and
+    // stage GB/s are the prompt's.
+    s.hits += host_after.prefill_experts_in_place - host_before.prefill_experts_in_place;
+    s.misses += host_after.prefill_experts_streamed - host_before.prefill_experts_streamed;
+    s.bytes_staged += host_after.prefill_bytes_streamed - host_before.prefill_bytes_streamed;
     s.seconds = TimedSeconds(test, stats);
     s.host_syncs = host_after.host_syncs - host_before.host_syncs;
     s.launches = (host_after.graph_launches - host_before.graph_launches) +

@@ -55,6 +55,9 @@ std::vector<FlagDoc> Engine() {
        "resident | graph | eager | host | stage (default: graph, or what the "
        "MOEGRAPH_* doors in the environment say)"},
       {"steps_per_launch", "N", "cuda: decode steps captured in one CUDA graph (default: 1)"},
+      {"ub", "N",
+       "cuda: prompt tokens per ubatch of the batched prefill (MOEGRAPH_PREFILL; default: "
+       "512, as llama.cpp)"},
       {"t", "N",
        "cpu: threads, the caller included; at most the logical CPUs (default: the "
        "physical cores)"},
@@ -185,6 +188,7 @@ std::vector<CommandSpec> MakeCommands() {
         {"ctx", "N", "KV cache positions (default: 0: what the tests need)"},
         {"backend", "cpu|cuda|auto", "cuda when a device exists, else cpu (default: auto)"},
         {"steps_per_launch", "N", "cuda: decode steps captured in one CUDA graph (default: 1)"},
+        {"ub", "N", "cuda: prompt tokens per ubatch of the batched prefill (default: 512)"},
         {"kv_type", "f16|f32", "the KV cache's element type (default: f16)"},
         {"verbose", "",
          "print the CUDA runtime's reason when there is no device (default: "
@@ -265,6 +269,7 @@ constexpr Alias kAliases[] = {
     {"temperature", "temp"},
     {"sp", "special"},
     {"ncmoe", "n_cpu_moe"},
+    {"ubatch_size", "ub"},
     {"v", "verbose"},
     {"log_verbose", "verbose"},
     {"a", "alias"},
@@ -419,7 +424,7 @@ const CommandSpec* FindCommand(absl::string_view name) {
 std::string Spelled(absl::string_view name) {
   // One letter, and llama.cpp's (and llama-bench's) short names, take one dash.
   constexpr absl::string_view kSingleDash[] = {"pg",  "ngl", "fa", "cnv", "no_cnv", "ctk",
-                                               "ctv", "sys", "np", "sp",  "ncmoe"};
+                                               "ctv", "sys", "np", "sp",  "ncmoe",  "ub"};
   const bool single = name.size() == 1 || std::find(std::begin(kSingleDash), std::end(kSingleDash),
                                                     name) != std::end(kSingleDash);
   return absl::StrCat(single ? "-" : "--", absl::StrReplaceAll(name, {{"_", "-"}}));

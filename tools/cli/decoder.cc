@@ -26,6 +26,7 @@
 ABSL_FLAG(std::string, backend, "auto", "cpu | cuda | auto");
 ABSL_FLAG(std::string, arm, "", "resident | graph | eager | host | stage");
 ABSL_FLAG(int32_t, steps_per_launch, 1, "decode steps captured in one CUDA graph");
+ABSL_FLAG(int32_t, ub, 512, "cuda: prompt tokens per ubatch of the batched prefill");
 ABSL_FLAG(float, temp, 0.0f, "sampling temperature (0: greedy)");
 ABSL_FLAG(float, top_p, 0.95f, "sampling's top-p (1: off)");
 ABSL_FLAG(float, min_p, 0.05f, "sampling's min-p (0: off)");
@@ -185,6 +186,15 @@ absl::StatusOr<int> ParseThreads(absl::string_view text) {
   return threads;
 }
 
+absl::StatusOr<int32_t> ReadUbatch() {
+  const int32_t ubatch = absl::GetFlag(FLAGS_ub);
+  if (ubatch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("-ub %d: a ubatch needs at least 1 token", ubatch));
+  }
+  return ubatch;
+}
+
 absl::StatusOr<KvCacheType> ReadKvType() {
   const std::string kv = absl::GetFlag(FLAGS_kv_type);
   if (kv == "f16") return KvCacheType::kF16;
@@ -233,6 +243,7 @@ absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
     return absl::InvalidArgumentError(absl::StrFormat("--steps-per-launch %d is not in [1, %d]",
                                                       flags.steps_per_launch, kMaxStepsPerLaunch));
   }
+  MG_ASSIGN_OR_RETURN(flags.ubatch, ReadUbatch());
   std::optional<Arm> arm;
   if (const std::string text = absl::GetFlag(FLAGS_arm); !text.empty()) {
     MG_ASSIGN_OR_RETURN(arm, ParseArm(text));
@@ -275,6 +286,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
     }
     options.doors = flags.doors.doors;
     options.steps_per_launch = flags.steps_per_launch;
+    options.ubatch = flags.ubatch;
     MG_ASSIGN_OR_RETURN(d->cuda_, CudaEngine::Create(model, options, TerminalProgress()));
     std::fprintf(info, "%s\n", d->cuda_->banner().c_str());
     return d;
@@ -379,6 +391,15 @@ absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, s
   const std::string backend =
       cuda_ == nullptr ? "backend cpu"
                        : absl::StrCat("backend cuda (arm ", Av(ArmName(cuda_->arm())), ")");
+  // How the device ran the prompts (every one this engine ran).
+  std::string prompt_path;
+  if (cuda_ != nullptr) {
+    const HostCounters& h = cuda_->host_counters();
+    prompt_path = absl::StrFormat(
+        "; prompts: %d tokens in %d ubatch%s (%d experts in place, %d streamed), %d as T=1 steps",
+        h.prefill_tokens, h.prefill_ubatches, h.prefill_ubatches == 1 ? "" : "es",
+        h.prefill_experts_in_place, h.prefill_experts_streamed, h.prompt_steps);
+  }
   const uint64_t selected = c.hits + c.misses;
   std::string memory = absl::StrFormat("peak RSS %.0f MiB", Mib(PeakRssBytes()));
   if (cuda_ == nullptr) {
@@ -388,12 +409,12 @@ absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, s
   absl::FPrintF(
       out,
       "%s: %d prompt token%s (%s) + %d generated (%s) = %d; hit %.1f%%, %d misses, "
-      "%d evictions, %.2f MiB staged; %s\n",
+      "%d evictions, %.2f MiB staged; %s%s\n",
       backend, stats.prompt_tokens, stats.prompt_tokens == 1 ? "" : "s",
       Rate(stats.prompt_tokens, stats.prompt_seconds), generated,
       Rate(stats.decode_steps, stats.decode_seconds), stats.prompt_tokens + generated,
       selected > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(selected) : 0.0,
-      c.misses, c.evictions, Mib(c.bytes_staged), memory);
+      c.misses, c.evictions, Mib(c.bytes_staged), memory, prompt_path);
   return absl::OkStatus();
 }
 

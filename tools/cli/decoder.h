@@ -36,6 +36,7 @@ struct DecoderFlags {
   std::string backend_note;  // "no CUDA device: running on the CPU backend", or empty
   ResolvedDoors doors;
   int steps_per_launch = 1;
+  int32_t ubatch = 512;     // -ub
   SamplingParams sampling;  // --seed unset: a random seed, drawn here
   CpuForwardOptions cpu;    // -t, --kv-type
 };
@@ -43,6 +44,9 @@ struct DecoderFlags {
 // One -t value: 0 is the physical cores; above the logical CPUs it is clamped
 // to them with a warning on stderr; negative or not a number is an error.
 absl::StatusOr<int> ParseThreads(absl::string_view text);
+
+// -ub: at least 1, else an error naming the flag.
+absl::StatusOr<int32_t> ReadUbatch();
 
 // --kv-type: f16 or f32, else an error naming the flag.
 absl::StatusOr<KvCacheType> ReadKvType();
