@@ -3,7 +3,8 @@
 # build, run the GPU tests (cuda_conformance_test first: it holds the CPU emulator
 # of docs/EMULATOR.md to the hardware), time the miss copy (stage copy kernel vs cudaMemcpyAsync),
 # decode a synthetic qwen3moe fixture in every arm, benchmark a Qwen3-30B-A3B-shaped
-# fixture (16 GiB of q4_K experts) at three slot counts, racecheck and memcheck on
+# fixture (16 GiB of q4_K experts) at three slot counts and its batched prefill
+# (pp512, pp2048, beside llama-bench's), racecheck and memcheck on
 # the engine test, Nsight Compute's bank conflicts and DRAM throughput of the
 # matvecs and attention (where the counters are readable), beside llama.cpp's CUDA
 # llama-bench on the same file (when bundled: tools/build-llama-cuda.sh), and end
@@ -26,8 +27,8 @@
 #     configured and built here (this needs Abseil, GoogleTest and Benchmark).
 # The table also goes to $OUT/device-check.md when OUT is set, the copy benchmark's
 # output (CSV) to $OUT/copy-bench.log, the Qwen3-shaped bench table to
-# $OUT/qwen3-bench.md, and the logs of the GPU tests, the gates and the decode runs
-# to $OUT/{cuda_conformance_test,kernels_test,engine_gpu_test,gates,runs}.log.
+# $OUT/qwen3-bench.md, its prefill rows to $OUT/qwen3-prefill.md, and the logs
+# of the GPU tests, the gates and the decode runs to $OUT/{cuda_conformance_test,kernels_test,engine_gpu_test,gates,runs}.log.
 # The table is printed on every exit (a failed step, a timeout, a signal, a script
 # error), with a row naming the step that was cut short.
 #
@@ -179,8 +180,9 @@ else
 fi
 
 echo "== cublasLt"
-# The prefill's GEMMs link cuBLASLt, which the bundle does not carry: the image's
-# copy (the nvidia-cublas wheel of its Python, or the toolkit's) goes on the path.
+# The prefill's GEMMs open cuBLASLt (dlopen, kernels/gemm.cc) and the conformance
+# test links it; the bundle does not carry it: the image's copy (the
+# nvidia-cublas wheel of its Python, or the toolkit's) goes on the path.
 cublaslt=$( (ldconfig -p 2>/dev/null | awk '/libcublasLt\.so\.13 / { print $NF; exit }'
   find /usr/local/cuda/lib64 /usr/local/cuda/targets /opt /usr/lib -name 'libcublasLt.so.13*' \
     2>/dev/null) | head -1)
@@ -189,7 +191,7 @@ if [[ -n $cublaslt ]]; then
   export LD_LIBRARY_PATH
   row "cublasLt" "ok" "$cublaslt"
 else
-  row "cublasLt" "FAIL" "no libcublasLt.so.13 on the machine: the conformance test cannot load"
+  row "cublasLt" "FAIL" "no libcublasLt.so.13 on the machine: the conformance test cannot load, prompts run as steps"
 fi
 
 echo "== build"
@@ -477,6 +479,37 @@ else
   fi
 fi
 
+echo "== qwen3 prefill"
+STEP="qwen3 prefill"
+# The batched prefill on the same file, the router deciding: resident (every
+# expert in place) and graph at 3072 slots (half the experts; the others
+# streamed through the ring), pp512 and pp2048 as llama-bench's -p.
+PREFILL_LOG=$WORK/qwen3-prefill.md
+if ((QWEN3_OK == 0)); then
+  row "qwen3 prefill" "FAIL" "no Qwen3-shaped fixture"
+else
+  run_step 150 "$PREFILL_LOG" "$MOEGRAPH" bench --backend cuda -m "$QWEN3" \
+    --arms resident,graph --slots 3072 -p 512,2048 -n 0 -r 2
+  rc=$?
+  cat "$PREFILL_LOG"
+  if [[ -n ${OUT:-} && -d $OUT ]]; then cp "$PREFILL_LOG" "$OUT/qwen3-prefill.md"; fi
+  # Columns as the qwen3 bench's; hit % is the share of experts read in place,
+  # MiB/tok and stage GB/s the ring's.
+  rates=$(awk -F'|' '
+    $5 ~ /cuda/ && $9 ~ /pp/ {
+      arm = $7; test = $9; ts = $10; gbs = $13
+      gsub(/ /, "", arm); gsub(/ /, "", test); gsub(/ /, "", gbs); split(ts, parts, " ")
+      printf "%s%s %s %s t/s (%s GB/s)", sep, arm, test, parts[1], gbs; sep = ", "
+    }' "$PREFILL_LOG")
+  if ((rc != 0)); then
+    row "qwen3 prefill" "FAIL" "exit $rc: $(tail -1 "$PREFILL_LOG")"
+  elif [[ -z $rates ]]; then
+    row "qwen3 prefill" "FAIL" "no pp rows in the table"
+  else
+    row "qwen3 prefill" "ok" "$rates"
+  fi
+fi
+
 echo "== llama.cpp"
 STEP="llama.cpp"
 # The peer on the same file: every layer's experts on the GPU (-ngl 99), then
@@ -491,17 +524,21 @@ else
   for setting in "-ngl 99" "-ngl 99 --n-cpu-moe 24"; do
     log=$WORK/llama-bench.log
     # shellcheck disable=SC2086 # the setting is words
-    LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} run_step 75 "$log" \
-      "$LLAMA_BENCH" -m "$QWEN3" $setting -p 0 -n 32 -r 2 -o md
+    LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} run_step 150 "$log" \
+      "$LLAMA_BENCH" -m "$QWEN3" $setting -p 512,2048 -n 32 -r 2 -o md
     rc=$?
     cat "$log"
     if [[ -n ${OUT:-} && -d $OUT ]]; then cat "$log" >>"$OUT/llama-bench.md"; fi
     # llama-bench's markdown: the last column is "t/s" as "mean ± sd".
     rate=$(awk -F'|' '/tg32/ { gsub(/ /, "", $(NF - 1)); print $(NF - 1) }' "$log" | tail -1)
+    pp=$(awk -F'|' '/pp512|pp2048/ {
+        test = $(NF - 2); ts = $(NF - 1); gsub(/ /, "", test); gsub(/ /, "", ts)
+        printf "%s%s %s", sep, test, ts; sep = ", "
+      }' "$log")
     if ((rc != 0)) || [[ -z $rate ]]; then
       row "llama.cpp $setting" "FAIL" "exit $rc: $(tail -1 "$log")"
     else
-      row "llama.cpp $setting" "ok" "tg32 $rate t/s on the Qwen3-shaped file"
+      row "llama.cpp $setting" "ok" "tg32 $rate t/s, $pp t/s on the Qwen3-shaped file"
     fi
   done
 fi

@@ -218,9 +218,11 @@ class CudaTarget final : public Target {
     MG_ASSIGN_OR_RETURN(const EngineCounters after, engine_->ReadCounters());
     Sample s;
     AddCounters(before, after, s);
-    // The batched prefill's experts count as the decode's do: read in place
-    // (hits) or copied (misses, bytes), so a pp row's hit %, MiB/tok and
-    // stage GB/s are the prompt's.
+    // The batched prefill's tokens count as fed tokens (the CPU backend's
+    // steps count a prompt's too) and its experts as the decode's do: read in
+    // place (hits) or copied (misses, bytes), so a pp row's hit %, MiB/tok
+    // and stage GB/s are the prompt's.
+    s.steps += host_after.prefill_tokens - host_before.prefill_tokens;
     s.hits += host_after.prefill_experts_in_place - host_before.prefill_experts_in_place;
     s.misses += host_after.prefill_experts_streamed - host_before.prefill_experts_streamed;
     s.bytes_staged += host_after.prefill_bytes_streamed - host_before.prefill_bytes_streamed;
