@@ -88,8 +88,9 @@ PrefillLayout LayOut(const Model& m, const CudaEngineOptions& options) {
   p.shexp_out = p.Add(t * embd * f);
   p.shexp_logit = p.Add(t * f);
   p.tile = p.Add(tile * hf);
-  p.ring0 = p.Add(LargestBlock(m));
-  p.ring1 = p.Add(LargestBlock(m));
+  const size_t ring_buffer = LargestBlock(m);
+  p.ring0 = p.Add(ring_buffer);
+  p.ring1 = p.Add(ring_buffer);
   return p;
 }
 

@@ -1,8 +1,10 @@
 // The activations' side of the CPU path's dot products, as ggml's CPU backend
 // does it: each matmul input row is quantized once to the weight type's
-// vec_dot_type (q8_0 for q8_0/q4_0 weights, q8_K for the K-quants; f32 rows
-// stay f32), by ggml's reference code (ggml-quants.c quantize_row_q8_0_ref and
-// quantize_row_q8_K_ref). The scalar dot products here follow ggml-cpu/quants.c's
+// vec_dot_type (ggml-cpu.c type_traits_cpu: q8_0 for q8_0/q4_0/q5_0/iq4_nl/mxfp4
+// weights, q8_1 for q4_1/q5_1, q8_K for the K-quants and iq4_xs; f32 rows stay
+// f32), by ggml's reference code (ggml-quants.c quantize_row_q8_0_ref,
+// quantize_row_q8_1_ref and quantize_row_q8_K_ref). The scalar dot products here follow
+// ggml-cpu/quants.c's
 // *_generic functions; they are what the SIMD kernels (cpu/simd_kernels.h) are
 // tested against, and the speed baseline in the benchmarks.
 #pragma once
@@ -23,11 +25,19 @@ struct block_q8_K {
 };
 static_assert(sizeof(block_q8_K) == 292, "block_q8_K must match ggml");
 
-// How an activation row is held for a weight type's dot product.
-enum class ActType { kF32, kQ8_0, kQ8_K };
+// ggml's block_q8_1: q8_0 with s = d * sum(qs), for weights with a min.
+struct block_q8_1 {
+  uint16_t d;        // scale, f16
+  uint16_t s;        // d * the sum of the quants, f16
+  int8_t qs[QK8_0];  // quants
+};
+static_assert(sizeof(block_q8_1) == 36, "block_q8_1 must match ggml");
 
-// The activation form for weights of type w: kQ8_0 for q8_0 and q4_0, kQ8_K for
-// q4_K, q5_K and q6_K, kF32 for f32, f16 and bf16.
+// How an activation row is held for a weight type's dot product.
+enum class ActType { kF32, kQ8_0, kQ8_1, kQ8_K };
+
+// The activation form for weights of type w, ggml's vec_dot_type (see above);
+// kF32 for f32, f16 and bf16.
 ActType act_type_for(GgmlType w);
 
 // Bytes of one activation row of cols elements (cols a multiple of the block).

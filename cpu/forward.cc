@@ -27,22 +27,6 @@ int64_t RowsPerTask(int64_t rows, int threads, int64_t n_act) {
   return std::max(min_rows, rows / (8 * static_cast<int64_t>(threads)));
 }
 
-bool CpuPathComputes(GgmlType type) {
-  switch (type) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-      return true;
-    default:
-      return false;
-  }
-}
-
 std::vector<float> OptionalTensor(const GgufTensor* t) {
   return t == nullptr ? std::vector<float>() : TensorToFloat(*t);
 }
@@ -528,24 +512,6 @@ absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int
         "-t %d: threads must be positive (0: the physical cores)", options.threads));
   }
   const ModelConfig& cfg = model.config;
-  std::vector<const GgufTensor*> matrices = {model.output};
-  for (const LayerTensors& lt : model.layers) {
-    for (const GgufTensor* t :
-         {lt.wq, lt.wk, lt.wv, lt.wo, lt.router, lt.gate_exps, lt.up_exps, lt.down_exps,
-          lt.shexp_gate, lt.shexp_up, lt.shexp_down, lt.shexp_gate_inp}) {
-      matrices.push_back(t);
-    }
-    for (const auto* legacy : {&lt.gate_legacy, &lt.up_legacy, &lt.down_legacy}) {
-      matrices.insert(matrices.end(), legacy->begin(), legacy->end());
-    }
-  }
-  for (const GgufTensor* t : matrices) {
-    if (t != nullptr && !CpuPathComputes(t->ggml_type())) {
-      return model.file->TensorError(
-          *t, absl::StrFormat("type %s is not supported by the CPU backend's fast path",
-                              ggml_type_name(t->type)));
-    }
-  }
   if (cfg.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("cpu: head_dim %d is odd", cfg.head_dim));
   }

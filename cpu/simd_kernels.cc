@@ -508,6 +508,16 @@ float DotRow(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t cols) 
                      cols);
     case GgmlType::kF32:
       return DotF32(reinterpret_cast<const float*>(act), reinterpret_cast<const float*>(w), cols);
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS:
+    case GgmlType::kMXFP4:
+      // No vector kernel yet: ggml's generic C order (cpu/act_quant.h).
+      return dot_row_ref(type, w, act, cols);
     default:
       break;
   }

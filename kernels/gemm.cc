@@ -24,6 +24,7 @@ struct CublasLtApi {
   decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
   decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
   decltype(&cublasLtMatmul) matmul = nullptr;
+  decltype(&cublasLtGetStatusName) status_name = nullptr;
 };
 
 // Null until a load succeeds; *why says why one failed.
@@ -41,7 +42,8 @@ const CublasLtApi* Api(std::string* why) {
                                   cublasLtMatrixLayoutCreate,
                                   cublasLtMatrixLayoutDestroy,
                                   cublasLtMatmulAlgoGetHeuristic,
-                                  cublasLtMatmul};
+                                  cublasLtMatmul,
+                                  cublasLtGetStatusName};
   return &api;
 #else
   static const std::string library = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
@@ -74,6 +76,7 @@ const CublasLtApi* Api(std::string* why) {
     bind(api.layout_destroy, "cublasLtMatrixLayoutDestroy");
     bind(api.heuristic, "cublasLtMatmulAlgoGetHeuristic");
     bind(api.matmul, "cublasLtMatmul");
+    bind(api.status_name, "cublasLtGetStatusName");
     return complete ? &api : nullptr;
   }();
   if (loaded == nullptr && why != nullptr) *why = error;
@@ -84,28 +87,9 @@ const CublasLtApi* Api(std::string* why) {
 }  // namespace
 
 const char* GemmRunner::StatusName(cublasStatus_t status) {
-  switch (status) {
-    case CUBLAS_STATUS_SUCCESS:
-      return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-      return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED:
-      return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH:
-      return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR:
-      return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED:
-      return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR:
-      return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-      return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default:
-      return "an unknown cuBLAS status";
-  }
+  // Every status but a failed load comes from a loaded library.
+  const CublasLtApi* api = Api(nullptr);
+  return api != nullptr ? api->status_name(status) : "CUBLAS_STATUS_NOT_INITIALIZED";
 }
 
 GemmRunner::~GemmRunner() {

@@ -37,7 +37,8 @@ class GemmRunner {
   // the loader's reason in *why.
   cublasStatus_t Init(std::string* why = nullptr);
 
-  // cublasLtGetStatusName's words, without a call into a library not loaded.
+  // cublasLtGetStatusName's words; CUBLAS_STATUS_NOT_INITIALIZED's where the
+  // library could not be loaded.
   static const char* StatusName(cublasStatus_t status);
 
   // Y (f32, tokens x rows) = W (rows x cols) X (tokens x cols), or Y += W X

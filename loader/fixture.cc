@@ -529,7 +529,7 @@ absl::Status CheckType(GgmlType type, bool expert) {
   if (ggml_type_info(static_cast<uint32_t>(type)) == nullptr || !quant_supported(type)) {
     return absl::InvalidArgumentError(
         absl::StrCat(TypeFlag(expert), ggml_type_name(static_cast<uint32_t>(type)),
-                     " is not supported (f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K)"));
+                     " is not supported (", quant_supported_names(), ")"));
   }
   return absl::OkStatus();
 }

@@ -188,7 +188,8 @@ class Binder {
       problems_.push_back(
           std::string(file_
                           .TensorError(*t, absl::StrCat("type ", ggml_type_name(t->type),
-                                                        " is not supported by moegraph"))
+                                                        " is not supported by moegraph (",
+                                                        quant_supported_names(), ")"))
                           .message()));
       return nullptr;
     }

@@ -56,6 +56,64 @@ struct block_q6_K {
 };
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K must match ggml");
 
+struct block_q4_1 {
+  uint16_t d;             // scale, f16
+  uint16_t m;             // min, f16
+  uint8_t qs[QK4_0 / 2];  // nibbles: element j low, element j + 16 high
+};
+static_assert(sizeof(block_q4_1) == 20, "block_q4_1 must match ggml");
+
+struct block_q5_0 {
+  uint16_t d;             // scale, f16
+  uint8_t qh[4];          // fifth bit of each quant, element j at bit j
+  uint8_t qs[QK4_0 / 2];  // low nibbles, as q4_0
+};
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0 must match ggml");
+
+struct block_q5_1 {
+  uint16_t d;             // scale, f16
+  uint16_t m;             // min, f16
+  uint8_t qh[4];          // fifth bit of each quant, element j at bit j
+  uint8_t qs[QK4_0 / 2];  // low nibbles, as q4_0
+};
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1 must match ggml");
+
+struct block_q2_K {
+  uint8_t scales[QK_K / 16];  // 16 scales (low nibble) and mins (high nibble)
+  uint8_t qs[QK_K / 4];       // 2-bit quants
+  uint16_t d;                 // super-block scale for the scales, f16
+  uint16_t dmin;              // super-block scale for the mins, f16
+};
+static_assert(sizeof(block_q2_K) == 84, "block_q2_K must match ggml");
+
+struct block_q3_K {
+  uint8_t hmask[QK_K / 8];  // quants, high bit
+  uint8_t qs[QK_K / 4];     // quants, low 2 bits
+  uint8_t scales[12];       // 16 scales, 6 bits each
+  uint16_t d;               // super-block scale, f16
+};
+static_assert(sizeof(block_q3_K) == 110, "block_q3_K must match ggml");
+
+struct block_iq4_nl {
+  uint16_t d;             // scale, f16
+  uint8_t qs[QK4_0 / 2];  // indices into kvalues_iq4nl, laid out as q4_0's nibbles
+};
+static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl must match ggml");
+
+struct block_iq4_xs {
+  uint16_t d;                   // super-block scale, f16
+  uint16_t scales_h;            // high 2 bits of the 8 sub-block scales
+  uint8_t scales_l[QK_K / 64];  // low 4 bits of the 8 sub-block scales
+  uint8_t qs[QK_K / 2];         // indices into kvalues_iq4nl, per 32 as iq4_nl's
+};
+static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs must match ggml");
+
+struct block_mxfp4 {
+  uint8_t e;              // shared exponent, E8M0
+  uint8_t qs[QK4_0 / 2];  // E2M1 codes, laid out as q4_0's nibbles
+};
+static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 must match ggml");
+
 // ---- f16 / bf16 <-> f32, in integer code so host and device agree exactly ----
 
 MG_HD inline uint32_t f32_to_bits(float f) {
@@ -148,6 +206,26 @@ MG_HD inline float mul_unfused(float a, float b) {
 #else
   return a * b;
 #endif
+}
+
+// ggml-common.h's kvalues_iq4nl and kvalues_mxfp4 (E2M1 values, doubled), one
+// byte per entry in two words: registers on the device, no table in memory.
+MG_HD inline int kvalue_iq4nl(int i) {
+  // -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
+  constexpr uint64_t kLow = 0xf6eaddcfbfad9881ull, kHigh = 0x7159453526190d01ull;
+  return static_cast<int8_t>((i < 8 ? kLow : kHigh) >> (8 * (i & 7)));
+}
+
+MG_HD inline int kvalue_mxfp4(int i) {
+  // 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
+  constexpr uint64_t kLow = 0x0c08060403020100ull, kHigh = 0xf4f8fafcfdfeff00ull;
+  return static_cast<int8_t>((i < 8 ? kLow : kHigh) >> (8 * (i & 7)));
+}
+
+// ggml-impl.h's ggml_e8m0_to_fp32_half: 2^(e - 128), the MXFP4 block scale halved
+// because kvalues_mxfp4 holds doubled values.
+MG_HD inline float e8m0_to_f32_half(uint8_t e) {
+  return f32_from_bits(e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23);
 }
 
 // ---- per-block dequantization, as ggml's dequantize_row_* ----
@@ -250,6 +328,121 @@ MG_HD inline void dequantize_block_q6_K(const block_q6_K* x, float* y) {
   }
 }
 
+MG_HD inline void dequantize_block_q4_1(const block_q4_1* x, float* y) {
+  const float d = f16_to_f32(x->d);
+  const float m = f16_to_f32(x->m);
+  for (int j = 0; j < QK4_0 / 2; ++j) {
+    y[j] = mul_unfused(static_cast<float>(x->qs[j] & 0x0f), d) + m;
+    y[j + QK4_0 / 2] = mul_unfused(static_cast<float>(x->qs[j] >> 4), d) + m;
+  }
+}
+
+// Quant j of a q5_0 / q5_1 block: its nibble with the fifth bit from qh.
+MG_HD inline int q5_quant(const uint8_t* qs, const uint8_t* qh, int j) {
+  uint32_t h;
+  memcpy(&h, qh, sizeof(h));
+  const int nibble = j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4;
+  return nibble | static_cast<int>(((h >> j) & 1u) << 4);
+}
+
+MG_HD inline void dequantize_block_q5_0(const block_q5_0* x, float* y) {
+  const float d = f16_to_f32(x->d);
+  for (int j = 0; j < QK4_0; ++j) y[j] = static_cast<float>(q5_quant(x->qs, x->qh, j) - 16) * d;
+}
+
+MG_HD inline void dequantize_block_q5_1(const block_q5_1* x, float* y) {
+  const float d = f16_to_f32(x->d);
+  const float m = f16_to_f32(x->m);
+  for (int j = 0; j < QK4_0; ++j) {
+    y[j] = mul_unfused(static_cast<float>(q5_quant(x->qs, x->qh, j)), d) + m;
+  }
+}
+
+MG_HD inline void dequantize_block_q2_K(const block_q2_K* x, float* y) {
+  const float d = f16_to_f32(x->d);
+  const float min = f16_to_f32(x->dmin);
+  const uint8_t* q = x->qs;
+  int is = 0;
+  for (int n = 0; n < QK_K; n += 128) {
+    for (int shift = 0; shift < 8; shift += 2) {
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t sc = x->scales[is++];
+        const float dl = d * (sc & 0xf);
+        const float ml = min * (sc >> 4);
+        for (int l = 0; l < 16; ++l) {
+          *y++ = mul_unfused(dl, static_cast<float>((q[l + 16 * half] >> shift) & 3)) - ml;
+        }
+      }
+    }
+    q += 32;
+  }
+}
+
+// Scale j (0..15) of a q3_K block, 6 bits, minus 32: ggml's kmask unpacking of the
+// 12 scale bytes (low nibbles in bytes 0-7, high 2-bit pairs in bytes 8-11).
+MG_HD inline int q3_K_scale(const uint8_t* scales, int j) {
+  const int low = j < 8 ? scales[j] & 0xf : scales[j - 8] >> 4;
+  const int high = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+MG_HD inline void dequantize_block_q3_K(const block_q3_K* x, float* y) {
+  const float d_all = f16_to_f32(x->d);
+  const uint8_t* q = x->qs;
+  uint8_t m = 1;
+  int is = 0;
+  for (int n = 0; n < QK_K; n += 128) {
+    for (int shift = 0; shift < 8; shift += 2) {
+      for (int half = 0; half < 2; ++half) {
+        const float dl = d_all * q3_K_scale(x->scales, is++);
+        for (int l = 16 * half; l < 16 * half + 16; ++l) {
+          const int low = (q[l] >> shift) & 3;
+          *y++ = dl * static_cast<float>(low - ((x->hmask[l] & m) ? 0 : 4));
+        }
+      }
+      m <<= 1;
+    }
+    q += 32;
+  }
+}
+
+MG_HD inline void dequantize_block_iq4_nl(const block_iq4_nl* x, float* y) {
+  const float d = f16_to_f32(x->d);
+  for (int j = 0; j < QK4_0 / 2; ++j) {
+    y[j] = d * static_cast<float>(kvalue_iq4nl(x->qs[j] & 0xf));
+    y[j + QK4_0 / 2] = d * static_cast<float>(kvalue_iq4nl(x->qs[j] >> 4));
+  }
+}
+
+// Sub-block scale ib (0..7) of an iq4_xs block, 6 bits, minus 32.
+MG_HD inline int iq4_xs_scale(const block_iq4_xs* x, int ib) {
+  const int low = (x->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf;
+  const int high = (x->scales_h >> (2 * ib)) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+MG_HD inline void dequantize_block_iq4_xs(const block_iq4_xs* x, float* y) {
+  const float d = f16_to_f32(x->d);
+  const uint8_t* qs = x->qs;
+  for (int ib = 0; ib < QK_K / 32; ++ib) {
+    const float dl = d * iq4_xs_scale(x, ib);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = dl * static_cast<float>(kvalue_iq4nl(qs[j] & 0xf));
+      y[j + 16] = dl * static_cast<float>(kvalue_iq4nl(qs[j] >> 4));
+    }
+    y += 32;
+    qs += 16;
+  }
+}
+
+MG_HD inline void dequantize_block_mxfp4(const block_mxfp4* x, float* y) {
+  const float d = e8m0_to_f32_half(x->e);
+  for (int j = 0; j < QK4_0 / 2; ++j) {
+    y[j] = static_cast<float>(kvalue_mxfp4(x->qs[j] & 0xf)) * d;
+    y[j + QK4_0 / 2] = static_cast<float>(kvalue_mxfp4(x->qs[j] >> 4)) * d;
+  }
+}
+
 // ---- dispatch over the types moegraph reads ----
 
 // Elements per block (1 for f32/f16/bf16); 0 for a type moegraph does not read.
@@ -260,12 +453,19 @@ MG_HD constexpr int64_t quant_block_elems(GgmlType type) {
     case GgmlType::kBF16:
       return 1;
     case GgmlType::kQ8_0:
-      return QK8_0;
     case GgmlType::kQ4_0:
-      return QK4_0;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kMXFP4:
+      return 32;
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
+    case GgmlType::kIQ4_XS:
       return QK_K;
     default:
       return 0;
@@ -290,6 +490,22 @@ MG_HD constexpr int64_t quant_block_bytes(GgmlType type) {
       return sizeof(block_q5_K);
     case GgmlType::kQ6_K:
       return sizeof(block_q6_K);
+    case GgmlType::kQ4_1:
+      return sizeof(block_q4_1);
+    case GgmlType::kQ5_0:
+      return sizeof(block_q5_0);
+    case GgmlType::kQ5_1:
+      return sizeof(block_q5_1);
+    case GgmlType::kQ2_K:
+      return sizeof(block_q2_K);
+    case GgmlType::kQ3_K:
+      return sizeof(block_q3_K);
+    case GgmlType::kIQ4_NL:
+      return sizeof(block_iq4_nl);
+    case GgmlType::kIQ4_XS:
+      return sizeof(block_iq4_xs);
+    case GgmlType::kMXFP4:
+      return sizeof(block_mxfp4);
     default:
       return 0;
   }
@@ -322,6 +538,30 @@ MG_HD inline void dequantize_block(GgmlType type, const void* block, float* y) {
       break;
     case GgmlType::kQ6_K:
       dequantize_block_q6_K(static_cast<const block_q6_K*>(block), y);
+      break;
+    case GgmlType::kQ4_1:
+      dequantize_block_q4_1(static_cast<const block_q4_1*>(block), y);
+      break;
+    case GgmlType::kQ5_0:
+      dequantize_block_q5_0(static_cast<const block_q5_0*>(block), y);
+      break;
+    case GgmlType::kQ5_1:
+      dequantize_block_q5_1(static_cast<const block_q5_1*>(block), y);
+      break;
+    case GgmlType::kQ2_K:
+      dequantize_block_q2_K(static_cast<const block_q2_K*>(block), y);
+      break;
+    case GgmlType::kQ3_K:
+      dequantize_block_q3_K(static_cast<const block_q3_K*>(block), y);
+      break;
+    case GgmlType::kIQ4_NL:
+      dequantize_block_iq4_nl(static_cast<const block_iq4_nl*>(block), y);
+      break;
+    case GgmlType::kIQ4_XS:
+      dequantize_block_iq4_xs(static_cast<const block_iq4_xs*>(block), y);
+      break;
+    case GgmlType::kMXFP4:
+      dequantize_block_mxfp4(static_cast<const block_mxfp4*>(block), y);
       break;
     default:
       break;

@@ -78,7 +78,7 @@ TEST(CliMakeFixture, BadValuesFailNamingTheFlag) {
   const Case cases[] = {
       {"--experts 8 --top-k 9 -o " + path, "--top-k 9 exceeds --experts 8"},
       {"--embd 100 --quant q4_K -o " + path, "--embd 100"},
-      {"--quant q4_1 -o " + path, "--quant"},
+      {"--quant iq2_xxs -o " + path, "--quant iq2_xxs is not supported (f32, f16, q4_0"},
       {"--quant q9_9 -o " + path, "q9_9"},
       {"--arch gpt2 -o " + path, "--arch gpt2"},
       {"--layers two -o " + path, "layers"},

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -19,8 +20,11 @@
 namespace moegraph {
 namespace {
 
-constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
-                               GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+constexpr GgmlType kTypes[] = {
+    GgmlType::kF32,  GgmlType::kF16,    GgmlType::kBF16,   GgmlType::kQ8_0,
+    GgmlType::kQ4_0, GgmlType::kQ4_K,   GgmlType::kQ5_K,   GgmlType::kQ6_K,
+    GgmlType::kQ4_1, GgmlType::kQ5_0,   GgmlType::kQ5_1,   GgmlType::kQ2_K,
+    GgmlType::kQ3_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kMXFP4};
 
 std::vector<float> RandomFloats(int64_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -66,6 +70,27 @@ TEST(ActQuantTest, Q8_0MatchesGgmlsReference) {
   }
 }
 
+// q8_1 (for q4_1 / q5_1 weights) is q8_0's quants and scale with s = d * sum(qs).
+TEST(ActQuantTest, Q8_1IsQ8_0WithTheScaledSum) {
+  const std::vector<float> x = RandomFloats(96, 7);
+  std::vector<uint8_t> q0(act_row_bytes(ActType::kQ8_0, 96)), q1(act_row_bytes(ActType::kQ8_1, 96));
+  ASSERT_EQ(q1.size(), 3 * sizeof(block_q8_1));
+  quantize_act_row(ActType::kQ8_0, x.data(), 96, q0.data());
+  quantize_act_row(ActType::kQ8_1, x.data(), 96, q1.data());
+  const auto* b0 = reinterpret_cast<const block_q8_0*>(q0.data());
+  const auto* b1 = reinterpret_cast<const block_q8_1*>(q1.data());
+  for (int blk = 0; blk < 3; ++blk) {
+    EXPECT_EQ(b1[blk].d, b0[blk].d);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      EXPECT_EQ(b1[blk].qs[j], b0[blk].qs[j]) << j;
+      sum += b1[blk].qs[j];
+    }
+    EXPECT_EQ(b1[blk].s, f32_to_f16(static_cast<float>(sum) * f16_to_f32(b1[blk].d)));
+    EXPECT_NE(sum, 0);
+  }
+}
+
 TEST(ActQuantTest, Q8_KKeepsTheSignedMaxAtMinus127AndSumsEach16) {
   std::vector<float> x = RandomFloats(256, 2);
   x[77] = 9.0f;  // the largest magnitude, positive: ggml's iscale = -127 / max
@@ -98,15 +123,33 @@ TEST(ActQuantTest, ScalarDotsEqualTheDequantizedDot) {
     std::vector<uint8_t> act(act_row_bytes(at, kCols));
     quantize_act_row(at, x.data(), kCols, act.data());
     std::vector<float> x_seen(kCols);
+    // q8_1 carries s = d * sum(qs) rounded to f16, which ggml multiplies by the
+    // weights' min in place of the exact sum.
+    double min_times_s_rounding = 0.0;
     if (at == ActType::kQ8_0) {
       dequantize_row(GgmlType::kQ8_0, act.data(), x_seen.data(), kCols);
+    } else if (at == ActType::kQ8_1) {
+      const auto* b = reinterpret_cast<const block_q8_1*>(act.data());
+      const size_t w_block = quant_block_bytes(type);
+      for (int64_t blk = 0; blk < kCols / 32; ++blk) {
+        int sum = 0;
+        for (int j = 0; j < 32; ++j) {
+          x_seen[32 * blk + j] = f16_to_f32(b[blk].d) * b[blk].qs[j];
+          sum += b[blk].qs[j];
+        }
+        uint16_t m;  // q4_1 and q5_1 keep the min right after d
+        std::memcpy(&m, w.data() + blk * w_block + 2, sizeof(m));
+        min_times_s_rounding +=
+            static_cast<double>(f16_to_f32(m)) *
+            (f16_to_f32(b[blk].s) - static_cast<double>(f16_to_f32(b[blk].d)) * sum);
+      }
     } else if (at == ActType::kQ8_K) {
       const auto* b = reinterpret_cast<const block_q8_K*>(act.data());
       for (int64_t i = 0; i < kCols; ++i) x_seen[i] = b[i / 256].d * b[i / 256].qs[i % 256];
     } else {
       x_seen = x;
     }
-    double want = 0.0, magnitude = 0.0;
+    double want = min_times_s_rounding, magnitude = 0.0;
     for (int64_t i = 0; i < kCols; ++i) {
       want += static_cast<double>(w_values[i]) * x_seen[i];
       magnitude += std::fabs(static_cast<double>(w_values[i]) * x_seen[i]);

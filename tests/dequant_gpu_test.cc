@@ -24,13 +24,27 @@ namespace {
 
 struct TypeCase {
   GgmlType type;
-  const char* name;  // ggml's name, the golden file stem
+  const char* name;            // ggml's name, the golden file stem
+  bool in_tests_data = false;  // tests/data/golden/quant, else the shared folder
 };
 
 const TypeCase kCases[] = {
-    {GgmlType::kF32, "f32"},   {GgmlType::kF16, "f16"},   {GgmlType::kBF16, "bf16"},
-    {GgmlType::kQ8_0, "q8_0"}, {GgmlType::kQ4_0, "q4_0"}, {GgmlType::kQ4_K, "q4_K"},
-    {GgmlType::kQ5_K, "q5_K"}, {GgmlType::kQ6_K, "q6_K"},
+    {GgmlType::kF32, "f32"},
+    {GgmlType::kF16, "f16"},
+    {GgmlType::kBF16, "bf16"},
+    {GgmlType::kQ8_0, "q8_0"},
+    {GgmlType::kQ4_0, "q4_0"},
+    {GgmlType::kQ4_K, "q4_K"},
+    {GgmlType::kQ5_K, "q5_K"},
+    {GgmlType::kQ6_K, "q6_K"},
+    {GgmlType::kQ4_1, "q4_1", true},
+    {GgmlType::kQ5_0, "q5_0", true},
+    {GgmlType::kQ5_1, "q5_1", true},
+    {GgmlType::kQ2_K, "q2_K", true},
+    {GgmlType::kQ3_K, "q3_K", true},
+    {GgmlType::kIQ4_NL, "iq4_nl", true},
+    {GgmlType::kIQ4_XS, "iq4_xs", true},
+    {GgmlType::kMXFP4, "mxfp4", true},
 };
 
 class DequantGpuTest : public testing_util::CudaStreamTest {
@@ -92,8 +106,10 @@ TEST_F(DequantGpuTest, GoldenBlocksMatchCpu) {
   for (const TypeCase& c : kCases) {
     if (c.type == GgmlType::kF32) continue;  // the golden set has no f32 file
     SCOPED_TRACE(c.name);
-    const std::string path = testing_util::SharedPath("golden/quant/" + std::string(c.name) +
-                                                      ".quant");
+    const std::string file = "golden/quant/" + std::string(c.name) + ".quant";
+    const std::string path = c.in_tests_data
+                                 ? std::string(MOEGRAPH_SOURCE_DIR) + "/tests/data/" + file
+                                 : testing_util::SharedPath(file);
     std::ifstream in(path, std::ios::binary);
     ASSERT_TRUE(in) << "cannot open golden file " << path;
     const std::vector<uint8_t> bytes(std::istreambuf_iterator<char>(in), {});
@@ -122,12 +138,12 @@ TEST_F(DequantGpuTest, RandomRowsMatchCpuAcrossGridSizes) {
 }
 
 TEST_F(DequantGpuTest, LauncherRejectsBadArguments) {
-  EXPECT_EQ(launch_dequantize(GgmlType::kQ2_K, nullptr, nullptr, 256, stream_),
+  EXPECT_EQ(launch_dequantize(GgmlType::kIQ2_XXS, nullptr, nullptr, 256, stream_),
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_dequantize(GgmlType::kQ4_K, nullptr, nullptr, 100, stream_),
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_dequantize(GgmlType::kQ8_0, nullptr, nullptr, 0, stream_), cudaSuccess);
-  EXPECT_EQ(launch_dequantize_f16(GgmlType::kQ2_K, nullptr, nullptr, 256, stream_),
+  EXPECT_EQ(launch_dequantize_f16(GgmlType::kIQ2_XXS, nullptr, nullptr, 256, stream_),
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_dequantize_f16(GgmlType::kQ4_K, nullptr, nullptr, 100, stream_),
             cudaErrorInvalidValue);

@@ -280,8 +280,8 @@ TEST(Fixture, ValidationNamesTheFlag) {
          s->expert_type = GgmlType::kQ8_0;
        },
        "--ff 48 is not a multiple of 32 (q8_0 block size)"},
-      {[](FixtureSpec* s) { s->dense_type = GgmlType::kQ4_1; }, "--quant q4_1"},
-      {[](FixtureSpec* s) { s->expert_type = GgmlType::kQ2_K; }, "--quant expert=q2_K"},
+      {[](FixtureSpec* s) { s->dense_type = GgmlType::kIQ2_XXS; }, "--quant iq2_xxs"},
+      {[](FixtureSpec* s) { s->expert_type = GgmlType::kTQ1_0; }, "--quant expert=tq1_0"},
       {[](FixtureSpec* s) { s->legacy_experts = true; }, "--legacy-experts"},
       {[](FixtureSpec* s) { s->router_skew = -1.0f; }, "--router-skew"},
       {[](FixtureSpec* s) { s->n_vocab = 2; }, "--vocab 2"},

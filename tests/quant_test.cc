@@ -1,5 +1,7 @@
 // Block formats against ggml: layouts, f16/bf16 conversion, and golden vectors
-// made by ggml itself ($MOEGRAPH_SHARED/golden/quant, see its README.md).
+// made by ggml itself ($MOEGRAPH_SHARED/golden/quant, see its README.md; the types
+// beyond it in tests/data/golden/quant, made by llama.cpp v0.5.0's ggml from the
+// same input by tools/llama-crosscheck/golden-quant.sh).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,6 +34,7 @@ struct TypeCase {
   double readme_rmse_row0;      // README's ggml rel. RMSE on rows 0 and 1
   double readme_rmse_row1;
   double random_rmse_bound;     // round trip on gaussian data
+  bool in_tests_data = false;   // tests/data/golden/quant, else the shared folder
 };
 
 const TypeCase kGoldenCases[] = {
@@ -42,11 +45,21 @@ const TypeCase kGoldenCases[] = {
     {GgmlType::kQ4_K, "q4_K", 576, 6.95e-2, 5.67e-2, 0.10},
     {GgmlType::kQ5_K, "q5_K", 704, 3.56e-2, 2.83e-2, 0.05},
     {GgmlType::kQ6_K, "q6_K", 840, 1.73e-2, 1.38e-2, 0.025},
+    {GgmlType::kQ4_1, "q4_1", 640, 7.57e-2, 6.32e-2, 0.11, true},
+    {GgmlType::kQ5_0, "q5_0", 704, 4.07e-2, 3.26e-2, 0.06, true},
+    {GgmlType::kQ5_1, "q5_1", 768, 3.69e-2, 3.03e-2, 0.055, true},
+    {GgmlType::kQ2_K, "q2_K", 336, 2.88e-1, 2.34e-1, 0.40, true},
+    {GgmlType::kQ3_K, "q3_K", 440, 1.46e-1, 1.26e-1, 0.21, true},
+    {GgmlType::kIQ4_NL, "iq4_nl", 576, 7.42e-2, 6.61e-2, 0.11, true},
+    {GgmlType::kIQ4_XS, "iq4_xs", 544, 7.48e-2, 6.67e-2, 0.11, true},
+    {GgmlType::kMXFP4, "mxfp4", 544, 1.16e-1, 1.23e-1, 0.17, true},
 };
 
 // A missing golden file fails the test (it is part of the spec, not optional).
-std::vector<uint8_t> ReadGolden(const std::string& file) {
-  const std::string path = SharedPath("golden/quant/" + file);
+std::vector<uint8_t> ReadGolden(const std::string& file, bool in_tests_data = false) {
+  const std::string path =
+      in_tests_data ? std::string(MOEGRAPH_SOURCE_DIR) + "/tests/data/golden/quant/" + file
+                    : SharedPath("golden/quant/" + file);
   const std::string bytes = ReadFileToString(path);
   if (bytes.empty()) ADD_FAILURE() << "cannot read golden file " << path;
   return std::vector<uint8_t>(bytes.begin(), bytes.end());
@@ -120,6 +133,35 @@ TEST(QuantLayout, BlockStructsMatchGgml) {
   EXPECT_EQ(offsetof(block_q6_K, qh), 128u);
   EXPECT_EQ(offsetof(block_q6_K, scales), 192u);
   EXPECT_EQ(offsetof(block_q6_K, d), 208u);
+  EXPECT_EQ(offsetof(block_q4_1, m), 2u);
+  EXPECT_EQ(offsetof(block_q4_1, qs), 4u);
+  EXPECT_EQ(offsetof(block_q5_0, qh), 2u);
+  EXPECT_EQ(offsetof(block_q5_0, qs), 6u);
+  EXPECT_EQ(offsetof(block_q5_1, qh), 4u);
+  EXPECT_EQ(offsetof(block_q5_1, qs), 8u);
+  EXPECT_EQ(offsetof(block_q2_K, qs), 16u);
+  EXPECT_EQ(offsetof(block_q2_K, d), 80u);
+  EXPECT_EQ(offsetof(block_q2_K, dmin), 82u);
+  EXPECT_EQ(offsetof(block_q3_K, qs), 32u);
+  EXPECT_EQ(offsetof(block_q3_K, scales), 96u);
+  EXPECT_EQ(offsetof(block_q3_K, d), 108u);
+  EXPECT_EQ(offsetof(block_iq4_nl, qs), 2u);
+  EXPECT_EQ(offsetof(block_iq4_xs, scales_h), 2u);
+  EXPECT_EQ(offsetof(block_iq4_xs, scales_l), 4u);
+  EXPECT_EQ(offsetof(block_iq4_xs, qs), 8u);
+  EXPECT_EQ(offsetof(block_mxfp4, qs), 1u);
+}
+
+// The non-linear tables against ggml-common.h's kvalues_iq4nl and kvalues_fp4.
+TEST(QuantLayout, ValueTablesMatchGgml) {
+  const int iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  const int fp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(kvalue_iq4nl(i), iq4nl[i]) << i;
+    EXPECT_EQ(kvalue_mxfp4(i), fp4[i]) << i;
+  }
+  // ggml_e8m0_to_fp32_half: 2^(e - 128), with e = 0 and 1 subnormal.
+  for (int e = 0; e < 255; ++e) EXPECT_EQ(e8m0_to_f32_half(e), std::ldexp(1.0f, e - 128)) << e;
 }
 
 TEST(QuantLayout, RowSizesAgreeWithGgmlTypeTable) {
@@ -138,8 +180,8 @@ TEST(QuantLayout, RowSizesAgreeWithGgmlTypeTable) {
   EXPECT_TRUE(quant_supported(GgmlType::kF32));
   EXPECT_EQ(ggml_row_size(GgmlType::kF32, 3), 12u);
   EXPECT_EQ(ggml_row_size(GgmlType::kQ4_K, 512), 288u);
-  for (GgmlType other : {GgmlType::kQ4_1, GgmlType::kQ2_K, GgmlType::kQ8_K, GgmlType::kIQ4_XS,
-                         GgmlType::kMXFP4, GgmlType::kI32}) {
+  for (GgmlType other : {GgmlType::kQ8_1, GgmlType::kQ8_K, GgmlType::kIQ2_XXS, GgmlType::kIQ3_S,
+                         GgmlType::kTQ1_0, GgmlType::kNVFP4, GgmlType::kI32}) {
     EXPECT_FALSE(quant_supported(other)) << static_cast<uint32_t>(other);
     EXPECT_EQ(quant_block_elems(other), 0);
   }
@@ -225,8 +267,9 @@ TEST(Bf16Conversion, RoundsToNearestEven) {
 TEST(GoldenQuant, DequantizeMatchesGgmlBitForBit) {
   for (const TypeCase& c : kGoldenCases) {
     SCOPED_TRACE(c.name);
-    const std::vector<uint8_t> quant = ReadGolden(std::string(c.name) + ".quant");
-    const std::vector<float> want = AsFloats(ReadGolden(std::string(c.name) + ".dequant.f32"));
+    const std::vector<uint8_t> quant = ReadGolden(std::string(c.name) + ".quant", c.in_tests_data);
+    const std::vector<float> want =
+        AsFloats(ReadGolden(std::string(c.name) + ".dequant.f32", c.in_tests_data));
     ASSERT_EQ(quant.size(), kGoldenRows * c.golden_row_bytes);
     ASSERT_EQ(want.size(), static_cast<size_t>(kGoldenRows * kGoldenCols));
     for (int row = 0; row < kGoldenRows; ++row) {
@@ -250,9 +293,9 @@ TEST(GoldenQuant, QuantizeMatchesGgmlBytesAndError) {
   ASSERT_EQ(input.size(), static_cast<size_t>(kGoldenRows * kGoldenCols));
   for (const TypeCase& c : kGoldenCases) {
     SCOPED_TRACE(c.name);
-    const std::vector<uint8_t> golden = ReadGolden(std::string(c.name) + ".quant");
+    const std::vector<uint8_t> golden = ReadGolden(std::string(c.name) + ".quant", c.in_tests_data);
     const std::vector<float> golden_dequant =
-        AsFloats(ReadGolden(std::string(c.name) + ".dequant.f32"));
+        AsFloats(ReadGolden(std::string(c.name) + ".dequant.f32", c.in_tests_data));
     ASSERT_EQ(golden.size(), kGoldenRows * c.golden_row_bytes);
     ASSERT_EQ(golden_dequant.size(), input.size());
     int rows_matching = 0;
@@ -331,7 +374,7 @@ TEST(QuantRoundTrip, ZeroRowStaysZero) {
 TEST(QuantContract, DequantizeRejectsUnsupportedTypeAndPartialBlocks) {
   const std::vector<uint8_t> src(4 * sizeof(block_q6_K), 0);
   std::vector<float> dst(1024, 7.0f);
-  EXPECT_FALSE(dequantize_row(GgmlType::kQ2_K, src.data(), dst.data(), 256));
+  EXPECT_FALSE(dequantize_row(GgmlType::kIQ2_XXS, src.data(), dst.data(), 256));
   EXPECT_FALSE(dequantize_row(GgmlType::kQ8_0, src.data(), dst.data(), 33));
   EXPECT_FALSE(dequantize_row(GgmlType::kQ6_K, src.data(), dst.data(), 128));
   EXPECT_FALSE(dequantize_row(GgmlType::kQ4_0, src.data(), dst.data(), -32));
@@ -342,7 +385,7 @@ TEST(QuantContract, DequantizeRejectsUnsupportedTypeAndPartialBlocks) {
 TEST(QuantContractDeathTest, QuantizeChecksTypeAndLength) {
   std::vector<float> x(256, 1.0f);
   std::vector<uint8_t> dst(4096);
-  EXPECT_DEATH(quantize_row(GgmlType::kQ2_K, x.data(), dst.data(), 256), "quant_supported");
+  EXPECT_DEATH(quantize_row(GgmlType::kIQ2_XXS, x.data(), dst.data(), 256), "quant_supported");
   EXPECT_DEATH(quantize_row(GgmlType::kQ4_K, x.data(), dst.data(), 100), "multiple");
 }
 
