@@ -65,9 +65,11 @@ absl::Status CheckStoreFits(const ExpertStore& store, const Model& model) {
 // A matrix the CUDA matvec cannot compute: the file and tensor, and what it takes.
 absl::Status UnsupportedMatrix(const Model& m, const GgufTensor& t) {
   return m.file->TensorError(
-      t, absl::StrFormat("the CUDA matvec does not compute type %s with rows of %d (it takes "
-                         "q8_0, q4_0, q4_K, q5_K, q6_K in whole blocks, f32 rows of a multiple "
-                         "of 4 and f16, bf16 rows of a multiple of 8)",
+      t, absl::StrFormat("the CUDA matvec does not compute type %s with rows of %d here (it "
+                         "takes q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, "
+                         "iq4_nl, iq4_xs and, outside the attention's q, k and v, mxfp4 in "
+                         "whole blocks, f32 rows of a multiple of 4 and f16, bf16 rows of a "
+                         "multiple of 8)",
                          ggml_type_name(t.type), t.ne[0]));
 }
 
@@ -186,9 +188,13 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   }
 
   for (const LayerTensors& lt : m.layers) {
+    for (const GgufTensor* t : {lt.wq, lt.wk, lt.wv}) {
+      if (t != nullptr && !qkv_supports_type(t->ggml_type(), static_cast<int32_t>(t->ne[0]))) {
+        return UnsupportedMatrix(m, *t);
+      }
+    }
     for (const GgufTensor* t :
-         {lt.wq, lt.wk, lt.wv, lt.wo, lt.router, lt.shexp_gate, lt.shexp_up, lt.shexp_down,
-          lt.shexp_gate_inp}) {
+         {lt.wo, lt.router, lt.shexp_gate, lt.shexp_up, lt.shexp_down, lt.shexp_gate_inp}) {
       if (t != nullptr && !matvec_supports_type(t->ggml_type(), static_cast<int32_t>(t->ne[0]))) {
         return UnsupportedMatrix(m, *t);
       }

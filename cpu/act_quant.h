@@ -25,14 +25,6 @@ struct block_q8_K {
 };
 static_assert(sizeof(block_q8_K) == 292, "block_q8_K must match ggml");
 
-// ggml's block_q8_1: q8_0 with s = d * sum(qs), for weights with a min.
-struct block_q8_1 {
-  uint16_t d;        // scale, f16
-  uint16_t s;        // d * the sum of the quants, f16
-  int8_t qs[QK8_0];  // quants
-};
-static_assert(sizeof(block_q8_1) == 36, "block_q8_1 must match ggml");
-
 // How an activation row is held for a weight type's dot product.
 enum class ActType { kF32, kQ8_0, kQ8_1, kQ8_K };
 

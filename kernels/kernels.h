@@ -103,9 +103,15 @@ cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, 
                               float* out, cudaStream_t stream);
 
 // Whether launch_matvec computes a matrix of type with rows of cols: q8_0,
-// q4_0, q4_K, q5_K, q6_K (cols a multiple of the block) against q8_1
-// activations, f32 (cols a multiple of 4), f16 and bf16 (of 8) against f32 ones.
+// q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4
+// (cols a multiple of the block) against q8_1 activations, f32 (cols a multiple
+// of 4), f16 and bf16 (of 8) against f32 ones.
 bool matvec_supports_type(GgmlType type, int32_t cols);
+
+// The same for launch_qkv, which reads every type but mxfp4: its 17-byte blocks
+// take byte loads, kept out of the attention's one kernel (gpt-oss files hold
+// mxfp4 in the experts only).
+bool qkv_supports_type(GgmlType type, int32_t cols);
 
 // out[rows] = W x (+ bias when not null), the grouped matvec of
 // kernels/mmvq_math.h: the quant types read xq, x's q8_1 blocks (cols / 32 of

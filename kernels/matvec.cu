@@ -245,6 +245,13 @@ __global__ void __launch_bounds__(kThreads) qkv_kernel(QkvArgs a) {
     case GgmlType::kQ4_K: return qkv_job<GgmlType::kQ4_K>(a, j, bx, &shared);
     case GgmlType::kQ5_K: return qkv_job<GgmlType::kQ5_K>(a, j, bx, &shared);
     case GgmlType::kQ6_K: return qkv_job<GgmlType::kQ6_K>(a, j, bx, &shared);
+    case GgmlType::kQ4_1: return qkv_job<GgmlType::kQ4_1>(a, j, bx, &shared);
+    case GgmlType::kQ5_0: return qkv_job<GgmlType::kQ5_0>(a, j, bx, &shared);
+    case GgmlType::kQ5_1: return qkv_job<GgmlType::kQ5_1>(a, j, bx, &shared);
+    case GgmlType::kQ2_K: return qkv_job<GgmlType::kQ2_K>(a, j, bx, &shared);
+    case GgmlType::kQ3_K: return qkv_job<GgmlType::kQ3_K>(a, j, bx, &shared);
+    case GgmlType::kIQ4_NL: return qkv_job<GgmlType::kIQ4_NL>(a, j, bx, &shared);
+    case GgmlType::kIQ4_XS: return qkv_job<GgmlType::kIQ4_XS>(a, j, bx, &shared);
     case GgmlType::kF32: return qkv_job<GgmlType::kF32>(a, j, bx, &shared);
     case GgmlType::kF16: return qkv_job<GgmlType::kF16>(a, j, bx, &shared);
     case GgmlType::kBF16: return qkv_job<GgmlType::kBF16>(a, j, bx, &shared);
@@ -269,6 +276,22 @@ cudaError_t launch_grouped(GgmlType type, const MatvecArgs& a, int32_t ranks,
       return launch_kernel<grouped_matvec_kernel<GgmlType::kQ5_K>>(grid, kThreads, stream, a);
     case GgmlType::kQ6_K:
       return launch_kernel<grouped_matvec_kernel<GgmlType::kQ6_K>>(grid, kThreads, stream, a);
+    case GgmlType::kQ4_1:
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ4_1>>(grid, kThreads, stream, a);
+    case GgmlType::kQ5_0:
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ5_0>>(grid, kThreads, stream, a);
+    case GgmlType::kQ5_1:
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ5_1>>(grid, kThreads, stream, a);
+    case GgmlType::kQ2_K:
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ2_K>>(grid, kThreads, stream, a);
+    case GgmlType::kQ3_K:
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ3_K>>(grid, kThreads, stream, a);
+    case GgmlType::kIQ4_NL:
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kIQ4_NL>>(grid, kThreads, stream, a);
+    case GgmlType::kIQ4_XS:
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kIQ4_XS>>(grid, kThreads, stream, a);
+    case GgmlType::kMXFP4:
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kMXFP4>>(grid, kThreads, stream, a);
     case GgmlType::kF32:
       return launch_kernel<grouped_matvec_kernel<GgmlType::kF32>>(grid, kThreads, stream, a);
     case GgmlType::kF16:
@@ -351,6 +374,10 @@ bool layout_ok(const DeviceBlockLayout& layout) {
 
 bool matvec_supports_type(GgmlType type, int32_t cols) { return supported(type, cols); }
 
+bool qkv_supports_type(GgmlType type, int32_t cols) {
+  return supported(type, cols) && type != GgmlType::kMXFP4;
+}
+
 cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
                           const float* bias, float* out, cudaStream_t stream) {
   if (!matrix_ok(w) || !input_ok(w.type, x, xq) || out == nullptr) return cudaErrorInvalidValue;
@@ -402,8 +429,8 @@ cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const Dev
   }
   a.first_block[0] = 0;
   for (int j = 0; j < 3; ++j) {
-    if (!matrix_ok(*w[j]) || w[j]->cols != wq.cols || !input_ok(w[j]->type, x, xq) ||
-        out[j] == nullptr) {
+    if (!matrix_ok(*w[j]) || !qkv_supports_type(w[j]->type, w[j]->cols) ||
+        w[j]->cols != wq.cols || !input_ok(w[j]->type, x, xq) || out[j] == nullptr) {
       return cudaErrorInvalidValue;
     }
     a.job[j] = DenseArgs(*w[j], x, xq);

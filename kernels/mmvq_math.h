@@ -31,16 +31,6 @@
 
 namespace moegraph {
 
-inline constexpr int QK8_1 = 32;
-
-// ggml's block_q8_1: d and s = d * sum(x) as f16 bits (ggml_half2 ds), then the quants.
-struct block_q8_1 {
-  uint16_t d;
-  uint16_t s;
-  int8_t qs[QK8_1];
-};
-static_assert(sizeof(block_q8_1) == 36, "block_q8_1 must match ggml");
-
 // Threads of a row's group: a power of two from 2 to 32.
 inline constexpr int kMaxRowGroup = 32;
 
@@ -72,6 +62,58 @@ MG_HD_INLINE int get_int_b2(const void* x, int i32) {
 
 // Word i32 of x from one 32-bit load (x 4-byte aligned), as get_int_b4.
 MG_HD_INLINE int get_int_b4(const void* x, int i32) { return static_cast<const int*>(x)[i32]; }
+
+// Word i32 of x from four byte loads, as get_int_b1: mxfp4's 17-byte blocks keep
+// no alignment.
+MG_HD_INLINE int get_int_b1(const void* x, int i32) {
+  const uint8_t* x8 = static_cast<const uint8_t*>(x) + 4 * i32;
+  return static_cast<int>(static_cast<uint32_t>(x8[0]) | (static_cast<uint32_t>(x8[1]) << 8) |
+                          (static_cast<uint32_t>(x8[2]) << 16) |
+                          (static_cast<uint32_t>(x8[3]) << 24));
+}
+
+// __byte_perm: result byte n is byte (s >> 4n) & 7 of the eight bytes y:x.
+MG_HD_INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t bytes = static_cast<uint64_t>(y) << 32 | x;
+  uint32_t r = 0;
+  for (int n = 0; n < 4; ++n)
+    r |= static_cast<uint32_t>((bytes >> (8 * ((s >> (4 * n)) & 7))) & 0xff) << (8 * n);
+  return r;
+#endif
+}
+
+// The bytes of a 16-entry table (two words, entries 0-7 and 8-15) at the eight
+// 4-bit indices of q4: even nibbles (low halves of the bytes) into first, odd ones
+// into second, as get_int_from_table_16 does it with __byte_perm.
+struct IntPair {
+  int first, second;
+};
+MG_HD_INLINE IntPair int_from_table_16(int q4, uint64_t low, uint64_t high) {
+  const uint32_t q = static_cast<uint32_t>(q4);
+  const uint32_t t0 = static_cast<uint32_t>(low), t1 = static_cast<uint32_t>(low >> 32);
+  const uint32_t t2 = static_cast<uint32_t>(high), t3 = static_cast<uint32_t>(high >> 32);
+  // Index bit 3 picks the high table: selector 4-7 (the second operand) in the last perm.
+  const uint32_t pick = 0x32103210u | ((q & 0x88888888u) >> 1);
+  uint32_t tmp[2];
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t shift = 16 * i;
+    const uint32_t lo = byte_perm(t0, t1, q >> shift);
+    const uint32_t hi = byte_perm(t2, t3, q >> shift);
+    tmp[i] = byte_perm(lo, hi, pick >> shift);
+  }
+  return {static_cast<int>(byte_perm(tmp[0], tmp[1], 0x6420)),
+          static_cast<int>(byte_perm(tmp[0], tmp[1], 0x7531))};
+}
+
+// An f16 product rounded to f16, as __hmul2 (ggml's FAST_FP16_AVAILABLE path,
+// taken on the sm_90 this project builds for): the f32 product of two halves is
+// exact, so one rounding.
+MG_HD_INLINE float f16_product(uint16_t a, uint16_t b) {
+  return f16_to_f32(f32_to_f16(f16_to_f32(a) * f16_to_f32(b)));
+}
 
 // ---- activations: q8_1 ----
 
@@ -127,6 +169,22 @@ MG_HD constexpr MmvqTraits mmvq_traits(GgmlType type) {
     case GgmlType::kQ4_K: return {256, 32, 2};
     case GgmlType::kQ5_K: return {256, 32, 2};
     case GgmlType::kQ6_K: return {256, 32, 1};
+    case GgmlType::kQ4_1:
+      return {32, 4, 2};
+    case GgmlType::kQ5_0:
+      return {32, 4, 2};
+    case GgmlType::kQ5_1:
+      return {32, 4, 2};
+    case GgmlType::kQ2_K:
+      return {256, 16, 1};
+    case GgmlType::kQ3_K:
+      return {256, 16, 1};
+    case GgmlType::kIQ4_NL:
+      return {32, 4, 2};
+    case GgmlType::kIQ4_XS:
+      return {256, 32, 4};
+    case GgmlType::kMXFP4:
+      return {32, 4, 2};
     default: return {};
   }
 }
@@ -244,6 +302,154 @@ MG_HD_INLINE float vec_dot_q6_K_q8_1(const block_q6_K* bx, const block_q8_1* y, 
   return f16_to_f32(bx->d) * sumf;
 }
 
+// q4_1 and q5_1 (vec_dot_q4_1_q8_1_impl, _q5_1_): d d8 sum(q u) + m s, the min's
+// part in halves, one from each of a block's two threads (vdr 2).
+template <typename Block>
+MG_HD_INLINE float with_min_dot(const Block* bx, const block_q8_1* y, int sumi) {
+  return static_cast<float>(sumi) * f16_product(bx->d, y->d) + f16_product(bx->m, y->s) / 2;
+}
+
+// vec_dot_q4_1_q8_1 (vdr 2; 20-byte blocks: 32-bit loads).
+MG_HD_INLINE float vec_dot_q4_1_q8_1(const block_q4_1* bx, const block_q8_1* y, int iqs) {
+  int sumi = 0;
+  for (int i = 0; i < 2; ++i) {
+    const int v = get_int_b4(bx->qs, iqs + i);
+    sumi = dp4a((v >> 0) & 0x0F0F0F0F, get_int_b4(y->qs, iqs + i), sumi);
+    sumi = dp4a((v >> 4) & 0x0F0F0F0F, get_int_b4(y->qs, iqs + i + 4), sumi);
+  }
+  return with_min_dot(bx, y, sumi);
+}
+
+// The integer dot of q5_0 / q5_1 words iqs, iqs + 1 (vdr 2): the nibbles with
+// their fifth bits from qh moved into bit 4 of each byte (vec_dot_q5_0_q8_1_impl's
+// shifts). q5_0's 22-byte blocks take 16-bit loads, q5_1's 24-byte ones 32-bit.
+template <typename Block>
+MG_HD_INLINE int q5_sumi(const Block* bx, const block_q8_1* y, int iqs) {
+  constexpr bool kAligned4 = sizeof(Block) % 4 == 0;
+  int sumi = 0;
+  for (int i = 0; i < 2; ++i) {
+    const int vl = kAligned4 ? get_int_b4(bx->qs, iqs + i) : get_int_b2(bx->qs, iqs + i);
+    const int vh = (kAligned4 ? get_int_b4(bx->qh, 0) : get_int_b2(bx->qh, 0)) >> (4 * (iqs + i));
+    int low = (vl >> 0) & 0x0F0F0F0F;
+    low |= (vh << 4) & 0x00000010;
+    low |= (vh << 11) & 0x00001000;
+    low |= (vh << 18) & 0x00100000;
+    low |= (vh << 25) & 0x10000000;
+    int high = (vl >> 4) & 0x0F0F0F0F;
+    high |= (vh >> 12) & 0x00000010;
+    high |= (vh >> 5) & 0x00001000;
+    high |= (vh << 2) & 0x00100000;
+    high |= (vh << 9) & 0x10000000;
+    sumi = dp4a(low, get_int_b4(y->qs, iqs + i), sumi);
+    sumi = dp4a(high, get_int_b4(y->qs, iqs + i + 4), sumi);
+  }
+  return sumi;
+}
+
+// vec_dot_q5_0_q8_1: "- 16" comes out of the block's sum s.
+MG_HD_INLINE float vec_dot_q5_0_q8_1(const block_q5_0* bx, const block_q8_1* y, int iqs) {
+  const int sumi = q5_sumi(bx, y, iqs);
+  return f16_to_f32(bx->d) * (static_cast<float>(sumi) * f16_to_f32(y->d) -
+                              static_cast<float>(16 * 2 / 4) * f16_to_f32(y->s));
+}
+
+MG_HD_INLINE float vec_dot_q5_1_q8_1(const block_q5_1* bx, const block_q8_1* y, int iqs) {
+  return with_min_dot(bx, y, q5_sumi(bx, y, iqs));
+}
+
+// vec_dot_q2_K_q8_1 with _impl_mmvq (vdr 1, iqs 0..15): word iqs of qs holds
+// 2-bit quants for four q8_1 blocks; ggml's scale bytes scales[so + 2i] are taken
+// from two 32-bit words.
+MG_HD_INLINE float vec_dot_q2_K_q8_1(const block_q2_K* bx, const block_q8_1* y, int iqs) {
+  const int bq8_offset = 4 * (iqs / 8);
+  const int scale_offset = iqs - iqs % 8 + (iqs % 8) / 4;
+  const uint64_t scale_words =
+      static_cast<uint32_t>(get_int_b4(bx->scales, scale_offset / 4)) |
+      static_cast<uint64_t>(static_cast<uint32_t>(get_int_b4(bx->scales, scale_offset / 4 + 1)))
+          << 32;
+  const int v = get_int_b4(bx->qs, iqs);
+  float sumf_d = 0.0f;
+  float sumf_m = 0.0f;
+  for (int i = 0; i < 4; ++i) {
+    const block_q8_1* y8 = y + bq8_offset + i;
+    const int u = get_int_b4(y8->qs, iqs % 8);
+    const float d8 = f16_to_f32(y8->d);
+    const int sc = static_cast<int>((scale_words >> (8 * (scale_offset % 4 + 2 * i))) & 0xff);
+    const int vi = (v >> (2 * i)) & 0x03030303;
+    sumf_d += d8 * static_cast<float>(dp4a(vi, u, 0) * (sc & 0xF));
+    const int m = (sc >> 4) * 0x01010101;
+    sumf_m += d8 * static_cast<float>(dp4a(m, u, 0));
+  }
+  return f16_to_f32(bx->d) * sumf_d - f16_to_f32(bx->dmin) * sumf_m;
+}
+
+// vec_dot_q3_K_q8_1 with _impl_mmvq (vdr 1, iqs 0..15; 110-byte blocks: 16-bit
+// loads). ggml subtracts 4 where the high bit is clear (__vsubss4); the same
+// integer is dp4a(low, u) - dp4a(4 * clear, u).
+MG_HD_INLINE float vec_dot_q3_K_q8_1(const block_q3_K* bx, const block_q8_1* y, int iqs) {
+  const int bq8_offset = 4 * (iqs / 8);
+  const int scale_offset = iqs - iqs % 8 + (iqs % 8) / 4;
+  const int vl = get_int_b2(bx->qs, iqs);
+  const int vh = ~get_int_b2(bx->hmask, iqs % 8) >> bq8_offset;
+  // Scale isc = scale_offset + 2i has its low nibble in byte isc % 8 and its high
+  // bits in byte 8 + isc % 4: with scale_offset in {0, 1, 8, 9}, byte
+  // scale_offset % 2 of 16-bit words i and 4 + i % 2.
+  const uint16_t* scale_words = reinterpret_cast<const uint16_t*>(bx->scales);
+  const int byte_shift = 8 * (scale_offset % 2);
+  float sumf = 0.0f;
+  for (int i = 0; i < 4; ++i) {
+    const block_q8_1* y8 = y + bq8_offset + i;
+    const int u = get_int_b4(y8->qs, iqs % 8);
+    const int isc = scale_offset + 2 * i;
+    const int sc_low = (scale_words[i] >> (byte_shift + 4 * (isc / 8))) & 0xF;
+    const int sc_high = ((scale_words[4 + i % 2] >> (byte_shift + 2 * (isc / 4))) & 3) << 4;
+    const int sc = (sc_low | sc_high) - 32;
+    const int vil = (vl >> (2 * i)) & 0x03030303;
+    const int vih = ((vh >> i) << 2) & 0x04040404;
+    const int dot = dp4a(vil, u, 0) - dp4a(vih, u, 0);
+    sumf += f16_to_f32(y8->d) * static_cast<float>(dot * sc);
+  }
+  return f16_to_f32(bx->d) * sumf;
+}
+
+// vec_dot_iq4_nl_q8_1 (vdr 2; 18-byte blocks: 16-bit loads).
+MG_HD_INLINE float vec_dot_iq4_nl_q8_1(const block_iq4_nl* bx, const block_q8_1* y, int iqs) {
+  int sumi = 0;
+  for (int l = 0; l < 2; ++l) {
+    const IntPair v = int_from_table_16(get_int_b2(bx->qs, iqs + l), kIq4nlLow, kIq4nlHigh);
+    sumi = dp4a(v.first, get_int_b4(y->qs, iqs + l), sumi);
+    sumi = dp4a(v.second, get_int_b4(y->qs, iqs + l + 4), sumi);
+  }
+  return f16_to_f32(bx->d) * f16_to_f32(y->d) * static_cast<float>(sumi);
+}
+
+// vec_dot_iq4_xs_q8_1 (vdr 4, iqs 0, 4, ..., 28: sub-block iqs / 4); the low
+// scale nibbles come from one 32-bit word.
+MG_HD_INLINE float vec_dot_iq4_xs_q8_1(const block_iq4_xs* bx, const block_q8_1* y, int iqs) {
+  const block_q8_1* y8 = y + iqs / 4;
+  int sumi = 0;
+  for (int j = 0; j < 4; ++j) {
+    const IntPair v = int_from_table_16(get_int_b4(bx->qs, iqs + j), kIq4nlLow, kIq4nlHigh);
+    sumi = dp4a(v.first, get_int_b4(y8->qs, j), sumi);
+    sumi = dp4a(v.second, get_int_b4(y8->qs, j + 4), sumi);
+  }
+  const int scales_l = get_int_b4(bx->scales_l, 0) >> (8 * (iqs / 8));
+  const int ls = ((scales_l >> (iqs & 4)) & 0x0F) | (((bx->scales_h >> (iqs / 2)) & 0x03) << 4);
+  sumi *= ls - 32;
+  return f16_to_f32(bx->d) * f16_to_f32(y8->d) * static_cast<float>(sumi);
+}
+
+// vec_dot_mxfp4_q8_1 (vdr 2): 17-byte blocks, so byte loads (get_int_b1), as ggml.
+MG_HD_INLINE float vec_dot_mxfp4_q8_1(const block_mxfp4* bx, const block_q8_1* y, int iqs) {
+  int sumi = 0;
+  for (int l = 0; l < 2; ++l) {
+    const IntPair v = int_from_table_16(get_int_b1(bx->qs, iqs + l), kMxfp4Low, kMxfp4High);
+    sumi = dp4a(v.first, get_int_b4(y->qs, iqs + l), sumi);
+    sumi = dp4a(v.second, get_int_b4(y->qs, iqs + l + 4), sumi);
+  }
+  return e8m0_to_f32_half(bx->e) * f16_to_f32(y->d) * static_cast<float>(sumi);
+}
+
 // The dot of the weight block at `block` (of type) with the q8_1 blocks at y
 // (qk / 32 of them), quant words iqs.. of it.
 template <GgmlType T>
@@ -258,9 +464,25 @@ MG_HD_INLINE float vec_dot_q8_1(const uint8_t* block, const block_q8_1* y, int i
   } else if constexpr (T == GgmlType::kQ5_K) {
     const block_q5_K* b = reinterpret_cast<const block_q5_K*>(block);
     return vec_dot_k4_k5_q8_1<true>(b->scales, b->qs, b->qh, b->d, b->dmin, y, iqs);
-  } else {
-    static_assert(T == GgmlType::kQ6_K, "a type mmvq_traits knows");
+  } else if constexpr (T == GgmlType::kQ6_K) {
     return vec_dot_q6_K_q8_1(reinterpret_cast<const block_q6_K*>(block), y, iqs);
+  } else if constexpr (T == GgmlType::kQ4_1) {
+    return vec_dot_q4_1_q8_1(reinterpret_cast<const block_q4_1*>(block), y, iqs);
+  } else if constexpr (T == GgmlType::kQ5_0) {
+    return vec_dot_q5_0_q8_1(reinterpret_cast<const block_q5_0*>(block), y, iqs);
+  } else if constexpr (T == GgmlType::kQ5_1) {
+    return vec_dot_q5_1_q8_1(reinterpret_cast<const block_q5_1*>(block), y, iqs);
+  } else if constexpr (T == GgmlType::kQ2_K) {
+    return vec_dot_q2_K_q8_1(reinterpret_cast<const block_q2_K*>(block), y, iqs);
+  } else if constexpr (T == GgmlType::kQ3_K) {
+    return vec_dot_q3_K_q8_1(reinterpret_cast<const block_q3_K*>(block), y, iqs);
+  } else if constexpr (T == GgmlType::kIQ4_NL) {
+    return vec_dot_iq4_nl_q8_1(reinterpret_cast<const block_iq4_nl*>(block), y, iqs);
+  } else if constexpr (T == GgmlType::kIQ4_XS) {
+    return vec_dot_iq4_xs_q8_1(reinterpret_cast<const block_iq4_xs*>(block), y, iqs);
+  } else {
+    static_assert(T == GgmlType::kMXFP4, "a type mmvq_traits knows");
+    return vec_dot_mxfp4_q8_1(reinterpret_cast<const block_mxfp4*>(block), y, iqs);
   }
 }
 
@@ -376,6 +598,22 @@ inline float matvec_row_reference(GgmlType type, const uint8_t* row, const float
     case GgmlType::kQ4_K: return matvec_row_reference<GgmlType::kQ4_K>(row, x, y, cols);
     case GgmlType::kQ5_K: return matvec_row_reference<GgmlType::kQ5_K>(row, x, y, cols);
     case GgmlType::kQ6_K: return matvec_row_reference<GgmlType::kQ6_K>(row, x, y, cols);
+    case GgmlType::kQ4_1:
+      return matvec_row_reference<GgmlType::kQ4_1>(row, x, y, cols);
+    case GgmlType::kQ5_0:
+      return matvec_row_reference<GgmlType::kQ5_0>(row, x, y, cols);
+    case GgmlType::kQ5_1:
+      return matvec_row_reference<GgmlType::kQ5_1>(row, x, y, cols);
+    case GgmlType::kQ2_K:
+      return matvec_row_reference<GgmlType::kQ2_K>(row, x, y, cols);
+    case GgmlType::kQ3_K:
+      return matvec_row_reference<GgmlType::kQ3_K>(row, x, y, cols);
+    case GgmlType::kIQ4_NL:
+      return matvec_row_reference<GgmlType::kIQ4_NL>(row, x, y, cols);
+    case GgmlType::kIQ4_XS:
+      return matvec_row_reference<GgmlType::kIQ4_XS>(row, x, y, cols);
+    case GgmlType::kMXFP4:
+      return matvec_row_reference<GgmlType::kMXFP4>(row, x, y, cols);
     case GgmlType::kF32: return matvec_row_reference<GgmlType::kF32>(row, x, y, cols);
     case GgmlType::kF16: return matvec_row_reference<GgmlType::kF16>(row, x, y, cols);
     case GgmlType::kBF16: return matvec_row_reference<GgmlType::kBF16>(row, x, y, cols);

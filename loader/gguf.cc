@@ -32,6 +32,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "loader/gguf_split.h"
 #include "loader/status_util.h"
 
 namespace moegraph {
@@ -370,6 +371,12 @@ std::string GgufTensor::shape_string() const {
 }
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, Map(path));
+  MG_RETURN_IF_ERROR(file->OpenShards());
+  return file;
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Map(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
@@ -575,8 +582,15 @@ absl::Status GgufFile::KeyError(const GgufKV& kv, std::string_view what) const {
 }
 
 absl::Status GgufFile::TensorError(const GgufTensor& t, std::string_view what) const {
-  return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", Printable(t.name),
-                                                 "' at byte ", t.info_offset, ": ", Av(what)));
+  return absl::InvalidArgumentError(absl::StrCat(shard(t.shard).path_, ": tensor '",
+                                                 Printable(t.name), "' at byte ", t.info_offset,
+                                                 ": ", Av(what)));
+}
+
+uint64_t GgufFile::total_size() const {
+  uint64_t bytes = size_;
+  for (const std::unique_ptr<GgufFile>& s : shards_) bytes += s->size_;
+  return bytes;
 }
 
 namespace {
@@ -598,7 +612,92 @@ T ArrayElement(const GgufKV& kv, uint64_t i) {
   return v;
 }
 
+// A split.* value, of the type llama.cpp reads it as (llama_model_loader's get_key
+// refuses any other): split.no and split.count u16, split.tensors.count i32.
+absl::StatusOr<int64_t> SplitValue(const GgufFile& file, std::string_view key, GgufType type) {
+  const GgufKV* kv = file.FindKey(key);
+  if (kv == nullptr) return MissingKey(file.path(), key);
+  if (kv->type != type) {
+    return file.KeyError(*kv, absl::StrCat("is ", TypeDescription(*kv), ", expected ",
+                                           Av(gguf_type_name(type)), " (as llama.cpp reads it)"));
+  }
+  return type == GgufType::kInt32 ? kv->i64 : static_cast<int64_t>(kv->u64);
+}
+
 }  // namespace
+
+// As llama_model_loader's constructor (src/llama-model-loader.cpp): a file without
+// split.count, or with 0 or 1 (gguf-split --merge writes 0), is the whole model.
+// Otherwise it must be shard 1 (split.no 0; a later shard is refused, not followed
+// back), the others are named as llama_get_list_splits names them (llama_split_prefix,
+// llama_split_path), each must carry its own split.no, a tensor name may be in one shard
+// only, and split.tensors.count must equal the tensors found. Beyond llama.cpp, each
+// shard's split.count must equal shard 1's: gguf-split writes it in every shard.
+absl::Status GgufFile::OpenShards() {
+  if (FindKey(kSplitCountKey) == nullptr) return absl::OkStatus();
+  MG_ASSIGN_OR_RETURN(const int64_t count, SplitValue(*this, kSplitCountKey, GgufType::kUint16));
+  if (count <= 1) return absl::OkStatus();
+  MG_ASSIGN_OR_RETURN(const int64_t no, SplitValue(*this, kSplitNoKey, GgufType::kUint16));
+  const int n = static_cast<int>(count);
+  if (no != 0) {
+    std::string first;
+    if (std::optional<std::string> prefix = SplitPrefix(path_, static_cast<int>(no), n)) {
+      first = absl::StrCat(" (", SplitPath(*prefix, 0, n), ")");
+    }
+    return KeyError(*FindKey(kSplitNoKey),
+                    absl::StrCat("this is shard ", no + 1, " of ", n,
+                                 "; a split model is opened from its first shard", first));
+  }
+  const std::optional<std::string> prefix = SplitPrefix(path_, 0, n);
+  if (!prefix.has_value()) {
+    const std::string suffix = SplitPath("", 0, n);
+    return KeyError(
+        *FindKey(kSplitCountKey),
+        absl::StrCat("the model is split in ", n, " shards, but the name does not end in ", suffix,
+                     ", so the others cannot be found"));
+  }
+  for (int i = 1; i < n; ++i) {
+    const std::string shard_path = SplitPath(*prefix, i, n);
+    absl::StatusOr<std::unique_ptr<GgufFile>> opened = Map(shard_path);
+    if (!opened.ok()) {
+      return absl::Status(opened.status().code(), absl::StrCat(path_, ": shard ", i + 1, " of ", n,
+                                                               ": ", opened.status().message()));
+    }
+    const GgufFile& other = **opened;
+    const std::string of_this = absl::StrCat(" (shard ", i + 1, " of the ", n, " of ", path_, ")");
+    MG_ASSIGN_OR_RETURN(const int64_t other_no, SplitValue(other, kSplitNoKey, GgufType::kUint16));
+    if (other_no != i) {
+      return other.KeyError(*other.FindKey(kSplitNoKey),
+                            absl::StrCat("is ", other_no, ", expected ", i, of_this));
+    }
+    MG_ASSIGN_OR_RETURN(const int64_t other_count,
+                        SplitValue(other, kSplitCountKey, GgufType::kUint16));
+    if (other_count != count) {
+      return other.KeyError(*other.FindKey(kSplitCountKey),
+                            absl::StrCat("is ", other_count, ", expected ", n, of_this));
+    }
+    for (const GgufTensor& t : other.tensors_) {
+      const std::string_view name = other.tensor_index_.find(t.name)->first;
+      if (auto [it, inserted] = tensor_index_.emplace(name, tensors_.size()); !inserted) {
+        const GgufTensor& first = tensors_[it->second];
+        return other.TensorError(
+            t, absl::StrCat("duplicate tensor name (also in ", shard(first.shard).path_,
+                            " at byte ", first.info_offset, ")"));
+      }
+      tensors_.push_back(t);
+      tensors_.back().shard = i;
+    }
+    shards_.push_back(std::move(*opened));
+  }
+  MG_ASSIGN_OR_RETURN(const int64_t n_tensors,
+                      SplitValue(*this, kSplitTensorsCountKey, GgufType::kInt32));
+  if (n_tensors < 0 || static_cast<uint64_t>(n_tensors) != tensors_.size()) {
+    return KeyError(*FindKey(kSplitTensorsCountKey),
+                    absl::StrCat("is ", n_tensors, ", but the ", n, " shards hold ",
+                                 tensors_.size(), " tensors"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<uint64_t> GgufFile::GetUint(std::string_view key) const {
   const GgufKV* kv = FindKey(key);

@@ -1,9 +1,11 @@
-// GGUF reader: a validated, read-only view of a mapped GGUF v2/v3 file.
+// GGUF reader: a validated, read-only view of a mapped GGUF v2/v3 file, or of
+// every shard of a split model (llama.cpp's gguf-split: loader/gguf_split.h).
 //
 // Open() checks everything before it returns (header, every key and value,
-// every tensor info, alignment, data bounds), so callers never see a malformed
-// file. Errors are absl::Status values whose message names the file, the field
-// (key or tensor name) and the byte offset where the problem was found.
+// every tensor info, alignment, data bounds, and for a split model the shard
+// set), so callers never see a malformed file. Errors are absl::Status values
+// whose message names the file, the field (key or tensor name) and the byte
+// offset where the problem was found.
 #pragma once
 
 #include <cstdint>
@@ -73,7 +75,8 @@ struct GgufTensor {
   uint64_t offset = 0;       // relative to the start of the data section
   uint64_t info_offset = 0;  // file offset of this tensor's info record
   uint64_t nbytes = 0;
-  const uint8_t* data = nullptr;  // inside the mapping
+  const uint8_t* data = nullptr;  // inside the mapping of the file holding it
+  int shard = 0;                  // that file: GgufFile::shard(shard)
 
   GgmlType ggml_type() const { return static_cast<GgmlType>(type); }
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
@@ -82,20 +85,30 @@ struct GgufTensor {
 
 class GgufFile {
  public:
-  // Maps and validates the file at path.
+  // Maps and validates the file at path. When its split.count is above 1 it must
+  // be shard 1 of a split model (PREFIX-00001-of-0000N.gguf); every shard is then
+  // mapped and validated, and tensors() holds all of theirs, kvs() shard 1's.
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
-  // Validates a copy of bytes; name stands for the file in messages.
+  // Validates a copy of bytes; name stands for the file in messages. One file:
+  // its split keys are not followed.
   static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string name,
                                                              absl::Span<const uint8_t> bytes);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
 
+  // Of this file (shard 1 of a split model).
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   uint64_t file_size() const { return size_; }
+  // Bytes mapped for the model: every shard's file_size().
+  uint64_t total_size() const;
+
+  // The files of a split model, shard(0) being this one; a single file is one shard.
+  int shard_count() const { return 1 + static_cast<int>(shards_.size()); }
+  const GgufFile& shard(int i) const { return i == 0 ? *this : *shards_[i - 1]; }
 
   const std::vector<GgufKV>& kvs() const { return kvs_; }
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
@@ -115,13 +128,18 @@ class GgufFile {
   absl::StatusOr<std::vector<int64_t>> GetIntArray(std::string_view key) const;
   absl::StatusOr<std::vector<double>> GetFloatArray(std::string_view key) const;
 
-  // "FILE: key 'K' at byte N: what" / "FILE: tensor 'T' at byte N: what".
+  // "FILE: key 'K' at byte N: what" / "FILE: tensor 'T' at byte N: what", FILE being
+  // the shard holding the tensor.
   absl::Status KeyError(const GgufKV& kv, std::string_view what) const;
   absl::Status TensorError(const GgufTensor& t, std::string_view what) const;
 
  private:
   GgufFile() = default;
+  // Maps and validates one file.
+  static absl::StatusOr<std::unique_ptr<GgufFile>> Map(const std::string& path);
   absl::Status Parse();
+  // When split.count > 1: maps shards 2.. into shards_ and their tensors into tensors_.
+  absl::Status OpenShards();
 
   std::string path_;
   const uint8_t* base_ = nullptr;
@@ -133,7 +151,8 @@ class GgufFile {
   uint64_t data_offset_ = 0;
   std::vector<GgufKV> kvs_;
   std::vector<GgufTensor> tensors_;
-  // Name -> index; the views point into the file bytes, which outlive the maps.
+  std::vector<std::unique_ptr<GgufFile>> shards_;  // shards 2.. of a split model
+  // Name -> index; the views point into the files' bytes, which outlive the maps.
   std::unordered_map<std::string_view, size_t> key_index_;
   std::unordered_map<std::string_view, size_t> tensor_index_;
 };

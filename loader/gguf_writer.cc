@@ -154,6 +154,43 @@ void GgufWriter::SetArray(const std::string& key, GgufType element_type, const v
   Set(key, EncodeArray(element_type, data, n, element_bytes));
 }
 
+void GgufWriter::SetValue(const GgufKV& kv) {
+  switch (kv.type) {
+    case GgufType::kUint8:
+      return SetUint8(kv.key, static_cast<uint8_t>(kv.u64));
+    case GgufType::kInt8:
+      return SetInt8(kv.key, static_cast<int8_t>(kv.i64));
+    case GgufType::kUint16:
+      return SetUint16(kv.key, static_cast<uint16_t>(kv.u64));
+    case GgufType::kInt16:
+      return SetInt16(kv.key, static_cast<int16_t>(kv.i64));
+    case GgufType::kUint32:
+      return SetUint32(kv.key, static_cast<uint32_t>(kv.u64));
+    case GgufType::kInt32:
+      return SetInt32(kv.key, static_cast<int32_t>(kv.i64));
+    case GgufType::kUint64:
+      return SetUint64(kv.key, kv.u64);
+    case GgufType::kInt64:
+      return SetInt64(kv.key, kv.i64);
+    case GgufType::kFloat32:
+      return SetFloat32(kv.key, static_cast<float>(kv.f64));
+    case GgufType::kFloat64:
+      return SetFloat64(kv.key, kv.f64);
+    case GgufType::kBool:
+      return SetBool(kv.key, kv.u64 != 0);
+    case GgufType::kString:
+      return SetString(kv.key, std::string(kv.str));
+    case GgufType::kArray:
+      if (kv.array_type == GgufType::kString) {
+        return SetStringArray(
+            kv.key, std::vector<std::string>(kv.array_strings.begin(), kv.array_strings.end()));
+      }
+      return SetArray(kv.key, kv.array_type, kv.array_data, kv.array_n);
+  }
+  Fail(absl::StrCat("SetValue: key '", kv.key, "' has unknown type ",
+                    static_cast<uint32_t>(kv.type)));
+}
+
 void GgufWriter::CheckNewTensor(const std::string& name, GgmlType type,
                                 const std::vector<int64_t>& shape, uint64_t* nbytes) const {
   if (name.empty() || name.size() > kMaxTensorNameBytes) {

@@ -40,6 +40,8 @@ class GgufWriter {
   // An array of n numeric or bool elements of element_type, little-endian in
   // data (n * element size bytes). String and array elements are programming errors.
   void SetArray(const std::string& key, GgufType element_type, const void* data, size_t n);
+  // kv's key and value, whatever its type, as llama.cpp's gguf_set_kv copies one.
+  void SetValue(const GgufKV& kv);
 
   // shape in ggml order (shape[0] is the row length). Bytes must equal the
   // type's size for that shape; a mismatch is a programming error (CHECK).

@@ -25,6 +25,16 @@ struct block_q8_0 {
 };
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 must match ggml");
 
+// ggml's block_q8_1: q8_0 with s = d * sum(qs), the activations of the weight
+// types with a min (CPU) and of every quant type (CUDA, ggml-cuda's mmvq).
+inline constexpr int QK8_1 = 32;
+struct block_q8_1 {
+  uint16_t d;        // scale, f16
+  uint16_t s;        // d * the sum of the quants, f16
+  int8_t qs[QK8_1];  // quants
+};
+static_assert(sizeof(block_q8_1) == 36, "block_q8_1 must match ggml");
+
 struct block_q4_0 {
   uint16_t d;            // scale, f16
   uint8_t qs[QK4_0 / 2]; // nibbles: element j low, element j + 16 high
@@ -208,18 +218,20 @@ MG_HD inline float mul_unfused(float a, float b) {
 #endif
 }
 
-// ggml-common.h's kvalues_iq4nl and kvalues_mxfp4 (E2M1 values, doubled), one
-// byte per entry in two words: registers on the device, no table in memory.
+// ggml-common.h's kvalues_iq4nl and kvalues_mxfp4 (E2M1 values, doubled) as
+// little-endian bytes of two words each (entries 0-7, 8-15): immediates on the
+// device, no table in memory.
+// -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
+inline constexpr uint64_t kIq4nlLow = 0xf6eaddcfbfad9881ull, kIq4nlHigh = 0x7159453526190d01ull;
+// 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
+inline constexpr uint64_t kMxfp4Low = 0x0c08060403020100ull, kMxfp4High = 0xf4f8fafcfdfeff00ull;
+
 MG_HD inline int kvalue_iq4nl(int i) {
-  // -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
-  constexpr uint64_t kLow = 0xf6eaddcfbfad9881ull, kHigh = 0x7159453526190d01ull;
-  return static_cast<int8_t>((i < 8 ? kLow : kHigh) >> (8 * (i & 7)));
+  return static_cast<int8_t>((i < 8 ? kIq4nlLow : kIq4nlHigh) >> (8 * (i & 7)));
 }
 
 MG_HD inline int kvalue_mxfp4(int i) {
-  // 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
-  constexpr uint64_t kLow = 0x0c08060403020100ull, kHigh = 0xf4f8fafcfdfeff00ull;
-  return static_cast<int8_t>((i < 8 ? kLow : kHigh) >> (8 * (i & 7)));
+  return static_cast<int8_t>((i < 8 ? kMxfp4Low : kMxfp4High) >> (8 * (i & 7)));
 }
 
 // ggml-impl.h's ggml_e8m0_to_fp32_half: 2^(e - 128), the MXFP4 block scale halved

@@ -26,8 +26,9 @@ using testing_util::IdsAfter;
 using testing_util::ProcessResult;
 using testing_util::RunProcess;
 
-const std::vector<std::string> kCommands = {"inspect", "make-fixture", "run",   "chat",    "serve",
-                                            "bench",   "tokenize",     "trace", "simulate"};
+const std::vector<std::string> kCommands = {"inspect",  "make-fixture", "run",      "chat",
+                                            "serve",    "bench",        "tokenize", "trace",
+                                            "simulate", "gguf-split"};
 
 // The names of the flags tools/cli/*.cc define with ABSL_FLAG.
 std::set<std::string> DefinedFlags() {

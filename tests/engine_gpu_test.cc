@@ -225,13 +225,16 @@ TEST_P(EngineOracleTest, LogitsMatchTheOracleAndF32TokensAreEqual) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, EngineOracleTest,
-    ::testing::Values(OracleCase{Arch::kQwen3Moe, GgmlType::kF32},
-                      OracleCase{Arch::kQwen3Moe, GgmlType::kQ4_K},
-                      OracleCase{Arch::kOlmoe, GgmlType::kQ8_0},
-                      OracleCase{Arch::kQwen2Moe, GgmlType::kF32},
-                      OracleCase{Arch::kQwen2Moe, GgmlType::kQ6_K},
-                      OracleCase{Arch::kMixtral, GgmlType::kQ5_K, /*legacy=*/true},
-                      OracleCase{Arch::kMixtral, GgmlType::kF16}),
+    ::testing::Values(
+        OracleCase{Arch::kQwen3Moe, GgmlType::kF32}, OracleCase{Arch::kQwen3Moe, GgmlType::kQ4_K},
+        OracleCase{Arch::kOlmoe, GgmlType::kQ8_0}, OracleCase{Arch::kQwen2Moe, GgmlType::kF32},
+        OracleCase{Arch::kQwen2Moe, GgmlType::kQ6_K},
+        OracleCase{Arch::kMixtral, GgmlType::kQ5_K, /*legacy=*/true},
+        OracleCase{Arch::kMixtral, GgmlType::kF16}, OracleCase{Arch::kQwen3Moe, GgmlType::kMXFP4},
+        OracleCase{Arch::kQwen3Moe, GgmlType::kIQ4_XS}, OracleCase{Arch::kOlmoe, GgmlType::kQ4_1},
+        OracleCase{Arch::kOlmoe, GgmlType::kIQ4_NL}, OracleCase{Arch::kQwen2Moe, GgmlType::kQ2_K},
+        OracleCase{Arch::kQwen2Moe, GgmlType::kQ5_1}, OracleCase{Arch::kMixtral, GgmlType::kQ3_K},
+        OracleCase{Arch::kMixtral, GgmlType::kQ5_0, /*legacy=*/true}),
     [](const ::testing::TestParamInfo<OracleCase>& info) {
       return absl::StrFormat("%s_%s%s", arch_gguf_name(info.param.arch),
                              ggml_type_name(static_cast<uint32_t>(info.param.expert_type)),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,8 +23,10 @@
 namespace moegraph {
 namespace {
 
-const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
-                           GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,    GgmlType::kBF16,   GgmlType::kQ8_0,
+                           GgmlType::kQ4_0, GgmlType::kQ4_K,   GgmlType::kQ5_K,   GgmlType::kQ6_K,
+                           GgmlType::kQ4_1, GgmlType::kQ5_0,   GgmlType::kQ5_1,   GgmlType::kQ2_K,
+                           GgmlType::kQ3_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kMXFP4};
 
 std::vector<float> Gaussian(std::mt19937& rng, size_t n, float sd = 1.0f) {
   std::normal_distribution<float> dist(0.0f, sd);
@@ -68,6 +71,29 @@ TEST(MmvqMathTest, Dp4aMultipliesSignedBytes) {
   EXPECT_EQ(dp4a(0x01010101, static_cast<int>(0x80808080u), 0), -512);
 }
 
+// The table lookup of iq4_nl, iq4_xs and mxfp4 (ggml's __byte_perm sequence)
+// against a plain lookup of each nibble.
+TEST(MmvqMathTest, TableLookupPicksTheEntryOfEveryNibble) {
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x7531u), 0x77553311u);
+  EXPECT_EQ(byte_perm(0x33221100u, 0x77665544u, 0x8888u), 0x00000000u);  // bit 3 ignored
+  std::mt19937 rng(10);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int q4 = static_cast<int>(rng());
+    for (bool mxfp4 : {false, true}) {
+      const IntPair v = mxfp4 ? int_from_table_16(q4, kMxfp4Low, kMxfp4High)
+                              : int_from_table_16(q4, kIq4nlLow, kIq4nlHigh);
+      for (int byte = 0; byte < 4; ++byte) {
+        const int low = (static_cast<uint32_t>(q4) >> (8 * byte)) & 0xf;
+        const int high = (static_cast<uint32_t>(q4) >> (8 * byte + 4)) & 0xf;
+        const int want_low = mxfp4 ? kvalue_mxfp4(low) : kvalue_iq4nl(low);
+        const int want_high = mxfp4 ? kvalue_mxfp4(high) : kvalue_iq4nl(high);
+        ASSERT_EQ(static_cast<int8_t>(v.first >> (8 * byte)), want_low) << std::hex << q4;
+        ASSERT_EQ(static_cast<int8_t>(v.second >> (8 * byte)), want_high) << std::hex << q4;
+      }
+    }
+  }
+}
+
 TEST(MmvqMathTest, Q8_1BlocksHoldRoundedQuantsTheScaleAndTheSum) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 100; ++trial) {
@@ -110,18 +136,27 @@ TEST(MmvqMathTest, QuantDotsEqualDequantizedWeightsTimesTheQ8_1Values) {
       const Q8_1Vector q = QuantizeQ8_1(x);
       double expected, magnitude;
       ReferenceDot(type, row.data(), q.values.data(), n, &expected, &magnitude);
-      if (type == GgmlType::kQ4_0) {
-        // vec_dot_q4_0_q8_1 takes "- 8" out of the block's f16 sum s of x, not
-        // of the q8_1 values: the same difference here.
-        const block_q4_0* w4 = reinterpret_cast<const block_q4_0*>(row.data());
+      // vec_dot_q4_0_q8_1 and q5_0's take "- 8" ("- 16") out of the block's f16
+      // sum s of x, not of the q8_1 values; q4_1 and q5_1 add min * s: the same
+      // differences here. q4_1 and q5_1 also round d * d8 and m * s to f16
+      // (__hmul2): a relative 2^-11 of each block's part.
+      const bool offset = type == GgmlType::kQ4_0 || type == GgmlType::kQ5_0;
+      const bool with_min = type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1;
+      if (offset || with_min) {
+        const size_t block_bytes = quant_block_bytes(type);
         for (size_t b = 0; b < q.blocks.size(); ++b) {
           double values = 0.0;
           for (int i = 0; i < QK8_1; ++i) values += q.values[b * QK8_1 + i];
-          expected += 8.0 * f16_to_f32(w4[b].d) * (values - f16_to_f32(q.blocks[b].s));
+          const double s = f16_to_f32(q.blocks[b].s);
+          uint16_t d_or_m;  // d at offset 0 (q4_0, q5_0), the min at 2 (q4_1, q5_1)
+          std::memcpy(&d_or_m, row.data() + b * block_bytes + (with_min ? 2 : 0), sizeof(d_or_m));
+          const double v = f16_to_f32(d_or_m);
+          expected +=
+              offset ? (type == GgmlType::kQ4_0 ? 8.0 : 16.0) * v * (values - s) : v * (s - values);
         }
       }
       const float got = matvec_row_reference(type, row.data(), nullptr, q.blocks.data(), n);
-      EXPECT_NEAR(got, expected, 1e-5 * magnitude) << "n=" << n;
+      EXPECT_NEAR(got, expected, (with_min ? 1e-3 : 1e-5) * magnitude) << "n=" << n;
       double f32_dot, f32_magnitude;
       ReferenceDot(type, row.data(), x.data(), n, &f32_dot, &f32_magnitude);
       EXPECT_NEAR(got, f32_dot, 2e-2 * f32_magnitude) << "n=" << n;
@@ -173,7 +208,10 @@ TEST(MmvqMathTest, TheGroupedMatvecTakesWholeBlocksOfItsTypes) {
   EXPECT_TRUE(grouped_matvec_supports(GgmlType::kQ4_K, 512));
   EXPECT_FALSE(grouped_matvec_supports(GgmlType::kQ4_K, 288));
   EXPECT_FALSE(grouped_matvec_supports(GgmlType::kQ8_0, 48));
-  EXPECT_FALSE(grouped_matvec_supports(GgmlType::kQ2_K, 256));
+  EXPECT_TRUE(grouped_matvec_supports(GgmlType::kQ2_K, 256));
+  EXPECT_TRUE(grouped_matvec_supports(GgmlType::kMXFP4, 64));
+  EXPECT_FALSE(grouped_matvec_supports(GgmlType::kMXFP4, 48));
+  EXPECT_FALSE(grouped_matvec_supports(GgmlType::kIQ2_XXS, 256));
   EXPECT_FALSE(grouped_matvec_supports(GgmlType::kF16, 0));
 }
 

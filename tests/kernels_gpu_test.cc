@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,8 +30,10 @@
 namespace moegraph {
 namespace {
 
-const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
-                           GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,    GgmlType::kBF16,   GgmlType::kQ8_0,
+                           GgmlType::kQ4_0, GgmlType::kQ4_K,   GgmlType::kQ5_K,   GgmlType::kQ6_K,
+                           GgmlType::kQ4_1, GgmlType::kQ5_0,   GgmlType::kQ5_1,   GgmlType::kQ2_K,
+                           GgmlType::kQ3_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kMXFP4};
 
 std::string TypeName(GgmlType type) { return ggml_type_name(static_cast<uint32_t>(type)); }
 
@@ -342,44 +345,62 @@ TEST_F(KernelsGpuTest, MatvecResidualAddsIntoTheResidualThenRunsTheNorm) {
   }
 }
 
-// q, k and v of different types in one launch equal three launches of each.
+// q, k and v of different types in one launch equal three launches of each,
+// for every type the launch takes; mxfp4 it refuses.
 TEST_F(KernelsGpuTest, QkvIsThreeMatvecsInOneLaunch) {
   std::mt19937 rng(33);
   const int32_t cols = 512;
-  const GgmlType types[3] = {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ6_K};
   const int32_t rows[3] = {512, 128, 128};
-  std::vector<std::vector<uint8_t>> w;
-  std::vector<std::vector<float>> bias;
-  for (int j = 0; j < 3; ++j) {
-    w.push_back(RandomMatrix(rng, types[j], rows[j], cols));
-    bias.push_back(Gaussian(rng, rows[j]));
-  }
-  const std::vector<float> x = Gaussian(rng, cols);
-  DeviceArray<uint8_t> d_wq(w[0]), d_wk(w[1]), d_wv(w[2]);
-  DeviceArray<float> d_bq(bias[0]), d_bk(bias[1]), d_bv(bias[2]);
-  DeviceArray<float> d_x(x), d_q(rows[0]), d_k(rows[1]), d_v(rows[2]);
-  DeviceArray<block_q8_1> d_xq(Q8_1(x));
-  const DeviceMatrix wq = DeviceView(d_wq.get(), types[0], rows[0], cols);
-  const DeviceMatrix wk = DeviceView(d_wk.get(), types[1], rows[1], cols);
-  const DeviceMatrix wv = DeviceView(d_wv.get(), types[2], rows[2], cols);
-  ASSERT_EQ(launch_qkv(wq, wk, wv, d_x.get(), d_xq.get(), d_bq.get(), d_bk.get(), d_bv.get(),
-                       d_q.get(), d_k.get(), d_v.get(), nullptr, nullptr, stream_),
-            cudaSuccess);
-  Sync();
-  const std::vector<float> fused[3] = {d_q.Download(), d_k.Download(), d_v.Download()};
-  const DeviceMatrix* views[3] = {&wq, &wk, &wv};
-  const float* biases[3] = {d_bq.get(), d_bk.get(), d_bv.get()};
-  for (int j = 0; j < 3; ++j) {
-    DeviceArray<float> d_out(rows[j]);
-    ASSERT_EQ(launch_matvec(*views[j], d_x.get(), d_xq.get(), biases[j], d_out.get(), stream_),
+  using Types = std::array<GgmlType, 3>;
+  for (const Types& types : {Types{GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ6_K},
+                             Types{GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1},
+                             Types{GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kIQ4_NL},
+                             Types{GgmlType::kIQ4_XS, GgmlType::kF16, GgmlType::kQ4_0},
+                             Types{GgmlType::kQ5_K, GgmlType::kBF16, GgmlType::kF32}}) {
+    SCOPED_TRACE(TypeName(types[0]) + " " + TypeName(types[1]) + " " + TypeName(types[2]));
+    std::vector<std::vector<uint8_t>> w;
+    std::vector<std::vector<float>> bias;
+    for (int j = 0; j < 3; ++j) {
+      w.push_back(RandomMatrix(rng, types[j], rows[j], cols));
+      bias.push_back(Gaussian(rng, rows[j]));
+    }
+    const std::vector<float> x = Gaussian(rng, cols);
+    DeviceArray<uint8_t> d_wq(w[0]), d_wk(w[1]), d_wv(w[2]);
+    DeviceArray<float> d_bq(bias[0]), d_bk(bias[1]), d_bv(bias[2]);
+    DeviceArray<float> d_x(x), d_q(rows[0]), d_k(rows[1]), d_v(rows[2]);
+    DeviceArray<block_q8_1> d_xq(Q8_1(x));
+    const DeviceMatrix wq = DeviceView(d_wq.get(), types[0], rows[0], cols);
+    const DeviceMatrix wk = DeviceView(d_wk.get(), types[1], rows[1], cols);
+    const DeviceMatrix wv = DeviceView(d_wv.get(), types[2], rows[2], cols);
+    ASSERT_EQ(launch_qkv(wq, wk, wv, d_x.get(), d_xq.get(), d_bq.get(), d_bk.get(), d_bv.get(),
+                         d_q.get(), d_k.get(), d_v.get(), nullptr, nullptr, stream_),
               cudaSuccess);
     Sync();
-    EXPECT_EQ(fused[j], d_out.Download()) << "matrix " << j;
+    const std::vector<float> fused[3] = {d_q.Download(), d_k.Download(), d_v.Download()};
+    const DeviceMatrix* views[3] = {&wq, &wk, &wv};
+    const float* biases[3] = {d_bq.get(), d_bk.get(), d_bv.get()};
+    for (int j = 0; j < 3; ++j) {
+      DeviceArray<float> d_out(rows[j]);
+      ASSERT_EQ(launch_matvec(*views[j], d_x.get(), d_xq.get(), biases[j], d_out.get(), stream_),
+                cudaSuccess);
+      Sync();
+      EXPECT_EQ(fused[j], d_out.Download()) << "matrix " << j;
+    }
+    // A matrix of other columns than q's.
+    const DeviceMatrix narrow = DeviceView(d_wk.get(), types[1], rows[1] * 2, cols / 2);
+    EXPECT_EQ(launch_qkv(wq, narrow, wv, d_x.get(), d_xq.get(), nullptr, nullptr, nullptr,
+                         d_q.get(), d_k.get(), d_v.get(), nullptr, nullptr, stream_),
+              cudaErrorInvalidValue);
   }
-  // A matrix of other columns than q's.
-  const DeviceMatrix narrow = DeviceView(d_wk.get(), types[1], rows[1] * 2, cols / 2);
-  EXPECT_EQ(launch_qkv(wq, narrow, wv, d_x.get(), d_xq.get(), nullptr, nullptr, nullptr, d_q.get(),
-                       d_k.get(), d_v.get(), nullptr, nullptr, stream_),
+  const std::vector<uint8_t> w4 = RandomMatrix(rng, GgmlType::kMXFP4, 128, cols);
+  DeviceArray<uint8_t> d_w4(w4);
+  DeviceArray<float> d_x(Gaussian(rng, cols)), d_out(512);
+  DeviceArray<block_q8_1> d_xq(cols / QK8_1);
+  const DeviceMatrix mxfp4 = DeviceView(d_w4.get(), GgmlType::kMXFP4, 128, cols);
+  EXPECT_TRUE(matvec_supports_type(GgmlType::kMXFP4, cols));
+  EXPECT_FALSE(qkv_supports_type(GgmlType::kMXFP4, cols));
+  EXPECT_EQ(launch_qkv(mxfp4, mxfp4, mxfp4, d_x.get(), d_xq.get(), nullptr, nullptr, nullptr,
+                       d_out.get(), d_out.get(), d_out.get(), nullptr, nullptr, stream_),
             cudaErrorInvalidValue);
 }
 
@@ -1383,8 +1404,8 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   DeviceArray<float> d_x(512);
   DeviceArray<int32_t> d_i(8);
   DeviceArray<block_q8_1> d_q(16);
-  const DeviceMatrix q2k{d_x.get(), GgmlType::kQ2_K, 256, 1, 84};
-  EXPECT_EQ(launch_matvec(q2k, d_x.get(), d_q.get(), nullptr, d_x.get(), stream_),
+  const DeviceMatrix iq2{d_x.get(), GgmlType::kIQ2_XXS, 256, 1, 66};
+  EXPECT_EQ(launch_matvec(iq2, d_x.get(), d_q.get(), nullptr, d_x.get(), stream_),
             cudaErrorInvalidValue);
   // A quant type without its q8_1 input, an element type without its f32 one.
   const DeviceMatrix q8{d_x.get(), GgmlType::kQ8_0, 64, 2, 68};

@@ -75,8 +75,15 @@ std::string FormatInspect(const GgufFile& file) {
   std::string out;
   absl::StrAppend(&out, "file:          ", file.path(), "\n");
   absl::StrAppend(&out, "GGUF version:  ", file.version(), "\n");
-  absl::StrAppend(&out, absl::StrFormat("size:          %d bytes (%.2f MiB)\n", file.file_size(),
-                                        file.file_size() / kMiB));
+  absl::StrAppend(&out, absl::StrFormat("size:          %d bytes (%.2f MiB)\n", file.total_size(),
+                                        file.total_size() / kMiB));
+  if (file.shard_count() > 1) {
+    absl::StrAppend(&out, "shards:        ", file.shard_count(), "\n");
+    for (int i = 0; i < file.shard_count(); ++i) {
+      absl::StrAppend(&out, absl::StrFormat("  %s  %d bytes\n", file.shard(i).path(),
+                                            file.shard(i).file_size()));
+    }
+  }
   absl::StrAppend(&out, "alignment:     ", file.alignment(), "\n");
 
   std::string arch;

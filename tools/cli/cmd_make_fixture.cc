@@ -43,7 +43,8 @@ ABSL_FLAG(int32_t, pad_vocab, 0,
           "this many rows (0: config.json's vocab_size, else the tokenizer's own)");
 ABSL_FLAG(std::string, quant, "f32",
           "make-fixture: TYPE[,expert=TYPE]: weight type of the dense matrices and, unless "
-          "given after expert=, of the routed experts (f32 f16 bf16 q8_0 q4_0 q4_K q5_K q6_K); "
+          "given after expert=, of the routed experts (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 "
+          "q2_K q3_K q4_K q5_K q6_K iq4_nl iq4_xs mxfp4); "
           "norms, biases and routers stay f32");
 ABSL_FLAG(double, router_skew, 0.0,
           "make-fixture: 0 routes tokens evenly; larger values make a few experts dominate");

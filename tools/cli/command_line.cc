@@ -205,6 +205,19 @@ std::vector<CommandSpec> MakeCommands() {
                 {"no_parse_special", "",
                  "special tokens written in the text stay text (default: false)"}}});
   c.push_back(
+      {"gguf-split",
+       "[flags] IN.gguf OUT_PREFIX",
+       "split a GGUF model into OUT_PREFIX-00001-of-0000N.gguf, ... as llama.cpp's gguf-split "
+       "does (every command opens the first shard as the model)",
+       RunGgufSplit,
+       {{"split_max_tensors", "N",
+         "a new shard every N tensors, in the input's order (default: 128)"},
+        {"split_max_size", "N(M|G)",
+         "instead of --split-max-tensors: a new shard before the tensor that would take its "
+         "tensor data past N megabytes (M, 10^6 bytes) or gigabytes (G, 10^9)"},
+        {"no_tensor_first_split", "", "shard 1 holds the metadata only (default: false)"},
+        {"dry_run", "", "print each shard's tensors and bytes, write nothing (default: false)"}}});
+  c.push_back(
       {"trace",
        "stats FILE [-o md|json] | synth [flags] -o FILE | convert IN OUT",
        "routing traces (JSONL or binary)",

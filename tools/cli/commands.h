@@ -103,5 +103,6 @@ int RunBench(const std::vector<std::string>& args);
 int RunTokenize(const std::vector<std::string>& args);
 int RunChat(const std::vector<std::string>& args);
 int RunServe(const std::vector<std::string>& args);
+int RunGgufSplit(const std::vector<std::string>& args);
 
 }  // namespace moegraph

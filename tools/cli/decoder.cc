@@ -330,7 +330,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
     d->store_ = std::make_unique<ExpertStore>(std::move(store));
   }
   MG_ASSIGN_OR_RETURN(d->cpu_, CpuBackend::Create(model, d->store_.get(), options));
-  d->file_bytes_ = model.file->file_size();
+  d->file_bytes_ = model.file->total_size();
   d->kv_bytes_ = KvCacheBytes(model.config, max_ctx, options.fast.kv_type);
   std::fprintf(info, "%s\n", Banner(*d->cpu_, d->store_.get(), options).c_str());
   const int threads = options.fast.threads > 0 ? options.fast.threads : PhysicalCores();
