@@ -15,6 +15,7 @@
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
 #include "loader/quant.h"
+#include "loader/status_util.h"
 
 namespace moegraph {
 namespace {
@@ -511,6 +512,7 @@ absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int
     return absl::InvalidArgumentError(absl::StrFormat(
         "-t %d: threads must be positive (0: the physical cores)", options.threads));
   }
+  MG_RETURN_IF_ERROR(RequireClassicForward(model, "the CPU backend"));
   const ModelConfig& cfg = model.config;
   if (cfg.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("cpu: head_dim %d is odd", cfg.head_dim));

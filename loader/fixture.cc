@@ -206,11 +206,23 @@ class FixtureBuilder {
     w->SetUint32(Key("rope.dimension_count"), static_cast<uint32_t>(d_.head_dim));
     // rope_theta and rms_norm_eps of the released models of each family.
     const bool qwen = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe;
-    w->SetFloat32(Key("rope.freq_base"), arch == Arch::kOlmoe ? 10000.0f : 1000000.0f);
+    w->SetFloat32(Key("rope.freq_base"), arch == Arch::kOlmoe    ? 10000.0f
+                                         : arch == Arch::kGptOss ? 150000.0f
+                                                                 : 1000000.0f);
     w->SetFloat32(Key("attention.layer_norm_rms_epsilon"), qwen ? 1e-6f : 1e-5f);
     w->SetUint32(Key("expert_count"), spec_.n_expert);
     w->SetUint32(Key("expert_used_count"), spec_.n_expert_used);
-    if (qwen) w->SetUint32(Key("expert_feed_forward_length"), static_cast<uint32_t>(d_.ff));
+    if (qwen || arch == Arch::kGptOss) {
+      w->SetUint32(Key("expert_feed_forward_length"), static_cast<uint32_t>(d_.ff));
+    }
+    if (arch == Arch::kGptOss) {
+      // As convert_hf_to_gguf.py writes gpt-oss: a window on alternate layers and
+      // YaRN over a 4096-position original context (factor 32).
+      w->SetUint32(Key("attention.sliding_window"), static_cast<uint32_t>(spec_.n_swa));
+      w->SetString(Key("rope.scaling.type"), "yarn");
+      w->SetFloat32(Key("rope.scaling.factor"), 32.0f);
+      w->SetUint32(Key("rope.scaling.original_context_length"), 4096);
+    }
     if (arch == Arch::kQwen2Moe) {
       w->SetUint32(Key("expert_shared_feed_forward_length"), static_cast<uint32_t>(d_.shff));
     }
@@ -402,6 +414,8 @@ class FixtureBuilder {
   void AddExperts(GgufWriter* w, int layer) const {
     const GgmlType type = spec_.expert_type;
     const float out_scale = 1.0f / std::sqrt(2.0f * spec_.n_layer);
+    // gpt-oss: gate and up pre-activations of sd 4, so swiglu_oai's clamp at 7 bites.
+    const float in_gain = spec_.arch == Arch::kGptOss ? 4.0f : 1.0f;
     struct Proj {
       const char* legacy;
       const char* merged;
@@ -409,8 +423,8 @@ class FixtureBuilder {
       float stddev;
     };
     const Proj projs[] = {
-        {"ffn_gate", "ffn_gate_exps.weight", d_.embd, d_.ff, 1.0f / std::sqrt(float(d_.embd))},
-        {"ffn_up", "ffn_up_exps.weight", d_.embd, d_.ff, 1.0f / std::sqrt(float(d_.embd))},
+        {"ffn_gate", "ffn_gate_exps.weight", d_.embd, d_.ff, in_gain / std::sqrt(float(d_.embd))},
+        {"ffn_up", "ffn_up_exps.weight", d_.embd, d_.ff, in_gain / std::sqrt(float(d_.embd))},
         {"ffn_down", "ffn_down_exps.weight", d_.ff, d_.embd, out_scale / std::sqrt(float(d_.ff))},
     };
     const int n_expert = spec_.n_expert;
@@ -458,10 +472,15 @@ class FixtureBuilder {
       AddMatrix(w, name("attn_v.weight"), dense, d_.embd, d_.kv_dim, in_std);
       AddMatrix(w, name("attn_output.weight"), dense, d_.q_dim, d_.embd,
                 out_scale / std::sqrt(static_cast<float>(d_.q_dim)));
-      if (spec_.arch == Arch::kQwen2Moe) {
+      if (spec_.arch == Arch::kQwen2Moe || spec_.arch == Arch::kGptOss) {
         AddVector(w, name("attn_q.bias"), d_.q_dim, 0.0f, 0.1f);
         AddVector(w, name("attn_k.bias"), d_.kv_dim, 0.0f, 0.1f);
         AddVector(w, name("attn_v.bias"), d_.kv_dim, 0.0f, 0.1f);
+      }
+      if (spec_.arch == Arch::kGptOss) {
+        AddVector(w, name("attn_output.bias"), d_.embd, 0.0f, 0.1f);
+        // Sinks around the scores' scale: some heads give the sink most weight.
+        AddVector(w, name("attn_sinks.weight"), spec_.n_head, 0.0f, 2.0f);
       }
       if (spec_.arch == Arch::kQwen3Moe) {
         AddVector(w, name("attn_q_norm.weight"), d_.head_dim, 1.0f, 0.1f);
@@ -471,9 +490,18 @@ class FixtureBuilder {
         AddVector(w, name("attn_q_norm.weight"), d_.q_dim, 1.0f, 0.1f);
         AddVector(w, name("attn_k_norm.weight"), d_.kv_dim, 1.0f, 0.1f);
       }
-      AddVector(w, name("ffn_norm.weight"), d_.embd, 1.0f, 0.1f);
+      const bool oss = spec_.arch == Arch::kGptOss;
+      AddVector(w, name(oss ? "post_attention_norm.weight" : "ffn_norm.weight"), d_.embd, 1.0f,
+                0.1f);
       AddRouter(w, il);
       AddExperts(w, il);
+      if (oss) {
+        // A router bias as large as the logits' spread: it changes the choice.
+        AddVector(w, name("ffn_gate_inp.bias"), spec_.n_expert, 0.0f, 1.0f);
+        AddMatrix(w, name("ffn_gate_exps.bias"), GgmlType::kF32, d_.ff, spec_.n_expert, 0.5f);
+        AddMatrix(w, name("ffn_up_exps.bias"), GgmlType::kF32, d_.ff, spec_.n_expert, 0.5f);
+        AddMatrix(w, name("ffn_down_exps.bias"), GgmlType::kF32, d_.embd, spec_.n_expert, 0.1f);
+      }
       if (spec_.arch == Arch::kQwen2Moe) {
         AddVector(w, name("ffn_gate_inp_shexp.weight"), d_.embd, 0.0f, in_std);
         AddMatrix(w, name("ffn_gate_shexp.weight"), dense, d_.embd, d_.shff, in_std);
@@ -616,7 +644,9 @@ absl::StatusOr<Dims> ValidateSpec(const FixtureSpec& s) {
     return absl::InvalidArgumentError(
         absl::StrCat("--legacy-experts needs --arch mixtral, not ", arch));
   }
-  if (s.tied_output && (s.arch == Arch::kOlmoe || s.arch == Arch::kQwen2Moe)) {
+  if (s.arch == Arch::kGptOss) MG_RETURN_IF_ERROR(CheckRange("--swa", s.n_swa, 1, INT32_MAX));
+  if (s.tied_output &&
+      (s.arch == Arch::kOlmoe || s.arch == Arch::kQwen2Moe || s.arch == Arch::kGptOss)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tied-output: llama.cpp's ", arch, " requires output.weight"));
   }

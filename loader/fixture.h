@@ -59,6 +59,9 @@ struct FixtureSpec {
   // benchmarks whose routing comes from a trace, where what experts compute
   // does not matter, only which bytes move.
   int expert_variants = 0;
+  // gpt-oss: the attention window of the even layers (attention.sliding_window),
+  // shorter than a test's context so the window matters.
+  int n_swa = 4;
   uint64_t seed = 1;
   // Non-null: this vocabulary, and n_vocab must be its size (embedding and
   // lm_head rows). Must outlive the call.

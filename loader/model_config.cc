@@ -36,6 +36,13 @@ constexpr char kKeyRmsEps[] = "attention.layer_norm_rms_epsilon";
 constexpr char kKeyRopeFreqBase[] = "rope.freq_base";
 constexpr char kKeyRopeDimensionCount[] = "rope.dimension_count";
 constexpr char kKeyTokens[] = "tokenizer.ggml.tokens";
+constexpr char kKeyRopeScalingType[] = "rope.scaling.type";
+constexpr char kKeyRopeScalingFactor[] = "rope.scaling.factor";
+constexpr char kKeyRopeScalingOrigCtx[] = "rope.scaling.original_context_length";
+constexpr char kKeyRopeScalingAttnFactor[] = "rope.scaling.attn_factor";
+constexpr char kKeySlidingWindow[] = "attention.sliding_window";
+constexpr char kKeySlidingWindowPattern[] = "attention.sliding_window_pattern";
+constexpr char kKeyRopeFreqBaseSwa[] = "rope.freq_base_swa";
 
 class ConfigReader {
  public:
@@ -108,6 +115,44 @@ absl::Status ReadVocabSize(const GgufFile& file, const ConfigReader& r, int* n_v
   return absl::NotFoundError(absl::StrCat(file.path(), ": vocabulary size unknown: no key '",
                                           r.Key(kKeyVocabSize), "', no key '", kKeyTokens,
                                           "' and no tensor 'token_embd.weight'"));
+}
+
+// {arch}.rope.scaling.*, as llama_model_base's load_hparams reads them and
+// llama_context's constructor turns them into ggml_rope_ext's arguments (in f32,
+// as there): linear scaling divides the frequencies by the factor; YaRN mixes
+// them per dimension (ext_factor 1) with the magnitude correction llama_context
+// cancels and ggml's rope_yarn applies again.
+absl::Status ReadRopeScaling(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  RopeScaling& s = c->rope_scaling;
+  std::string_view type = "linear";
+  if (const GgufKV* kv = file.FindKey(r.Key(kKeyRopeScalingType))) {
+    absl::StatusOr<std::string_view> v = file.GetString(kv->key);
+    if (!v.ok()) return v.status();
+    type = *v;
+    if (type != "none" && type != "linear" && type != "yarn") {
+      return file.KeyError(
+          *kv, absl::StrCat("RoPE scaling '", Av(type), "' is not supported (none, linear, yarn)"));
+    }
+  }
+  float factor = 0.0f;
+  if (file.FindKey(r.Key(kKeyRopeScalingFactor)) != nullptr) {
+    MG_RETURN_IF_ERROR(r.Float(kKeyRopeScalingFactor, &factor, nullptr));
+  }
+  s.freq_scale = factor == 0.0f || type == "none" ? 1.0f : 1.0f / factor;
+  MG_RETURN_IF_ERROR(r.Int(kKeyRopeScalingOrigCtx, &s.n_ctx_orig, &c->n_ctx_train));
+  float rope_attn_factor = 1.0f;
+  if (file.FindKey(r.Key(kKeyRopeScalingAttnFactor)) != nullptr) {
+    MG_RETURN_IF_ERROR(r.Float(kKeyRopeScalingAttnFactor, &rope_attn_factor, nullptr));
+  }
+  s.ext_factor = type == "yarn" ? 1.0f : 0.0f;
+  s.attn_factor = 1.0f;
+  if (s.ext_factor != 0.0f) {
+    const float f = 1.0f / s.freq_scale;
+    s.attn_factor = f <= 1.0f ? 1.0f : 0.1f * std::log(f) + 1.0f;  // get_mscale(f, 1)
+    s.attn_factor *= 1.0f / (1.0f + 0.1f * std::log(f));
+  }
+  s.attn_factor *= rope_attn_factor;
+  return absl::OkStatus();
 }
 
 // Hyper-parameter sanity checks, each naming the key that holds the bad value.
@@ -241,6 +286,8 @@ std::string_view arch_gguf_name(Arch arch) {
       return "qwen2moe";
     case Arch::kMixtral:
       return "llama";
+    case Arch::kGptOss:
+      return "gpt-oss";
   }
   MG_CHECK(false, "arch_gguf_name: unknown Arch value");
   std::abort();
@@ -255,6 +302,8 @@ bool arch_from_name(std::string_view name, Arch* out) {
     *out = Arch::kQwen2Moe;
   } else if (name == "llama" || name == "mixtral") {
     *out = Arch::kMixtral;
+  } else if (name == "gpt-oss") {
+    *out = Arch::kGptOss;
   } else {
     return false;
   }
@@ -266,9 +315,10 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
   if (!arch_name.ok()) return arch_name.status();
   ModelConfig c;
   if (!arch_from_name(*arch_name, &c.arch)) {
-    return file.KeyError(*file.FindKey("general.architecture"),
-                         absl::StrCat("architecture '", Av(*arch_name),
-                                      "' is not supported (qwen3moe, olmoe, qwen2moe, llama)"));
+    return file.KeyError(
+        *file.FindKey("general.architecture"),
+        absl::StrCat("architecture '", Av(*arch_name),
+                     "' is not supported (qwen3moe, olmoe, qwen2moe, llama, gpt-oss)"));
   }
   const ConfigReader r(file, c.arch);
 
@@ -330,21 +380,58 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
     case Arch::kMixtral:
       MG_RETURN_IF_ERROR(r.Int(kKeyFeedForwardLength, &c.n_ff_exp));
       break;
+    case Arch::kGptOss:
+      // llama_model_openai_moe::load_arch_hparams.
+      MG_RETURN_IF_ERROR(r.Int(kKeyExpertFeedForwardLength, &c.n_ff_exp));
+      MG_RETURN_IF_ERROR(r.Int(kKeySlidingWindow, &c.n_swa));
+      if (c.n_swa <= 0) {
+        return r.Invalid(kKeySlidingWindow, absl::StrCat("value ", c.n_swa, " must be positive"));
+      }
+      c.swa_pattern = 2;
+      if (const GgufKV* kv = file.FindKey(r.Key(kKeySlidingWindowPattern))) {
+        if (kv->type == GgufType::kArray) {
+          return file.KeyError(*kv, "a per-layer window pattern is not supported (a count is)");
+        }
+        MG_RETURN_IF_ERROR(r.Int(kKeySlidingWindowPattern, &c.swa_pattern));
+      }
+      // rope.freq_base_swa, when given, must be the base: moegraph ropes every
+      // layer alike.
+      if (file.FindKey(r.Key(kKeyRopeFreqBaseSwa)) != nullptr) {
+        float base_swa = 0.0f;
+        MG_RETURN_IF_ERROR(r.Float(kKeyRopeFreqBaseSwa, &base_swa, nullptr));
+        if (base_swa != c.rope_freq_base) {
+          return r.Invalid(
+              kKeyRopeFreqBaseSwa,
+              absl::StrCat("a windowed layers' base ", base_swa, " other than ",
+                           r.Key(kKeyRopeFreqBase), " ", c.rope_freq_base, " is not supported"));
+        }
+      }
+      c.attn_sinks = true;
+      c.attn_out_bias = true;
+      c.router_bias = true;
+      c.expert_bias = true;
+      c.gating = ExpertGating::kSoftmaxWeight;
+      c.expert_act = ExpertAct::kSwigluOai;
+      c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
+      break;
   }
+  MG_RETURN_IF_ERROR(ReadRopeScaling(file, r, &c));
 
   MG_RETURN_IF_ERROR(ReadVocabSize(file, r, &c.n_vocab));
 
   c.rope_type = c.arch == Arch::kMixtral ? RopeType::kNorm : RopeType::kNeox;
   // The norm_w argument each architecture's graph passes to build_moe_ffn.
   c.norm_topk_prob = c.arch == Arch::kQwen3Moe || c.arch == Arch::kMixtral;
-  if (const GgufKV* kv = file.FindKey(r.Key(kKeyExpertWeightsNorm))) {
+  // gpt-oss's graph passes norm_w false whatever the file says.
+  const GgufKV* norm_kv = file.FindKey(r.Key(kKeyExpertWeightsNorm));
+  if (const GgufKV* kv = c.arch == Arch::kGptOss ? nullptr : norm_kv) {
     absl::StatusOr<bool> norm = file.GetBool(kv->key);
     if (!norm.ok()) return norm.status();
     c.norm_topk_prob = *norm;
   }
   c.qk_norm = c.arch == Arch::kQwen3Moe;
   c.qk_norm_full = c.arch == Arch::kOlmoe;
-  c.qkv_bias = c.arch == Arch::kQwen2Moe;
+  if (c.arch == Arch::kQwen2Moe) c.qkv_bias = true;
   // Only qwen3moe and llama fall back to token_embd when output.weight is absent.
   c.tied_embeddings = (c.arch == Arch::kQwen3Moe || c.arch == Arch::kMixtral) &&
                       file.FindTensor("output.weight") == nullptr;
@@ -380,6 +467,8 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
     l.wk = b.Bind(name("attn_k.weight"), {embd, kv_dim});
     l.wv = b.Bind(name("attn_v.weight"), {embd, kv_dim});
     l.wo = b.Bind(name("attn_output.weight"), {q_dim, embd});
+    if (c.attn_out_bias) l.bo = b.Bind(name("attn_output.bias"), {embd});
+    if (c.attn_sinks) l.sinks = b.Bind(name("attn_sinks.weight"), {c.n_head});
     if (c.qkv_bias) {
       l.bq = b.Bind(name("attn_q.bias"), {q_dim});
       l.bk = b.Bind(name("attn_k.bias"), {kv_dim});
@@ -392,8 +481,16 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
       l.q_norm = b.Bind(name("attn_q_norm.weight"), {q_dim});
       l.k_norm = b.Bind(name("attn_k_norm.weight"), {kv_dim});
     }
-    l.ffn_norm = b.Bind(name("ffn_norm.weight"), {embd});
+    // gpt-oss norms the FFN's input with attn_post_norm (openai-moe.cpp).
+    l.ffn_norm = b.Bind(
+        name(c.arch == Arch::kGptOss ? "post_attention_norm.weight" : "ffn_norm.weight"), {embd});
     l.router = b.Bind(name("ffn_gate_inp.weight"), {embd, n_expert});
+    if (c.router_bias) l.router_b = b.Bind(name("ffn_gate_inp.bias"), {n_expert});
+    if (c.expert_bias) {
+      l.gate_exps_b = b.Bind(name("ffn_gate_exps.bias"), {ff, n_expert});
+      l.up_exps_b = b.Bind(name("ffn_up_exps.bias"), {ff, n_expert});
+      l.down_exps_b = b.Bind(name("ffn_down_exps.bias"), {embd, n_expert});
+    }
     // Mixtral files from before merged experts store ffn_gate.N per expert;
     // llama.cpp takes that path when ffn_gate_exps is absent.
     const bool legacy = c.arch == Arch::kMixtral &&
@@ -418,6 +515,20 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
   }
   MG_RETURN_IF_ERROR(b.Result());
   return m;
+}
+
+absl::Status RequireClassicForward(const Model& model, std::string_view backend) {
+  const ModelConfig& c = model.config;
+  if (!c.beyond_classic()) return absl::OkStatus();
+  const std::string what =
+      c.arch == Arch::kGptOss
+          ? "gpt-oss (windowed attention with sinks, YaRN RoPE, biased router and experts, "
+            "swiglu_oai)"
+          : absl::StrCat("RoPE scaling (", Av(arch_gguf_name(c.arch)), ".", kKeyRopeScalingType,
+                         ", .", kKeyRopeScalingFactor, ")");
+  return absl::UnimplementedError(absl::StrCat(model.file->path(), ": ", what,
+                                               " is not computed by ", Av(backend),
+                                               " yet; the oracle computes it"));
 }
 
 WeightView weight_view(const GgufTensor& t) {

@@ -16,14 +16,39 @@
 
 namespace moegraph {
 
-enum class Arch { kQwen3Moe, kOlmoe, kQwen2Moe, kMixtral };
+enum class Arch { kQwen3Moe, kOlmoe, kQwen2Moe, kMixtral, kGptOss };
 
-// The GGUF general.architecture string: "qwen3moe", "olmoe", "qwen2moe", "llama".
+// The GGUF general.architecture string: "qwen3moe", "olmoe", "qwen2moe", "llama",
+// "gpt-oss".
 std::string_view arch_gguf_name(Arch arch);
 // Accepts the names above and "mixtral" (an alias for llama with experts).
 bool arch_from_name(std::string_view name, Arch* out);
 
 enum class RopeType { kNorm, kNeox };
+
+// How the router's logits become the chosen experts' weights
+// (llama_expert_gating_func_type): kSoftmax takes the top k of the softmax over
+// all experts; kSoftmaxWeight (gpt-oss) the top k of the logits, then the
+// softmax over those k.
+enum class ExpertGating { kSoftmax, kSoftmaxWeight };
+
+// The routed experts' activation: silu(gate) * up, or gpt-oss's swiglu_oai
+// (llm_ffn_op_type LLM_FFN_SWIGLU_OAI_MOE: gate clamped above at 7, up to
+// [-7, 7], gate * sigmoid(1.702 gate) * (up + 1)).
+enum class ExpertAct { kSilu, kSwigluOai };
+
+// RoPE frequency scaling as llama_context derives it from {arch}.rope.scaling.*
+// (ggml_rope_ext's freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+// n_ctx_orig): none unless the file asks, linear (freq_scale only) or YaRN.
+struct RopeScaling {
+  float freq_scale = 1.0f;  // 1 / rope.scaling.factor
+  float ext_factor = 0.0f;  // 1 for YaRN
+  float attn_factor = 1.0f;
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  int n_ctx_orig = 0;  // rope.scaling.original_context_length, else context_length
+  bool scaled() const { return freq_scale != 1.0f || ext_factor != 0.0f || attn_factor != 1.0f; }
+};
 
 struct ModelConfig {
   Arch arch = Arch::kQwen3Moe;
@@ -44,8 +69,32 @@ struct ModelConfig {
   bool norm_topk_prob = false;  // renormalise the top-k weights to sum 1
   bool qk_norm = false;         // per-head RMSNorm of q and k (qwen3moe)
   bool qk_norm_full = false;    // RMSNorm over all of q and all of k (olmoe)
-  bool qkv_bias = false;        // q/k/v biases (qwen2moe)
+  bool qkv_bias = false;        // q/k/v biases (qwen2moe; gpt-oss where the file has them)
   bool tied_embeddings = false; // output.weight absent: lm_head is token_embd
+  RopeScaling rope_scaling;
+  // gpt-oss: attention.sliding_window n_swa on the layers swa_layer says (a key
+  // at p0 is seen from p1 while p1 - p0 < n_swa), per-head sink logits, an
+  // output bias; router and expert biases; the gating and activation above.
+  int n_swa = 0;
+  int swa_pattern = 0;
+  bool attn_sinks = false;
+  bool attn_out_bias = false;
+  bool router_bias = false;
+  bool expert_bias = false;
+  ExpertGating gating = ExpertGating::kSoftmax;
+  ExpertAct expert_act = ExpertAct::kSilu;
+
+  // llama_hparams::set_swa_pattern without dense_first: layer il is windowed
+  // when il % swa_pattern < swa_pattern - 1 (gpt-oss: the even layers).
+  bool swa_layer(int il) const {
+    return n_swa > 0 && swa_pattern > 0 && il % swa_pattern < swa_pattern - 1;
+  }
+  // Whether the file needs more than the four original architectures' forward
+  // pass (the oracle computes it; the other backends refuse such a file).
+  bool beyond_classic() const {
+    return rope_scaling.scaled() || n_swa > 0 || attn_sinks || attn_out_bias || router_bias ||
+           expert_bias || gating != ExpertGating::kSoftmax || expert_act != ExpertAct::kSilu;
+  }
 };
 
 // One weight matrix as stored: rows of `cols` elements in the file's quant type.
@@ -68,14 +117,21 @@ struct LayerTensors {
   const GgufTensor* bq = nullptr;  // qwen2moe
   const GgufTensor* bk = nullptr;
   const GgufTensor* bv = nullptr;
+  const GgufTensor* bo = nullptr;      // gpt-oss attn_output.bias [n_embd]
+  const GgufTensor* sinks = nullptr;   // gpt-oss attn_sinks [n_head]
   const GgufTensor* q_norm = nullptr;  // qwen3moe [head_dim], olmoe [n_head*head_dim]
   const GgufTensor* k_norm = nullptr;
-  const GgufTensor* ffn_norm = nullptr;
-  const GgufTensor* router = nullptr;  // ffn_gate_inp [n_embd, n_expert]
+  const GgufTensor* ffn_norm = nullptr;  // gpt-oss: post_attention_norm, in the same place
+  const GgufTensor* router = nullptr;    // ffn_gate_inp [n_embd, n_expert]
+  const GgufTensor* router_b = nullptr;  // gpt-oss ffn_gate_inp.bias [n_expert]
   // Merged experts: [n_embd, n_ff_exp, n_expert] (down: [n_ff_exp, n_embd, n_expert]).
   const GgufTensor* gate_exps = nullptr;
   const GgufTensor* up_exps = nullptr;
   const GgufTensor* down_exps = nullptr;
+  // gpt-oss expert biases: [n_ff_exp, n_expert] (down: [n_embd, n_expert]).
+  const GgufTensor* gate_exps_b = nullptr;
+  const GgufTensor* up_exps_b = nullptr;
+  const GgufTensor* down_exps_b = nullptr;
   // Legacy per-expert tensors (mixtral ffn_gate.N.weight ...), indexed by expert.
   std::vector<const GgufTensor*> gate_legacy, up_legacy, down_legacy;
   // Shared expert (qwen2moe).
@@ -99,6 +155,11 @@ struct Model {
 
 absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file);
 absl::StatusOr<Model> LoadModel(const GgufFile& file);
+
+// For a backend (named in the message, "the CPU backend") that computes only the
+// four original architectures' pass: an error naming the file and what else it
+// needs (ModelConfig::beyond_classic), else OK.
+absl::Status RequireClassicForward(const Model& model, std::string_view backend);
 
 WeightView weight_view(const GgufTensor& t);
 

@@ -83,22 +83,43 @@ void AddInPlace(absl::Span<const float> b, absl::Span<float> a) {
 }
 
 void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_t> positions,
-          float freq_base, RopeType type) {
+          float freq_base, RopeType type, const RopeScaling& scaling) {
   CheckOrDie(head_dim > 0 && head_dim % 2 == 0, "Rope: head_dim even");
   const int64_t row_len = static_cast<int64_t>(n_head) * head_dim;
   const int64_t n_rows = RowCount(x.size(), row_len, "Rope: x rows of n_head * head_dim");
   CheckOrDie(positions.size() == static_cast<size_t>(n_rows), "Rope: one position per row");
   const int half = head_dim / 2;
+  // ggml_rope_yarn_corr_dims (ggml.c), in f32 as there: the first and last pair
+  // of the ramp from the unscaled to the scaled angle.
+  auto corr_dim = [&](float n_rot) {
+    return static_cast<float>(head_dim) *
+           std::log(static_cast<float>(scaling.n_ctx_orig) /
+                    (n_rot * 2 * static_cast<float>(M_PI))) /
+           (2 * std::log(freq_base));
+  };
+  const float corr_low = std::max(0.0f, std::floor(corr_dim(scaling.beta_fast)));
+  const float corr_high =
+      std::min(static_cast<float>(head_dim - 1), std::ceil(corr_dim(scaling.beta_slow)));
+  double mscale = scaling.attn_factor;
+  if (scaling.ext_factor != 0.0f) mscale *= 1.0 + 0.1 * std::log(1.0 / scaling.freq_scale);
   for (int64_t t = 0; t < n_rows; ++t) {
     for (int h = 0; h < n_head; ++h) {
       float* head = x.data() + t * row_len + static_cast<int64_t>(h) * head_dim;
       for (int i = 0; i < half; ++i) {
         // ggml_rope_cache_init: theta_scale = freq_base^(-2/n_dims), pair i at
-        // pos * theta_scale^i; here in closed form and f64.
-        const double theta = positions[t] * std::pow(static_cast<double>(freq_base),
-                                                     -2.0 * i / static_cast<double>(head_dim));
-        const double c = std::cos(theta);
-        const double s = std::sin(theta);
+        // pos * theta_scale^i; here in closed form and f64. rope_yarn: the
+        // angle interpolated by freq_scale, mixed back towards the extrapolated
+        // one by the ramp of pair i (rope_yarn_ramp) times ext_factor.
+        const double extrap = positions[t] * std::pow(static_cast<double>(freq_base),
+                                                      -2.0 * i / static_cast<double>(head_dim));
+        double theta = scaling.freq_scale * extrap;
+        if (scaling.ext_factor != 0.0f) {
+          const double y = (i - corr_low) / std::max(0.001f, corr_high - corr_low);
+          const double mix = (1.0 - std::min(1.0, std::max(0.0, y))) * scaling.ext_factor;
+          theta = theta * (1.0 - mix) + extrap * mix;
+        }
+        const double c = std::cos(theta) * mscale;
+        const double s = std::sin(theta) * mscale;
         // rotate_pairs in ggml-cpu/ops.cpp: NORM (x[2i], x[2i+1]), NEOX (x[i], x[i + n/2]).
         float* a = type == RopeType::kNorm ? head + 2 * i : head + i;
         float* b = type == RopeType::kNorm ? head + 2 * i + 1 : head + i + half;
@@ -159,9 +180,20 @@ void Swiglu(absl::Span<const float> gate, absl::Span<const float> up, absl::Span
   }
 }
 
+void SwigluOai(absl::Span<const float> gate, absl::Span<const float> up, absl::Span<float> out) {
+  CheckOrDie(gate.size() == up.size() && out.size() == up.size(), "SwigluOai: sizes");
+  constexpr double kAlpha = 1.702f, kLimit = 7.0f;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double x = std::min<double>(gate[i], kLimit);
+    const double y = std::clamp<double>(up[i], -kLimit, kLimit);
+    out[i] = static_cast<float>(x / (1.0 + std::exp(-kAlpha * x)) * (y + 1.0));
+  }
+}
+
 void Attention(absl::Span<const float> q, absl::Span<const int32_t> q_pos,
                absl::Span<const float> k_cache, absl::Span<const float> v_cache, int n_head,
-               int n_head_kv, int head_dim, float kq_scale, absl::Span<float> out) {
+               int n_head_kv, int head_dim, float kq_scale, absl::Span<float> out, int window,
+               absl::Span<const float> sinks) {
   CheckOrDie(n_head_kv > 0 && n_head % n_head_kv == 0, "Attention: n_head multiple of n_head_kv");
   const int64_t q_len = static_cast<int64_t>(n_head) * head_dim;
   const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
@@ -170,31 +202,33 @@ void Attention(absl::Span<const float> q, absl::Span<const int32_t> q_pos,
   CheckOrDie(v_cache.size() == k_cache.size(), "Attention: v size equals k size");
   CheckOrDie(q_pos.size() == static_cast<size_t>(n_rows), "Attention: one position per row");
   CheckOrDie(out.size() == q.size(), "Attention: out size");
+  CheckOrDie(sinks.empty() || sinks.size() == static_cast<size_t>(n_head), "Attention: sinks");
   const int group = n_head / n_head_kv;
   std::vector<double> weights;
   std::vector<double> acc(static_cast<size_t>(head_dim));
   for (int64_t t = 0; t < n_rows; ++t) {
     const int64_t n_seen = static_cast<int64_t>(q_pos[t]) + 1;  // causal: keys 0..pos
     CheckOrDie(q_pos[t] >= 0 && n_seen <= n_cache, "Attention: position inside the cache");
+    const int64_t first = window > 0 ? std::max<int64_t>(0, n_seen - window) : 0;
     weights.assign(static_cast<size_t>(n_seen), 0.0);
     for (int h = 0; h < n_head; ++h) {
       const float* qh = q.data() + t * q_len + static_cast<int64_t>(h) * head_dim;
       const int64_t kv_off = static_cast<int64_t>(h / group) * head_dim;
-      double max = -INFINITY;
-      for (int64_t j = 0; j < n_seen; ++j) {
+      double max = sinks.empty() ? -INFINITY : sinks[h];
+      for (int64_t j = first; j < n_seen; ++j) {
         const float* kj = k_cache.data() + j * kv_len + kv_off;
         double dot = 0.0;
         for (int d = 0; d < head_dim; ++d) dot += static_cast<double>(qh[d]) * kj[d];
         weights[j] = dot * kq_scale;
         max = std::max(max, weights[j]);
       }
-      double sum = 0.0;
-      for (int64_t j = 0; j < n_seen; ++j) {
+      double sum = sinks.empty() ? 0.0 : std::exp(sinks[h] - max);
+      for (int64_t j = first; j < n_seen; ++j) {
         weights[j] = std::exp(weights[j] - max);
         sum += weights[j];
       }
       std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t j = 0; j < n_seen; ++j) {
+      for (int64_t j = first; j < n_seen; ++j) {
         const float* vj = v_cache.data() + j * kv_len + kv_off;
         for (int d = 0; d < head_dim; ++d) acc[d] += weights[j] * vj[d];
       }
@@ -206,17 +240,31 @@ void Attention(absl::Span<const float> q, absl::Span<const int32_t> q_pos,
 
 namespace {
 
-// SwiGLU FFN (build_ffn with LLM_FFN_SILU, LLM_FFN_PAR): down(silu(gate x) * up x).
-std::vector<float> SwigluFfn(const WeightView& gate, const WeightView& up, const WeightView& down,
-                             absl::Span<const float> x) {
-  const int64_t n_rows = RowCount(x.size(), gate.cols, "SwigluFfn: x rows of n_embd");
+// One expert's biases (gpt-oss), empty when the model has none.
+struct ExpertBiases {
+  absl::Span<const float> gate, up, down;
+};
+
+// Gated FFN (build_ffn with LLM_FFN_PAR, build_moe_ffn's expert body):
+// down(act(gate x + gate_b, up x + up_b)) + down_b, act silu(g) * u or swiglu_oai.
+std::vector<float> GatedFfn(const WeightView& gate, const WeightView& up, const WeightView& down,
+                            absl::Span<const float> x, ExpertAct act = ExpertAct::kSilu,
+                            const ExpertBiases& bias = {}) {
+  const int64_t n_rows = RowCount(x.size(), gate.cols, "GatedFfn: x rows of n_embd");
   std::vector<float> g(static_cast<size_t>(n_rows * gate.rows));
   std::vector<float> u(g.size());
   MatMul(gate, x, absl::MakeSpan(g));
   MatMul(up, x, absl::MakeSpan(u));
-  Swiglu(g, u, absl::MakeSpan(g));
+  if (!bias.gate.empty()) AddBias(bias.gate, absl::MakeSpan(g));
+  if (!bias.up.empty()) AddBias(bias.up, absl::MakeSpan(u));
+  if (act == ExpertAct::kSwigluOai) {
+    SwigluOai(g, u, absl::MakeSpan(g));
+  } else {
+    Swiglu(g, u, absl::MakeSpan(g));
+  }
   std::vector<float> y(static_cast<size_t>(n_rows * down.rows));
   MatMul(down, g, absl::MakeSpan(y));
+  if (!bias.down.empty()) AddBias(bias.down, absl::MakeSpan(y));
   return y;
 }
 
@@ -233,7 +281,7 @@ void ModelExpertProvider::Provide(int layer, absl::Span<const int32_t> experts,
 }
 
 void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm,
-                   std::vector<int32_t>* chosen, std::vector<double>* weight) {
+                   std::vector<int32_t>* chosen, std::vector<double>* weight, ExpertGating gating) {
   const int64_t n_rows = RowCount(probs.size(), n_expert, "SelectExperts: rows of n_expert");
   chosen->assign(static_cast<size_t>(n_rows * k), 0);
   weight->assign(chosen->size(), 0.0);
@@ -245,6 +293,18 @@ void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm
       (*chosen)[t * k + i] = top[i];
       (*weight)[t * k + i] = row[top[i]];
       sum += row[top[i]];
+    }
+    // LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT: ggml_soft_max of the k logits.
+    if (gating == ExpertGating::kSoftmaxWeight) {
+      const double max = row[top[0]];
+      sum = 0.0;
+      for (int i = 0; i < k; ++i) {
+        double& w = (*weight)[t * k + i];
+        w = std::exp(w - max);
+        sum += w;
+      }
+      for (int i = 0; i < k; ++i) (*weight)[t * k + i] /= sum;
+      sum = 1.0;
     }
     // norm_w: the selected weights divided by their sum (ggml_sum_rows, ggml_div).
     if (norm) {
@@ -270,13 +330,29 @@ void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<c
   CheckOrDie(out.size() == x.size(), "MoeFfn: out size");
 
   // Router: softmax over all experts, then top-k of the probabilities
-  // (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, ggml_top_k = argsort descending).
+  // (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, ggml_top_k = argsort descending);
+  // gpt-oss adds a bias to the logits and softmaxes the k chosen ones.
   std::vector<float> probs(static_cast<size_t>(n_rows * n_expert));
   MatMul(weight_view(*lt.router), x, absl::MakeSpan(probs));
-  Softmax(n_expert, absl::MakeSpan(probs));
+  if (lt.router_b != nullptr) AddBias(TensorToFloat(*lt.router_b), absl::MakeSpan(probs));
+  if (cfg.gating == ExpertGating::kSoftmax) Softmax(n_expert, absl::MakeSpan(probs));
   std::vector<int32_t> chosen;
   std::vector<double> weight;
-  SelectExperts(probs, n_expert, k, cfg.norm_topk_prob, &chosen, &weight);
+  SelectExperts(probs, n_expert, k, cfg.norm_topk_prob, &chosen, &weight, cfg.gating);
+  // ggml_add_id: expert e's bias is row e of [n, n_expert].
+  std::vector<float> gate_b, up_b, down_b;
+  if (lt.gate_exps_b != nullptr) {
+    gate_b = TensorToFloat(*lt.gate_exps_b);
+    up_b = TensorToFloat(*lt.up_exps_b);
+    down_b = TensorToFloat(*lt.down_exps_b);
+  }
+  auto biases = [&](int32_t e) {
+    if (gate_b.empty()) return ExpertBiases{};
+    const size_t ff = gate_b.size() / n_expert;
+    return ExpertBiases{absl::MakeConstSpan(gate_b).subspan(e * ff, ff),
+                        absl::MakeConstSpan(up_b).subspan(e * ff, ff),
+                        absl::MakeConstSpan(down_b).subspan(e * n_embd, n_embd)};
+  };
   for (int64_t t = 0; t < n_rows; ++t) {
     experts.Route(layer, absl::MakeSpan(chosen).subspan(t * k, k),
                   absl::MakeSpan(weight).subspan(t * k, k));
@@ -292,7 +368,8 @@ void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<c
     experts.Provide(layer, absl::MakeConstSpan(chosen).subspan(t * k, k), absl::MakeSpan(views));
     const absl::Span<const float> row = x.subspan(t * n_embd, n_embd);
     for (int r = 0; r < k; ++r) {
-      const std::vector<float> y = SwigluFfn(views[r].gate, views[r].up, views[r].down, row);
+      const std::vector<float> y = GatedFfn(views[r].gate, views[r].up, views[r].down, row,
+                                            cfg.expert_act, biases(chosen[t * k + r]));
       std::copy_n(y.data(), n_embd, expert_out.data() + (t * k + r) * n_embd);
     }
   }
@@ -303,8 +380,8 @@ void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<c
   std::vector<float> shared;
   std::vector<float> shared_logit;
   if (lt.shexp_gate != nullptr) {
-    shared = SwigluFfn(weight_view(*lt.shexp_gate), weight_view(*lt.shexp_up),
-                       weight_view(*lt.shexp_down), x);
+    shared = GatedFfn(weight_view(*lt.shexp_gate), weight_view(*lt.shexp_up),
+                      weight_view(*lt.shexp_down), x);
     shared_logit.resize(static_cast<size_t>(n_rows));
     MatMul(weight_view(*lt.shexp_gate_inp), x, absl::MakeSpan(shared_logit));
   }

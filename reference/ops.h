@@ -39,13 +39,14 @@ void AddBias(absl::Span<const float> bias, absl::Span<float> x);
 // Adds b to a element-wise (the residual connections).
 void AddInPlace(absl::Span<const float> b, absl::Span<float> a);
 
-// ggml_rope_ext with no scaling, on rows of [n_head][head_dim], row t at
-// position positions[t]; all head_dim dimensions rotate (llama.cpp asserts
-// n_rot == head_dim for these architectures). Pair i turns by
-// theta = pos * freq_base^(-2i / head_dim). kNorm pairs (x[2i], x[2i+1]),
-// kNeox pairs (x[i], x[i + head_dim/2]).
+// ggml_rope_ext on rows of [n_head][head_dim], row t at position positions[t];
+// all head_dim dimensions rotate (llama.cpp asserts n_rot == head_dim for these
+// architectures). Pair i turns by theta = pos * freq_base^(-2i / head_dim),
+// scaled as ggml's rope_yarn does (scaling's freq_scale, and with ext_factor its
+// per-dimension ramp between the scaled and unscaled angles and the magnitude
+// factor). kNorm pairs (x[2i], x[2i+1]), kNeox pairs (x[i], x[i + head_dim/2]).
 void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_t> positions,
-          float freq_base, RopeType type);
+          float freq_base, RopeType type, const RopeScaling& scaling = RopeScaling());
 
 // Softmax of each row of length row_len, in place (max subtracted first).
 void Softmax(int64_t row_len, absl::Span<float> x);
@@ -64,6 +65,9 @@ float Sigmoid(float x);
 
 // ggml_swiglu_split(gate, up): silu(gate) * up, element-wise.
 void Swiglu(absl::Span<const float> gate, absl::Span<const float> up, absl::Span<float> out);
+// ggml_swiglu_oai(gate, up, 1.702, 7): x = min(gate, 7), y = clamp(up, -7, 7),
+// x * sigmoid(1.702 x) * (y + 1).
+void SwigluOai(absl::Span<const float> gate, absl::Span<const float> up, absl::Span<float> out);
 
 // Causal multi-head attention for the rows of q against a KV cache.
 // q: rows of [n_head][head_dim], row t at position q_pos[t]. k_cache, v_cache:
@@ -71,9 +75,14 @@ void Swiglu(absl::Span<const float> gate, absl::Span<const float> up, absl::Span
 // rows 0..q_pos[t]. Head h reads KV head h / (n_head / n_head_kv) (ggml's
 // broadcast in mul_mat). out: rows of [n_head][head_dim] =
 // softmax(kq_scale * q.k) . v per head.
+// With window > 0 a query at p1 sees only keys at p0 > p1 - window
+// (llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD); with sinks (one logit
+// per head) each head's softmax also counts exp(sink), a column that adds to the
+// denominator and no value (ggml_soft_max_ext's sinks).
 void Attention(absl::Span<const float> q, absl::Span<const int32_t> q_pos,
                absl::Span<const float> k_cache, absl::Span<const float> v_cache, int n_head,
-               int n_head_kv, int head_dim, float kq_scale, absl::Span<float> out);
+               int n_head_kv, int head_dim, float kq_scale, absl::Span<float> out, int window = 0,
+               absl::Span<const float> sinks = {});
 
 // One routed expert's matrices.
 struct ExpertWeights {
@@ -113,9 +122,12 @@ class ModelExpertProvider final : public ExpertProvider {
 
 // The router's choice for each row of probs (rows of n_expert, softmaxed): the
 // top k ids in rank order and their probabilities, divided by their sum when
-// norm (norm_topk_prob), at [row * k, row * k + k) of chosen and weight.
+// norm (norm_topk_prob), at [row * k, row * k + k) of chosen and weight. With
+// ExpertGating::kSoftmaxWeight, probs are the raw logits and the k weights
+// their softmax.
 void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm,
-                   std::vector<int32_t>* chosen, std::vector<double>* weight);
+                   std::vector<int32_t>* chosen, std::vector<double>* weight,
+                   ExpertGating gating = ExpertGating::kSoftmax);
 
 // The feed-forward block of one MoE layer (llm_graph_context::build_moe_ffn,
 // plus the qwen2moe shared expert) on rows of n_embd that are already

@@ -15,6 +15,11 @@
 //
 // None of the four scales its logits or embeddings, and none clamps q/k/v
 // (f_clamp_kqv is read only for other architectures).
+//
+// gpt-oss (src/models/openai-moe.cpp) adds: q/k/v biases, YaRN RoPE, windowed
+// attention on alternate layers and per-head sinks, an output bias; its FFN
+// norm is attn_post_norm; the router has a bias and softmaxes the k chosen
+// logits; experts have biases and swiglu_oai.
 #include "reference/oracle.h"
 
 #include <algorithm>
@@ -31,7 +36,7 @@ namespace {
 
 // Norm weights and biases, widened to f32 once (they are small).
 struct LayerVectors {
-  std::vector<float> attn_norm, ffn_norm, q_norm, k_norm, bq, bk, bv;
+  std::vector<float> attn_norm, ffn_norm, q_norm, k_norm, bq, bk, bv, bo, sinks;
 };
 
 std::vector<float> OptionalTensor(const GgufTensor* t) {
@@ -42,10 +47,19 @@ std::vector<float> OptionalTensor(const GgufTensor* t) {
 std::vector<const GgufTensor*> TensorsRead(const Model& model) {
   std::vector<const GgufTensor*> all = {model.token_embd, model.output_norm, model.output};
   for (const LayerTensors& lt : model.layers) {
-    for (const GgufTensor* t :
-         {lt.attn_norm, lt.wq, lt.wk, lt.wv, lt.wo, lt.bq, lt.bk, lt.bv, lt.q_norm, lt.k_norm,
-          lt.ffn_norm, lt.router, lt.gate_exps, lt.up_exps, lt.down_exps, lt.shexp_gate_inp,
-          lt.shexp_gate, lt.shexp_up, lt.shexp_down}) {
+    for (const GgufTensor* t : {lt.attn_norm,   lt.wq,
+                                lt.wk,          lt.wv,
+                                lt.wo,          lt.bq,
+                                lt.bk,          lt.bv,
+                                lt.bo,          lt.sinks,
+                                lt.q_norm,      lt.k_norm,
+                                lt.ffn_norm,    lt.router,
+                                lt.router_b,    lt.gate_exps,
+                                lt.up_exps,     lt.down_exps,
+                                lt.gate_exps_b, lt.up_exps_b,
+                                lt.down_exps_b, lt.shexp_gate_inp,
+                                lt.shexp_gate,  lt.shexp_up,
+                                lt.shexp_down}) {
       all.push_back(t);
     }
     for (const auto* legacy : {&lt.gate_legacy, &lt.up_legacy, &lt.down_legacy}) {
@@ -63,7 +77,8 @@ class CpuOracle final : public Oracle {
     for (const LayerTensors& lt : model.layers) {
       layers_.push_back({TensorToFloat(*lt.attn_norm), TensorToFloat(*lt.ffn_norm),
                          OptionalTensor(lt.q_norm), OptionalTensor(lt.k_norm),
-                         OptionalTensor(lt.bq), OptionalTensor(lt.bk), OptionalTensor(lt.bv)});
+                         OptionalTensor(lt.bq), OptionalTensor(lt.bk), OptionalTensor(lt.bv),
+                         OptionalTensor(lt.bo), OptionalTensor(lt.sinks)});
     }
     output_norm_ = TensorToFloat(*model.output_norm);
     k_cache_.resize(model.layers.size());
@@ -116,9 +131,10 @@ void CpuOracle::AttentionBlock(int il, absl::Span<const float> h,
   // olmoe (before the reshape), [head_dim] for qwen3moe (after it).
   if (!lv.q_norm.empty()) RmsNorm(q, lv.q_norm, cfg.rms_eps, absl::MakeSpan(q));
   if (!lv.k_norm.empty()) RmsNorm(k, lv.k_norm, cfg.rms_eps, absl::MakeSpan(k));
-  Rope(absl::MakeSpan(q), cfg.n_head, cfg.head_dim, positions, cfg.rope_freq_base, cfg.rope_type);
-  Rope(absl::MakeSpan(k), cfg.n_head_kv, cfg.head_dim, positions, cfg.rope_freq_base,
-       cfg.rope_type);
+  Rope(absl::MakeSpan(q), cfg.n_head, cfg.head_dim, positions, cfg.rope_freq_base, cfg.rope_type,
+       cfg.rope_scaling);
+  Rope(absl::MakeSpan(k), cfg.n_head_kv, cfg.head_dim, positions, cfg.rope_freq_base, cfg.rope_type,
+       cfg.rope_scaling);
 
   std::vector<float>& k_cache = k_cache_[il];
   std::vector<float>& v_cache = v_cache_[il];
@@ -129,8 +145,9 @@ void CpuOracle::AttentionBlock(int il, absl::Span<const float> h,
   // The graphs pass 1.0f/sqrtf(float(n_embd_head)).
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   Attention(q, positions, k_cache, v_cache, cfg.n_head, cfg.n_head_kv, cfg.head_dim, kq_scale,
-            absl::MakeSpan(attn));
+            absl::MakeSpan(attn), cfg.swa_layer(il) ? cfg.n_swa : 0, lv.sinks);
   MatMul(weight_view(*lt.wo), attn, out);
+  if (!lv.bo.empty()) AddBias(lv.bo, out);
 }
 
 absl::StatusOr<std::vector<float>> CpuOracle::Forward(absl::Span<const int32_t> tokens) {

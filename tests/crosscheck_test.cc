@@ -1,4 +1,7 @@
-// moegraph's teacher-forced next-token probabilities against llama.cpp's on
+// moegraph against llama.cpp on fixtures, with llama.cpp's results committed (no
+// node in CI). Greedy tokens on f32 fixtures of every architecture
+// (tests/data/crosscheck/greedy.json, tools/llama-crosscheck/greedy-fixtures.sh)
+// must be equal. Teacher-forced next-token probabilities on
 // quantized fixtures: tests/data/crosscheck/teacher-forced.json holds llama.cpp's
 // top 5 at each of 64 forced positions (tools/llama-crosscheck/teacher-forced.sh,
 // llama.cpp's prebuilt CPU backend); the fixtures are made again here with the
@@ -20,6 +23,7 @@
 #include "cpu/forward.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
+#include "loader/status_util.h"
 #include "reference/oracle.h"
 #include "tests/test_util.h"
 
@@ -132,6 +136,64 @@ TEST(CrosscheckTest, TeacherForcedProbabilitiesMatchLlamaCppOnEveryExpertType) {
                 << kClose << " at " << close << " of 64 positions); argmax equal at the "
                 << argmax_checked << " positions past the margin\n";
     }
+  }
+}
+
+// The fixture a case's make-fixture flags write, loaded.
+struct MadeModel {
+  std::unique_ptr<GgufFile> file;
+  Model model;
+};
+absl::StatusOr<MadeModel> MakeModel(const std::string& flags, const std::string& name) {
+  const std::string path = TempPath(name);
+  const CommandResult made =
+      RunCommand(absl::StrCat(MOEGRAPH_BIN, " make-fixture ", flags, " -o ", path, " 2>&1"));
+  if (made.exit_code != 0) return absl::InternalError(made.output);
+  MadeModel m;
+  MG_ASSIGN_OR_RETURN(m.file, GgufFile::Open(path));
+  MG_ASSIGN_OR_RETURN(m.model, LoadModel(*m.file));
+  return m;
+}
+
+// On f32 weights the oracle's greedy tokens are llama.cpp's, and so are the CPU
+// backend's where it runs the architecture; where it does not, it says so.
+TEST(CrosscheckTest, GreedyTokensEqualLlamaCppsOnEveryArchitecture) {
+  std::ifstream in(std::string(MOEGRAPH_SOURCE_DIR) + "/tests/data/crosscheck/greedy.json");
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << "cannot read tests/data/crosscheck/greedy.json";
+  const std::vector<int32_t> prompt = doc["prompt"].get<std::vector<int32_t>>();
+  ASSERT_EQ(doc["cases"].size(), 5u);
+  int n = 0;
+  for (const nlohmann::json& c : doc["cases"]) {
+    const std::string flags = c["make_fixture"].get<std::string>();
+    SCOPED_TRACE(flags);
+    const std::vector<int32_t> want = c["tokens"].get<std::vector<int32_t>>();
+    absl::StatusOr<MadeModel> made = MakeModel(flags, absl::StrCat("greedy-", n++, ".gguf"));
+    ASSERT_TRUE(made.ok()) << made.status();
+    const Model& model = made->model;
+    const int max_ctx = static_cast<int>(prompt.size() + want.size());
+    absl::StatusOr<std::unique_ptr<Oracle>> oracle = Oracle::Create(model, max_ctx);
+    ASSERT_TRUE(oracle.ok()) << oracle.status();
+    absl::StatusOr<std::vector<int32_t>> got =
+        (*oracle)->Generate(prompt, static_cast<int>(want.size()));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, want) << "oracle";
+    CpuForwardOptions options;
+    options.threads = 1;
+    options.kv_type = KvCacheType::kF32;
+    absl::StatusOr<std::unique_ptr<Oracle>> cpu =
+        CreateCpuForward(model, max_ctx, nullptr, options);
+    if (model.config.beyond_classic()) {
+      EXPECT_EQ(cpu.status().code(), absl::StatusCode::kUnimplemented) << cpu.status();
+      EXPECT_NE(std::string(cpu.status().message()).find("is not computed by the CPU backend"),
+                std::string::npos)
+          << cpu.status();
+      continue;
+    }
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    got = (*cpu)->Generate(prompt, static_cast<int>(want.size()));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, want) << "cpu";
   }
 }
 

@@ -22,6 +22,7 @@ namespace moegraph {
 namespace {
 
 using testing_util::FixtureFileOrFail;
+using testing_util::MessageHas;
 using testing_util::ParseOrFail;
 
 // Edits to apply while copying a file: keys dropped or replaced, tensors dropped
@@ -31,58 +32,26 @@ struct Edits {
   std::map<std::string, uint32_t> set_u32;
   std::map<std::string, std::string> set_string;
   std::map<std::string, bool> set_bool;
+  std::map<std::string, float> set_f32;
   std::set<std::string> drop_tensors;
   std::map<std::string, std::vector<int64_t>> reshape;
   std::map<std::string, GgmlType> retype;
 };
 
-void CopyKey(const GgufKV& kv, GgufWriter* w) {
-  switch (kv.type) {
-    case GgufType::kUint32:
-      w->SetUint32(kv.key, static_cast<uint32_t>(kv.u64));
-      return;
-    case GgufType::kFloat32:
-      w->SetFloat32(kv.key, static_cast<float>(kv.f64));
-      return;
-    case GgufType::kBool:
-      w->SetBool(kv.key, kv.u64 != 0);
-      return;
-    case GgufType::kString:
-      w->SetString(kv.key, std::string(kv.str));
-      return;
-    case GgufType::kArray:
-      break;
-    default:
-      FAIL() << "fixture key " << kv.key << " has an unexpected type";
-  }
-  if (kv.array_type == GgufType::kString) {
-    w->SetStringArray(kv.key,
-                      std::vector<std::string>(kv.array_strings.begin(), kv.array_strings.end()));
-  } else if (kv.array_type == GgufType::kInt32) {
-    std::vector<int32_t> v(kv.array_n);
-    std::memcpy(v.data(), kv.array_data, v.size() * sizeof(int32_t));
-    w->SetInt32Array(kv.key, v);
-  } else if (kv.array_type == GgufType::kFloat32) {
-    std::vector<float> v(kv.array_n);
-    std::memcpy(v.data(), kv.array_data, v.size() * sizeof(float));
-    w->SetFloat32Array(kv.key, v);
-  } else {
-    FAIL() << "fixture array " << kv.key << " has an unexpected element type";
-  }
-}
-
 std::unique_ptr<GgufFile> Edit(const GgufFile& in, const Edits& e) {
   GgufWriter w;
   for (const GgufKV& kv : in.kvs()) {
     if (e.drop_keys.count(kv.key) != 0 || e.set_u32.count(kv.key) != 0 ||
-        e.set_string.count(kv.key) != 0 || e.set_bool.count(kv.key) != 0) {
+        e.set_string.count(kv.key) != 0 || e.set_bool.count(kv.key) != 0 ||
+        e.set_f32.count(kv.key) != 0) {
       continue;
     }
-    CopyKey(kv, &w);
+    w.SetValue(kv);
   }
   for (const auto& [key, v] : e.set_u32) w.SetUint32(key, v);
   for (const auto& [key, v] : e.set_string) w.SetString(key, v);
   for (const auto& [key, v] : e.set_bool) w.SetBool(key, v);
+  for (const auto& [key, v] : e.set_f32) w.SetFloat32(key, v);
   for (const GgufTensor& t : in.tensors()) {
     if (e.drop_tensors.count(t.name) != 0) continue;
     std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
@@ -353,6 +322,89 @@ TEST(LoadModel, ReportsEveryBadTensorInOneStatus) {
   EXPECT_NE(message.find("blk.0.attn_q.weight"), std::string::npos) << message;
   EXPECT_NE(message.find("type q8_1 is not supported by moegraph (f32, f16"), std::string::npos)
       << message;
+}
+
+// gpt-oss as llama_model_openai_moe and llama_context read it: the window on the
+// even layers, YaRN's arguments, the gating and activation, and every tensor.
+TEST(LoadModel, GptOssReadsItsWindowYarnAndBiases) {
+  FixtureSpec spec;
+  spec.arch = Arch::kGptOss;
+  spec.n_layer = 3;
+  spec.n_swa = 6;
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
+  ASSERT_NE(file, nullptr);
+  absl::StatusOr<Model> model = LoadModel(*file);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = model->config;
+  EXPECT_EQ(c.n_swa, 6);
+  EXPECT_EQ(c.swa_pattern, 2);
+  EXPECT_TRUE(c.swa_layer(0));
+  EXPECT_FALSE(c.swa_layer(1));
+  EXPECT_TRUE(c.swa_layer(2));
+  EXPECT_EQ(c.rope_type, RopeType::kNeox);
+  EXPECT_EQ(c.rope_freq_base, 150000.0f);
+  EXPECT_EQ(c.rope_scaling.freq_scale, 1.0f / 32.0f);
+  EXPECT_EQ(c.rope_scaling.ext_factor, 1.0f);
+  EXPECT_NEAR(c.rope_scaling.attn_factor, 1.0f, 1e-6f);  // get_mscale(32) / (1 + 0.1 ln 32)
+  EXPECT_EQ(c.rope_scaling.n_ctx_orig, 4096);
+  EXPECT_EQ(c.gating, ExpertGating::kSoftmaxWeight);
+  EXPECT_EQ(c.expert_act, ExpertAct::kSwigluOai);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_TRUE(c.qkv_bias && c.attn_sinks && c.attn_out_bias && c.router_bias && c.expert_bias);
+  EXPECT_TRUE(c.beyond_classic());
+  for (const LayerTensors& l : model->layers) {
+    ASSERT_NE(l.sinks, nullptr);
+    EXPECT_EQ(l.sinks->ne[0], spec.n_head);
+    EXPECT_NE(l.bq, nullptr);
+    EXPECT_NE(l.bo, nullptr);
+    EXPECT_NE(std::string(l.ffn_norm->name).find("post_attention_norm"), std::string::npos);
+    ASSERT_NE(l.router_b, nullptr);
+    ASSERT_NE(l.down_exps_b, nullptr);
+    EXPECT_EQ(l.down_exps_b->ne[0], spec.n_embd);
+    EXPECT_EQ(l.down_exps_b->ne[1], spec.n_expert);
+  }
+  const absl::Status refused = RequireClassicForward(*model, "the CPU backend");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(MessageHas(refused, "gpt-oss (windowed attention")) << refused;
+  EXPECT_TRUE(MessageHas(refused, "is not computed by the CPU backend yet")) << refused;
+
+  // A missing window, a sink tensor and an unknown RoPE scaling, each named.
+  Edits e;
+  e.drop_keys = {"gpt-oss.attention.sliding_window"};
+  absl::StatusOr<Model> bad = LoadModel(*Edit(*file, e));
+  EXPECT_TRUE(MessageHas(bad.status(), "gpt-oss.attention.sliding_window")) << bad.status();
+  e = Edits();
+  e.drop_tensors = {"blk.1.attn_sinks.weight"};
+  bad = LoadModel(*Edit(*file, e));
+  EXPECT_TRUE(MessageHas(bad.status(), "tensor 'blk.1.attn_sinks.weight': missing"))
+      << bad.status();
+  e = Edits();
+  e.set_string = {{"gpt-oss.rope.scaling.type", "longrope"}};
+  bad = LoadModel(*Edit(*file, e));
+  EXPECT_TRUE(MessageHas(bad.status(), "RoPE scaling 'longrope' is not supported")) << bad.status();
+}
+
+// Linear RoPE scaling on an original architecture is read, and the backends
+// that do not scale refuse it.
+TEST(LoadModel, RopeScalingOnAnOriginalArchitectureIsReadAndRefusedByTheFastPaths) {
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(FixtureSpec{});
+  ASSERT_NE(file, nullptr);
+  Edits e;
+  e.set_string = {{"qwen3moe.rope.scaling.type", "linear"}};
+  std::unique_ptr<GgufFile> edited = Edit(*file, e);
+  absl::StatusOr<Model> plain = LoadModel(*edited);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->config.rope_scaling.scaled());  // no factor: nothing scales
+  EXPECT_TRUE(RequireClassicForward(*plain, "the CUDA engine").ok());
+  e.set_f32 = {{"qwen3moe.rope.scaling.factor", 4.0f}};
+  edited = Edit(*file, e);
+  absl::StatusOr<Model> scaled = LoadModel(*edited);
+  ASSERT_TRUE(scaled.ok()) << scaled.status();
+  EXPECT_EQ(scaled->config.rope_scaling.freq_scale, 0.25f);
+  EXPECT_EQ(scaled->config.rope_scaling.ext_factor, 0.0f);
+  const absl::Status refused = RequireClassicForward(*scaled, "the CUDA engine");
+  EXPECT_TRUE(MessageHas(refused, "RoPE scaling (qwen3moe.rope.scaling.type")) << refused;
+  EXPECT_TRUE(MessageHas(refused, "is not computed by the CUDA engine yet")) << refused;
 }
 
 TEST(LoadModel, TiedOutputUsesTheEmbeddingWhereLlamaCppAllowsIt) {

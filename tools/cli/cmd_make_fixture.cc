@@ -19,7 +19,8 @@
 #include "tools/cli/commands.h"
 
 // What each flag means to each command: tools/cli/command_line.cc.
-ABSL_FLAG(std::string, arch, "qwen3moe", "qwen3moe | olmoe | qwen2moe | mixtral");
+ABSL_FLAG(std::string, arch, "qwen3moe", "qwen3moe | olmoe | qwen2moe | mixtral | gpt-oss");
+ABSL_FLAG(int32_t, swa, 4, "make-fixture: gpt-oss: the attention window of the even layers");
 ABSL_FLAG(int32_t, layers, 0, "layers (0: the command's default)");
 ABSL_FLAG(int32_t, experts, 0, "routed experts per layer (0: the command's default)");
 ABSL_FLAG(int32_t, top_k, moegraph::kUnsetTopK,
@@ -110,8 +111,8 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   FixtureSpec spec;
   const std::string arch = absl::GetFlag(FLAGS_arch);
   if (!arch_from_name(arch, &spec.arch)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--arch ", arch, " is not one of qwen3moe, olmoe, qwen2moe, mixtral"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--arch ", arch, " is not one of qwen3moe, olmoe, qwen2moe, mixtral, gpt-oss"));
   }
   spec.n_layer = FlagOr(FLAGS_layers, spec.n_layer);
   spec.n_expert = FlagOr(FLAGS_experts, spec.n_expert);
@@ -135,6 +136,7 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   spec.expert_variants = absl::GetFlag(FLAGS_expert_variants);
   spec.legacy_experts = absl::GetFlag(FLAGS_legacy_experts);
   spec.tied_output = absl::GetFlag(FLAGS_tied_output);
+  spec.n_swa = absl::GetFlag(FLAGS_swa);
   FixtureVocab vocab;
   if (const std::string json = absl::GetFlag(FLAGS_tokenizer_json); !json.empty()) {
     absl::StatusOr<FixtureVocab> read = ReadHfTokenizer(json, absl::GetFlag(FLAGS_pad_vocab));
