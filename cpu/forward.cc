@@ -15,7 +15,6 @@
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
 #include "loader/quant.h"
-#include "loader/status_util.h"
 
 namespace moegraph {
 namespace {
@@ -33,7 +32,9 @@ std::vector<float> OptionalTensor(const GgufTensor* t) {
 }
 
 struct LayerVectors {
-  std::vector<float> attn_norm, ffn_norm, q_norm, k_norm, bq, bk, bv;
+  std::vector<float> attn_norm, ffn_norm, q_norm, k_norm, bq, bk, bv, bo, sinks, router_b;
+  // Expert biases, expert e's at e * n_ff_exp (down: e * n_embd); empty when none.
+  std::vector<float> gate_b, up_b, down_b;
 };
 
 // Activation rows quantized for one weight type.
@@ -68,7 +69,10 @@ class CpuForward final : public Oracle {
     for (const LayerTensors& lt : model.layers) {
       layers_.push_back({TensorToFloat(*lt.attn_norm), TensorToFloat(*lt.ffn_norm),
                          OptionalTensor(lt.q_norm), OptionalTensor(lt.k_norm),
-                         OptionalTensor(lt.bq), OptionalTensor(lt.bk), OptionalTensor(lt.bv)});
+                         OptionalTensor(lt.bq), OptionalTensor(lt.bk), OptionalTensor(lt.bv),
+                         OptionalTensor(lt.bo), OptionalTensor(lt.sinks),
+                         OptionalTensor(lt.router_b), OptionalTensor(lt.gate_exps_b),
+                         OptionalTensor(lt.up_exps_b), OptionalTensor(lt.down_exps_b)});
     }
     output_norm_ = TensorToFloat(*model.output_norm);
     const size_t layer_bytes = KvCacheBytes(cfg, max_ctx, options.kv_type) / cfg.n_layer / 2;
@@ -96,7 +100,7 @@ class CpuForward final : public Oracle {
   void AttentionBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
   void Rope(float* x, int n_head, int64_t n);
   void MoeBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
-  void Experts(const std::vector<float>& h, absl::Span<const int64_t> rows,
+  void Experts(int il, const std::vector<float>& h, absl::Span<const int64_t> rows,
                absl::Span<const int32_t> chosen, absl::Span<const ExpertWeights> views,
                std::vector<float>* expert_out);
 
@@ -250,36 +254,44 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
     std::memcpy(vc, v.data(), v.size() * 4);
   }
 
-  // One task per (row, head): softmax(scale q.k) . v over positions 0..pos.
+  // One task per (row, head): softmax(scale q.k) . v over positions 0..pos, or
+  // the window's last n_swa of them, with the head's sink where there is one.
   std::vector<float>& attn = s_.attn;
   attn.resize(q.size());
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   const int group = cfg.n_head / cfg.n_head_kv;
+  const int window = cfg.swa_layer(il) ? cfg.n_swa : 0;
+  const size_t stride = static_cast<size_t>(kv_len) * elem;
   const uint8_t* k_all = k_cache_[il].data();
   const uint8_t* v_all = v_cache_[il].data();
   pool_.Run(n * cfg.n_head, [&](int64_t task) {
     const int64_t t = task / cfg.n_head;
     const int hd = static_cast<int>(task % cfg.n_head);
     const int64_t n_seen = n_past_ + t + 1;
+    const int64_t first = window > 0 ? std::max<int64_t>(0, n_seen - window) : 0;
     const float* qh = q.data() + t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
-    const size_t kv_off = static_cast<size_t>(hd / group) * cfg.head_dim * elem;
+    const size_t kv_off =
+        static_cast<size_t>(first) * stride + static_cast<size_t>(hd / group) * cfg.head_dim * elem;
     thread_local std::vector<float> scores;
-    scores.resize(static_cast<size_t>(n_seen));
+    scores.resize(static_cast<size_t>(n_seen - first));
     float* oh = attn.data() + t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
-    SimdAttendHead(qh, k_all + kv_off, v_all + kv_off, static_cast<size_t>(kv_len) * elem, kv_f16_,
-                   n_seen, cfg.head_dim, kq_scale, scores.data(), oh);
+    const float sink = lv.sinks.empty() ? -INFINITY : lv.sinks[hd];
+    SimdAttendHead(qh, k_all + kv_off, v_all + kv_off, stride, kv_f16_, n_seen - first,
+                   cfg.head_dim, kq_scale, sink, scores.data(), oh);
   });
   out->resize(static_cast<size_t>(n * cfg.n_embd));
   MatMul(weight_view(*lt.wo), attn.data(), n, out->data());
+  if (!lv.bo.empty()) AddBias(lv.bo, absl::MakeSpan(*out));
 }
 
 // The experts for rows (indices into h), chosen[i * k + r] with views[i * k + r]:
 // gate and up for every (row, rank) at once, swiglu, then down; each (row, rank)
 // output lands in expert_out[(i * k + r) * n_embd].
-void CpuForward::Experts(const std::vector<float>& h, absl::Span<const int64_t> rows,
+void CpuForward::Experts(int il, const std::vector<float>& h, absl::Span<const int64_t> rows,
                          absl::Span<const int32_t> chosen, absl::Span<const ExpertWeights> views,
                          std::vector<float>* expert_out) {
   const ModelConfig& cfg = model_.config;
+  const LayerVectors& lv = layers_[il];
   const int k = cfg.n_expert_used;
   const int64_t n_embd = cfg.n_embd;
   const int64_t n_pairs = static_cast<int64_t>(rows.size()) * k;
@@ -333,7 +345,7 @@ void CpuForward::Experts(const std::vector<float>& h, absl::Span<const int64_t> 
   }
   MatMuls(jobs);
 
-  // swiglu, then the down projection's input.
+  // The activation (with gpt-oss's biases first), then the down projection's input.
   for (size_t g = 0; g < n_groups; ++g) {
     const ExpertWeights& w = views[pairs_of[g][0]];
     mid[g].type = act_type_for(w.down.type);
@@ -344,10 +356,18 @@ void CpuForward::Experts(const std::vector<float>& h, absl::Span<const int64_t> 
   }
   pool_.Run(static_cast<int64_t>(quantize_tasks.size()), [&](int64_t task) {
     const auto [g, i] = quantize_tasks[task];
-    float* gi = gate[g].data() + i * ff;
-    Swiglu({gi, static_cast<size_t>(ff)}, {up[g].data() + i * ff, static_cast<size_t>(ff)},
-           {gi, static_cast<size_t>(ff)});
-    quantize_act_row(mid[g].type, gi, ff, mid[g].data.data() + i * mid[g].row_bytes);
+    const absl::Span<float> gi(gate[g].data() + i * ff, static_cast<size_t>(ff));
+    const absl::Span<float> ui(up[g].data() + i * ff, static_cast<size_t>(ff));
+    if (!lv.gate_b.empty()) {
+      AddBias(absl::MakeConstSpan(lv.gate_b).subspan(experts[g] * ff, ff), gi);
+      AddBias(absl::MakeConstSpan(lv.up_b).subspan(experts[g] * ff, ff), ui);
+    }
+    if (cfg.expert_act == ExpertAct::kSwigluOai) {
+      SwigluOai(gi, ui, gi);
+    } else {
+      Swiglu(gi, ui, gi);
+    }
+    quantize_act_row(mid[g].type, gi.data(), ff, mid[g].data.data() + i * mid[g].row_bytes);
   });
   jobs.clear();
   for (size_t g = 0; g < n_groups; ++g) {
@@ -357,8 +377,12 @@ void CpuForward::Experts(const std::vector<float>& h, absl::Span<const int64_t> 
   expert_out->resize(static_cast<size_t>(n_pairs * n_embd));
   for (size_t g = 0; g < n_groups; ++g) {
     for (size_t i = 0; i < pairs_of[g].size(); ++i) {
-      std::copy_n(down[g].data() + i * n_embd, n_embd,
-                  expert_out->data() + pairs_of[g][i] * n_embd);
+      float* y = expert_out->data() + pairs_of[g][i] * n_embd;
+      std::copy_n(down[g].data() + i * n_embd, n_embd, y);
+      if (!lv.down_b.empty()) {
+        AddBias(absl::MakeConstSpan(lv.down_b).subspan(experts[g] * n_embd, n_embd),
+                {y, static_cast<size_t>(n_embd)});
+      }
     }
   }
 }
@@ -369,14 +393,17 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
   const int64_t n_embd = cfg.n_embd;
   const int k = cfg.n_expert_used;
 
-  // The router as the oracle's: softmax over all experts, top-k, norm_w.
+  // The router as the oracle's: softmax over all experts, top-k, norm_w; or
+  // gpt-oss's bias and softmax over the k chosen logits.
   std::vector<float>& probs = s_.probs;
   probs.resize(static_cast<size_t>(n * cfg.n_expert));
   MatMul(weight_view(*lt.router), h.data(), n, probs.data());
-  Softmax(cfg.n_expert, absl::MakeSpan(probs));
+  const LayerVectors& lv = layers_[il];
+  if (!lv.router_b.empty()) AddBias(lv.router_b, absl::MakeSpan(probs));
+  if (cfg.gating == ExpertGating::kSoftmax) Softmax(cfg.n_expert, absl::MakeSpan(probs));
   std::vector<int32_t>& chosen = s_.chosen;
   std::vector<double>& weight = s_.weight;
-  SelectExperts(probs, cfg.n_expert, k, cfg.norm_topk_prob, &chosen, &weight);
+  SelectExperts(probs, cfg.n_expert, k, cfg.norm_topk_prob, &chosen, &weight, cfg.gating);
   for (int64_t t = 0; t < n; ++t) {
     experts_->Route(il, absl::MakeSpan(chosen).subspan(t * k, k),
                     absl::MakeSpan(weight).subspan(t * k, k));
@@ -401,11 +428,11 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
       continue;
     }
     const int64_t row[] = {t};
-    Experts(h, row, absl::MakeConstSpan(chosen).subspan(t * k, k),
+    Experts(il, h, row, absl::MakeConstSpan(chosen).subspan(t * k, k),
             absl::MakeConstSpan(views).subspan(t * k, k), &part);
     std::copy(part.begin(), part.end(), expert_out.begin() + t * k * n_embd);
   }
-  if (batch) Experts(h, rows, chosen, views, &expert_out);
+  if (batch) Experts(il, h, rows, chosen, views, &expert_out);
 
   std::vector<float>& shared = s_.shared;
   std::vector<float>& shared_logit = s_.shared_logit;
@@ -461,13 +488,8 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
   rope_cos_.resize(static_cast<size_t>(n * half));
   rope_sin_.resize(rope_cos_.size());
   for (int64_t t = 0; t < n; ++t) {
-    for (int i = 0; i < half; ++i) {
-      const double theta =
-          static_cast<double>(n_past_ + t) * std::pow(static_cast<double>(cfg.rope_freq_base),
-                                                      -2.0 * i / static_cast<double>(cfg.head_dim));
-      rope_cos_[t * half + i] = std::cos(theta);
-      rope_sin_[t * half + i] = std::sin(theta);
-    }
+    RopeCosSin(static_cast<int32_t>(n_past_ + t), cfg.head_dim, cfg.rope_freq_base,
+               cfg.rope_scaling, rope_cos_.data() + t * half, rope_sin_.data() + t * half);
   }
 
   std::vector<float>& x = s_.x;
@@ -512,7 +534,6 @@ absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int
     return absl::InvalidArgumentError(absl::StrFormat(
         "-t %d: threads must be positive (0: the physical cores)", options.threads));
   }
-  MG_RETURN_IF_ERROR(RequireClassicForward(model, "the CPU backend"));
   const ModelConfig& cfg = model.config;
   if (cfg.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("cpu: head_dim %d is odd", cfg.head_dim));

@@ -254,15 +254,15 @@ void AxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
 }
 
 void AttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
-                int64_t n, int head_dim, float scale, float* scores, float* out) {
-  float max = -INFINITY;
+                int64_t n, int head_dim, float scale, float sink, float* scores, float* out) {
+  float max = sink;
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* kj = k + static_cast<size_t>(j) * stride;
     scores[j] = scale * (f16 ? DotF16(q, reinterpret_cast<const uint16_t*>(kj), head_dim)
                              : DotF32(q, reinterpret_cast<const float*>(kj), head_dim));
     max = std::max(max, scores[j]);
   }
-  double sum = 0.0;
+  double sum = sink == -INFINITY ? 0.0 : std::exp(static_cast<double>(sink) - max);
   for (int64_t j = 0; j < n; ++j) {
     scores[j] = std::exp(scores[j] - max);
     sum += scores[j];
@@ -346,18 +346,29 @@ void DotQ8_0Tile(const block_q8_0* const* x, const block_q8_0* const* y, int64_t
   }
 }
 
-template <int N>
-void DotQ4_0Tile(const block_q4_0* x, const block_q8_0* const* y, int64_t nb, float* out) {
+// The 4-bit types with a 16-entry value table and one scale per 32 (q4_0's table
+// is i - 8, iq4_nl's kvalues_iq4nl, mxfp4's doubled E2M1 values): the nibbles
+// looked up in the table (vpshufb), then q8_0's signed dot.
+HWY_INLINE float BlockScale(const block_q4_0& b) { return F16(b.d); }
+HWY_INLINE float BlockScale(const block_iq4_nl& b) { return F16(b.d); }
+HWY_INLINE float BlockScale(const block_mxfp4& b) { return e8m0_to_f32_half(b.e); }
+
+template <int N, typename Block>
+void DotNibbleTile(const Block* x, const block_q8_0* const* y, int64_t nb, uint64_t table_low,
+                   uint64_t table_high, float* out) {
   const hn::Full128<uint8_t> d128;
+  alignas(16) uint64_t table_words[2] = {table_low, table_high};
+  const auto table128 = hn::Load(d128, reinterpret_cast<const uint8_t*>(table_words));
+  const auto table = hn::BitCast(DI8(), hn::Combine(DU8(), table128, table128));
   VF32 acc[N];
   for (int n = 0; n < N; ++n) acc[n] = hn::Zero(DF32());
   for (int64_t b = 0; b < nb; ++b) {
     const auto q = hn::LoadU(d128, x[b].qs);  // elements i (low nibble) and i + 16 (high)
     const auto nibbles =
         hn::Combine(DU8(), hn::ShiftRight<4>(q), hn::And(q, hn::Set(d128, uint8_t{0x0F})));
-    const auto w = hn::Sub(hn::BitCast(DI8(), nibbles), hn::Set(DI8(), int8_t{8}));
+    const auto w = hn::TableLookupBytes(table, hn::BitCast(DI8(), nibbles));
     const auto abs_w = hn::BitCast(DU8(), hn::Abs(w));
-    const float dx = F16(x[b].d);
+    const float dx = BlockScale(x[b]);
     for (int n = 0; n < N; ++n) {
       const VI32 s = DotI8(abs_w, w, hn::LoadU(DI8(), y[n][b].qs));
       acc[n] = hn::MulAdd(hn::ConvertTo(DF32(), s), hn::Set(DF32(), dx * F16(y[n][b].d)), acc[n]);
@@ -365,6 +376,9 @@ void DotQ4_0Tile(const block_q4_0* x, const block_q8_0* const* y, int64_t nb, fl
   }
   for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
 }
+
+// -8 .. 7: q4_0's nibble minus 8, as a table.
+constexpr uint64_t kQ4_0Low = 0xfffefdfcfbfaf9f8ull, kQ4_0High = 0x0706050403020100ull;
 
 // q4_K/q5_K's eight 6-bit scales and mins from their 12 bytes at once, as
 // ggml's SIMD code unpacks them (get_scale_min_k4, four bytes at a time).
@@ -513,11 +527,14 @@ float DotRow(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t cols) 
     case GgmlType::kQ5_1:
     case GgmlType::kQ2_K:
     case GgmlType::kQ3_K:
-    case GgmlType::kIQ4_NL:
     case GgmlType::kIQ4_XS:
-    case GgmlType::kMXFP4:
       // No vector kernel yet: ggml's generic C order (cpu/act_quant.h).
       return dot_row_ref(type, w, act, cols);
+#ifndef MOEGRAPH_X86_TILES
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kMXFP4:
+      return dot_row_ref(type, w, act, cols);
+#endif
     default:
       break;
   }
@@ -566,7 +583,20 @@ void DotTile(GgmlType type, const uint8_t* const* w, const uint8_t* const* act, 
                                     out);
     case GgmlType::kQ4_0:
       for (int r = 0; r < R; ++r) {
-        DotQ4_0Tile<N>(reinterpret_cast<const block_q4_0*>(w[r]), y0, cols / QK4_0, out + r * N);
+        DotNibbleTile<N>(reinterpret_cast<const block_q4_0*>(w[r]), y0, cols / QK4_0, kQ4_0Low,
+                         kQ4_0High, out + r * N);
+      }
+      return;
+    case GgmlType::kIQ4_NL:
+      for (int r = 0; r < R; ++r) {
+        DotNibbleTile<N>(reinterpret_cast<const block_iq4_nl*>(w[r]), y0, cols / QK4_0, kIq4nlLow,
+                         kIq4nlHigh, out + r * N);
+      }
+      return;
+    case GgmlType::kMXFP4:
+      for (int r = 0; r < R; ++r) {
+        DotNibbleTile<N>(reinterpret_cast<const block_mxfp4*>(w[r]), y0, cols / QK4_0, kMxfp4Low,
+                         kMxfp4High, out + r * N);
       }
       return;
     case GgmlType::kQ6_K:
@@ -654,8 +684,8 @@ void SimdAxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
 }
 
 void SimdAttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
-                    int64_t n, int head_dim, float scale, float* scores, float* out) {
-  HWY_DYNAMIC_DISPATCH(AttendHead)(q, k, v, stride, f16, n, head_dim, scale, scores, out);
+                    int64_t n, int head_dim, float scale, float sink, float* scores, float* out) {
+  HWY_DYNAMIC_DISPATCH(AttendHead)(q, k, v, stride, f16, n, head_dim, scale, sink, scores, out);
 }
 
 std::vector<int64_t> SimdTargets() { return hwy::SupportedAndGeneratedTargets(); }

@@ -82,13 +82,8 @@ void AddInPlace(absl::Span<const float> b, absl::Span<float> a) {
   for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
 }
 
-void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_t> positions,
-          float freq_base, RopeType type, const RopeScaling& scaling) {
-  CheckOrDie(head_dim > 0 && head_dim % 2 == 0, "Rope: head_dim even");
-  const int64_t row_len = static_cast<int64_t>(n_head) * head_dim;
-  const int64_t n_rows = RowCount(x.size(), row_len, "Rope: x rows of n_head * head_dim");
-  CheckOrDie(positions.size() == static_cast<size_t>(n_rows), "Rope: one position per row");
-  const int half = head_dim / 2;
+void RopeCosSin(int32_t pos, int head_dim, float freq_base, const RopeScaling& scaling,
+                double* cos_out, double* sin_out) {
   // ggml_rope_yarn_corr_dims (ggml.c), in f32 as there: the first and last pair
   // of the ramp from the unscaled to the scaled angle.
   auto corr_dim = [&](float n_rot) {
@@ -102,31 +97,44 @@ void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_
       std::min(static_cast<float>(head_dim - 1), std::ceil(corr_dim(scaling.beta_slow)));
   double mscale = scaling.attn_factor;
   if (scaling.ext_factor != 0.0f) mscale *= 1.0 + 0.1 * std::log(1.0 / scaling.freq_scale);
+  for (int i = 0; i < head_dim / 2; ++i) {
+    // ggml_rope_cache_init: theta_scale = freq_base^(-2/n_dims), pair i at
+    // pos * theta_scale^i; here in closed form and f64. rope_yarn: the angle
+    // interpolated by freq_scale, mixed back towards the extrapolated one by the
+    // ramp of pair i (rope_yarn_ramp) times ext_factor.
+    const double extrap =
+        pos * std::pow(static_cast<double>(freq_base), -2.0 * i / static_cast<double>(head_dim));
+    double theta = scaling.freq_scale * extrap;
+    if (scaling.ext_factor != 0.0f) {
+      const double y = (i - corr_low) / std::max(0.001f, corr_high - corr_low);
+      const double mix = (1.0 - std::min(1.0, std::max(0.0, y))) * scaling.ext_factor;
+      theta = theta * (1.0 - mix) + extrap * mix;
+    }
+    cos_out[i] = std::cos(theta) * mscale;
+    sin_out[i] = std::sin(theta) * mscale;
+  }
+}
+
+void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_t> positions,
+          float freq_base, RopeType type, const RopeScaling& scaling) {
+  CheckOrDie(head_dim > 0 && head_dim % 2 == 0, "Rope: head_dim even");
+  const int64_t row_len = static_cast<int64_t>(n_head) * head_dim;
+  const int64_t n_rows = RowCount(x.size(), row_len, "Rope: x rows of n_head * head_dim");
+  CheckOrDie(positions.size() == static_cast<size_t>(n_rows), "Rope: one position per row");
+  const int half = head_dim / 2;
+  std::vector<double> c(static_cast<size_t>(half)), s(c.size());
   for (int64_t t = 0; t < n_rows; ++t) {
+    RopeCosSin(positions[t], head_dim, freq_base, scaling, c.data(), s.data());
     for (int h = 0; h < n_head; ++h) {
       float* head = x.data() + t * row_len + static_cast<int64_t>(h) * head_dim;
       for (int i = 0; i < half; ++i) {
-        // ggml_rope_cache_init: theta_scale = freq_base^(-2/n_dims), pair i at
-        // pos * theta_scale^i; here in closed form and f64. rope_yarn: the
-        // angle interpolated by freq_scale, mixed back towards the extrapolated
-        // one by the ramp of pair i (rope_yarn_ramp) times ext_factor.
-        const double extrap = positions[t] * std::pow(static_cast<double>(freq_base),
-                                                      -2.0 * i / static_cast<double>(head_dim));
-        double theta = scaling.freq_scale * extrap;
-        if (scaling.ext_factor != 0.0f) {
-          const double y = (i - corr_low) / std::max(0.001f, corr_high - corr_low);
-          const double mix = (1.0 - std::min(1.0, std::max(0.0, y))) * scaling.ext_factor;
-          theta = theta * (1.0 - mix) + extrap * mix;
-        }
-        const double c = std::cos(theta) * mscale;
-        const double s = std::sin(theta) * mscale;
         // rotate_pairs in ggml-cpu/ops.cpp: NORM (x[2i], x[2i+1]), NEOX (x[i], x[i + n/2]).
         float* a = type == RopeType::kNorm ? head + 2 * i : head + i;
         float* b = type == RopeType::kNorm ? head + 2 * i + 1 : head + i + half;
         const double x0 = *a;
         const double x1 = *b;
-        *a = static_cast<float>(x0 * c - x1 * s);
-        *b = static_cast<float>(x0 * s + x1 * c);
+        *a = static_cast<float>(x0 * c[i] - x1 * s[i]);
+        *b = static_cast<float>(x0 * s[i] + x1 * c[i]);
       }
     }
   }

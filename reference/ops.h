@@ -48,6 +48,11 @@ void AddInPlace(absl::Span<const float> b, absl::Span<float> a);
 void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_t> positions,
           float freq_base, RopeType type, const RopeScaling& scaling = RopeScaling());
 
+// Rope's rotation of pair i (of head_dim / 2) at pos, magnitude factor included:
+// cos and sin for pairs 0 .. head_dim / 2 - 1 into cos_out, sin_out.
+void RopeCosSin(int32_t pos, int head_dim, float freq_base, const RopeScaling& scaling,
+                double* cos_out, double* sin_out);
+
 // Softmax of each row of length row_len, in place (max subtracted first).
 void Softmax(int64_t row_len, absl::Span<float> x);
 

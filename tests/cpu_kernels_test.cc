@@ -277,6 +277,9 @@ TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
     for (int64_t j = 0; j < kPositions; ++j) {
       for (int d = 0; d < kHeadDim; ++d) want[d] += score[j] / sum * at(v, v16, j, d);
     }
+    // A sink 2 above the top score: one more column, e^2 times the top one's.
+    const float sink = static_cast<float>(max + 2.0);
+    const double sink_scale = sum / (sum + std::exp(2.0));
     const size_t elem = f16 ? 2 : 4;
     const uint8_t* kb = f16 ? reinterpret_cast<const uint8_t*>(k16.data())
                             : reinterpret_cast<const uint8_t*>(k.data());
@@ -286,9 +289,14 @@ TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
       SimdForceTarget(target);
       std::vector<float> scores(kPositions), out(kHeadDim, NAN);
       SimdAttendHead(q.data(), kb + kHeadDim * elem, vb + kHeadDim * elem, 2 * kHeadDim * elem, f16,
-                     kPositions, kHeadDim, scale, scores.data(), out.data());
+                     kPositions, kHeadDim, scale, -INFINITY, scores.data(), out.data());
       for (int d = 0; d < kHeadDim; ++d) {
         EXPECT_NEAR(out[d], want[d], 1e-5) << SimdTargetName(target) << " f16 " << f16 << " " << d;
+      }
+      SimdAttendHead(q.data(), kb + kHeadDim * elem, vb + kHeadDim * elem, 2 * kHeadDim * elem, f16,
+                     kPositions, kHeadDim, scale, sink, scores.data(), out.data());
+      for (int d = 0; d < kHeadDim; ++d) {
+        EXPECT_NEAR(out[d], want[d] * sink_scale, 1e-5) << SimdTargetName(target) << " sink " << d;
       }
     }
   }

@@ -363,10 +363,10 @@ TEST(LoadModel, GptOssReadsItsWindowYarnAndBiases) {
     EXPECT_EQ(l.down_exps_b->ne[0], spec.n_embd);
     EXPECT_EQ(l.down_exps_b->ne[1], spec.n_expert);
   }
-  const absl::Status refused = RequireClassicForward(*model, "the CPU backend");
+  const absl::Status refused = RequireClassicForward(*model, "the CUDA engine");
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented);
   EXPECT_TRUE(MessageHas(refused, "gpt-oss (windowed attention")) << refused;
-  EXPECT_TRUE(MessageHas(refused, "is not computed by the CPU backend yet")) << refused;
+  EXPECT_TRUE(MessageHas(refused, "is not computed by the CUDA engine yet")) << refused;
 
   // A missing window, a sink tensor and an unknown RoPE scaling, each named.
   Edits e;

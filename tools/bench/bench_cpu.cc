@@ -96,8 +96,9 @@ void BM_DotSimd(benchmark::State& state, GgmlType type, int64_t target, int64_t 
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
-const GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                           GgmlType::kQ6_K, GgmlType::kF16,  GgmlType::kBF16, GgmlType::kF32};
+const GgmlType kTypes[] = {GgmlType::kQ8_0,  GgmlType::kQ4_0,  GgmlType::kQ4_K, GgmlType::kQ5_K,
+                           GgmlType::kQ6_K,  GgmlType::kF16,   GgmlType::kBF16, GgmlType::kF32,
+                           GgmlType::kMXFP4, GgmlType::kIQ4_NL};
 
 // Rows per type: ref, then each target with 1 and 16 activation rows.
 const bool kRegistered = [] {

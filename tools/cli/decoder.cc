@@ -268,9 +268,8 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
                                                          std::FILE* info) {
   auto d = std::unique_ptr<Decoder>(new Decoder());
   d->sampling_ = flags.sampling;
-  // Before the experts are copied anywhere.
-  MG_RETURN_IF_ERROR(
-      RequireClassicForward(model, flags.cuda ? "the CUDA engine" : "the CPU backend"));
+  // Before the experts are pinned.
+  if (flags.cuda) MG_RETURN_IF_ERROR(RequireClassicForward(model, "the CUDA engine"));
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu.kv_type, max_ctx, info));
   if (flags.cuda) {
     CudaEngineOptions options;

@@ -8,7 +8,7 @@ const model = await llama.loadModel({modelPath});
 const context = await model.createContext({contextSize: 256});
 const sequence = context.getSequence();
 const generated = [];
-for await (const token of sequence.evaluate(prompt.split(",").map(Number), {temperature: 0})) {
+for await (const token of sequence.evaluate(prompt.split(",").map(Number), {temperature: 0, yieldEogToken: true})) {
   generated.push(token);
   if (generated.length >= Number(count)) break;
 }

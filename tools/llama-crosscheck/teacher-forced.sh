@@ -21,14 +21,17 @@ vocab=300
 tokens=11
 for ((i = 1; i < positions; ++i)); do tokens+=",$(((11 + 37 * i) % vocab))"; done
 : > "$work/rows"
-for type in q4_1 q5_0 q5_1 q2_K q3_K iq4_nl iq4_xs mxfp4 q4_K; do
-  args="--arch qwen3moe --layers 2 --experts 8 --top-k 2 --embd 256 --ff 256 --heads 4"
+for arch_type in qwen3moe:q4_1 qwen3moe:q5_0 qwen3moe:q5_1 qwen3moe:q2_K qwen3moe:q3_K \
+                 qwen3moe:iq4_nl qwen3moe:iq4_xs qwen3moe:mxfp4 qwen3moe:q4_K gpt-oss:mxfp4; do
+  arch=${arch_type%%:*}
+  type=${arch_type##*:}
+  args="--arch $arch --layers 2 --experts 8 --top-k 2 --embd 256 --ff 256 --heads 4"
   args+=" --kv-heads 2 --vocab $vocab --quant q8_0,expert=$type --router-skew 1 --seed 7"
   # shellcheck disable=SC2086
-  "$moegraph" make-fixture $args -o "$work/$type.gguf" >/dev/null
-  top=$(node "$here/teacher-forced.mjs" "$work/$type.gguf" "$tokens" 5)
+  "$moegraph" make-fixture $args -o "$work/f.gguf" >/dev/null
+  top=$(node "$here/teacher-forced.mjs" "$work/f.gguf" "$tokens" 5)
   printf '%s\t%s\t%s\n' "$type" "$args" "$top" >> "$work/rows"
-  echo "teacher-forced: $type done" >&2
+  echo "teacher-forced: $arch $type done" >&2
 done
 node - "$work/rows" "$tokens" > "$out" <<'NODE'
 const fs = require("fs");
