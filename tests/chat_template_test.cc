@@ -90,11 +90,11 @@ TEST(ChatTemplateTest, DetectionAndTextEqualLlamaCpps) {
       ++rendered;
     }
   }
-  // 15 templates by name and 12 by markers, 5 conversations each, with and
-  // without the generation prompt; gemma (by name and by marker), phi4 and an
-  // unknown text refused.
-  EXPECT_GE(rendered, 27 * 5 * 2);
-  EXPECT_EQ(refused, 4);
+  // 16 templates by name and 13 by markers (gpt-oss's among them), 5
+  // conversations each, with and without the generation prompt; gemma (by name
+  // and by marker), phi4, llama4 and exaone3 markers and an unknown text refused.
+  EXPECT_GE(rendered, 29 * 5 * 2);
+  EXPECT_EQ(refused, 6);
 }
 
 TEST(ChatTemplateTest, EveryNameRoundTrips) {

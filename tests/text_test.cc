@@ -376,8 +376,8 @@ std::vector<std::string> Corpus() {
   return ReadJson(SourcePath("tests/data/tokenizer/corpus.json")).get<std::vector<std::string>>();
 }
 
-// The vocabulary's folder under vocab/: qwen3 (byte-level BPE) or mistral
-// (SentencePiece).
+// The vocabulary's folder under vocab/: qwen3 and gptoss (byte-level BPE, the
+// qwen2 and gpt-4o pre-tokenizers) or mistral (SentencePiece).
 class RealVocabTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -439,10 +439,29 @@ TEST_P(RealVocabTest, DetokenizingGivesTheTextBack) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocabularies, RealVocabTest, ::testing::Values("qwen3", "mistral"),
+INSTANTIATE_TEST_SUITE_P(Vocabularies, RealVocabTest,
+                         ::testing::Values("qwen3", "mistral", "gptoss"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param);
                          });
+
+// gpt-oss's o200k_harmony: the gpt-4o pre-tokenizer, no space clean-up, and
+// llama.cpp's rule that <|end|> ends a message, not the generation.
+TEST(GptOssVocabTest, HarmonyEndsGenerationAtReturnAndCallOnly) {
+  const Tokenizer* t = RealTokenizer("gptoss");
+  if (t == nullptr) GTEST_SKIP() << "vocab/gptoss is missing: tools/fetch-vocab.sh fetches it";
+  const Vocab& v = t->vocab();
+  EXPECT_EQ(v.pre, "gpt-4o");
+  EXPECT_FALSE(v.clean_spaces);
+  for (const char* eog : {"<|return|>", "<|call|>"}) {
+    ASSERT_NE(v.Find(eog), kNoToken) << eog;
+    EXPECT_TRUE(v.IsEog(v.Find(eog))) << eog;
+  }
+  const int32_t end = v.Find("<|end|>");
+  ASSERT_NE(end, kNoToken);
+  EXPECT_FALSE(v.IsEog(end));
+  EXPECT_EQ(v.types[static_cast<size_t>(end)], TokenType::kUserDefined);
+}
 
 TEST(Qwen3VocabTest, TheVocabularyIsConvertedAsLlamaCppsConverterDoes) {
   const Tokenizer* t = RealTokenizer("qwen3");

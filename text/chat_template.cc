@@ -32,17 +32,18 @@ constexpr Named kRendered[] = {
     {"glmedge", ChatTemplate::kGlmEdge},
     {"zephyr", ChatTemplate::kZephyr},
     {"llama3", ChatTemplate::kLlama3},
+    {"gpt-oss", ChatTemplate::kGptOss},
 };
 
 // llama.cpp's other template names, which moegraph does not render.
 constexpr const char* kNotRendered[] = {
-    "phi4",        "monarch",        "gemma",         "orion",       "openchat",     "vicuna",
-    "vicuna-orca", "deepseek",       "deepseek2",     "deepseek3",   "deepseek-ocr", "command-r",
-    "chatglm3",    "chatglm4",       "minicpm",       "exaone3",     "exaone4",      "exaone-moe",
-    "rwkv-world",  "granite",        "granite-4.0",   "granite-4.1", "gigachat",     "megrez",
-    "yandex",      "bailing",        "bailing-think", "bailing2",    "llama4",       "smolvlm",
-    "hunyuan-moe", "gpt-oss",        "hunyuan-dense", "hunyuan-vl",  "kimi-k2",      "seed_oss",
-    "grok-2",      "pangu-embedded", "solar-open",
+    "phi4",           "monarch",       "gemma",         "orion",       "openchat",     "vicuna",
+    "vicuna-orca",    "deepseek",      "deepseek2",     "deepseek3",   "deepseek-ocr", "command-r",
+    "chatglm3",       "chatglm4",      "minicpm",       "exaone3",     "exaone4",      "exaone-moe",
+    "rwkv-world",     "granite",       "granite-4.0",   "granite-4.1", "gigachat",     "megrez",
+    "yandex",         "bailing",       "bailing-think", "bailing2",    "llama4",       "smolvlm",
+    "hunyuan-moe",    "hunyuan-dense", "hunyuan-vl",    "kimi-k2",     "seed_oss",     "grok-2",
+    "pangu-embedded", "solar-open",
 };
 
 absl::Status NotRendered(std::string_view name) {
@@ -163,6 +164,41 @@ absl::StatusOr<ChatTemplate> DetectChatTemplate(std::string_view tmpl) {
   if (has("### Instruction:") && has("<|EOT|>")) return NotRendered("deepseek");
   if (has("<|START_OF_TURN_TOKEN|>") && has("<|USER_TOKEN|>")) return NotRendered("command-r");
   if (has("<|start_header_id|>") && has("<|end_header_id|>")) return ChatTemplate::kLlama3;
+  if (has("[gMASK]sop")) return NotRendered("chatglm3");
+  if (has("<用户>")) return NotRendered("minicpm");
+  if (has("'Assistant: ' + message['content'] + eos_token")) return NotRendered("deepseek2");
+  if (has("<｜Assistant｜>") && has("<｜User｜>") && has("<｜end▁of▁sentence｜>")) {
+    return NotRendered("deepseek3");
+  }
+  if (has("[|system|]") && has("[|assistant|]") && has("[|endofturn|]")) {
+    return NotRendered(has("[|tool|]") ? "exaone4" : "exaone3");
+  }
+  if (has("rwkv-world") || has("{{- 'User: ' + message['content']|trim + '\\n\\n' -}}")) {
+    return NotRendered("rwkv-world");
+  }
+  if (has("<|start_of_role|>")) {
+    if (has("<tool_call>") || has("<tools>")) {
+      return NotRendered(has("g4_default_system_message") ? "granite-4.0" : "granite-4.1");
+    }
+    return NotRendered("granite");
+  }
+  if (has("message['role'] + additional_special_tokens[0] + message['content'] + "
+          "additional_special_tokens[1]")) {
+    return NotRendered("gigachat");
+  }
+  if (has("<|role_start|>")) return NotRendered("megrez");
+  if (has(" Ассистент:")) return NotRendered("yandex");
+  if (has("<role>ASSISTANT</role>") && has("'HUMAN'")) return NotRendered("bailing");
+  if (has("<role>ASSISTANT</role>") && has("\"HUMAN\"") && has("<think>")) {
+    return NotRendered("bailing-think");
+  }
+  if (has("<role>ASSISTANT</role>") && has("<role>HUMAN</role>") && has("<|role_end|>")) {
+    return NotRendered("bailing2");
+  }
+  if (has("<|header_start|>") && has("<|header_end|>")) return NotRendered("llama4");
+  if (has("<|endofuserprompt|>")) return NotRendered("dots1");
+  if (has("<|extra_0|>") && has("<|extra_4|>")) return NotRendered("hunyuan-moe");
+  if (has("<|start|>") && has("<|channel|>")) return ChatTemplate::kGptOss;
   return absl::InvalidArgumentError(absl::StrFormat(
       "the chat template is not one moegraph recognizes (nor one of llama.cpp's it renders); "
       "--chat-template picks one of: %s",
@@ -232,6 +268,13 @@ std::string ApplyChatTemplate(ChatTemplate t, const std::vector<ChatMessage>& me
                         Trim(m.content), "<|eot_id|>");
       }
       if (add_assistant) absl::StrAppend(&out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+      break;
+    case ChatTemplate::kGptOss:
+      for (const ChatMessage& m : messages) {
+        absl::StrAppend(&out, "<|start|>", m.role, "<|message|>", m.content,
+                        m.role == "assistant" ? "<|return|>" : "<|end|>");
+      }
+      if (add_assistant) absl::StrAppend(&out, "<|start|>assistant");
       break;
   }
   return out;

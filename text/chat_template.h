@@ -33,6 +33,7 @@ enum class ChatTemplate {
   kGlmEdge,
   kZephyr,
   kLlama3,
+  kGptOss,  // llama.cpp's "gpt-oss": Harmony's turns, no channels
 };
 
 struct ChatMessage {

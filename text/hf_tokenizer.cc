@@ -39,6 +39,9 @@ absl::StatusOr<std::string> PreName(const Json& pre, const std::string& path) {
        "qwen2"},
       {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
        "llama-bpe"},
+      // o200k (gpt-oss, GPT-4o), as convert_hf_to_gguf.py names it.
+      {R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+       "gpt-4o"},
   };
   if (pre.is_object() && pre.value("type", "") == "ByteLevel" && pre.value("use_regex", false)) {
     return std::string("gpt-2");
@@ -50,13 +53,14 @@ absl::StatusOr<std::string> PreName(const Json& pre, const std::string& path) {
       if (auto it = kByRegex.find(regex); it != kByRegex.end()) return it->second;
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: pre_tokenizer: the Split regex /%s/ is not one moegraph knows (those of qwen2, "
-          "llama-bpe and gpt-2)",
+          "llama-bpe, gpt-4o and gpt-2)",
           path, regex));
     }
   }
   return absl::InvalidArgumentError(absl::StrCat(
       path,
-      ": pre_tokenizer: not a byte-level pre-tokenizer moegraph knows (qwen2, llama-bpe, gpt-2)"));
+      ": pre_tokenizer: not a byte-level pre-tokenizer moegraph knows (qwen2, llama-bpe, gpt-4o, "
+      "gpt-2)"));
 }
 
 // A config file's special token: a string, an object with "content", or null.

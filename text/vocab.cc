@@ -187,8 +187,9 @@ absl::StatusOr<Vocab> Vocab::FromGguf(const GgufFile& file) {
   }
 
   MG_ASSIGN_OR_RETURN(v.add_space_prefix, flag_or("tokenizer.ggml.add_space_prefix", spm));
-  // Of the pre-tokenizers moegraph runs, llama.cpp turns the clean-up off for qwen2 only.
-  v.clean_spaces = !spm && v.pre != "qwen2";
+  // Of the pre-tokenizers moegraph runs, llama.cpp turns the clean-up off for qwen2
+  // and gpt-4o.
+  v.clean_spaces = !spm && v.pre != "qwen2" && v.pre != "gpt-4o";
   v.byte_token.fill(kNoToken);
   if (spm) {
     for (int32_t i = 0; i < n; ++i) {
@@ -230,6 +231,19 @@ absl::StatusOr<Vocab> Vocab::FromGguf(const GgufFile& file) {
   }
   for (int32_t id : {v.eos, v.eot}) {
     if (id != kNoToken) v.eog.insert(id);
+  }
+  // llama.cpp's o200k_harmony (gpt-oss) and solar-open workaround: with <|return|>
+  // and <|call|>, or <|call|>/<|calls|> and <|flush|>, <|end|> ends a message, not
+  // the generation, and becomes user-defined.
+  auto in_eog = [&](std::string_view text) {
+    const int32_t id = v.Find(text);
+    return id != kNoToken && v.eog.count(id) != 0;
+  };
+  const bool has_call = in_eog("<|call|>") || in_eog("<|calls|>");
+  if (in_eog("<|end|>") && has_call && (in_eog("<|return|>") || in_eog("<|flush|>"))) {
+    const int32_t end = v.Find("<|end|>");
+    v.eog.erase(end);
+    v.types[static_cast<size_t>(end)] = TokenType::kUserDefined;
   }
 
   for (int32_t i = 0; i < n; ++i) {

