@@ -15,30 +15,29 @@ int nearest_int(float x) {
   return (i & 0x007fffff) - 0x00400000;
 }
 
+// One 32-value block of quantize_row_q8_0_ref: returns d, writes qs.
+float quantize_block_q8(const float* x, int8_t* qs) {
+  float amax = 0.0f;
+  for (int j = 0; j < QK8_0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < QK8_0; ++j) qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+  return d;
+}
+
 void quantize_q8_0(const float* x, int64_t cols, block_q8_0* y) {
   for (int64_t b = 0; b < cols / QK8_0; ++b, x += QK8_0) {
-    float amax = 0.0f;
-    for (int j = 0; j < QK8_0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[b].d = f32_to_f16(d);
-    for (int j = 0; j < QK8_0; ++j) y[b].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+    y[b].d = f32_to_f16(quantize_block_q8(x, y[b].qs));
   }
 }
 
 // quantize_row_q8_1_ref: q8_0's rounding, and s from the integer sum.
 void quantize_q8_1(const float* x, int64_t cols, block_q8_1* y) {
   for (int64_t b = 0; b < cols / QK8_0; ++b, x += QK8_0) {
-    float amax = 0.0f;
-    for (int j = 0; j < QK8_0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[b].d = f32_to_f16(d);
+    const float d = quantize_block_q8(x, y[b].qs);
     int sum = 0;
-    for (int j = 0; j < QK8_0; ++j) {
-      y[b].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
-      sum += y[b].qs[j];
-    }
+    for (int j = 0; j < QK8_0; ++j) sum += y[b].qs[j];
+    y[b].d = f32_to_f16(d);
     y[b].s = f32_to_f16(static_cast<float>(sum) * d);
   }
 }

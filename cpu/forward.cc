@@ -32,7 +32,7 @@ std::vector<float> OptionalTensor(const GgufTensor* t) {
 }
 
 struct LayerVectors {
-  std::vector<float> attn_norm, ffn_norm, q_norm, k_norm, bq, bk, bv, bo, sinks, router_b;
+  std::vector<float> attn_norm, ffn_norm, q_norm, k_norm, bq, bk, bv, bo, sinks, router_b, score_b;
   // Expert biases, expert e's at e * n_ff_exp (down: e * n_embd); empty when none.
   std::vector<float> gate_b, up_b, down_b;
 };
@@ -67,12 +67,12 @@ class CpuForward final : public Oracle {
         kv_f16_(options.kv_type == KvCacheType::kF16) {
     const ModelConfig& cfg = model.config;
     for (const LayerTensors& lt : model.layers) {
-      layers_.push_back({TensorToFloat(*lt.attn_norm), TensorToFloat(*lt.ffn_norm),
-                         OptionalTensor(lt.q_norm), OptionalTensor(lt.k_norm),
-                         OptionalTensor(lt.bq), OptionalTensor(lt.bk), OptionalTensor(lt.bv),
-                         OptionalTensor(lt.bo), OptionalTensor(lt.sinks),
-                         OptionalTensor(lt.router_b), OptionalTensor(lt.gate_exps_b),
-                         OptionalTensor(lt.up_exps_b), OptionalTensor(lt.down_exps_b)});
+      layers_.push_back(
+          {TensorToFloat(*lt.attn_norm), TensorToFloat(*lt.ffn_norm), OptionalTensor(lt.q_norm),
+           OptionalTensor(lt.k_norm), OptionalTensor(lt.bq), OptionalTensor(lt.bk),
+           OptionalTensor(lt.bv), OptionalTensor(lt.bo), OptionalTensor(lt.sinks),
+           OptionalTensor(lt.router_b), OptionalTensor(lt.score_b), OptionalTensor(lt.gate_exps_b),
+           OptionalTensor(lt.up_exps_b), OptionalTensor(lt.down_exps_b)});
     }
     output_norm_ = TensorToFloat(*model.output_norm);
     const size_t layer_bytes = KvCacheBytes(cfg, max_ctx, options.kv_type) / cfg.n_layer / 2;
@@ -100,6 +100,10 @@ class CpuForward final : public Oracle {
   void AttentionBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
   void Rope(float* x, int n_head, int64_t n);
   void MoeBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
+  // down(silu(gate h) * up h) for the dense FFN of a leading layer or a shared expert.
+  void GatedFfn(const GgufTensor& gate, const GgufTensor& up, const GgufTensor& down,
+                const GgufTensor* gate_inp, const std::vector<float>& h, int64_t n,
+                std::vector<float>* out, std::vector<float>* gate_logit);
   void Experts(int il, const std::vector<float>& h, absl::Span<const int64_t> rows,
                absl::Span<const int32_t> chosen, absl::Span<const ExpertWeights> views,
                std::vector<float>* expert_out);
@@ -123,7 +127,7 @@ class CpuForward final : public Oracle {
     std::vector<float> x, h, block_out;                                // Run
     std::vector<float> q, k, v, attn;                                  // AttentionBlock
     std::vector<float> probs, expert_out, part, shared, shared_logit;  // MoeBlock
-    std::vector<float> shexp_gate, shexp_up;
+    std::vector<float> shexp_gate, shexp_up;                           // GatedFfn's gate and up
     std::vector<int32_t> chosen;
     std::vector<double> weight;
     std::vector<ExpertWeights> views;
@@ -196,7 +200,7 @@ void CpuForward::MatMul(const WeightView& w, const float* x, int64_t rows, float
 
 void CpuForward::Rope(float* x, int n_head, int64_t n) {
   const ModelConfig& cfg = model_.config;
-  const int half = cfg.head_dim / 2;
+  const int half = cfg.n_rot / 2;  // dimensions from n_rot on stay as they are
   for (int64_t t = 0; t < n; ++t) {
     for (int h = 0; h < n_head; ++h) {
       float* head = x + (t * n_head + h) * cfg.head_dim;
@@ -400,10 +404,11 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
   MatMul(weight_view(*lt.router), h.data(), n, probs.data());
   const LayerVectors& lv = layers_[il];
   if (!lv.router_b.empty()) AddBias(lv.router_b, absl::MakeSpan(probs));
-  if (cfg.gating == ExpertGating::kSoftmax) Softmax(cfg.n_expert, absl::MakeSpan(probs));
+  GateProbs(cfg.gating, cfg.n_expert, absl::MakeSpan(probs));
   std::vector<int32_t>& chosen = s_.chosen;
   std::vector<double>& weight = s_.weight;
-  SelectExperts(probs, cfg.n_expert, k, cfg.norm_topk_prob, &chosen, &weight, cfg.gating);
+  SelectExperts(probs, cfg.n_expert, k, cfg.norm_topk_prob, &chosen, &weight, cfg.gating,
+                lv.score_b, cfg.expert_weights_scale);
   for (int64_t t = 0; t < n; ++t) {
     experts_->Route(il, absl::MakeSpan(chosen).subspan(t * k, k),
                     absl::MakeSpan(weight).subspan(t * k, k));
@@ -437,25 +442,17 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
   std::vector<float>& shared = s_.shared;
   std::vector<float>& shared_logit = s_.shared_logit;
   shared.clear();
+  shared_logit.clear();
   if (lt.shexp_gate != nullptr) {
-    const WeightView sg = weight_view(*lt.shexp_gate), su = weight_view(*lt.shexp_up),
-                     sd = weight_view(*lt.shexp_down);
-    std::vector<float>& g = s_.shexp_gate;
-    std::vector<float>& u = s_.shexp_up;
-    g.resize(static_cast<size_t>(n * sg.rows));
-    u.resize(g.size());
-    shared_logit.resize(static_cast<size_t>(n));
-    MatMulsOfOneInput(
-        h.data(), n,
-        {{sg, g.data()}, {su, u.data()}, {weight_view(*lt.shexp_gate_inp), shared_logit.data()}});
-    Swiglu(g, u, absl::MakeSpan(g));
-    shared.resize(static_cast<size_t>(n * n_embd));
-    MatMul(sd, g.data(), n, shared.data());
+    GatedFfn(*lt.shexp_gate, *lt.shexp_up, *lt.shexp_down, lt.shexp_gate_inp, h, n, &shared,
+             &shared_logit);
   }
 
   out->resize(static_cast<size_t>(n * n_embd));
   for (int64_t t = 0; t < n; ++t) {
-    const double shared_scale = shared.empty() ? 0.0 : Sigmoid(shared_logit[t]);
+    const double shared_scale = shared.empty()         ? 0.0
+                                : shared_logit.empty() ? 1.0
+                                                       : Sigmoid(shared_logit[t]);
     for (int64_t i = 0; i < n_embd; ++i) {
       double acc = 0.0;
       for (int r = 0; r < k; ++r) acc += weight[t * k + r] * expert_out[(t * k + r) * n_embd + i];
@@ -463,6 +460,27 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
       (*out)[t * n_embd + i] = static_cast<float>(acc);
     }
   }
+}
+
+void CpuForward::GatedFfn(const GgufTensor& gate, const GgufTensor& up, const GgufTensor& down,
+                          const GgufTensor* gate_inp, const std::vector<float>& h, int64_t n,
+                          std::vector<float>* out, std::vector<float>* gate_logit) {
+  const WeightView gw = weight_view(gate), uw = weight_view(up), dw = weight_view(down);
+  std::vector<float>& g = s_.shexp_gate;
+  std::vector<float>& u = s_.shexp_up;
+  g.resize(static_cast<size_t>(n * gw.rows));
+  u.resize(g.size());
+  if (gate_inp != nullptr) {
+    gate_logit->resize(static_cast<size_t>(n));
+    MatMulsOfOneInput(
+        h.data(), n,
+        {{gw, g.data()}, {uw, u.data()}, {weight_view(*gate_inp), gate_logit->data()}});
+  } else {
+    MatMulsOfOneInput(h.data(), n, {{gw, g.data()}, {uw, u.data()}});
+  }
+  Swiglu(g, u, absl::MakeSpan(g));
+  out->resize(static_cast<size_t>(n * dw.rows));
+  MatMul(dw, g.data(), n, out->data());
 }
 
 absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tokens,
@@ -484,12 +502,12 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
   const int64_t n_embd = cfg.n_embd;
 
   // RoPE angles of this batch's positions, as the oracle computes them.
-  const int half = cfg.head_dim / 2;
+  const int half = cfg.n_rot / 2;
   rope_cos_.resize(static_cast<size_t>(n * half));
   rope_sin_.resize(rope_cos_.size());
   for (int64_t t = 0; t < n; ++t) {
-    RopeCosSin(static_cast<int32_t>(n_past_ + t), cfg.head_dim, cfg.rope_freq_base,
-               cfg.rope_scaling, rope_cos_.data() + t * half, rope_sin_.data() + t * half);
+    RopeCosSin(static_cast<int32_t>(n_past_ + t), cfg.n_rot, cfg.rope_freq_base, cfg.rope_scaling,
+               rope_cos_.data() + t * half, rope_sin_.data() + t * half);
   }
 
   std::vector<float>& x = s_.x;
@@ -505,7 +523,12 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
     AttentionBlock(il, h, n, &block_out);
     AddInPlace(block_out, absl::MakeSpan(x));
     RmsNorm(x, layers_[il].ffn_norm, cfg.rms_eps, absl::MakeSpan(h));
-    MoeBlock(il, h, n, &block_out);
+    if (cfg.moe_layer(il)) {
+      MoeBlock(il, h, n, &block_out);
+    } else {
+      const LayerTensors& lt = model_.layers[il];
+      GatedFfn(*lt.ffn_gate, *lt.ffn_up, *lt.ffn_down, nullptr, h, n, &block_out, nullptr);
+    }
     AddInPlace(block_out, absl::MakeSpan(x));
   }
   n_past_ += static_cast<int>(n);

@@ -59,7 +59,15 @@ absl::StatusOr<Doors> DoorsFromEnv(std::map<std::string, std::string> vars) {
   return resolved.doors;
 }
 
+// Experts selected per step: k in each MoE layer.
 uint64_t SelectedPerStep(const Model& model) {
+  return static_cast<uint64_t>(model.config.n_moe_layer()) *
+         static_cast<uint64_t>(model.config.n_expert_used);
+}
+
+// Ids the routing record holds per step: k for every layer, a dense layer's
+// as kMissingExpert.
+uint64_t RecordedPerStep(const Model& model) {
   return static_cast<uint64_t>(model.config.n_layer) *
          static_cast<uint64_t>(model.config.n_expert_used);
 }
@@ -213,10 +221,10 @@ absl::StatusOr<std::string> SimulatePolicy(GateContext& context, const Doors& do
   MG_RETURN_IF_ERROR(ExpectMoved(delta, Counter::kEvictions, arm));
 
   const std::vector<int32_t>& routing = engine->routing();
-  if (routing.size() != delta[Counter::kSteps] * SelectedPerStep(model)) {
+  if (routing.size() != delta[Counter::kSteps] * RecordedPerStep(model)) {
     return absl::FailedPreconditionError(
         absl::StrFormat("%s: the engine recorded %d routed ids for %d steps of %d", arm,
-                        routing.size(), delta[Counter::kSteps], SelectedPerStep(model)));
+                        routing.size(), delta[Counter::kSteps], RecordedPerStep(model)));
   }
   uint64_t hits = 0;
   uint64_t misses = 0;
@@ -273,11 +281,11 @@ absl::StatusOr<GateResult> ReadbackCount(GateContext& context) {
     MG_ASSIGN_OR_RETURN(const ArmRun run, RunArm(context, model, spec, work));
     const std::string arm = absl::StrFormat("graph S=%d", s);
     const uint64_t launches = kDecode / s;
-    const uint64_t n_layer = static_cast<uint64_t>(model.config.n_layer);
+    const uint64_t n_moe = static_cast<uint64_t>(model.config.n_moe_layer());
     MG_RETURN_IF_ERROR(ExpectEq(run.delta, Counter::kGraphLaunches, launches, arm));
     // The batched prompt (one ubatch): a routing readback per MoE layer and its
     // token; then one wait per launch and one readback of the generated tokens.
-    MG_RETURN_IF_ERROR(ExpectEq(run.delta, Counter::kHostSyncs, n_layer + 1 + launches + 1, arm));
+    MG_RETURN_IF_ERROR(ExpectEq(run.delta, Counter::kHostSyncs, n_moe + 1 + launches + 1, arm));
     MG_RETURN_IF_ERROR(ExpectEq(run.delta, Counter::kPrefillTokens, kPromptLength, arm));
     MG_RETURN_IF_ERROR(ExpectFlat(run.delta, Counter::kPromptSteps, arm));
     MG_RETURN_IF_ERROR(ExpectFlat(run.delta, Counter::kEagerSteps, arm));
@@ -287,12 +295,12 @@ absl::StatusOr<GateResult> ReadbackCount(GateContext& context) {
   MG_ASSIGN_OR_RETURN(const Doors host_doors, DoorsFromEnv({{"MOEGRAPH_RESIDENCY", "host"}}));
   MG_ASSIGN_OR_RETURN(const ArmRun host,
                       RunArm(context, model, SpecOf(context, host_doors, max_ctx), work));
-  const uint64_t n_layer = static_cast<uint64_t>(model.config.n_layer);
+  const uint64_t n_moe = static_cast<uint64_t>(model.config.n_moe_layer());
   // The prompt's syncs (as the graph arm's), then the decode's.
   MG_RETURN_IF_ERROR(
-      ExpectEq(host.delta, Counter::kHostSyncs, (kDecode + 1) * (n_layer + 1) + 1, "host"));
+      ExpectEq(host.delta, Counter::kHostSyncs, (kDecode + 1) * (n_moe + 1) + 1, "host"));
   MG_RETURN_IF_ERROR(ExpectFlat(host.delta, Counter::kGraphLaunches, "host"));
-  absl::StrAppendFormat(&detail, "host: %d per token (%d MoE layers + 1)", n_layer + 1, n_layer);
+  absl::StrAppendFormat(&detail, "host: %d per token (%d MoE layers + 1)", n_moe + 1, n_moe);
   return Pass(detail);
 }
 
@@ -378,7 +386,7 @@ absl::StatusOr<GateResult> DoorEngagement(GateContext& context) {
                       TallyPolicy(*slru_run.engine, slru.protected_frac));
   MG_ASSIGN_OR_RETURN(const PolicyTally lru_tally, TallyPolicy(*lru_run.engine, 0.0));
   const uint64_t observations = base.delta[Counter::kSteps] *
-                                static_cast<uint64_t>(model.config.n_layer) *
+                                static_cast<uint64_t>(model.config.n_moe_layer()) *
                                 static_cast<uint64_t>(model.config.n_expert);
   if (base_tally.hazard_trials != observations || base_tally.any_slru_state) {
     return Fail(absl::StrFormat(
@@ -431,7 +439,7 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   const Workload work{PromptOf(model, 7), 24, LogitRows::kNone};
   const int max_ctx = kPromptLength + 24;
   const uint64_t steps = 23;  // decode steps: the prompt is batched
-  const uint64_t n_layer = static_cast<uint64_t>(model.config.n_layer);
+  const uint64_t n_moe = static_cast<uint64_t>(model.config.n_moe_layer());
   MG_ASSIGN_OR_RETURN(const Doors defaults, DoorsFromEnv({}));
   MG_ASSIGN_OR_RETURN(const Doors eager, DoorsFromEnv({{"MOEGRAPH_GRAPH", "0"}}));
   MG_ASSIGN_OR_RETURN(const Doors host, DoorsFromEnv({{"MOEGRAPH_RESIDENCY", "host"}}));
@@ -447,12 +455,12 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   const CounterValues& d = base.delta;
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kGraphLaunches, steps, "default"));
   MG_RETURN_IF_ERROR(ExpectFlat(d, Counter::kEagerSteps, "default"));
-  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kHostSyncs, n_layer + 1 + steps + 1, "default"));
+  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kHostSyncs, n_moe + 1 + steps + 1, "default"));
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kPrefillTokens, kPromptLength, "default"));
   MG_RETURN_IF_ERROR(ExpectFlat(d, Counter::kPromptSteps, "default"));
   MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kPrefillExpertsStreamed, "default (a cold cache)"));
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kH2dMemcpys,
-                              3 + n_layer + d[Counter::kPrefillExpertsStreamed],
+                              3 + n_moe + d[Counter::kPrefillExpertsStreamed],
                               "default (the prompt, the step counter twice, a plan per layer, "
                               "the streamed experts)"));
   MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kPassBExperts, "default"));
@@ -484,16 +492,16 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   const CounterValues& h = host_run.delta;
   const std::string host_arm = "MOEGRAPH_RESIDENCY=host";
   // The prompt's syncs (as the default's), then one per MoE layer and token.
-  MG_RETURN_IF_ERROR(ExpectEq(h, Counter::kHostSyncs, (steps + 1) * (n_layer + 1) + 1, host_arm));
+  MG_RETURN_IF_ERROR(ExpectEq(h, Counter::kHostSyncs, (steps + 1) * (n_moe + 1) + 1, host_arm));
   MG_RETURN_IF_ERROR(ExpectFlat(h, Counter::kDeviceHits, host_arm));
   MG_RETURN_IF_ERROR(ExpectFlat(h, Counter::kDeviceMisses, host_arm));
   MG_RETURN_IF_ERROR(ExpectFlat(h, Counter::kGraphLaunches, host_arm));
   MG_RETURN_IF_ERROR(ExpectEq(h, Counter::kHits,
                               steps * SelectedPerStep(model) - h[Counter::kMisses],
                               host_arm + " (host policy decisions)"));
-  if (h[Counter::kH2dMemcpys] <= 2 * steps * n_layer) {
+  if (h[Counter::kH2dMemcpys] <= 2 * steps * n_moe) {
     return Fail(absl::StrFormat("arm %s: %d host-to-device copies, expected over %d", host_arm,
-                                h[Counter::kH2dMemcpys], 2 * steps * n_layer));
+                                h[Counter::kH2dMemcpys], 2 * steps * n_moe));
   }
 
   // MOEGRAPH_SPLIT_PASSES=0: every expert in the one pass after the join.
@@ -577,7 +585,7 @@ absl::StatusOr<GateResult> PrefillKeepsDecodeSet(GateContext& context) {
 // ---- oracle-nmse ----
 
 bool HasQuantizedExperts(const Model& model) {
-  for (int layer = 0; layer < model.config.n_layer; ++layer) {
+  for (int layer = model.config.n_layer_dense_lead; layer < model.config.n_layer; ++layer) {
     for (const ProjectionLayout& p : ExpertLayoutOf(model, layer).projections) {
       if (p.type != GgmlType::kF32) return true;
     }

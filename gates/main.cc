@@ -147,7 +147,7 @@ absl::Status Run(int* exit_code) {
   }
 
   const ModelConfig& config = context.model.model->config;
-  const int32_t n_keys = config.n_layer * config.n_expert;
+  const int32_t n_keys = config.n_moe_layer() * config.n_expert;
   context.n_slots = absl::GetFlag(FLAGS_slots);
   if (context.n_slots < 0) {
     return absl::InvalidArgumentError(

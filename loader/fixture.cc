@@ -80,6 +80,7 @@ Rng StreamRng(uint64_t seed, std::string_view key) {
 
 struct Dims {
   int64_t embd, q_dim, kv_dim, head_dim, ff, shff, vocab;
+  int64_t dense_ff = 0;  // glm4moe's leading dense layers
 };
 
 // The shared direction behind --router-skew: token embeddings carry a constant
@@ -191,19 +192,23 @@ class FixtureBuilder {
     w->SetUint32(Key("vocab_size"), spec_.n_vocab);
     w->SetUint32(Key("context_length"), spec_.n_ctx_train);
     w->SetUint32(Key("embedding_length"), spec_.n_embd);
-    w->SetUint32(Key("block_count"), spec_.n_layer);
+    const bool glm = arch == Arch::kGlm4Moe;
+    w->SetUint32(Key("block_count"), spec_.n_layer + (glm ? spec_.n_nextn : 0));
     // feed_forward_length as the converters write it: the dense intermediate
     // size for the qwen models (n_ff_exp * top-k is what llama.cpp would derive
     // an expert size from), the per-expert size for olmoe and mixtral.
     uint32_t n_ff = static_cast<uint32_t>(d_.ff);
     if (arch == Arch::kQwen3Moe) n_ff = static_cast<uint32_t>(d_.ff * spec_.n_expert_used);
     if (arch == Arch::kQwen2Moe) n_ff = static_cast<uint32_t>(d_.shff);
+    if (glm) n_ff = static_cast<uint32_t>(d_.dense_ff);
     w->SetUint32(Key("feed_forward_length"), n_ff);
     w->SetUint32(Key("attention.head_count"), spec_.n_head);
     w->SetUint32(Key("attention.head_count_kv"), spec_.n_head_kv);
     w->SetUint32(Key("attention.key_length"), static_cast<uint32_t>(d_.head_dim));
     w->SetUint32(Key("attention.value_length"), static_cast<uint32_t>(d_.head_dim));
-    w->SetUint32(Key("rope.dimension_count"), static_cast<uint32_t>(d_.head_dim));
+    // GLM-4.5 turns half of each head (partial_rotary_factor 0.5).
+    w->SetUint32(Key("rope.dimension_count"),
+                 static_cast<uint32_t>(glm ? d_.head_dim / 2 : d_.head_dim));
     // rope_theta and rms_norm_eps of the released models of each family.
     const bool qwen = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe;
     w->SetFloat32(Key("rope.freq_base"), arch == Arch::kOlmoe    ? 10000.0f
@@ -212,8 +217,18 @@ class FixtureBuilder {
     w->SetFloat32(Key("attention.layer_norm_rms_epsilon"), qwen ? 1e-6f : 1e-5f);
     w->SetUint32(Key("expert_count"), spec_.n_expert);
     w->SetUint32(Key("expert_used_count"), spec_.n_expert_used);
-    if (qwen || arch == Arch::kGptOss) {
+    if (qwen || arch == Arch::kGptOss || glm) {
       w->SetUint32(Key("expert_feed_forward_length"), static_cast<uint32_t>(d_.ff));
+    }
+    if (glm) {
+      // As convert_hf_to_gguf.py writes GLM-4.5 (Glm4MoeModel): sigmoid routing
+      // with normalized weights times routed_scaling_factor 2.5, one shared expert.
+      w->SetUint32(Key("leading_dense_block_count"), static_cast<uint32_t>(spec_.n_dense_lead));
+      w->SetUint32(Key("nextn_predict_layers"), static_cast<uint32_t>(spec_.n_nextn));
+      w->SetUint32(Key("expert_shared_count"), 1);
+      w->SetFloat32(Key("expert_weights_scale"), 2.5f);
+      w->SetBool(Key("expert_weights_norm"), true);
+      w->SetUint32(Key("expert_gating_func"), 2);
     }
     if (arch == Arch::kGptOss) {
       // As convert_hf_to_gguf.py writes gpt-oss: a window on alternate layers and
@@ -464,7 +479,9 @@ class FixtureBuilder {
     // (GPT-2's init), so the embeddings' skew direction survives every layer.
     const float out_scale = 1.0f / std::sqrt(2.0f * spec_.n_layer);
     AddTokenEmbd(w);
-    for (int il = 0; il < spec_.n_layer; ++il) {
+    const bool glm = spec_.arch == Arch::kGlm4Moe;
+    const int n_blocks = spec_.n_layer + (glm ? spec_.n_nextn : 0);
+    for (int il = 0; il < n_blocks; ++il) {
       auto name = [il](std::string_view base) { return BlockName(il, base); };
       AddVector(w, name("attn_norm.weight"), d_.embd, 1.0f, 0.1f);
       AddMatrix(w, name("attn_q.weight"), dense, d_.embd, d_.q_dim, in_std);
@@ -472,7 +489,7 @@ class FixtureBuilder {
       AddMatrix(w, name("attn_v.weight"), dense, d_.embd, d_.kv_dim, in_std);
       AddMatrix(w, name("attn_output.weight"), dense, d_.q_dim, d_.embd,
                 out_scale / std::sqrt(static_cast<float>(d_.q_dim)));
-      if (spec_.arch == Arch::kQwen2Moe || spec_.arch == Arch::kGptOss) {
+      if (spec_.arch == Arch::kQwen2Moe || spec_.arch == Arch::kGptOss || glm) {
         AddVector(w, name("attn_q.bias"), d_.q_dim, 0.0f, 0.1f);
         AddVector(w, name("attn_k.bias"), d_.kv_dim, 0.0f, 0.1f);
         AddVector(w, name("attn_v.bias"), d_.kv_dim, 0.0f, 0.1f);
@@ -491,8 +508,15 @@ class FixtureBuilder {
         AddVector(w, name("attn_k_norm.weight"), d_.kv_dim, 1.0f, 0.1f);
       }
       const bool oss = spec_.arch == Arch::kGptOss;
-      AddVector(w, name(oss ? "post_attention_norm.weight" : "ffn_norm.weight"), d_.embd, 1.0f,
-                0.1f);
+      AddVector(w, name(oss || glm ? "post_attention_norm.weight" : "ffn_norm.weight"), d_.embd,
+                1.0f, 0.1f);
+      if (glm && il < spec_.n_dense_lead) {
+        AddMatrix(w, name("ffn_gate.weight"), dense, d_.embd, d_.dense_ff, in_std);
+        AddMatrix(w, name("ffn_up.weight"), dense, d_.embd, d_.dense_ff, in_std);
+        AddMatrix(w, name("ffn_down.weight"), dense, d_.dense_ff, d_.embd,
+                  out_scale / std::sqrt(static_cast<float>(d_.dense_ff)));
+        continue;
+      }
       AddRouter(w, il);
       AddExperts(w, il);
       if (oss) {
@@ -502,12 +526,23 @@ class FixtureBuilder {
         AddMatrix(w, name("ffn_up_exps.bias"), GgmlType::kF32, d_.ff, spec_.n_expert, 0.5f);
         AddMatrix(w, name("ffn_down_exps.bias"), GgmlType::kF32, d_.embd, spec_.n_expert, 0.1f);
       }
-      if (spec_.arch == Arch::kQwen2Moe) {
-        AddVector(w, name("ffn_gate_inp_shexp.weight"), d_.embd, 0.0f, in_std);
+      if (glm) {
+        // A score bias as large as the sigmoids' spread: it changes the choice.
+        AddVector(w, name("exp_probs_b.bias"), spec_.n_expert, 0.0f, 0.25f);
+      }
+      if (spec_.arch == Arch::kQwen2Moe || glm) {
+        if (!glm) AddVector(w, name("ffn_gate_inp_shexp.weight"), d_.embd, 0.0f, in_std);
         AddMatrix(w, name("ffn_gate_shexp.weight"), dense, d_.embd, d_.shff, in_std);
         AddMatrix(w, name("ffn_up_shexp.weight"), dense, d_.embd, d_.shff, in_std);
         AddMatrix(w, name("ffn_down_shexp.weight"), dense, d_.shff, d_.embd,
                   out_scale / std::sqrt(static_cast<float>(d_.shff)));
+      }
+      if (glm && il >= spec_.n_layer) {
+        // llama_model_glm4_moe::load_arch_tensors' NextN tensors (never read by decode).
+        AddMatrix(w, name("nextn.eh_proj.weight"), dense, 2 * d_.embd, d_.embd, in_std);
+        AddVector(w, name("nextn.enorm.weight"), d_.embd, 1.0f, 0.1f);
+        AddVector(w, name("nextn.hnorm.weight"), d_.embd, 1.0f, 0.1f);
+        AddVector(w, name("nextn.shared_head_norm.weight"), d_.embd, 1.0f, 0.1f);
       }
     }
     AddVector(w, "output_norm.weight", d_.embd, 1.0f, 0.1f);
@@ -640,6 +675,22 @@ absl::StatusOr<Dims> ValidateSpec(const FixtureSpec& s) {
         absl::StrCat("--shared-ff applies to --arch qwen2moe only, not ", arch));
   }
   d.shff = s.arch == Arch::kQwen2Moe ? (s.n_ff_shexp != 0 ? s.n_ff_shexp : 2 * s.n_ff_exp) : 0;
+  if (s.arch == Arch::kGlm4Moe) {
+    MG_RETURN_IF_ERROR(CheckRange("--dense-layers", s.n_dense_lead, 0, s.n_layer - 1));
+    MG_RETURN_IF_ERROR(CheckRange("--nextn", s.n_nextn, 0, kMaxLayers - s.n_layer));
+    if (d.head_dim % 4 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--head-dim ", d.head_dim,
+                       " must be a multiple of 4 for --arch glm4moe (RoPE turns "
+                       "pairs of its first half)"));
+    }
+    d.shff = s.n_ff_exp;
+    d.dense_ff = 2 * s.n_ff_exp;
+    MG_RETURN_IF_ERROR(CheckRowLength(absl::StrCat("2 x --ff ", s.n_ff_exp, " (the dense FFN)"),
+                                      d.dense_ff, s.dense_type));
+    MG_RETURN_IF_ERROR(CheckRowLength(absl::StrCat("2 x --embd ", s.n_embd, " (nextn.eh_proj)"),
+                                      2 * s.n_embd, s.dense_type));
+  }
   if (s.legacy_experts && s.arch != Arch::kMixtral) {
     return absl::InvalidArgumentError(
         absl::StrCat("--legacy-experts needs --arch mixtral, not ", arch));

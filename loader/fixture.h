@@ -43,6 +43,7 @@ struct FixtureSpec {
   int n_embd = 64;
   int n_ff_exp = 32;    // routed expert hidden size
   int n_ff_shexp = 0;   // qwen2moe shared expert hidden size; 0 picks 2 * n_ff_exp
+                        // (glm4moe's is n_ff_exp: one shared expert)
   int n_head = 4;
   int n_head_kv = 2;
   int head_dim = 0;     // 0: n_embd / n_head
@@ -62,6 +63,10 @@ struct FixtureSpec {
   // gpt-oss: the attention window of the even layers (attention.sliding_window),
   // shorter than a test's context so the window matters.
   int n_swa = 4;
+  // glm4moe: leading layers with a dense FFN (of 2 * n_ff_exp), and NextN layers
+  // written after the decode layers as GLM-4.5's files carry them.
+  int n_dense_lead = 1;
+  int n_nextn = 1;
   uint64_t seed = 1;
   // Non-null: this vocabulary, and n_vocab must be its size (embedding and
   // lm_head rows). Must outlive the call.

@@ -43,6 +43,16 @@ constexpr char kKeyRopeScalingAttnFactor[] = "rope.scaling.attn_factor";
 constexpr char kKeySlidingWindow[] = "attention.sliding_window";
 constexpr char kKeySlidingWindowPattern[] = "attention.sliding_window_pattern";
 constexpr char kKeyRopeFreqBaseSwa[] = "rope.freq_base_swa";
+constexpr char kKeyLeadingDenseBlockCount[] = "leading_dense_block_count";
+constexpr char kKeyExpertSharedCount[] = "expert_shared_count";
+constexpr char kKeyExpertWeightsScale[] = "expert_weights_scale";
+constexpr char kKeyExpertGatingFunc[] = "expert_gating_func";
+constexpr char kKeyNextnPredictLayers[] = "nextn_predict_layers";
+
+// llama_expert_gating_func_type's values (src/llama-hparams.h).
+constexpr int kGatingNone = 0;
+constexpr int kGatingSoftmax = 1;
+constexpr int kGatingSigmoid = 2;
 
 class ConfigReader {
  public:
@@ -58,6 +68,9 @@ class ConfigReader {
     if (fallback != nullptr && file_.FindKey(key) == nullptr) {
       *out = *fallback;
       return absl::OkStatus();
+    }
+    if (const GgufKV* kv = file_.FindKey(key); kv != nullptr && kv->type == GgufType::kArray) {
+      return PerLayerInt(*kv, out);
     }
     absl::StatusOr<uint64_t> v = file_.GetUint(key);
     if (!v.ok()) return v.status();
@@ -80,6 +93,27 @@ class ConfigReader {
       return file_.KeyError(*file_.FindKey(key), absl::StrCat("value ", *v, " must be positive"));
     }
     *out = static_cast<float>(*v);
+    return absl::OkStatus();
+  }
+
+  // A per-layer array where llama.cpp reads one (get_key_or_arr: head counts,
+  // feed-forward and expert sizes, experts used): moegraph takes it when every
+  // layer has the same value.
+  absl::Status PerLayerInt(const GgufKV& kv, int* out) const {
+    absl::StatusOr<std::vector<int64_t>> values = file_.GetIntArray(kv.key);
+    if (!values.ok()) return values.status();
+    if (values->empty()) return file_.KeyError(kv, "is an empty array");
+    for (size_t il = 0; il < values->size(); ++il) {
+      if ((*values)[il] != (*values)[0]) {
+        return file_.KeyError(
+            kv, absl::StrCat("layer ", il, " has ", (*values)[il], " where layer 0 has ",
+                             (*values)[0], "; per-layer values that differ are not supported"));
+      }
+    }
+    if ((*values)[0] < 0 || (*values)[0] > INT_MAX) {
+      return file_.KeyError(kv, absl::StrCat("value ", (*values)[0], " is out of range"));
+    }
+    *out = static_cast<int>((*values)[0]);
     return absl::OkStatus();
   }
 
@@ -183,6 +217,11 @@ absl::Status CheckConfig(const ModelConfig& c, const ConfigReader& r, bool head_
     return r.Invalid(kKeyKeyLength, absl::StrCat("head size ", c.head_dim,
                                                  " must be positive and even (RoPE pairs)"));
   }
+  if (c.n_rot <= 0 || c.n_rot > c.head_dim || c.n_rot % 2 != 0) {
+    return r.Invalid(kKeyRopeDimensionCount,
+                     absl::StrCat("RoPE over ", c.n_rot, " dimensions of ", c.head_dim,
+                                  " must be positive, even and at most the head size"));
+  }
   // llama.cpp builds these two with wq of [n_embd, n_embd].
   if ((c.arch == Arch::kOlmoe || c.arch == Arch::kQwen2Moe) &&
       static_cast<int64_t>(c.n_head) * c.head_dim != c.n_embd) {
@@ -194,6 +233,10 @@ absl::Status CheckConfig(const ModelConfig& c, const ConfigReader& r, bool head_
   if (c.n_ff_exp <= 0) {
     return r.Invalid(kKeyExpertFeedForwardLength,
                      absl::StrCat("expert hidden size ", c.n_ff_exp, " must be positive"));
+  }
+  if (c.n_layer_dense_lead > 0 && c.n_ff_dense <= 0) {
+    return r.Invalid(kKeyFeedForwardLength,
+                     absl::StrCat("dense FFN hidden size ", c.n_ff_dense, " must be positive"));
   }
   if (c.arch == Arch::kQwen2Moe && c.n_ff_shexp <= 0) {
     return r.Invalid(kKeyExpertSharedFeedForwardLength,
@@ -288,6 +331,8 @@ std::string_view arch_gguf_name(Arch arch) {
       return "llama";
     case Arch::kGptOss:
       return "gpt-oss";
+    case Arch::kGlm4Moe:
+      return "glm4moe";
   }
   MG_CHECK(false, "arch_gguf_name: unknown Arch value");
   std::abort();
@@ -304,6 +349,8 @@ bool arch_from_name(std::string_view name, Arch* out) {
     *out = Arch::kMixtral;
   } else if (name == "gpt-oss") {
     *out = Arch::kGptOss;
+  } else if (name == "glm4moe") {
+    *out = Arch::kGlm4Moe;
   } else {
     return false;
   }
@@ -318,13 +365,21 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
     return file.KeyError(
         *file.FindKey("general.architecture"),
         absl::StrCat("architecture '", Av(*arch_name),
-                     "' is not supported (qwen3moe, olmoe, qwen2moe, llama, gpt-oss)"));
+                     "' is not supported (qwen3moe, olmoe, qwen2moe, llama, gpt-oss, glm4moe)"));
   }
   const ConfigReader r(file, c.arch);
 
   MG_RETURN_IF_ERROR(r.Int(kKeyContextLength, &c.n_ctx_train));
   MG_RETURN_IF_ERROR(r.Int(kKeyEmbeddingLength, &c.n_embd));
   MG_RETURN_IF_ERROR(r.Int(kKeyBlockCount, &c.n_layer));
+  // block_count counts the NextN layers too (llama_hparams::n_layer()).
+  const int no_layers = 0;
+  MG_RETURN_IF_ERROR(r.Int(kKeyNextnPredictLayers, &c.n_layer_nextn, &no_layers));
+  if (c.n_layer_nextn > 0 && c.n_layer_nextn >= c.n_layer) {
+    return r.Invalid(kKeyNextnPredictLayers, absl::StrCat(c.n_layer_nextn, " of ", c.n_layer,
+                                                          " layers leaves none to decode"));
+  }
+  c.n_layer -= c.n_layer_nextn;
   MG_RETURN_IF_ERROR(r.Int(kKeyExpertCount, &c.n_expert));
   MG_RETURN_IF_ERROR(r.Int(kKeyExpertUsedCount, &c.n_expert_used));
   MG_RETURN_IF_ERROR(r.Int(kKeyHeadCount, &c.n_head));
@@ -343,12 +398,13 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
                      absl::StrCat("value head size ", value_dim, " != key head size ", c.head_dim,
                                   " (moegraph needs them equal)"));
   }
-  int rope_dims = 0;
-  MG_RETURN_IF_ERROR(r.Int(kKeyRopeDimensionCount, &rope_dims, &c.head_dim));
-  if (rope_dims != c.head_dim) {
+  MG_RETURN_IF_ERROR(r.Int(kKeyRopeDimensionCount, &c.n_rot, &c.head_dim));
+  // llama.cpp asserts n_rot == head_dim in the other architectures' graphs.
+  if (c.arch != Arch::kGlm4Moe && c.n_rot != c.head_dim) {
     return r.Invalid(kKeyRopeDimensionCount,
-                     absl::StrCat("partial RoPE (", rope_dims, " of ", c.head_dim,
-                                  " dimensions) is not supported"));
+                     absl::StrCat("partial RoPE (", c.n_rot, " of ", c.head_dim,
+                                  " dimensions) is not supported for ", Av(arch_gguf_name(c.arch)),
+                                  " (llama.cpp asserts them equal)"));
   }
 
   const float default_freq_base = 10000.0f;
@@ -414,6 +470,38 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
       c.expert_act = ExpertAct::kSwigluOai;
       c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
       break;
+    case Arch::kGlm4Moe: {
+      // llama_model_glm4_moe::load_arch_hparams and load_arch_tensors.
+      MG_RETURN_IF_ERROR(r.Int(kKeyExpertFeedForwardLength, &c.n_ff_exp));
+      MG_RETURN_IF_ERROR(r.Int(kKeyLeadingDenseBlockCount, &c.n_layer_dense_lead, &no_layers));
+      if (c.n_layer_dense_lead >= c.n_layer) {
+        return r.Invalid(kKeyLeadingDenseBlockCount,
+                         absl::StrCat(c.n_layer_dense_lead, " dense layers of ", c.n_layer,
+                                      " leaves no MoE layer"));
+      }
+      if (c.n_layer_dense_lead > 0) MG_RETURN_IF_ERROR(r.Int(kKeyFeedForwardLength, &c.n_ff_dense));
+      int n_shared = 0;
+      MG_RETURN_IF_ERROR(r.Int(kKeyExpertSharedCount, &n_shared));
+      c.n_ff_shexp = c.n_ff_exp * n_shared;
+      const float no_scale = 1.0f;
+      MG_RETURN_IF_ERROR(r.Float(kKeyExpertWeightsScale, &c.expert_weights_scale, &no_scale));
+      const int default_gating = kGatingNone;
+      int gating = 0;
+      MG_RETURN_IF_ERROR(r.Int(kKeyExpertGatingFunc, &gating, &default_gating));
+      if (gating == kGatingSoftmax) {
+        c.gating = ExpertGating::kSoftmax;
+      } else if (gating == kGatingSigmoid || gating == kGatingNone) {
+        c.gating = ExpertGating::kSigmoid;
+      } else {
+        return r.Invalid(
+            kKeyExpertGatingFunc,
+            absl::StrCat("gating function ", gating, " is not supported (1 softmax, 2 sigmoid)"));
+      }
+      c.expert_score_bias = true;
+      c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
+      c.qk_norm = file.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
+      break;
+    }
   }
   MG_RETURN_IF_ERROR(ReadRopeScaling(file, r, &c));
 
@@ -422,19 +510,22 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
   c.rope_type = c.arch == Arch::kMixtral ? RopeType::kNorm : RopeType::kNeox;
   // The norm_w argument each architecture's graph passes to build_moe_ffn.
   c.norm_topk_prob = c.arch == Arch::kQwen3Moe || c.arch == Arch::kMixtral;
-  // gpt-oss's graph passes norm_w false whatever the file says.
+  // gpt-oss's graph passes norm_w false whatever the file says; glm4moe's
+  // hparams.expert_weights_norm defaults to false.
   const GgufKV* norm_kv = file.FindKey(r.Key(kKeyExpertWeightsNorm));
   if (const GgufKV* kv = c.arch == Arch::kGptOss ? nullptr : norm_kv) {
     absl::StatusOr<bool> norm = file.GetBool(kv->key);
     if (!norm.ok()) return norm.status();
     c.norm_topk_prob = *norm;
   }
-  c.qk_norm = c.arch == Arch::kQwen3Moe;
+  if (c.arch == Arch::kQwen3Moe) c.qk_norm = true;
   c.qk_norm_full = c.arch == Arch::kOlmoe;
   if (c.arch == Arch::kQwen2Moe) c.qkv_bias = true;
-  // Only qwen3moe and llama fall back to token_embd when output.weight is absent.
-  c.tied_embeddings = (c.arch == Arch::kQwen3Moe || c.arch == Arch::kMixtral) &&
-                      file.FindTensor("output.weight") == nullptr;
+  c.shexp_gated = c.arch == Arch::kQwen2Moe;
+  // Only qwen3moe, llama and glm4moe fall back to token_embd when output.weight is absent.
+  c.tied_embeddings =
+      (c.arch == Arch::kQwen3Moe || c.arch == Arch::kMixtral || c.arch == Arch::kGlm4Moe) &&
+      file.FindTensor("output.weight") == nullptr;
 
   MG_RETURN_IF_ERROR(CheckConfig(c, r, head_dim_given));
   return c;
@@ -481,10 +572,18 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
       l.q_norm = b.Bind(name("attn_q_norm.weight"), {q_dim});
       l.k_norm = b.Bind(name("attn_k_norm.weight"), {kv_dim});
     }
-    // gpt-oss norms the FFN's input with attn_post_norm (openai-moe.cpp).
-    l.ffn_norm = b.Bind(
-        name(c.arch == Arch::kGptOss ? "post_attention_norm.weight" : "ffn_norm.weight"), {embd});
+    // gpt-oss and glm4moe norm the FFN's input with attn_post_norm.
+    const bool post_norm = c.arch == Arch::kGptOss || c.arch == Arch::kGlm4Moe;
+    l.ffn_norm = b.Bind(name(post_norm ? "post_attention_norm.weight" : "ffn_norm.weight"), {embd});
+    if (!c.moe_layer(il)) {
+      const int64_t dff = c.n_ff_dense;
+      l.ffn_gate = b.Bind(name("ffn_gate.weight"), {embd, dff});
+      l.ffn_up = b.Bind(name("ffn_up.weight"), {embd, dff});
+      l.ffn_down = b.Bind(name("ffn_down.weight"), {dff, embd});
+      continue;
+    }
     l.router = b.Bind(name("ffn_gate_inp.weight"), {embd, n_expert});
+    if (c.expert_score_bias) l.score_b = b.Bind(name("exp_probs_b.bias"), {n_expert});
     if (c.router_bias) l.router_b = b.Bind(name("ffn_gate_inp.bias"), {n_expert});
     if (c.expert_bias) {
       l.gate_exps_b = b.Bind(name("ffn_gate_exps.bias"), {ff, n_expert});
@@ -505,9 +604,9 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
       l.up_exps = b.Bind(name("ffn_up_exps.weight"), {embd, ff, n_expert});
       l.down_exps = b.Bind(name("ffn_down_exps.weight"), {ff, embd, n_expert});
     }
-    if (c.arch == Arch::kQwen2Moe) {
+    if (c.n_ff_shexp > 0) {
       const int64_t shff = c.n_ff_shexp;
-      l.shexp_gate_inp = b.Bind(name("ffn_gate_inp_shexp.weight"), {embd});
+      if (c.shexp_gated) l.shexp_gate_inp = b.Bind(name("ffn_gate_inp_shexp.weight"), {embd});
       l.shexp_gate = b.Bind(name("ffn_gate_shexp.weight"), {embd, shff});
       l.shexp_up = b.Bind(name("ffn_up_shexp.weight"), {embd, shff});
       l.shexp_down = b.Bind(name("ffn_down_shexp.weight"), {shff, embd});
@@ -524,6 +623,9 @@ absl::Status RequireClassicForward(const Model& model, std::string_view backend)
       c.arch == Arch::kGptOss
           ? "gpt-oss (windowed attention with sinks, YaRN RoPE, biased router and experts, "
             "swiglu_oai)"
+      : c.arch == Arch::kGlm4Moe
+          ? "glm4moe (partial RoPE, leading dense layers, sigmoid routing with a score bias, "
+            "an ungated shared expert)"
           : absl::StrCat("RoPE scaling (", Av(arch_gguf_name(c.arch)), ".", kKeyRopeScalingType,
                          ", .", kKeyRopeScalingFactor, ")");
   return absl::UnimplementedError(absl::StrCat(model.file->path(), ": ", what,
@@ -542,9 +644,9 @@ WeightView weight_view(const GgufTensor& t) {
 }
 
 WeightView Model::expert(int layer, ExpertProj proj, int expert) const {
-  MG_CHECK(layer >= 0 && layer < static_cast<int>(layers.size()) && expert >= 0 &&
-               expert < config.n_expert,
-           "Model::expert: layer or expert out of range");
+  MG_CHECK(layer >= 0 && layer < static_cast<int>(layers.size()) && config.moe_layer(layer) &&
+               expert >= 0 && expert < config.n_expert,
+           "Model::expert: layer, MoE layer or expert out of range");
   const LayerTensors& l = layers[layer];
   const GgufTensor* merged = nullptr;
   const std::vector<const GgufTensor*>* legacy = nullptr;

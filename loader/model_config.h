@@ -16,10 +16,10 @@
 
 namespace moegraph {
 
-enum class Arch { kQwen3Moe, kOlmoe, kQwen2Moe, kMixtral, kGptOss };
+enum class Arch { kQwen3Moe, kOlmoe, kQwen2Moe, kMixtral, kGptOss, kGlm4Moe };
 
 // The GGUF general.architecture string: "qwen3moe", "olmoe", "qwen2moe", "llama",
-// "gpt-oss".
+// "gpt-oss", "glm4moe".
 std::string_view arch_gguf_name(Arch arch);
 // Accepts the names above and "mixtral" (an alias for llama with experts).
 bool arch_from_name(std::string_view name, Arch* out);
@@ -29,8 +29,9 @@ enum class RopeType { kNorm, kNeox };
 // How the router's logits become the chosen experts' weights
 // (llama_expert_gating_func_type): kSoftmax takes the top k of the softmax over
 // all experts; kSoftmaxWeight (gpt-oss) the top k of the logits, then the
-// softmax over those k.
-enum class ExpertGating { kSoftmax, kSoftmaxWeight };
+// softmax over those k; kSigmoid (glm4moe) the top k of the sigmoids (plus the
+// score bias where the layer has one), weighted by the sigmoids alone.
+enum class ExpertGating { kSoftmax, kSoftmaxWeight, kSigmoid };
 
 // The routed experts' activation: silu(gate) * up, or gpt-oss's swiglu_oai
 // (llm_ffn_op_type LLM_FFN_SWIGLU_OAI_MOE: gate clamped above at 7, up to
@@ -62,7 +63,7 @@ struct ModelConfig {
   int n_expert = 0;
   int n_expert_used = 0;  // top-k
   int n_ff_exp = 0;       // per routed expert
-  int n_ff_shexp = 0;     // shared expert (qwen2moe), 0 when absent
+  int n_ff_shexp = 0;     // shared expert (qwen2moe, glm4moe), 0 when absent
   float rope_freq_base = 10000.0f;
   float rms_eps = 1e-6f;
   RopeType rope_type = RopeType::kNeox;
@@ -83,6 +84,23 @@ struct ModelConfig {
   bool expert_bias = false;
   ExpertGating gating = ExpertGating::kSoftmax;
   ExpertAct expert_act = ExpertAct::kSilu;
+  // glm4moe: RoPE on the first n_rot dimensions of each head (rope.dimension_count),
+  // n_layer_dense_lead leading layers with a dense FFN of n_ff_dense, a score
+  // bias per expert (exp_probs_b) that chooses but does not weight, the weights
+  // times expert_weights_scale, a shared expert without a gate; the file's
+  // n_layer_nextn NextN (multi-token prediction) layers follow the n_layer
+  // decode layers and are not read.
+  int n_rot = 0;
+  int n_layer_dense_lead = 0;
+  int n_ff_dense = 0;
+  int n_layer_nextn = 0;
+  bool expert_score_bias = false;
+  float expert_weights_scale = 1.0f;
+  bool shexp_gated = false;  // qwen2moe: the shared expert times sigmoid(ffn_gate_inp_shexp x)
+
+  // Whether layer il routes experts (the leading dense layers do not).
+  bool moe_layer(int il) const { return il >= n_layer_dense_lead; }
+  int n_moe_layer() const { return n_layer - n_layer_dense_lead; }
 
   // llama_hparams::set_swa_pattern without dense_first: layer il is windowed
   // when il % swa_pattern < swa_pattern - 1 (gpt-oss: the even layers).
@@ -93,7 +111,9 @@ struct ModelConfig {
   // pass (the oracle computes it; the other backends refuse such a file).
   bool beyond_classic() const {
     return rope_scaling.scaled() || n_swa > 0 || attn_sinks || attn_out_bias || router_bias ||
-           expert_bias || gating != ExpertGating::kSoftmax || expert_act != ExpertAct::kSilu;
+           expert_bias || gating != ExpertGating::kSoftmax || expert_act != ExpertAct::kSilu ||
+           n_rot != head_dim || n_layer_dense_lead > 0 || expert_score_bias ||
+           expert_weights_scale != 1.0f || (n_ff_shexp > 0 && !shexp_gated);
   }
 };
 
@@ -124,6 +144,7 @@ struct LayerTensors {
   const GgufTensor* ffn_norm = nullptr;  // gpt-oss: post_attention_norm, in the same place
   const GgufTensor* router = nullptr;    // ffn_gate_inp [n_embd, n_expert]
   const GgufTensor* router_b = nullptr;  // gpt-oss ffn_gate_inp.bias [n_expert]
+  const GgufTensor* score_b = nullptr;   // glm4moe exp_probs_b.bias [n_expert]
   // Merged experts: [n_embd, n_ff_exp, n_expert] (down: [n_ff_exp, n_embd, n_expert]).
   const GgufTensor* gate_exps = nullptr;
   const GgufTensor* up_exps = nullptr;
@@ -134,8 +155,12 @@ struct LayerTensors {
   const GgufTensor* down_exps_b = nullptr;
   // Legacy per-expert tensors (mixtral ffn_gate.N.weight ...), indexed by expert.
   std::vector<const GgufTensor*> gate_legacy, up_legacy, down_legacy;
-  // Shared expert (qwen2moe).
-  const GgufTensor* shexp_gate_inp = nullptr;  // [n_embd] (one logit)
+  // glm4moe's leading dense layers: ffn_gate/up [n_embd, n_ff_dense], ffn_down.
+  const GgufTensor* ffn_gate = nullptr;
+  const GgufTensor* ffn_up = nullptr;
+  const GgufTensor* ffn_down = nullptr;
+  // Shared expert (qwen2moe, glm4moe).
+  const GgufTensor* shexp_gate_inp = nullptr;  // qwen2moe [n_embd] (one logit)
   const GgufTensor* shexp_gate = nullptr;
   const GgufTensor* shexp_up = nullptr;
   const GgufTensor* shexp_down = nullptr;

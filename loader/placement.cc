@@ -91,6 +91,10 @@ absl::StatusOr<ExpertStore> ExpertStore::Create(const Model& model,
   store.class_of_layer_.resize(static_cast<size_t>(n_layer));
   store.layer_offset_.resize(static_cast<size_t>(n_layer));
   for (int layer = 0; layer < n_layer; ++layer) {
+    if (!model.config.moe_layer(layer)) {
+      store.class_of_layer_[static_cast<size_t>(layer)] = -1;
+      continue;
+    }
     const ExpertBlockLayout layout = ExpertLayoutOf(model, layer);
     for (int e = 1; e < n_expert; ++e) {
       for (ExpertProj proj : kProjections) {
@@ -123,7 +127,7 @@ absl::StatusOr<ExpertStore> ExpertStore::Create(const Model& model,
 
   const auto start = std::chrono::steady_clock::now();
   uint64_t done = 0;
-  for (int layer = 0; layer < n_layer; ++layer) {
+  for (int layer = model.config.n_layer_dense_lead; layer < n_layer; ++layer) {
     const ExpertBlockLayout& layout = store.layout(layer);
     for (int e = 0; e < n_expert; ++e) {
       uint8_t* block = store.data_ + store.layer_offset_[static_cast<size_t>(layer)] +
@@ -170,8 +174,9 @@ void ExpertStore::Release() {
 }
 
 const uint8_t* ExpertStore::block(int layer, int expert) const {
-  MG_CHECK(layer >= 0 && layer < n_layer() && expert >= 0 && expert < n_expert_,
-           "ExpertStore::block: layer or expert out of range");
+  MG_CHECK(
+      layer >= 0 && layer < n_layer() && class_of(layer) >= 0 && expert >= 0 && expert < n_expert_,
+      "ExpertStore::block: layer, MoE layer or expert out of range");
   return data_ + layer_offset_[static_cast<size_t>(layer)] +
          static_cast<size_t>(expert) * block_bytes(layer);
 }

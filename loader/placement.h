@@ -55,7 +55,7 @@ ExpertBlockLayout ExpertLayoutOf(const Model& model, int layer);
 // a matrix the reference matmul computes through.
 WeightView ProjectionView(const ExpertBlockLayout& layout, ExpertProj proj, const uint8_t* block);
 
-// Layers that share a block layout.
+// MoE layers that share a block layout (a dense layer is in no class).
 struct SizeClass {
   ExpertBlockLayout layout;
   size_t block_bytes = 0;
@@ -98,6 +98,7 @@ class ExpertStore {
 
   int n_layer() const { return static_cast<int>(class_of_layer_.size()); }
   int n_expert() const { return n_expert_; }
+  // Block, layout and class of an MoE layer's expert (a dense layer has none).
   const uint8_t* block(int layer, int expert) const;
   const ExpertBlockLayout& layout(int layer) const { return classes_[class_of(layer)].layout; }
   size_t block_bytes(int layer) const { return classes_[class_of(layer)].block_bytes; }
@@ -114,7 +115,7 @@ class ExpertStore {
   size_t total_bytes_ = 0;
   int n_expert_ = 0;
   std::vector<SizeClass> classes_;
-  std::vector<int> class_of_layer_;
+  std::vector<int> class_of_layer_;   // -1 for a dense layer
   std::vector<size_t> layer_offset_;  // start of the layer's expert 0 block
 };
 

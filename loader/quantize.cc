@@ -420,18 +420,26 @@ float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
   return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
+// The block's min and step for q4_1/q5_1 (levels = 2^bits - 1), as their _ref quantizers.
+struct MinStep {
+  float min;
+  float d;
+};
+MinStep block_min_step(const float* x, int levels) {
+  float min = std::numeric_limits<float>::max();
+  float max = -std::numeric_limits<float>::max();
+  for (int j = 0; j < 32; j++) {
+    if (x[j] < min) min = x[j];
+    if (x[j] > max) max = x[j];
+  }
+  return {min, (max - min) / levels};
+}
+
 void quantize_row_q4_1_ref(const float* x, block_q4_1* y, int64_t k) {
   constexpr int qk = 32;
   const int64_t nb = k / qk;
   for (int64_t i = 0; i < nb; i++) {
-    float min = std::numeric_limits<float>::max();
-    float max = -std::numeric_limits<float>::max();
-    for (int j = 0; j < qk; j++) {
-      const float v = x[i * qk + j];
-      if (v < min) min = v;
-      if (v > max) max = v;
-    }
-    const float d = (max - min) / ((1 << 4) - 1);
+    const auto [min, d] = block_min_step(x + i * qk, (1 << 4) - 1);
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = f32_to_f16(d);
     y[i].m = f32_to_f16(min);
@@ -485,14 +493,7 @@ void quantize_row_q5_1_ref(const float* x, block_q5_1* y, int64_t k) {
   constexpr int qk = 32;
   const int64_t nb = k / qk;
   for (int64_t i = 0; i < nb; i++) {
-    float min = std::numeric_limits<float>::max();
-    float max = -std::numeric_limits<float>::max();
-    for (int j = 0; j < qk; j++) {
-      const float v = x[i * qk + j];
-      if (v < min) min = v;
-      if (v > max) max = v;
-    }
-    const float d = (max - min) / ((1 << 5) - 1);
+    const auto [min, d] = block_min_step(x + i * qk, (1 << 5) - 1);
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = f32_to_f16(d);
     y[i].m = f32_to_f16(min);

@@ -66,8 +66,8 @@ absl::StatusOr<int32_t> AutoSlots(const CpuBackendOptions& options,
 }
 
 // Slots each size class gets: in proportion to its layers, the remainder to the
-// first classes. With every expert fitting (N = n_layer * n_expert) each class
-// gets exactly its own experts.
+// first classes. With every expert fitting (N = MoE layers * n_expert) each
+// class gets exactly its own experts.
 std::vector<int32_t> SplitSlots(int32_t n_slots, const std::vector<SizeClass>& classes,
                                 int n_layer) {
   std::vector<int32_t> split;
@@ -130,7 +130,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
 
   absl::Status AddPools(const CpuBackendOptions& options) {
     const std::vector<SizeClass>& classes = store_->size_classes();
-    const int n_layer = store_->n_layer();
+    const int n_layer = model_.config.n_moe_layer();
     int32_t requested = options.n_slots;
     if (requested == 0) {
       requested = n_layer * store_->n_expert();
@@ -183,6 +183,11 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
                absl::Span<ExpertWeights> weights) override {
     MG_CHECK(static_cast<int>(experts.size()) == k_ && weights.size() == experts.size(),
              "CpuBackend: k experts and k views per provide");
+    // A step's record has a row per layer: the dense layers' (which come first
+    // and route nothing) are kMissingExpert.
+    if (layer == model_.config.n_layer_dense_lead) {
+      routing_.insert(routing_.end(), static_cast<size_t>(layer * k_), kMissingExpert);
+    }
     routing_.insert(routing_.end(), experts.begin(), experts.end());
     if (store_ == nullptr) {
       for (int r = 0; r < k_; ++r) {

@@ -82,28 +82,28 @@ void AddInPlace(absl::Span<const float> b, absl::Span<float> a) {
   for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
 }
 
-void RopeCosSin(int32_t pos, int head_dim, float freq_base, const RopeScaling& scaling,
+void RopeCosSin(int32_t pos, int n_rot, float freq_base, const RopeScaling& scaling,
                 double* cos_out, double* sin_out) {
   // ggml_rope_yarn_corr_dims (ggml.c), in f32 as there: the first and last pair
   // of the ramp from the unscaled to the scaled angle.
-  auto corr_dim = [&](float n_rot) {
-    return static_cast<float>(head_dim) *
+  auto corr_dim = [&](float beta) {
+    return static_cast<float>(n_rot) *
            std::log(static_cast<float>(scaling.n_ctx_orig) /
-                    (n_rot * 2 * static_cast<float>(M_PI))) /
+                    (beta * 2 * static_cast<float>(M_PI))) /
            (2 * std::log(freq_base));
   };
   const float corr_low = std::max(0.0f, std::floor(corr_dim(scaling.beta_fast)));
   const float corr_high =
-      std::min(static_cast<float>(head_dim - 1), std::ceil(corr_dim(scaling.beta_slow)));
+      std::min(static_cast<float>(n_rot - 1), std::ceil(corr_dim(scaling.beta_slow)));
   double mscale = scaling.attn_factor;
   if (scaling.ext_factor != 0.0f) mscale *= 1.0 + 0.1 * std::log(1.0 / scaling.freq_scale);
-  for (int i = 0; i < head_dim / 2; ++i) {
+  for (int i = 0; i < n_rot / 2; ++i) {
     // ggml_rope_cache_init: theta_scale = freq_base^(-2/n_dims), pair i at
     // pos * theta_scale^i; here in closed form and f64. rope_yarn: the angle
     // interpolated by freq_scale, mixed back towards the extrapolated one by the
     // ramp of pair i (rope_yarn_ramp) times ext_factor.
     const double extrap =
-        pos * std::pow(static_cast<double>(freq_base), -2.0 * i / static_cast<double>(head_dim));
+        pos * std::pow(static_cast<double>(freq_base), -2.0 * i / static_cast<double>(n_rot));
     double theta = scaling.freq_scale * extrap;
     if (scaling.ext_factor != 0.0f) {
       const double y = (i - corr_low) / std::max(0.001f, corr_high - corr_low);
@@ -116,19 +116,21 @@ void RopeCosSin(int32_t pos, int head_dim, float freq_base, const RopeScaling& s
 }
 
 void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_t> positions,
-          float freq_base, RopeType type, const RopeScaling& scaling) {
-  CheckOrDie(head_dim > 0 && head_dim % 2 == 0, "Rope: head_dim even");
+          float freq_base, RopeType type, const RopeScaling& scaling, int n_rot) {
+  if (n_rot == 0) n_rot = head_dim;
+  CheckOrDie(n_rot > 0 && n_rot % 2 == 0 && n_rot <= head_dim, "Rope: n_rot even, <= head_dim");
   const int64_t row_len = static_cast<int64_t>(n_head) * head_dim;
   const int64_t n_rows = RowCount(x.size(), row_len, "Rope: x rows of n_head * head_dim");
   CheckOrDie(positions.size() == static_cast<size_t>(n_rows), "Rope: one position per row");
-  const int half = head_dim / 2;
+  const int half = n_rot / 2;
   std::vector<double> c(static_cast<size_t>(half)), s(c.size());
   for (int64_t t = 0; t < n_rows; ++t) {
-    RopeCosSin(positions[t], head_dim, freq_base, scaling, c.data(), s.data());
+    RopeCosSin(positions[t], n_rot, freq_base, scaling, c.data(), s.data());
     for (int h = 0; h < n_head; ++h) {
       float* head = x.data() + t * row_len + static_cast<int64_t>(h) * head_dim;
       for (int i = 0; i < half; ++i) {
-        // rotate_pairs in ggml-cpu/ops.cpp: NORM (x[2i], x[2i+1]), NEOX (x[i], x[i + n/2]).
+        // rotate_pairs in ggml-cpu/ops.cpp: NORM (x[2i], x[2i+1]), NEOX (x[i], x[i + n/2]),
+        // n = n_rot; dimensions from n_rot on are copied unturned.
         float* a = type == RopeType::kNorm ? head + 2 * i : head + i;
         float* b = type == RopeType::kNorm ? head + 2 * i + 1 : head + i + half;
         const double x0 = *a;
@@ -288,14 +290,38 @@ void ModelExpertProvider::Provide(int layer, absl::Span<const int32_t> experts,
   }
 }
 
+void GateProbs(ExpertGating gating, int n_expert, absl::Span<float> logits) {
+  switch (gating) {
+    case ExpertGating::kSoftmax:
+      Softmax(n_expert, logits);
+      return;
+    case ExpertGating::kSigmoid:
+      for (float& l : logits) l = Sigmoid(l);
+      return;
+    case ExpertGating::kSoftmaxWeight:
+      return;
+  }
+}
+
 void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm,
-                   std::vector<int32_t>* chosen, std::vector<double>* weight, ExpertGating gating) {
+                   std::vector<int32_t>* chosen, std::vector<double>* weight, ExpertGating gating,
+                   absl::Span<const float> score_bias, float scale) {
   const int64_t n_rows = RowCount(probs.size(), n_expert, "SelectExperts: rows of n_expert");
+  CheckOrDie(score_bias.empty() || score_bias.size() == static_cast<size_t>(n_expert),
+             "SelectExperts: one score bias per expert");
   chosen->assign(static_cast<size_t>(n_rows * k), 0);
   weight->assign(chosen->size(), 0.0);
+  std::vector<float> biased(score_bias.size());
   for (int64_t t = 0; t < n_rows; ++t) {
     absl::Span<const float> row(probs.data() + t * n_expert, static_cast<size_t>(n_expert));
-    const std::vector<int32_t> top = TopK(row, k);
+    // exp_probs_b: the choice is made on probs + bias (ggml_add, f32), the
+    // weights come from probs.
+    absl::Span<const float> selection = row;
+    if (!score_bias.empty()) {
+      for (int e = 0; e < n_expert; ++e) biased[e] = row[e] + score_bias[e];
+      selection = biased;
+    }
+    const std::vector<int32_t> top = TopK(selection, k);
     double sum = 0.0;
     for (int i = 0; i < k; ++i) {
       (*chosen)[t * k + i] = top[i];
@@ -314,9 +340,14 @@ void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm
       for (int i = 0; i < k; ++i) (*weight)[t * k + i] /= sum;
       sum = 1.0;
     }
-    // norm_w: the selected weights divided by their sum (ggml_sum_rows, ggml_div).
+    // norm_w: the selected weights divided by their sum (ggml_sum_rows, then
+    // ggml_clamp at f16's smallest normal, ggml_div); then w_scale (ggml_scale).
     if (norm) {
+      sum = std::max(sum, 6.103515625e-5);
       for (int i = 0; i < k; ++i) (*weight)[t * k + i] /= sum;
+    }
+    if (scale != 1.0f) {
+      for (int i = 0; i < k; ++i) (*weight)[t * k + i] *= scale;
     }
   }
 }
@@ -339,14 +370,17 @@ void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<c
 
   // Router: softmax over all experts, then top-k of the probabilities
   // (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, ggml_top_k = argsort descending);
-  // gpt-oss adds a bias to the logits and softmaxes the k chosen ones.
+  // gpt-oss adds a bias to the logits and softmaxes the k chosen ones; glm4moe
+  // takes sigmoids, chooses with its score bias, scales the weights.
   std::vector<float> probs(static_cast<size_t>(n_rows * n_expert));
   MatMul(weight_view(*lt.router), x, absl::MakeSpan(probs));
   if (lt.router_b != nullptr) AddBias(TensorToFloat(*lt.router_b), absl::MakeSpan(probs));
-  if (cfg.gating == ExpertGating::kSoftmax) Softmax(n_expert, absl::MakeSpan(probs));
+  GateProbs(cfg.gating, n_expert, absl::MakeSpan(probs));
   std::vector<int32_t> chosen;
   std::vector<double> weight;
-  SelectExperts(probs, n_expert, k, cfg.norm_topk_prob, &chosen, &weight, cfg.gating);
+  const std::vector<float> score_b = lt.score_b ? TensorToFloat(*lt.score_b) : std::vector<float>();
+  SelectExperts(probs, n_expert, k, cfg.norm_topk_prob, &chosen, &weight, cfg.gating, score_b,
+                cfg.expert_weights_scale);
   // ggml_add_id: expert e's bias is row e of [n, n_expert].
   std::vector<float> gate_b, up_b, down_b;
   if (lt.gate_exps_b != nullptr) {
@@ -382,20 +416,24 @@ void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<c
     }
   }
 
-  // qwen2moe shared expert: ffn_gate_inp_shexp gives one logit per row; the
-  // graph computes silu(l) / l, which is sigmoid(l) (and NaN at l == 0 exactly,
-  // a corner the oracle does not copy).
+  // The shared expert. qwen2moe's ffn_gate_inp_shexp gives one logit per row;
+  // the graph computes silu(l) / l, which is sigmoid(l) (and NaN at l == 0
+  // exactly, a corner the oracle does not copy). glm4moe's is ungated.
   std::vector<float> shared;
   std::vector<float> shared_logit;
   if (lt.shexp_gate != nullptr) {
     shared = GatedFfn(weight_view(*lt.shexp_gate), weight_view(*lt.shexp_up),
                       weight_view(*lt.shexp_down), x);
-    shared_logit.resize(static_cast<size_t>(n_rows));
-    MatMul(weight_view(*lt.shexp_gate_inp), x, absl::MakeSpan(shared_logit));
+    if (lt.shexp_gate_inp != nullptr) {
+      shared_logit.resize(static_cast<size_t>(n_rows));
+      MatMul(weight_view(*lt.shexp_gate_inp), x, absl::MakeSpan(shared_logit));
+    }
   }
 
   for (int64_t t = 0; t < n_rows; ++t) {
-    const double shared_scale = shared.empty() ? 0.0 : Sigmoid(shared_logit[t]);
+    const double shared_scale = shared.empty()         ? 0.0
+                                : shared_logit.empty() ? 1.0
+                                                       : Sigmoid(shared_logit[t]);
     for (int64_t i = 0; i < n_embd; ++i) {
       double acc = 0.0;
       for (int r = 0; r < k; ++r) acc += weight[t * k + r] * expert_out[(t * k + r) * n_embd + i];
@@ -404,6 +442,15 @@ void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<c
     }
   }
   if (selected != nullptr) *selected = std::move(chosen);
+}
+
+void DenseFfn(const Model& model, int layer, absl::Span<const float> x, absl::Span<float> out) {
+  const LayerTensors& lt = model.layers[static_cast<size_t>(layer)];
+  CheckOrDie(lt.ffn_gate != nullptr, "DenseFfn: a layer without a dense FFN");
+  const std::vector<float> y =
+      GatedFfn(weight_view(*lt.ffn_gate), weight_view(*lt.ffn_up), weight_view(*lt.ffn_down), x);
+  CheckOrDie(out.size() == y.size(), "DenseFfn: out size");
+  std::copy(y.begin(), y.end(), out.begin());
 }
 
 }  // namespace moegraph

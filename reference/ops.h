@@ -40,17 +40,18 @@ void AddBias(absl::Span<const float> bias, absl::Span<float> x);
 void AddInPlace(absl::Span<const float> b, absl::Span<float> a);
 
 // ggml_rope_ext on rows of [n_head][head_dim], row t at position positions[t];
-// all head_dim dimensions rotate (llama.cpp asserts n_rot == head_dim for these
-// architectures). Pair i turns by theta = pos * freq_base^(-2i / head_dim),
+// the first n_rot dimensions of each head rotate (0: all; glm4moe rotates half),
+// the rest pass through. Pair i turns by theta = pos * freq_base^(-2i / n_rot),
 // scaled as ggml's rope_yarn does (scaling's freq_scale, and with ext_factor its
 // per-dimension ramp between the scaled and unscaled angles and the magnitude
-// factor). kNorm pairs (x[2i], x[2i+1]), kNeox pairs (x[i], x[i + head_dim/2]).
+// factor). kNorm pairs (x[2i], x[2i+1]), kNeox pairs (x[i], x[i + n_rot/2]).
 void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_t> positions,
-          float freq_base, RopeType type, const RopeScaling& scaling = RopeScaling());
+          float freq_base, RopeType type, const RopeScaling& scaling = RopeScaling(),
+          int n_rot = 0);
 
-// Rope's rotation of pair i (of head_dim / 2) at pos, magnitude factor included:
-// cos and sin for pairs 0 .. head_dim / 2 - 1 into cos_out, sin_out.
-void RopeCosSin(int32_t pos, int head_dim, float freq_base, const RopeScaling& scaling,
+// Rope's rotation of pair i (of n_rot / 2) at pos, magnitude factor included:
+// cos and sin for pairs 0 .. n_rot / 2 - 1 into cos_out, sin_out.
+void RopeCosSin(int32_t pos, int n_rot, float freq_base, const RopeScaling& scaling,
                 double* cos_out, double* sin_out);
 
 // Softmax of each row of length row_len, in place (max subtracted first).
@@ -125,14 +126,20 @@ class ModelExpertProvider final : public ExpertProvider {
   const Model& model_;
 };
 
-// The router's choice for each row of probs (rows of n_expert, softmaxed): the
-// top k ids in rank order and their probabilities, divided by their sum when
-// norm (norm_topk_prob), at [row * k, row * k + k) of chosen and weight. With
-// ExpertGating::kSoftmaxWeight, probs are the raw logits and the k weights
-// their softmax.
+// The router's logits (rows of n_expert) turned into what SelectExperts reads,
+// in place: softmaxed (kSoftmax), sigmoids (kSigmoid), or kept (kSoftmaxWeight).
+void GateProbs(ExpertGating gating, int n_expert, absl::Span<float> logits);
+
+// The router's choice for each row of probs (rows of n_expert, from GateProbs):
+// the top k ids in rank order and their probabilities, divided by their sum when
+// norm (norm_topk_prob), then times scale, at [row * k, row * k + k) of chosen
+// and weight. With ExpertGating::kSoftmaxWeight, probs are the raw logits and
+// the k weights their softmax. A score_bias (one per expert) is added to probs
+// to choose; the weights are the unbiased probs.
 void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm,
                    std::vector<int32_t>* chosen, std::vector<double>* weight,
-                   ExpertGating gating = ExpertGating::kSoftmax);
+                   ExpertGating gating = ExpertGating::kSoftmax,
+                   absl::Span<const float> score_bias = {}, float scale = 1.0f);
 
 // The feed-forward block of one MoE layer (llm_graph_context::build_moe_ffn,
 // plus the qwen2moe shared expert) on rows of n_embd that are already
@@ -140,6 +147,8 @@ void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm
 // not null it receives n_expert_used expert ids per row, in router rank order.
 void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<const float> x,
             absl::Span<float> out, std::vector<int32_t>* selected = nullptr);
+// A leading dense layer's FFN (glm4moe): down(silu(gate x) * up x), rows of n_embd.
+void DenseFfn(const Model& model, int layer, absl::Span<const float> x, absl::Span<float> out);
 // The same with the model's own expert slices.
 void MoeFfn(const Model& model, int layer, absl::Span<const float> x, absl::Span<float> out,
             std::vector<int32_t>* selected = nullptr);

@@ -20,6 +20,12 @@
 // attention on alternate layers and per-head sinks, an output bias; its FFN
 // norm is attn_post_norm; the router has a bias and softmaxes the k chosen
 // logits; experts have biases and swiglu_oai.
+//
+// glm4moe (src/models/glm4-moe.cpp): q/k/v biases, optional per-head q/k norm,
+// NEOX RoPE on the first n_rot dimensions, attn_post_norm as the FFN norm; the
+// leading layers have a dense FFN; the others route by sigmoid with
+// exp_probs_b added to choose, normalize and scale the weights, and add an
+// ungated shared expert. NextN layers (after block n_layer) are not read.
 #include "reference/oracle.h"
 
 #include <algorithm>
@@ -59,7 +65,9 @@ std::vector<const GgufTensor*> TensorsRead(const Model& model) {
                                 lt.gate_exps_b, lt.up_exps_b,
                                 lt.down_exps_b, lt.shexp_gate_inp,
                                 lt.shexp_gate,  lt.shexp_up,
-                                lt.shexp_down}) {
+                                lt.shexp_down,  lt.score_b,
+                                lt.ffn_gate,    lt.ffn_up,
+                                lt.ffn_down}) {
       all.push_back(t);
     }
     for (const auto* legacy : {&lt.gate_legacy, &lt.up_legacy, &lt.down_legacy}) {
@@ -132,9 +140,9 @@ void CpuOracle::AttentionBlock(int il, absl::Span<const float> h,
   if (!lv.q_norm.empty()) RmsNorm(q, lv.q_norm, cfg.rms_eps, absl::MakeSpan(q));
   if (!lv.k_norm.empty()) RmsNorm(k, lv.k_norm, cfg.rms_eps, absl::MakeSpan(k));
   Rope(absl::MakeSpan(q), cfg.n_head, cfg.head_dim, positions, cfg.rope_freq_base, cfg.rope_type,
-       cfg.rope_scaling);
+       cfg.rope_scaling, cfg.n_rot);
   Rope(absl::MakeSpan(k), cfg.n_head_kv, cfg.head_dim, positions, cfg.rope_freq_base, cfg.rope_type,
-       cfg.rope_scaling);
+       cfg.rope_scaling, cfg.n_rot);
 
   std::vector<float>& k_cache = k_cache_[il];
   std::vector<float>& v_cache = v_cache_[il];
@@ -182,7 +190,11 @@ absl::StatusOr<std::vector<float>> CpuOracle::Forward(absl::Span<const int32_t> 
     AttentionBlock(il, h, positions, absl::MakeSpan(block_out));
     AddInPlace(block_out, absl::MakeSpan(x));
     RmsNorm(x, layers_[il].ffn_norm, cfg.rms_eps, absl::MakeSpan(h));
-    MoeFfn(model_, il, *experts_, h, absl::MakeSpan(block_out));
+    if (cfg.moe_layer(il)) {
+      MoeFfn(model_, il, *experts_, h, absl::MakeSpan(block_out));
+    } else {
+      DenseFfn(model_, il, h, absl::MakeSpan(block_out));
+    }
     AddInPlace(block_out, absl::MakeSpan(x));
   }
   n_past_ += n_tokens;

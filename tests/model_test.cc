@@ -33,6 +33,7 @@ struct Edits {
   std::map<std::string, std::string> set_string;
   std::map<std::string, bool> set_bool;
   std::map<std::string, float> set_f32;
+  std::map<std::string, std::vector<int32_t>> set_i32_array;
   std::set<std::string> drop_tensors;
   std::map<std::string, std::vector<int64_t>> reshape;
   std::map<std::string, GgmlType> retype;
@@ -43,7 +44,7 @@ std::unique_ptr<GgufFile> Edit(const GgufFile& in, const Edits& e) {
   for (const GgufKV& kv : in.kvs()) {
     if (e.drop_keys.count(kv.key) != 0 || e.set_u32.count(kv.key) != 0 ||
         e.set_string.count(kv.key) != 0 || e.set_bool.count(kv.key) != 0 ||
-        e.set_f32.count(kv.key) != 0) {
+        e.set_f32.count(kv.key) != 0 || e.set_i32_array.count(kv.key) != 0) {
       continue;
     }
     w.SetValue(kv);
@@ -52,6 +53,7 @@ std::unique_ptr<GgufFile> Edit(const GgufFile& in, const Edits& e) {
   for (const auto& [key, v] : e.set_string) w.SetString(key, v);
   for (const auto& [key, v] : e.set_bool) w.SetBool(key, v);
   for (const auto& [key, v] : e.set_f32) w.SetFloat32(key, v);
+  for (const auto& [key, v] : e.set_i32_array) w.SetInt32Array(key, v);
   for (const GgufTensor& t : in.tensors()) {
     if (e.drop_tensors.count(t.name) != 0) continue;
     std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
@@ -224,7 +226,8 @@ TEST(LoadConfig, SanityChecksNameTheKeyAndValues) {
         {"qwen3moe.rope.dimension_count", 15}},
        {"qwen3moe.attention.key_length", "15", "even"}},
       {{{"qwen3moe.attention.value_length", 8}}, {"qwen3moe.attention.value_length", "8"}},
-      {{{"qwen3moe.rope.dimension_count", 8}}, {"qwen3moe.rope.dimension_count", "8"}},
+      {{{"qwen3moe.rope.dimension_count", 8}},
+       {"qwen3moe.rope.dimension_count", "partial RoPE (8 of 16", "llama.cpp asserts"}},
   };
   for (const Case& k : cases) {
     Edits e;
@@ -382,6 +385,79 @@ TEST(LoadModel, GptOssReadsItsWindowYarnAndBiases) {
   e.set_string = {{"gpt-oss.rope.scaling.type", "longrope"}};
   bad = LoadModel(*Edit(*file, e));
   EXPECT_TRUE(MessageHas(bad.status(), "RoPE scaling 'longrope' is not supported")) << bad.status();
+}
+
+// glm4moe as llama_model_glm4_moe reads it: the NextN layers out of the decode
+// layers, the leading dense layer, partial RoPE, sigmoid gating with its score
+// bias, the weights' norm and scale, the ungated shared expert.
+TEST(LoadModel, Glm4MoeReadsItsDenseLayersScoreBiasAndSharedExpert) {
+  FixtureSpec spec;
+  spec.arch = Arch::kGlm4Moe;
+  spec.n_layer = 3;
+  spec.n_dense_lead = 1;
+  spec.n_nextn = 1;
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
+  ASSERT_NE(file, nullptr);
+  ASSERT_NE(file->FindTensor("blk.3.nextn.eh_proj.weight"), nullptr);  // written, not read
+  absl::StatusOr<Model> model = LoadModel(*file);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = model->config;
+  EXPECT_EQ(c.n_layer, 3);
+  EXPECT_EQ(c.n_layer_nextn, 1);
+  EXPECT_EQ(c.n_layer_dense_lead, 1);
+  EXPECT_EQ(c.n_moe_layer(), 2);
+  EXPECT_FALSE(c.moe_layer(0));
+  EXPECT_TRUE(c.moe_layer(1));
+  EXPECT_EQ(c.n_ff_dense, 2 * spec.n_ff_exp);
+  EXPECT_EQ(c.n_ff_shexp, spec.n_ff_exp);
+  EXPECT_EQ(c.n_rot, c.head_dim / 2);
+  EXPECT_EQ(c.gating, ExpertGating::kSigmoid);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.expert_weights_scale, 2.5f);
+  EXPECT_TRUE(c.expert_score_bias && c.qkv_bias);
+  EXPECT_FALSE(c.shexp_gated || c.qk_norm);
+  EXPECT_TRUE(c.beyond_classic());
+  ASSERT_EQ(model->layers.size(), 3u);
+  const LayerTensors& dense = model->layers[0];
+  EXPECT_NE(dense.ffn_gate, nullptr);
+  EXPECT_EQ(dense.router, nullptr);
+  EXPECT_EQ(dense.gate_exps, nullptr);
+  for (int il = 1; il < 3; ++il) {
+    const LayerTensors& l = model->layers[il];
+    EXPECT_EQ(l.ffn_gate, nullptr);
+    ASSERT_NE(l.score_b, nullptr);
+    EXPECT_EQ(l.score_b->ne[0], spec.n_expert);
+    EXPECT_NE(l.shexp_gate, nullptr);
+    EXPECT_EQ(l.shexp_gate_inp, nullptr);
+    EXPECT_NE(std::string(l.ffn_norm->name).find("post_attention_norm"), std::string::npos);
+  }
+  const absl::Status refused = RequireClassicForward(*model, "the CUDA engine");
+  EXPECT_TRUE(MessageHas(refused, "glm4moe (partial RoPE")) << refused;
+
+  // Per-layer arrays where llama.cpp reads them: equal values load, unequal are named.
+  Edits e;
+  e.set_i32_array = {{"glm4moe.expert_feed_forward_length", {32, 32, 32, 32}}};
+  absl::StatusOr<Model> arrays = LoadModel(*Edit(*file, e));
+  ASSERT_TRUE(arrays.ok()) << arrays.status();
+  EXPECT_EQ(arrays->config.n_ff_exp, 32);
+  e.set_i32_array = {{"glm4moe.expert_feed_forward_length", {32, 32, 64, 32}}};
+  absl::StatusOr<Model> bad = LoadModel(*Edit(*file, e));
+  EXPECT_TRUE(MessageHas(bad.status(), "glm4moe.expert_feed_forward_length")) << bad.status();
+  EXPECT_TRUE(MessageHas(bad.status(), "layer 2 has 64 where layer 0 has 32")) << bad.status();
+  // A missing score bias, an unknown gating function, NextN layers that leave
+  // none to decode, each named.
+  e = Edits();
+  e.drop_tensors = {"blk.2.exp_probs_b.bias"};
+  bad = LoadModel(*Edit(*file, e));
+  EXPECT_TRUE(MessageHas(bad.status(), "tensor 'blk.2.exp_probs_b.bias': missing")) << bad.status();
+  e = Edits();
+  e.set_u32 = {{"glm4moe.expert_gating_func", 4}};
+  bad = LoadModel(*Edit(*file, e));
+  EXPECT_TRUE(MessageHas(bad.status(), "gating function 4 is not supported")) << bad.status();
+  e = Edits();
+  e.set_u32 = {{"glm4moe.nextn_predict_layers", 4}};
+  bad = LoadModel(*Edit(*file, e));
+  EXPECT_TRUE(MessageHas(bad.status(), "glm4moe.nextn_predict_layers")) << bad.status();
 }
 
 // Linear RoPE scaling on an original architecture is read, and the backends

@@ -364,7 +364,8 @@ ModelInfo DescribeModel(const Model& model) {
   ModelInfo info;
   info.name = absl::StrFormat(
       "%s %dL %dx top-%d %s", Av(arch_gguf_name(c.arch)), c.n_layer, c.n_expert, c.n_expert_used,
-      ggml_type_name(static_cast<uint32_t>(model.expert(0, ExpertProj::kGate, 0).type)));
+      ggml_type_name(
+          static_cast<uint32_t>(model.expert(c.n_layer_dense_lead, ExpertProj::kGate, 0).type)));
   info.size_bytes = model.file->total_size();
   for (const GgufTensor& t : model.file->tensors()) {
     info.params += static_cast<uint64_t>(t.n_elements());

@@ -19,8 +19,11 @@
 #include "tools/cli/commands.h"
 
 // What each flag means to each command: tools/cli/command_line.cc.
-ABSL_FLAG(std::string, arch, "qwen3moe", "qwen3moe | olmoe | qwen2moe | mixtral | gpt-oss");
+ABSL_FLAG(std::string, arch, "qwen3moe",
+          "qwen3moe | olmoe | qwen2moe | mixtral | gpt-oss | glm4moe");
 ABSL_FLAG(int32_t, swa, 4, "make-fixture: gpt-oss: the attention window of the even layers");
+ABSL_FLAG(int32_t, dense_layers, 1, "make-fixture: glm4moe: leading layers with a dense FFN");
+ABSL_FLAG(int32_t, nextn, 1, "make-fixture: glm4moe: NextN layers after the decode layers");
 ABSL_FLAG(int32_t, layers, 0, "layers (0: the command's default)");
 ABSL_FLAG(int32_t, experts, 0, "routed experts per layer (0: the command's default)");
 ABSL_FLAG(int32_t, top_k, moegraph::kUnsetTopK,
@@ -112,7 +115,7 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   const std::string arch = absl::GetFlag(FLAGS_arch);
   if (!arch_from_name(arch, &spec.arch)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--arch ", arch, " is not one of qwen3moe, olmoe, qwen2moe, mixtral, gpt-oss"));
+        "--arch ", arch, " is not one of qwen3moe, olmoe, qwen2moe, mixtral, gpt-oss, glm4moe"));
   }
   spec.n_layer = FlagOr(FLAGS_layers, spec.n_layer);
   spec.n_expert = FlagOr(FLAGS_experts, spec.n_expert);
@@ -137,6 +140,8 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   spec.legacy_experts = absl::GetFlag(FLAGS_legacy_experts);
   spec.tied_output = absl::GetFlag(FLAGS_tied_output);
   spec.n_swa = absl::GetFlag(FLAGS_swa);
+  spec.n_dense_lead = absl::GetFlag(FLAGS_dense_layers);
+  spec.n_nextn = absl::GetFlag(FLAGS_nextn);
   FixtureVocab vocab;
   if (const std::string json = absl::GetFlag(FLAGS_tokenizer_json); !json.empty()) {
     absl::StatusOr<FixtureVocab> read = ReadHfTokenizer(json, absl::GetFlag(FLAGS_pad_vocab));

@@ -279,12 +279,13 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
     options.n_slots = flags.slots;
     if (flags.n_cpu_moe >= 0) {
       // llama.cpp keeps the experts of the first N layers on the host and the
-      // rest on the GPU: here, slots for the other layers' experts.
+      // rest on the GPU: here, slots for the other MoE layers' experts.
       const ModelConfig& cfg = model.config;
-      const int gpu_layers = std::max(cfg.n_layer - flags.n_cpu_moe, 0);
+      const int gpu_layers =
+          std::max(cfg.n_layer - std::max(flags.n_cpu_moe, cfg.n_layer_dense_lead), 0);
       options.n_slots = std::max(gpu_layers * cfg.n_expert, cfg.n_expert_used);
-      std::fprintf(info, "--n-cpu-moe %d: %d slots, the experts of %d of %d layers\n",
-                   flags.n_cpu_moe, options.n_slots, gpu_layers, cfg.n_layer);
+      std::fprintf(info, "--n-cpu-moe %d: %d slots, the experts of %d of %d MoE layers\n",
+                   flags.n_cpu_moe, options.n_slots, gpu_layers, cfg.n_moe_layer());
     }
     options.doors = flags.doors.doors;
     options.steps_per_launch = flags.steps_per_launch;

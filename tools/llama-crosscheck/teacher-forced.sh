@@ -22,7 +22,8 @@ tokens=11
 for ((i = 1; i < positions; ++i)); do tokens+=",$(((11 + 37 * i) % vocab))"; done
 : > "$work/rows"
 for arch_type in qwen3moe:q4_1 qwen3moe:q5_0 qwen3moe:q5_1 qwen3moe:q2_K qwen3moe:q3_K \
-                 qwen3moe:iq4_nl qwen3moe:iq4_xs qwen3moe:mxfp4 qwen3moe:q4_K gpt-oss:mxfp4; do
+                 qwen3moe:iq4_nl qwen3moe:iq4_xs qwen3moe:mxfp4 qwen3moe:q4_K gpt-oss:mxfp4 \
+                 glm4moe:q4_K; do
   arch=${arch_type%%:*}
   type=${arch_type##*:}
   args="--arch $arch --layers 2 --experts 8 --top-k 2 --embd 256 --ff 256 --heads 4"
