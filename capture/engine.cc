@@ -51,7 +51,7 @@ absl::Status CheckStoreFits(const ExpertStore& store, const Model& model) {
         "cuda engine: the shared expert store holds %d layers of %d experts, the model %d of %d",
         store.n_layer(), store.n_expert(), cfg.n_layer, cfg.n_expert));
   }
-  for (int layer = 0; layer < cfg.n_layer; ++layer) {
+  for (int layer = cfg.n_layer_dense_lead; layer < cfg.n_layer; ++layer) {
     if (!(store.layout(layer) == ExpertLayoutOf(model, layer))) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "cuda engine: the shared expert store lays out layer %d's experts unlike the model "
@@ -123,7 +123,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   model = &m;
   cfg = m.config;
   options = opts;
-  MG_RETURN_IF_ERROR(RequireClassicForward(m, "the CUDA engine"));
+  MG_RETURN_IF_ERROR(RequireCudaForward(m));
   if (options.max_ctx < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--ctx %d: the context must hold at least one token", options.max_ctx));
@@ -194,8 +194,8 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
         return UnsupportedMatrix(m, *t);
       }
     }
-    for (const GgufTensor* t :
-         {lt.wo, lt.router, lt.shexp_gate, lt.shexp_up, lt.shexp_down, lt.shexp_gate_inp}) {
+    for (const GgufTensor* t : {lt.wo, lt.router, lt.shexp_gate, lt.shexp_up, lt.shexp_down,
+                                lt.shexp_gate_inp, lt.ffn_gate, lt.ffn_up, lt.ffn_down}) {
       if (t != nullptr && !matvec_supports_type(t->ggml_type(), static_cast<int32_t>(t->ne[0]))) {
         return UnsupportedMatrix(m, *t);
       }
@@ -206,11 +206,14 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
       return m.file->TensorError(*lt.shexp_up,
                                  "the CUDA shared expert needs gate and up of one type");
     }
+    if (lt.ffn_gate != nullptr && lt.ffn_gate->ggml_type() != lt.ffn_up->ggml_type()) {
+      return m.file->TensorError(*lt.ffn_up, "the CUDA dense FFN needs gate and up of one type");
+    }
   }
   if (!matvec_supports_type(m.output->ggml_type(), static_cast<int32_t>(m.output->ne[0]))) {
     return UnsupportedMatrix(m, *m.output);
   }
-  for (int layer = 0; layer < cfg.n_layer; ++layer) {
+  for (int layer = cfg.n_layer_dense_lead; layer < cfg.n_layer; ++layer) {
     // The gate/up pass reads both with one kernel.
     if (m.expert(layer, ExpertProj::kGate, 0).type != m.expert(layer, ExpertProj::kUp, 0).type) {
       const LayerTensors& lt = m.layers[static_cast<size_t>(layer)];
@@ -293,7 +296,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   store = std::move(experts);
   void* device_base = nullptr;
   const cudaError_t mapped =
-      cudaHostGetDevicePointer(&device_base, const_cast<uint8_t*>(store->block(0, 0)), 0);
+      cudaHostGetDevicePointer(&device_base, const_cast<uint8_t*>(store->data()), 0);
   if (mapped != cudaSuccess) {
     cudaGetLastError();  // not sticky: keep it from failing the next kernel launch
     return CudaStatus(mapped,

@@ -111,6 +111,8 @@ struct BufferLayout {
 struct LayerWeights {
   DeviceMatrix wq, wk, wv, wo, router;
   DeviceMatrix shexp_gate, shexp_up, shexp_down, shexp_gate_inp;
+  DeviceMatrix ffn_gate, ffn_up, ffn_down;  // a leading dense layer's FFN (glm4moe)
+  const float* score_b = nullptr;           // glm4moe's exp_probs_b
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   const float* q_norm = nullptr;
@@ -120,10 +122,12 @@ struct LayerWeights {
   const float* bv = nullptr;
 };
 
-// Per-layer device pointers of one step's expert path.
+// Per-layer device pointers of one step's expert path (a dense layer has its
+// KV cache and a selection of kMissingExpert ids, which the routing record
+// copies, and no class).
 struct LayerExperts {
-  int size_class = 0;
-  int local_layer = 0;                   // the layer's number inside its class
+  int size_class = -1;
+  int local_layer = -1;                  // the layer's number inside its class
   const uint8_t* host_blocks = nullptr;  // device pointer of the layer's store blocks
   int32_t* selection = nullptr;          // [k]
   float* weights = nullptr;              // [k]
@@ -263,6 +267,8 @@ struct CudaEngine::Impl {
   absl::Status Prefill(int first, int count);
   absl::Status PrefillUbatch(int p0, int rows);
   absl::Status PrefillExperts(int layer, int rows);
+  // A leading dense layer's FFN over the ubatch's normed rows, added into x.
+  absl::Status PrefillDenseFfn(int layer, int rows);
   // y (rows x w.rows) = x w^T, or += with accumulate: f32 GEMM for an f32
   // weight (x), else f16 (x16), a quantized weight dequantized into the tile.
   absl::Status Project(const DeviceMatrix& w, const float* x, const uint16_t* x16, int rows,
@@ -331,6 +337,8 @@ struct CudaEngine::Impl {
   float* shexp_act = nullptr;
   float* shexp_out = nullptr;
   float* shexp_logit = nullptr;
+  float* dense_act = nullptr;  // [n_ff_dense]: a dense layer's silu(gate) * up
+  block_q8_1* dense_act_q = nullptr;
   float* logits = nullptr;
   void* sample_scratch = nullptr;  // launch_sample's blocks' argmax and candidates
   DeviceCounters* counters = nullptr;

@@ -115,13 +115,23 @@ absl::Status CudaEngine::Impl::UploadDense() {
     MG_ASSIGN_OR_RETURN(w.wk, UploadMatrix(lt.wk));
     MG_ASSIGN_OR_RETURN(w.wv, UploadMatrix(lt.wv));
     MG_ASSIGN_OR_RETURN(w.wo, UploadMatrix(lt.wo));
-    MG_ASSIGN_OR_RETURN(w.router, UploadMatrix(lt.router));
+    if (lt.router != nullptr) {
+      MG_ASSIGN_OR_RETURN(w.router, UploadMatrix(lt.router));
+    }
     if (lt.shexp_gate != nullptr) {
       MG_ASSIGN_OR_RETURN(w.shexp_gate, UploadMatrix(lt.shexp_gate));
       MG_ASSIGN_OR_RETURN(w.shexp_up, UploadMatrix(lt.shexp_up));
       MG_ASSIGN_OR_RETURN(w.shexp_down, UploadMatrix(lt.shexp_down));
+    }
+    if (lt.shexp_gate_inp != nullptr) {
       MG_ASSIGN_OR_RETURN(w.shexp_gate_inp, UploadMatrix(lt.shexp_gate_inp));
     }
+    if (lt.ffn_gate != nullptr) {
+      MG_ASSIGN_OR_RETURN(w.ffn_gate, UploadMatrix(lt.ffn_gate));
+      MG_ASSIGN_OR_RETURN(w.ffn_up, UploadMatrix(lt.ffn_up));
+      MG_ASSIGN_OR_RETURN(w.ffn_down, UploadMatrix(lt.ffn_down));
+    }
+    MG_ASSIGN_OR_RETURN(w.score_b, UploadVector(lt.score_b));
     MG_ASSIGN_OR_RETURN(w.attn_norm, UploadVector(lt.attn_norm));
     MG_ASSIGN_OR_RETURN(w.ffn_norm, UploadVector(lt.ffn_norm));
     MG_ASSIGN_OR_RETURN(w.q_norm, UploadVector(lt.q_norm));
@@ -148,12 +158,13 @@ uint64_t DenseBytes(const Model& m) {
   matrix(m.output);
   vector(m.output_norm);
   for (const LayerTensors& lt : m.layers) {
-    for (const GgufTensor* t : {lt.wq, lt.wk, lt.wv, lt.wo, lt.router, lt.shexp_gate, lt.shexp_up,
-                                lt.shexp_down, lt.shexp_gate_inp}) {
+    for (const GgufTensor* t :
+         {lt.wq, lt.wk, lt.wv, lt.wo, lt.router, lt.shexp_gate, lt.shexp_up, lt.shexp_down,
+          lt.shexp_gate_inp, lt.ffn_gate, lt.ffn_up, lt.ffn_down}) {
       matrix(t);
     }
     for (const GgufTensor* t :
-         {lt.attn_norm, lt.ffn_norm, lt.q_norm, lt.k_norm, lt.bq, lt.bk, lt.bv}) {
+         {lt.attn_norm, lt.ffn_norm, lt.q_norm, lt.k_norm, lt.bq, lt.bk, lt.bv, lt.score_b}) {
       vector(t);
     }
   }
@@ -172,15 +183,16 @@ struct PolicyStateBytes {
 };
 
 PolicyStateBytes PolicyBytes(ResidencyPolicy policy, const ModelConfig& cfg) {
-  const uint64_t keys = static_cast<uint64_t>(cfg.n_layer) * static_cast<uint64_t>(cfg.n_expert);
+  const uint64_t n_moe = static_cast<uint64_t>(cfg.n_moe_layer());
+  const uint64_t keys = n_moe * static_cast<uint64_t>(cfg.n_expert);
   if (policy == ResidencyPolicy::kHazard) {
     // table, last_visit, frequency, long_frequency per key; visits per layer;
     // hits, trials and cost per cell; owner and a cached victim rank per slot.
-    return {16 * keys + 4 * static_cast<uint64_t>(cfg.n_layer) + 12 * kHazardCells, 12};
+    return {16 * keys + 4 * n_moe + 12 * kHazardCells, 12};
   }
   // table per key; n_protected and clock per pool (at most one per layer);
   // owner, stamp, seg and a cached victim rank per slot.
-  return {4 * keys + 12 * static_cast<uint64_t>(cfg.n_layer), 21};
+  return {4 * keys + 12 * n_moe, 21};
 }
 
 }  // namespace
@@ -188,7 +200,7 @@ PolicyStateBytes PolicyBytes(ResidencyPolicy policy, const ModelConfig& cfg) {
 absl::Status CudaEngine::Impl::PlanPools(uint64_t free_bytes, uint64_t dense, uint64_t kv_bytes,
                                          uint64_t scratch_bytes) {
   const std::vector<SizeClass>& classes = store->size_classes();
-  const int n_layer = cfg.n_layer;
+  const int n_layer = cfg.n_moe_layer();  // the layers with experts
   const int n_expert = cfg.n_expert;
   const int top_k = cfg.n_expert_used;
   const int64_t total_experts = static_cast<int64_t>(n_layer) * n_expert;
@@ -364,6 +376,8 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t n_shexp = static_cast<size_t>(std::max(cfg.n_ff_shexp, 1));
   const size_t o_sa = s.Add(n_shexp * f);
   const size_t o_sout = s.Add(cfg.n_embd * f), o_slogit = s.Add(f);
+  const size_t n_dense = static_cast<size_t>(std::max(cfg.n_ff_dense, 1));
+  const size_t o_dense = s.Add(n_dense * f);
   const size_t o_logits = s.Add(static_cast<size_t>(cfg.n_vocab) * f);
   const size_t o_sample = s.Add(sample_scratch_bytes(cfg.n_vocab));
   const size_t o_counters = s.Add(sizeof(DeviceCounters));
@@ -381,6 +395,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_h_q = add_q8_1(cfg.n_embd), o_attn_q = add_q8_1(q_len);
   const size_t o_act_q = add_q8_1(kk * cfg.n_ff_exp);
   const size_t o_sa_q = cfg.n_ff_shexp > 0 ? add_q8_1(cfg.n_ff_shexp) : kNone;
+  const size_t o_dense_q = cfg.n_ff_dense > 0 ? add_q8_1(cfg.n_ff_dense) : kNone;
 
   MG_ASSIGN_OR_RETURN(state_buffer, CudaBuffer::Device(s.total, "the decode state"));
   MG_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(state_buffer.as<void>(), 0, s.total, main),
@@ -409,6 +424,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   shexp_act = reinterpret_cast<float*>(at(o_sa));
   shexp_out = reinterpret_cast<float*>(at(o_sout));
   shexp_logit = reinterpret_cast<float*>(at(o_slogit));
+  dense_act = reinterpret_cast<float*>(at(o_dense));
   logits = reinterpret_cast<float*>(at(o_logits));
   sample_scratch = at(o_sample);
   counters = reinterpret_cast<DeviceCounters*>(at(o_counters));
@@ -421,6 +437,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   attn_q = q8_1_at(o_attn_q);
   act_q = cfg.n_ff_exp % QK8_1 == 0 ? q8_1_at(o_act_q) : nullptr;
   shexp_act_q = q8_1_at(o_sa_q);
+  dense_act_q = q8_1_at(o_dense_q);
 
   const size_t cache_bytes = KvCacheBytes(cfg, options.max_ctx, options.kv_type) / n_layer / 2;
   MG_ASSIGN_OR_RETURN(kv_buffer, CudaBuffer::Device(2 * n_layer * cache_bytes, "the KV cache"));
@@ -431,11 +448,13 @@ absl::Status CudaEngine::Impl::AllocateState() {
   for (size_t l = 0; l < n_layer; ++l) {
     LayerExperts e;
     const int layer = static_cast<int>(l);
-    e.size_class = store->class_of(layer);
-    const std::vector<int>& class_layers = pools[static_cast<size_t>(e.size_class)].info.layers;
-    e.local_layer = static_cast<int>(std::find(class_layers.begin(), class_layers.end(), layer) -
-                                     class_layers.begin());
-    e.host_blocks = store_device_base + (store->block(layer, 0) - store->block(0, 0));
+    if (cfg.moe_layer(layer)) {
+      e.size_class = store->class_of(layer);
+      const std::vector<int>& class_layers = pools[static_cast<size_t>(e.size_class)].info.layers;
+      e.local_layer = static_cast<int>(std::find(class_layers.begin(), class_layers.end(), layer) -
+                                       class_layers.begin());
+      e.host_blocks = store_device_base + (store->block(layer, 0) - store->data());
+    }
     e.selection = reinterpret_cast<int32_t*>(at(o_sel)) + l * kk;
     e.weights = reinterpret_cast<float*>(at(o_w)) + l * kk;
     e.selected_keys = reinterpret_cast<int32_t*>(at(o_keys)) + l * kk;
@@ -445,6 +464,13 @@ absl::Status CudaEngine::Impl::AllocateState() {
     e.k_cache = kv_buffer.as<uint8_t>() + (2 * l) * cache_bytes;
     e.v_cache = kv_buffer.as<uint8_t>() + (2 * l + 1) * cache_bytes;
     layer_experts.push_back(e);
+  }
+  // A dense layer's row of the routing record (the CPU backend's too).
+  if (cfg.n_layer_dense_lead > 0) {
+    const std::vector<int32_t> missing(static_cast<size_t>(cfg.n_layer_dense_lead) * kk,
+                                       kMissingExpert);
+    MG_RETURN_IF_ERROR(Upload(layer_experts[0].selection, missing.data(), missing.size() * 4,
+                              "the dense layers' selection"));
   }
 
   MG_RETURN_IF_ERROR(AllocateRecords());
@@ -515,17 +541,18 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
   const uint64_t floats = 3 * static_cast<uint64_t>(cfg.n_embd) + 3 * q_len + kv_len +
                           static_cast<uint64_t>(cfg.n_expert) + kk * cfg.n_ff_exp +
                           kk * cfg.n_embd + static_cast<uint64_t>(cfg.n_ff_shexp) + 1 +
+                          static_cast<uint64_t>(cfg.n_ff_dense) +
                           static_cast<uint64_t>(cfg.n_vocab);
   const uint64_t per_layer = static_cast<uint64_t>(cfg.n_layer) * kk * (4 + 4 + 4 + 4 + 1 + 4);
   // The q8_1 blocks of h, attn, act and shexp_act: 36 bytes per 32 floats, at most.
-  const uint64_t q8_1_bytes =
-      (static_cast<uint64_t>(cfg.n_embd) + q_len + kk * cfg.n_ff_exp + cfg.n_ff_shexp) / QK8_1 *
-      sizeof(block_q8_1);
+  const uint64_t q8_1_bytes = (static_cast<uint64_t>(cfg.n_embd) + q_len + kk * cfg.n_ff_exp +
+                               cfg.n_ff_shexp + cfg.n_ff_dense) /
+                              QK8_1 * sizeof(block_q8_1);
   const uint64_t ticket_bytes =
       static_cast<uint64_t>(step_tickets(cfg.n_embd, cfg.n_head, cfg.n_head_kv)) * 4;
   return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer + q8_1_bytes +
          ticket_bytes + sample_scratch_bytes(cfg.n_vocab) +
-         attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 69 * 256;
+         attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 71 * 256;
 }
 
 }  // namespace moegraph

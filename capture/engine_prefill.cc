@@ -44,7 +44,7 @@ int32_t UbatchOf(const CudaEngineOptions& options) {
 // The largest block of any layer's experts: one ring buffer.
 size_t LargestBlock(const Model& m) {
   size_t largest = 0;
-  for (int l = 0; l < m.config.n_layer; ++l) {
+  for (int l = m.config.n_layer_dense_lead; l < m.config.n_layer; ++l) {
     largest = std::max(largest, ExpertLayoutOf(m, l).block_bytes);
   }
   return largest;
@@ -58,7 +58,7 @@ PrefillLayout LayOut(const Model& m, const CudaEngineOptions& options) {
   const size_t q_len = static_cast<size_t>(cfg.n_head) * cfg.head_dim;
   const size_t kv_len = static_cast<size_t>(cfg.n_head_kv) * cfg.head_dim;
   const size_t kk = static_cast<size_t>(cfg.n_expert_used);
-  const size_t ff = static_cast<size_t>(std::max(cfg.n_ff_exp, cfg.n_ff_shexp));
+  const size_t ff = static_cast<size_t>(std::max({cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_ff_dense}));
   // The tile holds any one weight matrix of a layer, f16.
   const size_t tile =
       std::max({q_len * embd, kv_len * embd, static_cast<size_t>(cfg.n_expert) * embd, ff * embd});
@@ -252,9 +252,17 @@ absl::Status CudaEngine::Impl::PrefillExperts(int layer, int rows) {
 
   MG_RETURN_IF_ERROR(
       Project(w.router, p.h, p.h16, rows, p.router_logits, false, absl::StrCat(name, " router")));
+  RouterEpilogue router;
+  router.k = top_k;
+  router.norm_topk = cfg.norm_topk_prob;
+  router.gating =
+      cfg.gating == ExpertGating::kSigmoid ? RouterGating::kSigmoid : RouterGating::kSoftmax;
+  router.score_bias = w.score_b;
+  router.scale = cfg.expert_weights_scale;
+  router.experts = p.selection;
+  router.weights = p.weights;
   MG_RETURN_IF_ERROR(
-      CudaStatus(launch_router_topk_rows(p.router_logits, cfg.n_expert, rows, top_k,
-                                         cfg.norm_topk_prob, p.selection, p.weights, main),
+      CudaStatus(launch_router_topk_rows(p.router_logits, cfg.n_expert, rows, router, main),
                  absl::StrCat(name, " top-k")));
   const size_t n_sel = static_cast<size_t>(rows) * top_k;
   MG_RETURN_IF_ERROR(CudaStatus(
@@ -273,8 +281,10 @@ absl::Status CudaEngine::Impl::PrefillExperts(int layer, int rows) {
                                   absl::StrCat(name, " shared expert swiglu")));
     MG_RETURN_IF_ERROR(Project(w.shexp_down, p.act, p.act16, rows, p.shexp_out, false,
                                absl::StrCat(name, " shared expert down")));
-    MG_RETURN_IF_ERROR(Project(w.shexp_gate_inp, p.h, p.h16, rows, p.shexp_logit, false,
-                               absl::StrCat(name, " shared expert gate logit")));
+    if (cfg.shexp_gated) {
+      MG_RETURN_IF_ERROR(Project(w.shexp_gate_inp, p.h, p.h16, rows, p.shexp_logit, false,
+                                 absl::StrCat(name, " shared expert gate logit")));
+    }
   }
   MG_RETURN_IF_ERROR(Sync("readback of the prefill's routing"));
 
@@ -334,8 +344,22 @@ absl::Status CudaEngine::Impl::PrefillExperts(int layer, int rows) {
   }
   return CudaStatus(
       launch_combine_rows(p.expert_out, p.weights, top_k, embd, rows, shexp ? p.shexp_out : nullptr,
-                          shexp ? p.shexp_logit : nullptr, p.x, main),
+                          shexp && cfg.shexp_gated ? p.shexp_logit : nullptr, p.x, main),
       absl::StrCat(name, " combine"));
+}
+
+absl::Status CudaEngine::Impl::PrefillDenseFfn(int layer, int rows) {
+  PrefillState& p = prefill;
+  const LayerWeights& w = layers[static_cast<size_t>(layer)];
+  const std::string name = absl::StrCat("prefill layer ", layer, " dense FFN");
+  MG_RETURN_IF_ERROR(
+      Project(w.ffn_gate, p.h, p.h16, rows, p.gate, false, absl::StrCat(name, " gate")));
+  MG_RETURN_IF_ERROR(Project(w.ffn_up, p.h, p.h16, rows, p.up, false, absl::StrCat(name, " up")));
+  MG_RETURN_IF_ERROR(
+      CudaStatus(launch_swiglu_rows(p.gate, p.up, static_cast<int64_t>(rows) * cfg.n_ff_dense,
+                                    p.act, p.act16, main),
+                 absl::StrCat(name, " swiglu")));
+  return Project(w.ffn_down, p.act, p.act16, rows, p.x, true, absl::StrCat(name, " down"));
 }
 
 absl::Status CudaEngine::Impl::PrefillUbatch(int p0, int rows) {
@@ -386,7 +410,11 @@ absl::Status CudaEngine::Impl::PrefillUbatch(int p0, int rows) {
     MG_RETURN_IF_ERROR(
         CudaStatus(launch_rmsnorm_rows(p.x, w.ffn_norm, embd, rows, cfg.rms_eps, p.h, p.h16, main),
                    absl::StrCat(name, " ffn_norm")));
-    MG_RETURN_IF_ERROR(PrefillExperts(l, rows));
+    if (cfg.moe_layer(l)) {
+      MG_RETURN_IF_ERROR(PrefillExperts(l, rows));
+    } else {
+      MG_RETURN_IF_ERROR(PrefillDenseFfn(l, rows));
+    }
   }
   ++host.prefill_ubatches;
   host.prefill_tokens += static_cast<uint64_t>(rows);

@@ -25,6 +25,8 @@ WalkConfig CudaEngine::Impl::MakeWalkConfig(int steps) const {
   c.split_passes = options.doors.split_passes;
   c.programmatic_launch = programmatic_launch;
   c.shared_expert = cfg.n_ff_shexp > 0;
+  c.shared_expert_gated = cfg.shexp_gated;
+  c.n_dense_lead = cfg.n_layer_dense_lead;
   c.trace_routing = options.routing_trace != nullptr;
   c.routing_step_end = c.trace_routing || options.routing_record_steps > 0;
   c.record_logits = options.record_logits;
@@ -83,6 +85,7 @@ QkvRope CudaEngine::Impl::Rope(int layer, const int32_t* pos, float* q_out) cons
   rope.n_head = cfg.n_head;
   rope.n_head_kv = cfg.n_head_kv;
   rope.head_dim = cfg.head_dim;
+  rope.n_rot = cfg.n_rot;
   rope.freq_base = cfg.rope_freq_base;
   rope.rope_type = cfg.rope_type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
   rope.use_norm = cfg.qk_norm || cfg.qk_norm_full;
@@ -104,8 +107,12 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
   cudaStream_t cs = copy;
   const LayerWeights* w = l >= 0 ? &layers[static_cast<size_t>(l)] : nullptr;
   const LayerExperts* e = l >= 0 ? &layer_experts[static_cast<size_t>(l)] : nullptr;
-  const DevicePool* pool = l >= 0 ? &pools[static_cast<size_t>(e->size_class)] : nullptr;
+  const DevicePool* pool =
+      l >= 0 && e->size_class >= 0 ? &pools[static_cast<size_t>(e->size_class)] : nullptr;
   const bool shexp = cfg.n_ff_shexp > 0;
+  // After layer l, the next layer's attn_norm (output_norm after the last).
+  const float* next_norm =
+      l + 1 < cfg.n_layer ? layers[static_cast<size_t>(l) + 1].attn_norm : output_norm;
 
   auto gate_up = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
     return [=, this] {
@@ -125,10 +132,9 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     CombineEpilogue combine;
     combine.weights = e->weights;
     combine.shexp_out = shexp ? shexp_out : nullptr;
-    combine.shexp_logit = shexp ? shexp_logit : nullptr;
+    combine.shexp_logit = shexp && cfg.shexp_gated ? shexp_logit : nullptr;
     combine.residual = x;
-    combine.norm =
-        Norm(l + 1 < cfg.n_layer ? layers[static_cast<size_t>(l) + 1].attn_norm : output_norm);
+    combine.norm = Norm(next_norm);
     return [=, this] {
       return launch_expert_down_combine(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank,
                                         e->missed, top_k, pass, act, act_q, expert_out, combine,
@@ -168,6 +174,10 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       RouterEpilogue router;
       router.k = top_k;
       router.norm_topk = cfg.norm_topk_prob;
+      router.gating =
+          cfg.gating == ExpertGating::kSigmoid ? RouterGating::kSigmoid : RouterGating::kSoftmax;
+      router.score_bias = w->score_b;
+      router.scale = cfg.expert_weights_scale;
       router.experts = e->selection;
       router.weights = e->weights;
       return [=, this] {
@@ -265,6 +275,15 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     case StepOp::kShexpLogit:
       return
           [=, this] { return launch_matvec(w->shexp_gate_inp, h, h_q, nullptr, shexp_logit, ms); };
+    case StepOp::kDenseGateUp:
+      return [=, this] {
+        return launch_matvec_swiglu(w->ffn_gate, w->ffn_up, h, h_q, dense_act, dense_act_q, ms);
+      };
+    case StepOp::kDenseDown:
+      return [=, this] {
+        return launch_matvec_residual(w->ffn_down, dense_act, dense_act_q, x, Norm(next_norm),
+                                      tickets, ms);
+      };
     case StepOp::kLmHead:
       return [=, this] { return launch_matvec(output, h, h_q, nullptr, logits, ms); };
     case StepOp::kRecordLogits:

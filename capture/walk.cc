@@ -44,6 +44,8 @@ constexpr OpInfo kOps[] = {
     {StepOp::kShexpGateUp, "shexp_gate_up", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpDown, "shexp_down", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpLogit, "shexp_logit", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kDenseGateUp, "dense_gate_up", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kDenseDown, "dense_down", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kLmHead, "lm_head", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRecordLogits, "record_logits", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kSample, "sample", EntryKind::kKernel, WalkStream::kMain},
@@ -85,9 +87,9 @@ void AddAttention(WalkWriter& w, int step, int layer) {
 
 void AddSharedExpert(const WalkConfig& c, WalkWriter& w, int step, int layer) {
   if (!c.shared_expert) return;
-  for (StepOp op : {StepOp::kShexpGateUp, StepOp::kShexpDown, StepOp::kShexpLogit}) {
-    w.Add(op, step, layer);
-  }
+  w.Add(StepOp::kShexpGateUp, step, layer);
+  w.Add(StepOp::kShexpDown, step, layer);
+  if (c.shared_expert_gated) w.Add(StepOp::kShexpLogit, step, layer);
 }
 
 void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
@@ -149,7 +151,12 @@ StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
     w.Add(StepOp::kEmbed, step);
     for (int layer = 0; layer < config.n_layer; ++layer) {
       AddAttention(w, step, layer);
-      AddMoe(config, w, step, layer);
+      if (layer < config.n_dense_lead) {
+        w.Add(StepOp::kDenseGateUp, step, layer);
+        w.Add(StepOp::kDenseDown, step, layer);
+      } else {
+        AddMoe(config, w, step, layer);
+      }
     }
     w.Add(StepOp::kLmHead, step);
     if (config.record_logits) w.Add(StepOp::kRecordLogits, step);

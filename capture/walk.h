@@ -16,6 +16,8 @@
 // runs the next layer's attn_norm (after the last layer, output_norm).
 // (Routing replay adds trace_routing after router; replay or record adds
 // routing_step_end before end_step.)
+// A leading dense layer (glm4moe) has dense_gate_up dense_down after attn_out
+// instead, the down adding into the residual and running the next attn_norm.
 // Arms change only the slot decision (resident_slots, stage_all_slots, or the
 // host arm's readback, host step and host copies) and which passes run.
 // Steps end with lm_head [record_logits] sample end_step; after the
@@ -73,10 +75,13 @@ enum class StepOp {
   kDownMisses,
   kGateUpAll,
   kDownAll,
-  // qwen2moe's shared expert, overlapping the copies.
+  // The shared expert, overlapping the copies; its logit for qwen2moe's gate.
   kShexpGateUp,
   kShexpDown,
   kShexpLogit,
+  // A leading dense layer's FFN.
+  kDenseGateUp,
+  kDenseDown,
   kLmHead,
   kRecordLogits,    // logits kept per step on the device (CudaEngineOptions::record_logits)
   kSample,          // the next token: the argmax, or a draw (CudaEngine::SetSampling)
@@ -107,7 +112,9 @@ struct WalkConfig {
   bool split_passes = true;
   // Kernels launched with programmatic dependent launch (MOEGRAPH_PDL, sm_90+).
   bool programmatic_launch = false;
-  bool shared_expert = false;  // qwen2moe
+  bool shared_expert = false;        // qwen2moe, glm4moe
+  bool shared_expert_gated = false;  // qwen2moe: shexp_logit
+  int n_dense_lead = 0;              // glm4moe: leading layers with a dense FFN
   // Routing replay and record (moegraph bench): trace_routing after each
   // router; routing_step_end before each end_step.
   bool trace_routing = false;

@@ -88,25 +88,34 @@ inline bool norm_epilogue_ok(const NormEpilogue& norm, int64_t n) {
 // One head by the whole block, a thread per pair: src (read through L2) times
 // scale * weight when weight is set (the QK-norm), rotated at position p into
 // dst, or as f16 into dst_f16 (the other null).
+// Only the first n_rot dimensions turn (pairs of them as rope_type pairs a head of
+// n_rot); the rest are copied, as ggml's rope with n_dims < ne0.
 __device__ inline void rope_head(const float* src, float scale, const float* __restrict__ weight,
-                                 int32_t head_dim, int32_t p, float freq_base, int32_t rope_type,
-                                 float* __restrict__ dst, uint16_t* __restrict__ dst_f16) {
-  for (int32_t i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
+                                 int32_t head_dim, int32_t n_rot, int32_t p, float freq_base,
+                                 int32_t rope_type, float* __restrict__ dst,
+                                 uint16_t* __restrict__ dst_f16) {
+  auto store = [&](int32_t d, float v) {
+    if (dst_f16 != nullptr) {
+      dst_f16[d] = f32_to_f16(v);
+    } else {
+      dst[d] = v;
+    }
+  };
+  for (int32_t i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
     int32_t a, b;
-    rope_pair_offsets(i, head_dim, rope_type, &a, &b);
+    rope_pair_offsets(i, n_rot, rope_type, &a, &b);
     float x0 = __ldcg(src + a), x1 = __ldcg(src + b);
     if (weight != nullptr) {
       x0 = x0 * scale * weight[a];
       x1 = x1 * scale * weight[b];
     }
-    rope_rotate(&x0, &x1, rope_theta(p, i, head_dim, freq_base));
-    if (dst_f16 != nullptr) {
-      dst_f16[a] = f32_to_f16(x0);
-      dst_f16[b] = f32_to_f16(x1);
-    } else {
-      dst[a] = x0;
-      dst[b] = x1;
-    }
+    rope_rotate(&x0, &x1, rope_theta(p, i, n_rot, freq_base));
+    store(a, x0);
+    store(b, x1);
+  }
+  for (int32_t d = n_rot + threadIdx.x; d < head_dim; d += blockDim.x) {
+    const float v = __ldcg(src + d);
+    store(d, weight != nullptr ? v * scale * weight[d] : v);
   }
 }
 
@@ -128,7 +137,8 @@ __device__ inline void rope_qk_head(const QkvRope& rope, int j, const float* src
                : rope.kv_f16 ? nullptr
                              : static_cast<float*>(rope.k_cache) + k_at;
   uint16_t* dst_f16 = j == 1 && rope.kv_f16 ? static_cast<uint16_t*>(rope.k_cache) + k_at : nullptr;
-  rope_head(src + head, scale, weight, d, p, rope.freq_base, rope.rope_type, dst, dst_f16);
+  const int32_t n_rot = rope.n_rot > 0 ? rope.n_rot : d;
+  rope_head(src + head, scale, weight, d, n_rot, p, rope.freq_base, rope.rope_type, dst, dst_f16);
 }
 
 // The router's top-k by warp 0 of the block (the other warps return): softmax
@@ -136,30 +146,40 @@ __device__ inline void rope_qk_head(const QkvRope& rope, int j, const float* src
 // (read through L2: other blocks wrote them), then k rounds of a warp argmax in
 // top-k order over the experts not yet taken (lane l holds the taken bits of
 // experts l, l + 32, ...: n_expert <= 1024). experts/weights: [k], rank order.
-__device__ inline void warp_router_topk(float* logits, int32_t n_expert, int32_t k, bool norm_topk,
+__device__ inline void warp_router_topk(float* logits, int32_t n_expert, const RouterEpilogue& r,
                                         int32_t* __restrict__ experts, float* __restrict__ weights,
                                         EpilogueShared* shared) {
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
-  float local_max = -INFINITY;
-  for (int32_t i = lane; i < n_expert; i += 32) local_max = fmaxf(local_max, __ldcg(logits + i));
-  const double max_logit = warp_max(local_max);
-  double local_sum = 0.0;
-  for (int32_t i = lane; i < n_expert; i += 32)
-    local_sum += router_exp(__ldcg(logits + i), max_logit);
-  const double sum = warp_sum(local_sum);
-  for (int32_t i = lane; i < n_expert; i += 32) {
-    logits[i] = router_prob(router_exp(__ldcg(logits + i), max_logit), sum);
+  if (r.logit_bias != nullptr) {
+    for (int32_t i = lane; i < n_expert; i += 32) logits[i] = __ldcg(logits + i) + r.logit_bias[i];
+    __syncwarp();
+  }
+  if (r.gating == RouterGating::kSoftmax) {
+    float local_max = -INFINITY;
+    for (int32_t i = lane; i < n_expert; i += 32) local_max = fmaxf(local_max, __ldcg(logits + i));
+    const double max_logit = warp_max(local_max);
+    double local_sum = 0.0;
+    for (int32_t i = lane; i < n_expert; i += 32)
+      local_sum += router_exp(__ldcg(logits + i), max_logit);
+    const double sum = warp_sum(local_sum);
+    for (int32_t i = lane; i < n_expert; i += 32) {
+      logits[i] = router_prob(router_exp(__ldcg(logits + i), max_logit), sum);
+    }
+  } else if (r.gating == RouterGating::kSigmoid) {
+    for (int32_t i = lane; i < n_expert; i += 32) logits[i] = router_sigmoid(__ldcg(logits + i));
   }
   const float* probs = logits;
   uint32_t taken = 0;
   __syncwarp();
-  for (int32_t t = 0; t < k; ++t) {
+  for (int32_t t = 0; t < r.k; ++t) {
     float best = -INFINITY;
     int32_t best_index = INT32_MAX;
     for (int32_t i = lane, bit = 0; i < n_expert; i += 32, ++bit) {
-      if (!((taken >> bit) & 1u) && topk_precedes(probs[i], i, best, best_index)) {
-        best = probs[i];
+      // A score bias chooses (probs + bias, f32) but does not weight.
+      const float v = r.score_bias != nullptr ? probs[i] + r.score_bias[i] : probs[i];
+      if (!((taken >> bit) & 1u) && topk_precedes(v, i, best, best_index)) {
+        best = v;
         best_index = i;
       }
     }
@@ -169,8 +189,8 @@ __device__ inline void warp_router_topk(float* logits, int32_t n_expert, int32_t
   }
   __syncwarp();
   if (lane == 0) {
-    topk_weights(probs, shared->chosen, k, norm_topk, weights);
-    for (int32_t r = 0; r < k; ++r) experts[r] = shared->chosen[r];
+    topk_weights(probs, shared->chosen, r.k, r.gating, r.norm_topk, r.scale, weights);
+    for (int32_t t = 0; t < r.k; ++t) experts[t] = shared->chosen[t];
   }
 }
 

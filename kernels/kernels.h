@@ -137,13 +137,15 @@ struct QkNorm {
 };
 
 // What launch_qkv does per head once its rows are done: QK-norm (use_norm),
-// RoPE at position *pos (rope_type 0 NORM, adjacent pairs; 1 NEOX, halves; as
-// ggml), q into q_out ([n_head][head_dim]), k into row *pos of k_cache, v's
-// rows straight into row *pos of v_cache (caches [max_ctx][n_head_kv *
-// head_dim], f16 when kv_f16, else f32). head_dim even.
+// RoPE at position *pos on the first n_rot dimensions of each head (0: all;
+// rope_type 0 NORM, adjacent pairs; 1 NEOX, halves of n_rot; as ggml), q into
+// q_out ([n_head][head_dim]), k into row *pos of k_cache, v's rows straight
+// into row *pos of v_cache (caches [max_ctx][n_head_kv * head_dim], f16 when
+// kv_f16, else f32). head_dim and n_rot even.
 struct QkvRope {
   const int32_t* pos = nullptr;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+  int32_t n_rot = 0;
   float freq_base = 0.0f;
   int32_t rope_type = 0;
   bool use_norm = false;
@@ -164,12 +166,19 @@ cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const Dev
                        const float* bv, float* q, float* k, float* v, const QkvRope* rope,
                        unsigned int* tickets, cudaStream_t stream);
 
-// The router's top-k, run by its last block: softmax over the logits (its
-// probabilities replace them), the k best (ties to the lower id), weights
-// renormalised to sum 1 when norm_topk. experts/weights: [k], rank order.
+// The router's top-k, run by its last block: logit_bias added (gpt-oss), then
+// by gating the softmax or the sigmoid of the logits (which replace them), the
+// k best of those plus score_bias where set (glm4moe's exp_probs_b; ties to the
+// lower id), weights as topk_weights (kernels/moe_math.h) makes them: softmaxed
+// over the k for kSoftmaxWeight, renormalised to sum 1 when norm_topk, times
+// scale. experts/weights: [k], rank order.
 struct RouterEpilogue {
   int32_t k = 0;
   bool norm_topk = false;
+  RouterGating gating = RouterGating::kSoftmax;
+  const float* logit_bias = nullptr;  // [n_expert] or null
+  const float* score_bias = nullptr;  // [n_expert] or null
+  float scale = 1.0f;
   int32_t* experts = nullptr;
   float* weights = nullptr;
 };
@@ -231,12 +240,11 @@ cudaError_t launch_to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t
 cudaError_t launch_fill_rows(const float* row, int32_t n, int32_t tokens, float* out,
                              cudaStream_t stream);
 
-// The router's top-k (RouterEpilogue's, warp_router_topk) for each of tokens
-// rows of logits ([tokens][n_expert], overwritten by the probabilities):
-// experts and weights [tokens][k] in rank order.
-cudaError_t launch_router_topk_rows(float* logits, int32_t n_expert, int32_t tokens, int32_t k,
-                                    bool norm_topk, int32_t* experts, float* weights,
-                                    cudaStream_t stream);
+// The router's top-k (warp_router_topk) for each of tokens rows of logits
+// ([tokens][n_expert], overwritten by what the router chooses by): router's
+// experts and weights are [tokens][k], rank order.
+cudaError_t launch_router_topk_rows(float* logits, int32_t n_expert, int32_t tokens,
+                                    const RouterEpilogue& router, cudaStream_t stream);
 
 // An expert's tokens in a row each: row i of out (f32) and of out_f16 (each
 // where not null) is row entries[i] / k of x and of x_f16 (rows of n);
@@ -256,8 +264,8 @@ cudaError_t launch_scatter_rows(const float* y, int32_t n, const int32_t* entrie
                                 float* out, cudaStream_t stream);
 
 // The decode step's combine for each of tokens rows: residual[t] += sum over
-// r in rank order of weights[t][r] * expert_out[t * k + r] (+ sigmoid(
-// shexp_logit[t]) * shexp_out[t] when shexp_out is not null), rows of n.
+// r in rank order of weights[t][r] * expert_out[t * k + r] (+ shexp_out[t]
+// when not null, times sigmoid(shexp_logit[t]) when that is not null), rows of n.
 cudaError_t launch_combine_rows(const float* expert_out, const float* weights, int32_t k, int32_t n,
                                 int32_t tokens, const float* shexp_out, const float* shexp_logit,
                                 float* residual, cudaStream_t stream);
@@ -349,9 +357,9 @@ cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& la
                                float* expert_out, cudaStream_t stream);
 
 // The end of the FFN, run by the last down pass: residual += sum over r in rank
-// order of weights[r] * expert_out[r] (+ sigmoid(*shexp_logit) * shexp_out
-// when shexp_out is not null), then norm of the residual (the next layer's
-// attn_norm, or output_norm).
+// order of weights[r] * expert_out[r] (+ shexp_out when not null, times
+// sigmoid(*shexp_logit) when that is not null: qwen2moe's gate), then norm of
+// the residual (the next layer's attn_norm, or output_norm).
 struct CombineEpilogue {
   const float* weights = nullptr;
   const float* shexp_out = nullptr;

@@ -144,7 +144,9 @@ __device__ void combine_epilogue(const MatvecArgs& a, EpilogueShared* shared) {
     for (int32_t r = 0; r < static_cast<int32_t>(gridDim.y); ++r) {
       acc += c.weights[r] * __ldcg(a.out + r * a.out_stride + row);
     }
-    if (c.shexp_out != nullptr) acc += sigmoid(*c.shexp_logit) * c.shexp_out[row];
+    if (c.shexp_out != nullptr) {
+      acc += (c.shexp_logit != nullptr ? sigmoid(*c.shexp_logit) : 1.0f) * c.shexp_out[row];
+    }
     c.residual[row] += acc;
   }
   if (c.norm.weight == nullptr || !last_block_done(a.tickets, gridDim.x, shared)) return;
@@ -161,8 +163,7 @@ MG_NOINLINE __device__ void matvec_epilogue(MatvecArgs a, EpilogueShared* shared
   }
   if (!last_block_done(a.tickets, gridDim.x * gridDim.y, shared)) return;
   if (a.router.experts != nullptr) {
-    warp_router_topk(a.out, a.rows, a.router.k, a.router.norm_topk, a.router.experts,
-                     a.router.weights, shared);
+    warp_router_topk(a.out, a.rows, a.router, a.router.experts, a.router.weights, shared);
   } else {
     run_norm_epilogue(a.norm, a.out, a.rows, shared);
   }
@@ -534,7 +535,6 @@ cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLa
   if (slots == nullptr || !layout_ok(layout) || slot_of_rank == nullptr || missed == nullptr ||
       k <= 0 || k > kMaxTopK || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr ||
       combine.weights == nullptr || combine.residual == nullptr ||
-      (combine.shexp_out != nullptr && combine.shexp_logit == nullptr) ||
       !norm_epilogue_ok(combine.norm, layout.n_embd) || tickets == nullptr) {
     return cudaErrorInvalidValue;
   }

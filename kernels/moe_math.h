@@ -76,14 +76,45 @@ MG_HD inline void select_topk(const float* values, int32_t n, int32_t k, int32_t
   }
 }
 
-// The router weights of the chosen experts: their probabilities, divided by
-// their f64 sum when norm_topk (llama.cpp's norm_w).
-MG_HD inline void topk_weights(const float* probs, const int32_t* chosen, int32_t k, bool norm_topk,
-                               float* weights) {
+// How the router's logits become what it chooses by (ExpertGating): softmax
+// probabilities, the sigmoid of each logit (glm4moe), or the logits themselves
+// with a softmax over the k chosen (gpt-oss).
+enum class RouterGating : int32_t { kSoftmax = 0, kSigmoid = 1, kSoftmaxWeight = 2 };
+
+// The sigmoid of a logit as the oracle computes it: f64, rounded to f32.
+MG_HD inline float router_sigmoid(float logit) {
+  return static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(logit))));
+}
+
+// The router weights of the chosen experts, as the oracle's SelectExperts
+// makes them: their values (probabilities, or logits softmaxed over the k with
+// kSoftmaxWeight), divided by their f64 sum (clamped at f16's smallest normal,
+// as build_moe_ffn's ggml_clamp) when norm_topk (llama.cpp's norm_w), then
+// times scale (expert_weights_scale).
+MG_HD inline void topk_weights(const float* values, const int32_t* chosen, int32_t k,
+                               RouterGating gating, bool norm_topk, float scale, float* weights) {
+  double w[kMaxTopK];
   double sum = 0.0;
-  for (int32_t r = 0; r < k; ++r) sum += probs[chosen[r]];
   for (int32_t r = 0; r < k; ++r) {
-    weights[r] = norm_topk ? static_cast<float>(probs[chosen[r]] / sum) : probs[chosen[r]];
+    w[r] = values[chosen[r]];
+    sum += w[r];
+  }
+  if (gating == RouterGating::kSoftmaxWeight) {
+    const double max = w[0];
+    sum = 0.0;
+    for (int32_t r = 0; r < k; ++r) {
+      w[r] = exp(w[r] - max);
+      sum += w[r];
+    }
+    for (int32_t r = 0; r < k; ++r) w[r] /= sum;
+    sum = 1.0;
+  }
+  if (norm_topk) {
+    sum = fmax(sum, 6.103515625e-5);
+    for (int32_t r = 0; r < k; ++r) w[r] /= sum;
+  }
+  for (int32_t r = 0; r < k; ++r) {
+    weights[r] = static_cast<float>(scale != 1.0f ? w[r] * scale : w[r]);
   }
 }
 

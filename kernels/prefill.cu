@@ -56,14 +56,12 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // Row blockIdx.x's top-k by its warp: the decode router's epilogue.
 __global__ void __launch_bounds__(32)
-    router_topk_rows_kernel(float* __restrict__ logits, int32_t n_expert, int32_t k,
-                            bool norm_topk, int32_t* __restrict__ experts,
-                            float* __restrict__ weights) {
+    router_topk_rows_kernel(float* __restrict__ logits, int32_t n_expert, RouterEpilogue router) {
   wait_for_prior_grids();
   __shared__ EpilogueShared shared;
   const int64_t t = blockIdx.x;
-  warp_router_topk(logits + t * n_expert, n_expert, k, norm_topk, experts + t * k,
-                   weights + t * k, &shared);
+  warp_router_topk(logits + t * n_expert, n_expert, router, router.experts + t * router.k,
+                   router.weights + t * router.k, &shared);
 }
 
 // Row i of out (and out_f16) is row entries[i] / k of x (and x_f16).
@@ -116,7 +114,9 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int32_t r = 0; r < k; ++r) {
       acc += weights[t * k + r] * expert_out[(t * k + r) * n + row];
     }
-    if (shexp_out != nullptr) acc += sigmoid(shexp_logit[t]) * shexp_out[t * n + row];
+    if (shexp_out != nullptr) {
+      acc += (shexp_logit != nullptr ? sigmoid(shexp_logit[t]) : 1.0f) * shexp_out[t * n + row];
+    }
     residual[t * n + row] += acc;
   }
 }
@@ -196,15 +196,15 @@ cudaError_t launch_fill_rows(const float* row, int32_t n, int32_t tokens, float*
   return launch_kernel<fill_rows_kernel>(tokens, kRowThreads, stream, row, n, out);
 }
 
-cudaError_t launch_router_topk_rows(float* logits, int32_t n_expert, int32_t tokens, int32_t k,
-                                    bool norm_topk, int32_t* experts, float* weights,
-                                    cudaStream_t stream) {
-  if (logits == nullptr || experts == nullptr || weights == nullptr || tokens <= 0 ||
-      n_expert <= 0 || n_expert > kMaxRouterExperts || k <= 0 || k > kMaxTopK || k > n_expert) {
+cudaError_t launch_router_topk_rows(float* logits, int32_t n_expert, int32_t tokens,
+                                    const RouterEpilogue& router, cudaStream_t stream) {
+  const int32_t k = router.k;
+  if (logits == nullptr || router.experts == nullptr || router.weights == nullptr ||
+      tokens <= 0 || n_expert <= 0 || n_expert > kMaxRouterExperts || k <= 0 || k > kMaxTopK ||
+      k > n_expert) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<router_topk_rows_kernel>(tokens, 32, stream, logits, n_expert, k,
-                                                norm_topk, experts, weights);
+  return launch_kernel<router_topk_rows_kernel>(tokens, 32, stream, logits, n_expert, router);
 }
 
 cudaError_t launch_gather_rows(const float* x, const uint16_t* x_f16, int32_t n,
@@ -240,7 +240,7 @@ cudaError_t launch_combine_rows(const float* expert_out, const float* weights, i
                                 int32_t n, int32_t tokens, const float* shexp_out,
                                 const float* shexp_logit, float* residual, cudaStream_t stream) {
   if (expert_out == nullptr || weights == nullptr || residual == nullptr || k <= 0 || n <= 0 ||
-      tokens <= 0 || (shexp_out != nullptr && shexp_logit == nullptr)) {
+      tokens <= 0) {
     return cudaErrorInvalidValue;
   }
   return launch_kernel<combine_rows_kernel>(tokens, kRowThreads, stream, expert_out, weights, k, n,

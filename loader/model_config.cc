@@ -284,6 +284,14 @@ class Binder {
     return t;
   }
 
+  // A tensor present in the file that the architecture's graph never reads
+  // where moegraph would read another: an error naming both.
+  void Refuse(const std::string& name, std::string_view why) {
+    if (const GgufTensor* t = file_.FindTensor(name)) {
+      problems_.push_back(std::string(file_.TensorError(*t, why).message()));
+    }
+  }
+
   // Legacy per-expert tensors become one block each; llama.cpp merges them into
   // one tensor, so every expert of a projection must share expert 0's type.
   void BindLegacy(int layer, const char* proj, std::initializer_list<int64_t> shape, int n_expert,
@@ -600,6 +608,12 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
       b.BindLegacy(il, "ffn_up", {embd, ff}, c.n_expert, &l.up_legacy);
       b.BindLegacy(il, "ffn_down", {ff, embd}, c.n_expert, &l.down_legacy);
     } else {
+      // llama.cpp v0.5.0 reads a fused ffn_gate_up_exps (create_tensor_gate_up_exps)
+      // for qwen35moe, qwen3next, deepseek2 and a few others, none of these.
+      b.Refuse(
+          name("ffn_gate_up_exps.weight"),
+          absl::StrCat("a fused gate/up expert tensor is not part of ", Av(arch_gguf_name(c.arch)),
+                       " (llama.cpp reads separate ffn_gate_exps and ffn_up_exps for it)"));
       l.gate_exps = b.Bind(name("ffn_gate_exps.weight"), {embd, ff, n_expert});
       l.up_exps = b.Bind(name("ffn_up_exps.weight"), {embd, ff, n_expert});
       l.down_exps = b.Bind(name("ffn_down_exps.weight"), {ff, embd, n_expert});
@@ -616,21 +630,19 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
   return m;
 }
 
-absl::Status RequireClassicForward(const Model& model, std::string_view backend) {
+absl::Status RequireCudaForward(const Model& model) {
   const ModelConfig& c = model.config;
-  if (!c.beyond_classic()) return absl::OkStatus();
+  if (!c.beyond_cuda()) return absl::OkStatus();
   const std::string what =
       c.arch == Arch::kGptOss
           ? "gpt-oss (windowed attention with sinks, YaRN RoPE, biased router and experts, "
             "swiglu_oai)"
-      : c.arch == Arch::kGlm4Moe
-          ? "glm4moe (partial RoPE, leading dense layers, sigmoid routing with a score bias, "
-            "an ungated shared expert)"
           : absl::StrCat("RoPE scaling (", Av(arch_gguf_name(c.arch)), ".", kKeyRopeScalingType,
                          ", .", kKeyRopeScalingFactor, ")");
-  return absl::UnimplementedError(absl::StrCat(model.file->path(), ": ", what,
-                                               " is not computed by ", Av(backend),
-                                               " yet; the oracle computes it"));
+  return absl::UnimplementedError(
+      absl::StrCat(model.file->path(), ": ", what,
+                   " is not computed by the CUDA engine yet; the oracle and the CPU backend "
+                   "compute it (--backend cpu)"));
 }
 
 WeightView weight_view(const GgufTensor& t) {

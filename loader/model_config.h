@@ -107,13 +107,12 @@ struct ModelConfig {
   bool swa_layer(int il) const {
     return n_swa > 0 && swa_pattern > 0 && il % swa_pattern < swa_pattern - 1;
   }
-  // Whether the file needs more than the four original architectures' forward
-  // pass (the oracle computes it; the other backends refuse such a file).
-  bool beyond_classic() const {
+  // Whether the file needs what the CUDA engine does not compute yet (gpt-oss's
+  // window, sinks, biases, gating and activation; RoPE scaling); the oracle and
+  // the CPU backend compute it.
+  bool beyond_cuda() const {
     return rope_scaling.scaled() || n_swa > 0 || attn_sinks || attn_out_bias || router_bias ||
-           expert_bias || gating != ExpertGating::kSoftmax || expert_act != ExpertAct::kSilu ||
-           n_rot != head_dim || n_layer_dense_lead > 0 || expert_score_bias ||
-           expert_weights_scale != 1.0f || (n_ff_shexp > 0 && !shexp_gated);
+           expert_bias || gating == ExpertGating::kSoftmaxWeight || expert_act != ExpertAct::kSilu;
   }
 };
 
@@ -181,10 +180,9 @@ struct Model {
 absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file);
 absl::StatusOr<Model> LoadModel(const GgufFile& file);
 
-// For a backend (named in the message, "the CPU backend") that computes only the
-// four original architectures' pass: an error naming the file and what else it
-// needs (ModelConfig::beyond_classic), else OK.
-absl::Status RequireClassicForward(const Model& model, std::string_view backend);
+// For the CUDA engine: an error naming the file and what it needs that the
+// engine does not compute (ModelConfig::beyond_cuda), else OK.
+absl::Status RequireCudaForward(const Model& model);
 
 WeightView weight_view(const GgufTensor& t);
 

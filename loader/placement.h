@@ -97,6 +97,7 @@ class ExpertStore {
   ExpertStore& operator=(const ExpertStore&) = delete;
 
   int n_layer() const { return static_cast<int>(class_of_layer_.size()); }
+  const uint8_t* data() const { return data_; }  // the allocation: every block within it
   int n_expert() const { return n_expert_; }
   // Block, layout and class of an MoE layer's expert (a dense layer has none).
   const uint8_t* block(int layer, int expert) const;

@@ -220,6 +220,7 @@ TEST(WalkTest, ALayerOfTheDevicePolicyArmRunsInTheDesignsOrder) {
 TEST(WalkTest, SharedExpertOverlapsTheCopiesAndSinglePassWaitsForThem) {
   WalkConfig c = Config(SlotMode::kDevicePolicy, 1);
   c.shared_expert = true;
+  c.shared_expert_gated = true;
   c.split_passes = false;
   using O = StepOp;
   EXPECT_EQ(OpsOf(BuildWalk(c), 0, 0),
@@ -227,6 +228,29 @@ TEST(WalkTest, SharedExpertOverlapsTheCopiesAndSinglePassWaitsForThem) {
                                  O::kForkRecord, O::kForkWait, O::kStageCopy, O::kJoinRecord,
                                  O::kShexpGateUp, O::kShexpDown, O::kShexpLogit, O::kJoinWait,
                                  O::kGateUpAll, O::kDownAll}));
+  // glm4moe's shared expert has no gate: no logit.
+  c.shared_expert_gated = false;
+  EXPECT_EQ(OpsOf(BuildWalk(c), 0, 0),
+            (std::vector<StepOp>{O::kQkv, O::kAttention, O::kAttnOut, O::kRouter, O::kResidencyStep,
+                                 O::kForkRecord, O::kForkWait, O::kStageCopy, O::kJoinRecord,
+                                 O::kShexpGateUp, O::kShexpDown, O::kJoinWait, O::kGateUpAll,
+                                 O::kDownAll}));
+}
+
+// glm4moe's leading dense layers: attention, then the dense FFN's two launches,
+// no routing and nothing on the copy stream; the MoE layers after them as ever.
+TEST(WalkTest, ADenseLeadingLayerRunsItsFfnAndNoExperts) {
+  for (SlotMode mode : {SlotMode::kDevicePolicy, SlotMode::kResident, SlotMode::kHostPolicy}) {
+    WalkConfig c = Config(mode, 3);
+    c.n_dense_lead = 1;
+    const StepWalk walk = BuildWalk(c);
+    using O = StepOp;
+    EXPECT_EQ(OpsOf(walk, 0, 0), (std::vector<StepOp>{O::kQkv, O::kAttention, O::kAttnOut,
+                                                      O::kDenseGateUp, O::kDenseDown}));
+    EXPECT_EQ(KernelsInLayer(walk, 0), 5);
+    const StepWalk moe = BuildWalk(Config(mode, 3));
+    for (int layer = 1; layer < 3; ++layer) EXPECT_EQ(OpsOf(walk, 0, layer), OpsOf(moe, 0, layer));
+  }
 }
 
 TEST(WalkTest, ArmsChangeOnlyTheSlotDecisionAndThePasses) {

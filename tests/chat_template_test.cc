@@ -90,15 +90,18 @@ TEST(ChatTemplateTest, DetectionAndTextEqualLlamaCpps) {
       ++rendered;
     }
   }
-  // 16 templates by name and 13 by markers (gpt-oss's among them), 5
-  // conversations each, with and without the generation prompt; gemma (by name
-  // and by marker), phi4, llama4 and exaone3 markers and an unknown text refused.
-  EXPECT_GE(rendered, 29 * 5 * 2);
+  // 18 templates by name and 18 by markers (gpt-oss's, chatglm4's and chatglm3's
+  // among them, and GLM markers behind phi3's and llama3's, which llama.cpp
+  // checks first), 6 conversations each, with and without the generation prompt;
+  // gemma (by name and by marker), phi4, llama4 and exaone3 markers and an
+  // unknown text refused.
+  EXPECT_GE(rendered, 36 * 6 * 2);
   EXPECT_EQ(refused, 6);
 }
 
 TEST(ChatTemplateTest, EveryNameRoundTrips) {
-  for (const std::string name : {"chatml", "llama2", "mistral-v7-tekken", "glmedge", "llama3"}) {
+  for (const std::string name :
+       {"chatml", "llama2", "mistral-v7-tekken", "glmedge", "chatglm4", "llama3"}) {
     absl::StatusOr<ChatTemplate> t = DetectChatTemplate(name);
     ASSERT_TRUE(t.ok()) << name;
     EXPECT_EQ(ChatTemplateName(*t), name);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "loader/fixture.h"
 #include "loader/gguf.h"
 #include "loader/gguf_writer.h"
 #include "tests/test_util.h"
@@ -73,6 +74,46 @@ TEST_F(CliInspectTest, ValidFilePrintsHeaderParametersAndTensorTable) {
   // Tokenizer arrays and long strings are summarized, never dumped.
   EXPECT_EQ(r.out.find("tok_a_SECRET"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(500 bytes)"), std::string::npos) << r.out;
+}
+
+// The model section: how moegraph reads the file (its dense and NextN layers,
+// routing, attention) and where its bytes go; a file it cannot load says why.
+TEST_F(CliInspectTest, ModelSectionDescribesWhatMoegraphReads) {
+  FixtureSpec spec;
+  spec.arch = Arch::kGlm4Moe;
+  spec.n_layer = 3;
+  const std::string glm = (dir_ / "glm.gguf").string();
+  ASSERT_TRUE(WriteFixture(spec, glm).ok());
+  ProcessResult r = Inspect({"inspect", glm});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* expected :
+       {"model (as moegraph reads it):",
+        "3 decoded (2 with experts, the first 1 with a dense FFN "
+        "of 64); 1 NextN not read",
+        "8 per layer of 32, top-2, sigmoid with a score bias "
+        "(exp_probs_b), weights normalized x 2.5, silu; a shared expert of 32",
+        "RoPE neox on 8 dims", "q/k/v biases", "routed experts ", "dense FFN ", "shared expert ",
+        "MiB not read", "KiB per position (f16), decoded layers only"}) {
+    EXPECT_NE(r.out.find(expected), std::string::npos) << "missing '" << expected << "' in\n"
+                                                       << r.out;
+  }
+  spec = FixtureSpec();
+  spec.arch = Arch::kGptOss;
+  spec.n_layer = 3;
+  const std::string oss = (dir_ / "oss.gguf").string();
+  ASSERT_TRUE(WriteFixture(spec, oss).ok());
+  r = Inspect({"inspect", oss});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* expected :
+       {"softmax over the chosen k with a router bias, swiglu_oai, expert biases",
+        "YaRN x32 over 4096", "a window of 4 on 2 layers; sinks; q/k/v/o biases",
+        "norms/biases/sinks "}) {
+    EXPECT_NE(r.out.find(expected), std::string::npos) << "missing '" << expected << "' in\n"
+                                                       << r.out;
+  }
+  // The hand-made file of SetUp has no hyper-parameters to speak of.
+  r = Inspect({"inspect", valid_});
+  EXPECT_NE(r.out.find("model: not loadable by moegraph: "), std::string::npos) << r.out;
 }
 
 TEST_F(CliInspectTest, TruncatedFileFailsNamingFieldAndOffset) {

@@ -234,7 +234,8 @@ INSTANTIATE_TEST_SUITE_P(
         OracleCase{Arch::kQwen3Moe, GgmlType::kIQ4_XS}, OracleCase{Arch::kOlmoe, GgmlType::kQ4_1},
         OracleCase{Arch::kOlmoe, GgmlType::kIQ4_NL}, OracleCase{Arch::kQwen2Moe, GgmlType::kQ2_K},
         OracleCase{Arch::kQwen2Moe, GgmlType::kQ5_1}, OracleCase{Arch::kMixtral, GgmlType::kQ3_K},
-        OracleCase{Arch::kMixtral, GgmlType::kQ5_0, /*legacy=*/true}),
+        OracleCase{Arch::kMixtral, GgmlType::kQ5_0, /*legacy=*/true},
+        OracleCase{Arch::kGlm4Moe, GgmlType::kF32}, OracleCase{Arch::kGlm4Moe, GgmlType::kQ4_K}),
     [](const ::testing::TestParamInfo<OracleCase>& info) {
       return absl::StrFormat("%s_%s%s", arch_gguf_name(info.param.arch),
                              ggml_type_name(static_cast<uint32_t>(info.param.expert_type)),

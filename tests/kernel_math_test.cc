@@ -245,6 +245,34 @@ TEST(NnMathTest, RopeMatchesReference) {
   }
 }
 
+// glm4moe's partial RoPE: pairs of the first n_rot dimensions turn as a head of
+// n_rot would, the rest stay, as the oracle's Rope with n_rot.
+TEST(NnMathTest, PartialRopeTurnsTheFirstDimensionsOnly) {
+  std::mt19937 rng(5);
+  const int n_head = 2, head_dim = 64, n_rot = 32;
+  for (RopeType type : {RopeType::kNorm, RopeType::kNeox}) {
+    std::vector<float> x = Gaussian(rng, n_head * head_dim);
+    std::vector<float> expected = x;
+    const int32_t positions[] = {37};
+    Rope(absl::MakeSpan(expected), n_head, head_dim, positions, 1e6f, type, RopeScaling(), n_rot);
+    const int32_t rope_type = type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
+    const std::vector<float> before = x;
+    for (int h = 0; h < n_head; ++h) {
+      float* head = x.data() + h * head_dim;
+      for (int i = 0; i < n_rot / 2; ++i) {
+        int32_t a, b;
+        rope_pair_offsets(i, n_rot, rope_type, &a, &b);
+        rope_rotate(head + a, head + b, rope_theta(37, i, n_rot, 1e6f));
+      }
+    }
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(x[i], expected[i]) << "element " << i;
+      if (static_cast<int>(i % head_dim) >= n_rot) EXPECT_EQ(x[i], before[i]);
+    }
+    EXPECT_NE(x[1], before[1]);
+  }
+}
+
 TEST(NnMathTest, RmsScaleMatchesReference) {
   std::mt19937 rng(4);
   for (int n : {1, 128, 4096}) {
@@ -409,13 +437,67 @@ TEST(MoeMathTest, TopKWeightsRenormalise) {
   const float probs[] = {0.1f, 0.4f, 0.2f, 0.3f};
   const int32_t chosen[] = {1, 3};
   float weights[2];
-  topk_weights(probs, chosen, 2, false, weights);
+  topk_weights(probs, chosen, 2, RouterGating::kSoftmax, false, 1.0f, weights);
   EXPECT_EQ(weights[0], 0.4f);
   EXPECT_EQ(weights[1], 0.3f);
-  topk_weights(probs, chosen, 2, true, weights);
+  topk_weights(probs, chosen, 2, RouterGating::kSoftmax, true, 1.0f, weights);
   EXPECT_FLOAT_EQ(weights[0], 0.4f / 0.7f);
   EXPECT_FLOAT_EQ(weights[1], 0.3f / 0.7f);
   EXPECT_NEAR(weights[0] + weights[1], 1.0f, 1e-7);
+}
+
+// The device router's decision equals the oracle's SelectExperts bit for bit for
+// every gating: glm4moe's sigmoids with a score bias that changes the choice,
+// normalized and scaled weights; gpt-oss's softmax over the k chosen logits.
+TEST(MoeMathTest, RouterDecisionEqualsTheOraclesForEveryGating) {
+  std::mt19937 rng(11);
+  constexpr int n = 16, k = 4;
+  int bias_changed_choice = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::vector<float> logits = Gaussian(rng, n);
+    const std::vector<float> score_bias = Gaussian(rng, n, 0.25f);
+    for (RouterGating gating :
+         {RouterGating::kSoftmax, RouterGating::kSigmoid, RouterGating::kSoftmaxWeight}) {
+      const ExpertGating oracle_gating = gating == RouterGating::kSigmoid ? ExpertGating::kSigmoid
+                                         : gating == RouterGating::kSoftmax
+                                             ? ExpertGating::kSoftmax
+                                             : ExpertGating::kSoftmaxWeight;
+      const bool biased = gating == RouterGating::kSigmoid;
+      const float scale = biased ? 2.5f : 1.0f;
+      const bool norm = gating != RouterGating::kSoftmaxWeight;
+      std::vector<float> probs = logits;
+      GateProbs(oracle_gating, n, absl::MakeSpan(probs));
+      std::vector<int32_t> want;
+      std::vector<double> want_w;
+      SelectExperts(probs, n, k, norm, &want, &want_w, oracle_gating,
+                    biased ? absl::MakeConstSpan(score_bias) : absl::Span<const float>(), scale);
+      // The device's path: its gating's values, the choice on value + bias.
+      std::vector<float> values = logits;
+      if (gating == RouterGating::kSigmoid) {
+        for (float& v : values) v = router_sigmoid(v);
+      } else if (gating == RouterGating::kSoftmax) {
+        router_softmax(logits.data(), n, values.data());
+      }
+      std::vector<float> selection = values;
+      if (biased) {
+        for (int e = 0; e < n; ++e) selection[e] = values[e] + score_bias[e];
+      }
+      int32_t chosen[k];
+      select_topk(selection.data(), n, k, chosen);
+      float weights[k];
+      topk_weights(values.data(), chosen, k, gating, norm, scale, weights);
+      ASSERT_EQ(std::vector<int32_t>(chosen, chosen + k), want) << "trial " << trial;
+      for (int r = 0; r < k; ++r) {
+        EXPECT_EQ(weights[r], static_cast<float>(want_w[r])) << "trial " << trial << " rank " << r;
+      }
+      if (biased) {
+        int32_t unbiased[k];
+        select_topk(values.data(), n, k, unbiased);
+        bias_changed_choice += std::vector<int32_t>(unbiased, unbiased + k) != want;
+      }
+    }
+  }
+  EXPECT_GT(bias_changed_choice, 20);  // the bias matters in the cases tested
 }
 
 TEST(MoeMathTest, PassPredicateSplitsRanksIntoHitsAndMisses) {

@@ -354,7 +354,7 @@ TEST(LoadModel, GptOssReadsItsWindowYarnAndBiases) {
   EXPECT_EQ(c.expert_act, ExpertAct::kSwigluOai);
   EXPECT_FALSE(c.norm_topk_prob);
   EXPECT_TRUE(c.qkv_bias && c.attn_sinks && c.attn_out_bias && c.router_bias && c.expert_bias);
-  EXPECT_TRUE(c.beyond_classic());
+  EXPECT_TRUE(c.beyond_cuda());
   for (const LayerTensors& l : model->layers) {
     ASSERT_NE(l.sinks, nullptr);
     EXPECT_EQ(l.sinks->ne[0], spec.n_head);
@@ -366,7 +366,7 @@ TEST(LoadModel, GptOssReadsItsWindowYarnAndBiases) {
     EXPECT_EQ(l.down_exps_b->ne[0], spec.n_embd);
     EXPECT_EQ(l.down_exps_b->ne[1], spec.n_expert);
   }
-  const absl::Status refused = RequireClassicForward(*model, "the CUDA engine");
+  const absl::Status refused = RequireCudaForward(*model);
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented);
   EXPECT_TRUE(MessageHas(refused, "gpt-oss (windowed attention")) << refused;
   EXPECT_TRUE(MessageHas(refused, "is not computed by the CUDA engine yet")) << refused;
@@ -416,7 +416,7 @@ TEST(LoadModel, Glm4MoeReadsItsDenseLayersScoreBiasAndSharedExpert) {
   EXPECT_EQ(c.expert_weights_scale, 2.5f);
   EXPECT_TRUE(c.expert_score_bias && c.qkv_bias);
   EXPECT_FALSE(c.shexp_gated || c.qk_norm);
-  EXPECT_TRUE(c.beyond_classic());
+  EXPECT_FALSE(c.beyond_cuda());
   ASSERT_EQ(model->layers.size(), 3u);
   const LayerTensors& dense = model->layers[0];
   EXPECT_NE(dense.ffn_gate, nullptr);
@@ -431,9 +431,28 @@ TEST(LoadModel, Glm4MoeReadsItsDenseLayersScoreBiasAndSharedExpert) {
     EXPECT_EQ(l.shexp_gate_inp, nullptr);
     EXPECT_NE(std::string(l.ffn_norm->name).find("post_attention_norm"), std::string::npos);
   }
-  const absl::Status refused = RequireClassicForward(*model, "the CUDA engine");
-  EXPECT_TRUE(MessageHas(refused, "glm4moe (partial RoPE")) << refused;
+  EXPECT_TRUE(RequireCudaForward(*model).ok());
 
+  // A fused gate/up expert tensor, which llama.cpp reads for other architectures only.
+  {
+    GgufWriter w;
+    for (const GgufKV& kv : file->kvs()) w.SetValue(kv);
+    for (const GgufTensor& t : file->tensors()) {
+      std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
+      w.AddTensor(t.name, t.ggml_type(), shape, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+    }
+    w.AddTensor("blk.1.ffn_gate_up_exps.weight", GgmlType::kF32,
+                {spec.n_embd, 2 * spec.n_ff_exp, spec.n_expert},
+                std::vector<uint8_t>(static_cast<size_t>(spec.n_embd) * 2 * spec.n_ff_exp *
+                                     spec.n_expert * 4));
+    std::unique_ptr<GgufFile> fused = ParseOrFail(w.Serialize(), "fused.gguf");
+    ASSERT_NE(fused, nullptr);
+    absl::StatusOr<Model> refused_fused = LoadModel(*fused);
+    EXPECT_TRUE(MessageHas(refused_fused.status(), "blk.1.ffn_gate_up_exps.weight"))
+        << refused_fused.status();
+    EXPECT_TRUE(MessageHas(refused_fused.status(), "not part of glm4moe"))
+        << refused_fused.status();
+  }
   // Per-layer arrays where llama.cpp reads them: equal values load, unequal are named.
   Edits e;
   e.set_i32_array = {{"glm4moe.expert_feed_forward_length", {32, 32, 32, 32}}};
@@ -471,14 +490,14 @@ TEST(LoadModel, RopeScalingOnAnOriginalArchitectureIsReadAndRefusedByTheFastPath
   absl::StatusOr<Model> plain = LoadModel(*edited);
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_FALSE(plain->config.rope_scaling.scaled());  // no factor: nothing scales
-  EXPECT_TRUE(RequireClassicForward(*plain, "the CUDA engine").ok());
+  EXPECT_TRUE(RequireCudaForward(*plain).ok());
   e.set_f32 = {{"qwen3moe.rope.scaling.factor", 4.0f}};
   edited = Edit(*file, e);
   absl::StatusOr<Model> scaled = LoadModel(*edited);
   ASSERT_TRUE(scaled.ok()) << scaled.status();
   EXPECT_EQ(scaled->config.rope_scaling.freq_scale, 0.25f);
   EXPECT_EQ(scaled->config.rope_scaling.ext_factor, 0.0f);
-  const absl::Status refused = RequireClassicForward(*scaled, "the CUDA engine");
+  const absl::Status refused = RequireCudaForward(*scaled);
   EXPECT_TRUE(MessageHas(refused, "RoPE scaling (qwen3moe.rope.scaling.type")) << refused;
   EXPECT_TRUE(MessageHas(refused, "is not computed by the CUDA engine yet")) << refused;
 }

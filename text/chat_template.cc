@@ -29,6 +29,8 @@ constexpr Named kRendered[] = {
     {"mistral-v7-tekken", ChatTemplate::kMistralV7Tekken},
     {"phi3", ChatTemplate::kPhi3},
     {"falcon3", ChatTemplate::kFalcon3},
+    {"chatglm3", ChatTemplate::kChatGlm3},
+    {"chatglm4", ChatTemplate::kChatGlm4},
     {"glmedge", ChatTemplate::kGlmEdge},
     {"zephyr", ChatTemplate::kZephyr},
     {"llama3", ChatTemplate::kLlama3},
@@ -37,13 +39,12 @@ constexpr Named kRendered[] = {
 
 // llama.cpp's other template names, which moegraph does not render.
 constexpr const char* kNotRendered[] = {
-    "phi4",           "monarch",       "gemma",         "orion",       "openchat",     "vicuna",
-    "vicuna-orca",    "deepseek",      "deepseek2",     "deepseek3",   "deepseek-ocr", "command-r",
-    "chatglm3",       "chatglm4",      "minicpm",       "exaone3",     "exaone4",      "exaone-moe",
-    "rwkv-world",     "granite",       "granite-4.0",   "granite-4.1", "gigachat",     "megrez",
-    "yandex",         "bailing",       "bailing-think", "bailing2",    "llama4",       "smolvlm",
-    "hunyuan-moe",    "hunyuan-dense", "hunyuan-vl",    "kimi-k2",     "seed_oss",     "grok-2",
-    "pangu-embedded", "solar-open",
+    "phi4",          "monarch",     "gemma",     "orion",      "openchat",       "vicuna",
+    "vicuna-orca",   "deepseek",    "deepseek2", "deepseek3",  "deepseek-ocr",   "command-r",
+    "minicpm",       "exaone3",     "exaone4",   "exaone-moe", "rwkv-world",     "granite",
+    "granite-4.0",   "granite-4.1", "gigachat",  "megrez",     "yandex",         "bailing",
+    "bailing-think", "bailing2",    "llama4",    "smolvlm",    "hunyuan-moe",    "hunyuan-dense",
+    "hunyuan-vl",    "kimi-k2",     "seed_oss",  "grok-2",     "pangu-embedded", "solar-open",
 };
 
 absl::Status NotRendered(std::string_view name) {
@@ -147,7 +148,7 @@ absl::StatusOr<ChatTemplate> DetectChatTemplate(std::string_view tmpl) {
     return ChatTemplate::kLlama2;
   }
   if (has("<|assistant|>") && has("<|end|>")) return ChatTemplate::kPhi3;
-  if (has("[gMASK]<sop>")) return NotRendered("chatglm4");
+  if (has("[gMASK]<sop>")) return ChatTemplate::kChatGlm4;
   if (has("<|assistant|>") && has("<|user|>")) {
     if (has("<|tool_declare|>")) return NotRendered("exaone-moe");
     return has("</s>") ? ChatTemplate::kFalcon3 : ChatTemplate::kGlmEdge;
@@ -164,7 +165,7 @@ absl::StatusOr<ChatTemplate> DetectChatTemplate(std::string_view tmpl) {
   if (has("### Instruction:") && has("<|EOT|>")) return NotRendered("deepseek");
   if (has("<|START_OF_TURN_TOKEN|>") && has("<|USER_TOKEN|>")) return NotRendered("command-r");
   if (has("<|start_header_id|>") && has("<|end_header_id|>")) return ChatTemplate::kLlama3;
-  if (has("[gMASK]sop")) return NotRendered("chatglm3");
+  if (has("[gMASK]sop")) return ChatTemplate::kChatGlm3;
   if (has("<用户>")) return NotRendered("minicpm");
   if (has("'Assistant: ' + message['content'] + eos_token")) return NotRendered("deepseek2");
   if (has("<｜Assistant｜>") && has("<｜User｜>") && has("<｜end▁of▁sentence｜>")) {
@@ -252,6 +253,17 @@ std::string ApplyChatTemplate(ChatTemplate t, const std::vector<ChatMessage>& me
       }
       if (add_assistant) absl::StrAppend(&out, "<|assistant|>\n");
       break;
+    case ChatTemplate::kChatGlm3:
+    case ChatTemplate::kChatGlm4: {
+      // llm_chat_apply_template: chatglm3's "sop" is text, chatglm4's <sop> a token.
+      const bool glm4 = t == ChatTemplate::kChatGlm4;
+      absl::StrAppend(&out, "[gMASK]", glm4 ? "<sop>" : "sop");
+      for (const ChatMessage& m : messages) {
+        absl::StrAppend(&out, "<|", m.role, "|>", glm4 ? "\n" : "\n ", m.content);
+      }
+      if (add_assistant) absl::StrAppend(&out, glm4 ? "<|assistant|>\n" : "<|assistant|>");
+      break;
+    }
     case ChatTemplate::kGlmEdge:
       for (const ChatMessage& m : messages) absl::StrAppend(&out, "<|", m.role, "|>\n", m.content);
       if (add_assistant) absl::StrAppend(&out, "<|assistant|>");

@@ -4,7 +4,8 @@
 // routine per template, not by a Jinja engine. moegraph renders the templates
 // of the models it targets and their neighbours: chatml (Qwen2, Qwen3), the
 // Mistral [INST] and llama-2 family (Mixtral), glmedge (llama.cpp's reading of
-// OLMoE's <|user|>/<|assistant|> template), zephyr, falcon3, phi3 and llama3.
+// OLMoE's <|user|>/<|assistant|> template), chatglm4 (GLM-4.5) and chatglm3,
+// zephyr, falcon3, phi3, llama3 and gpt-oss.
 // A template llama.cpp recognizes as another is an error naming it.
 #pragma once
 
@@ -30,6 +31,8 @@ enum class ChatTemplate {
   kMistralV7Tekken,
   kPhi3,
   kFalcon3,
+  kChatGlm3,  // llama.cpp's "chatglm3": [gMASK]sop, then <|role|>\n content
+  kChatGlm4,  // llama.cpp's "chatglm4" (GLM-4, GLM-4.5): [gMASK]<sop>, then <|role|>\ncontent
   kGlmEdge,
   kZephyr,
   kLlama3,

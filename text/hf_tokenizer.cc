@@ -170,6 +170,17 @@ absl::StatusOr<FixtureVocab> ReadHfTokenizer(const std::string& tokenizer_json,
     }
   }
   if (by_id.empty()) return absl::InvalidArgumentError(absl::StrCat(tokenizer_json, ": no tokens"));
+  // GLM-4 and GLM-4.5 split with Llama 3's regex; convert_hf_to_gguf.py tells them
+  // apart by a hash of their tokenization (get_vocab_base_pre: "glm4"), moegraph
+  // by GLM's [gMASK] and <sop> added tokens.
+  auto is_added = [&](const std::string& text) {
+    for (const auto& [id, special] : added_special) {
+      if (by_id.at(id) == text) return true;
+    }
+    return false;
+  };
+  const bool glm = v.pre == "llama-bpe" && is_added("[gMASK]") && is_added("<sop>");
+  if (glm) v.pre = "glm4";
   const int64_t highest = by_id.rbegin()->first;
   int64_t n = vocab_size > 0 ? vocab_size : model_config.value("vocab_size", highest + 1);
   if (n <= highest) {
@@ -277,6 +288,19 @@ absl::StatusOr<FixtureVocab> ReadHfTokenizer(const std::string& tokenizer_json,
     if (model_config.contains(id_key) && model_config[id_key].is_number_integer()) {
       const int64_t id = model_config[id_key].get<int64_t>();
       if (id >= 0 && id < n) v.special_ids.emplace_back(gguf_name, static_cast<uint32_t>(id));
+    }
+  }
+  if (glm) {
+    // _set_vocab_glm (GLM-4.5): these where the config files name none.
+    const std::pair<const char*, const char*> kGlmSpecials[] = {{"bos", "[gMASK]"},
+                                                                {"eot", "<|user|>"},
+                                                                {"unknown", "<|endoftext|>"},
+                                                                {"eom", "<|observation|>"}};
+    for (const auto& [gguf_name, text] : kGlmSpecials) {
+      bool named = false;
+      for (const auto& [name, id] : v.special_ids) named = named || name == gguf_name;
+      const std::optional<uint32_t> id = id_of(text);
+      if (!named && id.has_value()) v.special_ids.emplace_back(gguf_name, *id);
     }
   }
   for (const char* name : {"bos", "eos"}) {

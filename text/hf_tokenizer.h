@@ -4,8 +4,10 @@
 // "[PADn]" (unused); added tokens as control when marked special or shaped like
 // "<|...|>", else user-defined; special ids, add_bos/add_eos and the chat
 // template from the config files. Two kinds of BPE model:
-//   byte-level (Qwen, Llama 3, GPT-2): `gpt2`, merges as "left right" (a space
-//     inside a part as U+0120), the pre-tokenizer's name from its regex;
+//   byte-level (Qwen, Llama 3, GPT-2, GLM-4.5): `gpt2`, merges as "left right" (a
+//     space inside a part as U+0120), the pre-tokenizer's name from its regex
+//     (Llama 3's with GLM's [gMASK] and <sop> added tokens: glm4, with the special
+//     ids GLM-4.5's converter adds);
 //   byte fallback (Llama 2, Mistral: SentencePiece converted): `llama`, scores
 //     from the merges' order, "<0xXX>" byte tokens, the unk token unknown,
 //     add_space_prefix from the normalizer.

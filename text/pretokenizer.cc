@@ -46,6 +46,9 @@ const std::vector<NamedRegexes>& Table() {
       {{"llama-bpe", "llama3", "llama-v3"}, {kLlama3}},
       {{"qwen2", "deepseek-r1-qwen"}, {kQwen2}},
       {{"gpt-4o"}, {kGpt4o}},
+      // LLAMA_VOCAB_PRE_TYPE_CHATGLM4 (GLM-4, GLM-4.5): llama.cpp's regex for it is
+      // LLAMA3's, character for character.
+      {{"glm4", "chatglm-bpe"}, {kLlama3}},
   };
   return table;
 }

@@ -162,9 +162,12 @@ absl::StatusOr<Vocab> Vocab::FromGguf(const GgufFile& file) {
 
   // llama.cpp's defaults: gpt2 ids 11 ("," in GPT-2) for BOS and EOS, no BOS
   // added but for llama-bpe; SentencePiece <unk> 0, <s> 1, </s> 2, BOS added.
+  // glm4 and chatglm-bpe have no default BOS (llama_vocab::impl::load sets
+  // special_bos_id to LLAMA_TOKEN_NULL for LLAMA_VOCAB_PRE_TYPE_CHATGLM4).
   const bool spm = v.model == TokenizerModel::kLlama;
   const bool llama3 = v.pre == "llama3" || v.pre == "llama-v3" || v.pre == "llama-bpe";
-  const int32_t default_bos = spm ? 1 : 11;
+  const bool chatglm4 = !spm && (v.pre == "glm4" || v.pre == "chatglm-bpe");
+  const int32_t default_bos = spm ? 1 : chatglm4 ? kNoToken : 11;
   const int32_t default_eos = spm ? 2 : 11;
   const int32_t default_unk = spm ? 0 : kNoToken;
   MG_ASSIGN_OR_RETURN(v.bos, SpecialId(file, "tokenizer.ggml.bos_token_id",
@@ -172,6 +175,7 @@ absl::StatusOr<Vocab> Vocab::FromGguf(const GgufFile& file) {
   MG_ASSIGN_OR_RETURN(v.eos, SpecialId(file, "tokenizer.ggml.eos_token_id",
                                        default_eos < n ? default_eos : kNoToken, n));
   MG_ASSIGN_OR_RETURN(v.eot, SpecialId(file, "tokenizer.ggml.eot_token_id", kNoToken, n));
+  MG_ASSIGN_OR_RETURN(v.eom, SpecialId(file, "tokenizer.ggml.eom_token_id", kNoToken, n));
   MG_ASSIGN_OR_RETURN(v.unk, SpecialId(file, "tokenizer.ggml.unknown_token_id", default_unk, n));
   MG_ASSIGN_OR_RETURN(v.pad, SpecialId(file, "tokenizer.ggml.padding_token_id", kNoToken, n));
   auto flag_or = [&](std::string_view key, bool absent) {
@@ -188,7 +192,7 @@ absl::StatusOr<Vocab> Vocab::FromGguf(const GgufFile& file) {
 
   MG_ASSIGN_OR_RETURN(v.add_space_prefix, flag_or("tokenizer.ggml.add_space_prefix", spm));
   // Of the pre-tokenizers moegraph runs, llama.cpp turns the clean-up off for qwen2
-  // and gpt-4o.
+  // and gpt-4o (glm4 keeps it on).
   v.clean_spaces = !spm && v.pre != "qwen2" && v.pre != "gpt-4o";
   v.byte_token.fill(kNoToken);
   if (spm) {
@@ -208,7 +212,9 @@ absl::StatusOr<Vocab> Vocab::FromGguf(const GgufFile& file) {
   }
 
   // llama.cpp's end-of-generation texts (llama-vocab.cpp, load). Where the file
-  // names no EOT, the first of llama.cpp's EOT texts found is EOT.
+  // names no EOT, the first of llama.cpp's EOT texts found is EOT; where it names
+  // no EOM, <|eom_id|> is EOM. EOS, EOT and EOM end generation whatever their text
+  // (GLM-4.5's converter names <|user|> EOT and <|observation|> EOM).
   static constexpr std::string_view kEogTexts[] = {
       "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
       "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
@@ -229,7 +235,8 @@ absl::StatusOr<Vocab> Vocab::FromGguf(const GgufFile& file) {
     if (v.eot != kNoToken) break;
     v.eot = v.Find(text);
   }
-  for (int32_t id : {v.eos, v.eot}) {
+  if (v.eom == kNoToken) v.eom = v.Find("<|eom_id|>");
+  for (int32_t id : {v.eos, v.eot, v.eom}) {
     if (id != kNoToken) v.eog.insert(id);
   }
   // llama.cpp's o200k_harmony (gpt-oss) and solar-open workaround: with <|return|>

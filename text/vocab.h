@@ -47,6 +47,7 @@ struct Vocab {
   int32_t bos = kNoToken;
   int32_t eos = kNoToken;
   int32_t eot = kNoToken;
+  int32_t eom = kNoToken;  // end of message (GLM-4.5: <|observation|>)
   int32_t unk = kNoToken;
   int32_t pad = kNoToken;
   bool add_bos = false;
@@ -54,13 +55,13 @@ struct Vocab {
   // llama: a space before text at the start and after each special token
   // (tokenizer.ggml.add_space_prefix); detokenizing drops it again.
   bool add_space_prefix = false;
-  // gpt2 but qwen2: detokenizing drops the space before ?!., and in " 's" and
+  // gpt2 but qwen2 and gpt-4o: detokenizing drops the space before ?!., and in " 's" and
   // the like, as llama.cpp's clean_up_tokenization_spaces.
   bool clean_spaces = false;
   // llama: the token of each byte, for text no merge covers: "<0xXX>", else the
   // byte itself as a token; kNoToken where the vocabulary has neither.
   std::array<int32_t, 256> byte_token{};
-  // End-of-generation tokens: EOS, EOT, and the tokens llama.cpp recognizes by
+  // End-of-generation tokens: EOS, EOT, EOM, and the tokens llama.cpp recognizes by
   // their text (<|im_end|>, <|endoftext|>, <|eot_id|>, </s>, ...), which it also
   // makes control tokens.
   absl::flat_hash_set<int32_t> eog;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "loader/ggml_type.h"
 #include "loader/gguf.h"
+#include "loader/model_config.h"
 #include "loader/status_util.h"
 #include "tools/cli/commands.h"
 
@@ -53,6 +54,122 @@ std::string FormatValue(const GgufKV& kv) {
       return absl::StrCat("[", Av(gguf_type_name(kv.array_type)), " x ", kv.array_n, "]");
   }
   return "?";
+}
+
+std::string_view GatingName(ExpertGating g) {
+  switch (g) {
+    case ExpertGating::kSoftmax:
+      return "softmax";
+    case ExpertGating::kSoftmaxWeight:
+      return "softmax over the chosen k";
+    case ExpertGating::kSigmoid:
+      return "sigmoid";
+  }
+  return "?";
+}
+
+// The model as moegraph reads it: its layers, routing and attention, and where
+// its bytes are (what the budget and the placement count), or why it does not load.
+std::string ModelSection(const GgufFile& file) {
+  absl::StatusOr<Model> loaded = LoadModel(file);
+  if (!loaded.ok()) {
+    return absl::StrCat("\nmodel: not loadable by moegraph: ", loaded.status().message(), "\n");
+  }
+  const Model& m = *loaded;
+  const ModelConfig& c = m.config;
+  std::string out = "\nmodel (as moegraph reads it):\n";
+  absl::StrAppendFormat(&out, "  layers:     %d decoded (%d with experts", c.n_layer,
+                        c.n_moe_layer());
+  if (c.n_layer_dense_lead > 0) {
+    absl::StrAppendFormat(&out, ", the first %d with a dense FFN of %d", c.n_layer_dense_lead,
+                          c.n_ff_dense);
+  }
+  absl::StrAppend(&out, ")");
+  if (c.n_layer_nextn > 0) absl::StrAppend(&out, "; ", c.n_layer_nextn, " NextN not read");
+  absl::StrAppendFormat(&out, "\n  experts:    %d per layer of %d, top-%d, %s", c.n_expert,
+                        c.n_ff_exp, c.n_expert_used, GatingName(c.gating));
+  if (c.router_bias) absl::StrAppend(&out, " with a router bias");
+  if (c.expert_score_bias) absl::StrAppend(&out, " with a score bias (exp_probs_b)");
+  if (c.norm_topk_prob) absl::StrAppend(&out, ", weights normalized");
+  if (c.expert_weights_scale != 1.0f) absl::StrAppend(&out, " x ", c.expert_weights_scale);
+  absl::StrAppend(&out, c.expert_act == ExpertAct::kSwigluOai ? ", swiglu_oai" : ", silu");
+  if (c.expert_bias) absl::StrAppend(&out, ", expert biases");
+  if (c.n_ff_shexp > 0) {
+    absl::StrAppendFormat(&out, "; a shared expert of %d%s", c.n_ff_shexp,
+                          c.shexp_gated ? " (gated)" : "");
+  }
+  absl::StrAppendFormat(
+      &out, "\n  attention:  %d heads, %d KV heads of %d; RoPE %s on %d dims, base %g", c.n_head,
+      c.n_head_kv, c.head_dim, c.rope_type == RopeType::kNeox ? "neox" : "norm", c.n_rot,
+      c.rope_freq_base);
+  if (c.rope_scaling.ext_factor != 0.0f) {
+    absl::StrAppendFormat(&out, ", YaRN x%g over %d", 1.0f / c.rope_scaling.freq_scale,
+                          c.rope_scaling.n_ctx_orig);
+  } else if (c.rope_scaling.freq_scale != 1.0f) {
+    absl::StrAppendFormat(&out, ", linear x%g", 1.0f / c.rope_scaling.freq_scale);
+  }
+  if (c.n_swa > 0) {
+    int windowed = 0;
+    for (int il = 0; il < c.n_layer; ++il) windowed += c.swa_layer(il);
+    absl::StrAppendFormat(&out, "; a window of %d on %d layers", c.n_swa, windowed);
+  }
+  if (c.attn_sinks) absl::StrAppend(&out, "; sinks");
+  if (c.qkv_bias || c.attn_out_bias) {
+    absl::StrAppend(&out, c.attn_out_bias ? "; q/k/v/o biases" : "; q/k/v biases");
+  }
+  if (c.qk_norm || c.qk_norm_full) absl::StrAppend(&out, "; QK-norm");
+
+  // Bytes by what they are, each tensor once.
+  struct Part {
+    const char* name;
+    uint64_t bytes = 0;
+  };
+  Part experts{"routed experts"}, attention{"attention"}, shared{"shared expert"},
+      dense_ffn{"dense FFN"}, routers{"routers"}, small{"norms/biases/sinks"},
+      embd{"token embeddings"}, head{"lm_head"};
+  std::vector<const GgufTensor*> seen;
+  auto add = [&](Part& part, const GgufTensor* t) {
+    if (t == nullptr || std::find(seen.begin(), seen.end(), t) != seen.end()) return;
+    seen.push_back(t);
+    part.bytes += t->nbytes;
+  };
+  add(embd, m.token_embd);
+  add(head, m.output);
+  add(small, m.output_norm);
+  for (const LayerTensors& l : m.layers) {
+    for (const GgufTensor* t : {l.wq, l.wk, l.wv, l.wo}) add(attention, t);
+    for (const GgufTensor* t : {l.gate_exps, l.up_exps, l.down_exps}) add(experts, t);
+    for (const auto* legacy : {&l.gate_legacy, &l.up_legacy, &l.down_legacy}) {
+      for (const GgufTensor* t : *legacy) add(experts, t);
+    }
+    for (const GgufTensor* t : {l.shexp_gate, l.shexp_up, l.shexp_down, l.shexp_gate_inp}) {
+      add(shared, t);
+    }
+    for (const GgufTensor* t : {l.ffn_gate, l.ffn_up, l.ffn_down}) add(dense_ffn, t);
+    for (const GgufTensor* t : {l.router, l.router_b, l.score_b}) add(routers, t);
+    for (const GgufTensor* t : {l.attn_norm, l.ffn_norm, l.q_norm, l.k_norm, l.bq, l.bk, l.bv, l.bo,
+                                l.sinks, l.gate_exps_b, l.up_exps_b, l.down_exps_b}) {
+      add(small, t);
+    }
+  }
+  uint64_t read = 0;
+  for (const Part* part :
+       {&experts, &attention, &shared, &dense_ffn, &routers, &small, &embd, &head}) {
+    read += part->bytes;
+  }
+  uint64_t all = 0;
+  for (const GgufTensor& t : file.tensors()) all += t.nbytes;
+  absl::StrAppendFormat(&out, "\n  bytes:      %.2f MiB read:", read / kMiB);
+  for (const Part* part :
+       {&experts, &attention, &shared, &dense_ffn, &routers, &small, &embd, &head}) {
+    if (part->bytes > 0) absl::StrAppendFormat(&out, " %s %.2f,", part->name, part->bytes / kMiB);
+  }
+  out.pop_back();
+  if (all > read) absl::StrAppendFormat(&out, "; %.2f MiB not read", (all - read) / kMiB);
+  absl::StrAppendFormat(&out, "\n  KV cache:   %.1f KiB per position (f16)%s\n",
+                        KvCacheBytes(c, 1, KvCacheType::kF16) / 1024.0,
+                        c.n_layer_nextn > 0 ? ", decoded layers only" : "");
+  return out;
 }
 
 bool HasPrefix(std::string_view s, std::string_view prefix) {
@@ -109,6 +226,7 @@ std::string FormatInspect(const GgufFile& file) {
       other.push_back(&kv);
     }
   }
+  if (!arch.empty()) absl::StrAppend(&out, ModelSection(file));
   AppendSection(out, "hyper-parameters", hparams);
   AppendSection(out, "tokenizer", tokenizer);
   AppendSection(out, "other keys", other);

@@ -269,7 +269,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   auto d = std::unique_ptr<Decoder>(new Decoder());
   d->sampling_ = flags.sampling;
   // Before the experts are pinned.
-  if (flags.cuda) MG_RETURN_IF_ERROR(RequireClassicForward(model, "the CUDA engine"));
+  if (flags.cuda) MG_RETURN_IF_ERROR(RequireCudaForward(model));
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu.kv_type, max_ctx, info));
   if (flags.cuda) {
     CudaEngineOptions options;
