@@ -7,7 +7,12 @@
 // int16 pairs into int32 (pmaddwd). A K-quant's group scale multiplies the
 // int16 products inside that multiply-add, as ggml's AVX2 code does, so one
 // int32 accumulator serves a whole super-block; the block scales (and the q8_0
-// scales) multiply the int32 sums in f32.
+// scales) multiply the int32 sums in f32. On x86 each quantized type's kernel
+// follows its ggml_vec_dot_* (ggml-cpu/arch/x86/quants.c, AVX2) wherever the
+// rounding depends on it: the same products in each int32 lane, the same f32
+// multiply-adds in the same order (fused where ggml's build fuses them), the
+// same horizontal sum; so each dot is ggml's CPU backend's bit for bit
+// (tests/cpu_kernels_test.cc holds them to ggml's own results).
 // Every target the CPU may have (AVX-512, AVX2) and the portable one (EMU128,
 // or SCALAR where the compiler is too old for EMU128: GCC before 12.3), which
 // the tests run too; SSSE3 and SSE4 would only add compile time.
@@ -22,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/act_quant.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -346,39 +352,130 @@ void DotQ8_0Tile(const block_q8_0* const* x, const block_q8_0* const* y, int64_t
   }
 }
 
-// The 4-bit types with a 16-entry value table and one scale per 32 (q4_0's table
-// is i - 8, iq4_nl's kvalues_iq4nl, mxfp4's doubled E2M1 values): the nibbles
-// looked up in the table (vpshufb), then q8_0's signed dot.
-HWY_INLINE float BlockScale(const block_q4_0& b) { return F16(b.d); }
-HWY_INLINE float BlockScale(const block_iq4_nl& b) { return F16(b.d); }
-HWY_INLINE float BlockScale(const block_mxfp4& b) { return e8m0_to_f32_half(b.e); }
-
-template <int N, typename Block>
-void DotNibbleTile(const Block* x, const block_q8_0* const* y, int64_t nb, uint64_t table_low,
-                   uint64_t table_high, float* out) {
+// The 32-element block types, ggml's ggml_vec_dot_{q4_0,q5_0}_q8_0 and
+// ggml_vec_dot_{q4_1,q5_1}_q8_1 (x86/quants.c, AVX2) and q4_0's scheme for
+// iq4_nl and mxfp4: a block's weights as 32 bytes, element i in byte i, low
+// nibbles then high (bytes_from_nibbles_32); q5's fifth bit from qh
+// (bytes_from_bits_32); the table types' nibbles looked up in their 16 values
+// (vpshufb: q4_0's is i - 8, iq4_nl's kvalues_iq4nl, mxfp4's doubled E2M1).
+HWY_INLINE hn::Vec256<uint8_t> Nibbles(const uint8_t* qs) {
   const hn::Full128<uint8_t> d128;
-  alignas(16) uint64_t table_words[2] = {table_low, table_high};
-  const auto table128 = hn::Load(d128, reinterpret_cast<const uint8_t*>(table_words));
-  const auto table = hn::BitCast(DI8(), hn::Combine(DU8(), table128, table128));
-  VF32 acc[N];
-  for (int n = 0; n < N; ++n) acc[n] = hn::Zero(DF32());
-  for (int64_t b = 0; b < nb; ++b) {
-    const auto q = hn::LoadU(d128, x[b].qs);  // elements i (low nibble) and i + 16 (high)
-    const auto nibbles =
-        hn::Combine(DU8(), hn::ShiftRight<4>(q), hn::And(q, hn::Set(d128, uint8_t{0x0F})));
-    const auto w = hn::TableLookupBytes(table, hn::BitCast(DI8(), nibbles));
-    const auto abs_w = hn::BitCast(DU8(), hn::Abs(w));
-    const float dx = BlockScale(x[b]);
-    for (int n = 0; n < N; ++n) {
-      const VI32 s = DotI8(abs_w, w, hn::LoadU(DI8(), y[n][b].qs));
-      acc[n] = hn::MulAdd(hn::ConvertTo(DF32(), s), hn::Set(DF32(), dx * F16(y[n][b].d)), acc[n]);
-    }
-  }
-  for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
+  const auto q = hn::LoadU(d128, qs);
+  return hn::Combine(DU8(), hn::ShiftRight<4>(q), hn::And(q, hn::Set(d128, uint8_t{0x0F})));
+}
+// 0xFF in byte i where bit i of the 32 at qh is set.
+HWY_INLINE hn::Vec256<uint8_t> FifthBits(const uint8_t* qh) {
+  return hn::VecFromMask(DU8(), hn::LoadMaskBits(DU8(), qh));
+}
+HWY_INLINE hn::Vec256<int8_t> Lookup(hn::Vec256<uint8_t> nibbles, uint64_t low, uint64_t high) {
+  const hn::Full128<uint8_t> d128;
+  alignas(16) const uint64_t words[2] = {low, high};
+  const auto table128 = hn::Load(d128, reinterpret_cast<const uint8_t*>(words));
+  return hn::TableLookupBytes(hn::BitCast(DI8(), hn::Combine(DU8(), table128, table128)),
+                              hn::BitCast(DI8(), nibbles));
 }
 
 // -8 .. 7: q4_0's nibble minus 8, as a table.
 constexpr uint64_t kQ4_0Low = 0xfffefdfcfbfaf9f8ull, kQ4_0High = 0x0706050403020100ull;
+
+// Signed weights (the types without a min) meet the activations as ggml's
+// mul_sum_i8_pairs_float: |w| times a with w's sign. Unsigned ones (q4_1,
+// q5_1) as mul_sum_us8_pairs_float: w times a.
+HWY_INLINE hn::Vec256<int8_t> Weights(const block_q4_0& b) {
+  return Lookup(Nibbles(b.qs), kQ4_0Low, kQ4_0High);
+}
+HWY_INLINE hn::Vec256<int8_t> Weights(const block_iq4_nl& b) {
+  return Lookup(Nibbles(b.qs), kIq4nlLow, kIq4nlHigh);
+}
+HWY_INLINE hn::Vec256<int8_t> Weights(const block_mxfp4& b) {
+  return Lookup(Nibbles(b.qs), kMxfp4Low, kMxfp4High);
+}
+// The nibble less 16 where the fifth bit is clear: nibble | 0xF0.
+HWY_INLINE hn::Vec256<int8_t> Weights(const block_q5_0& b) {
+  const auto high = hn::AndNot(FifthBits(b.qh), hn::Set(DU8(), uint8_t{0xF0}));
+  return hn::BitCast(DI8(), hn::Or(Nibbles(b.qs), high));
+}
+HWY_INLINE hn::Vec256<uint8_t> Weights(const block_q4_1& b) { return Nibbles(b.qs); }
+HWY_INLINE hn::Vec256<uint8_t> Weights(const block_q5_1& b) {
+  return hn::Or(Nibbles(b.qs), hn::And(FifthBits(b.qh), hn::Set(DU8(), uint8_t{0x10})));
+}
+
+HWY_INLINE float BlockScale(const block_q4_0& b) { return F16(b.d); }
+HWY_INLINE float BlockScale(const block_q5_0& b) { return F16(b.d); }
+HWY_INLINE float BlockScale(const block_q4_1& b) { return F16(b.d); }
+HWY_INLINE float BlockScale(const block_q5_1& b) { return F16(b.d); }
+HWY_INLINE float BlockScale(const block_iq4_nl& b) { return F16(b.d); }
+HWY_INLINE float BlockScale(const block_mxfp4& b) { return e8m0_to_f32_half(b.e); }
+
+// Each block adds d_w d_a dot(block) to an f32 vector, as ggml does: q4_0, q5_0
+// in one accumulator; iq4_nl and mxfp4 alternate two (ggml's accum1, accum2)
+// and take an odd last block apart, in one fused multiply-add on the total.
+// q4_1 and q5_1 (Act block_q8_1) add the sum of m_w s_a after the lanes', in
+// fused multiply-adds as ggml's build compiles it.
+template <int N, typename Block, typename Act>
+void DotBlock32Tile(const Block* x, const Act* const* y, int64_t nb, float* out) {
+  constexpr bool kMin = std::is_same_v<Act, block_q8_1>;
+  constexpr bool kPairs = std::is_same_v<Block, block_iq4_nl> || std::is_same_v<Block, block_mxfp4>;
+  const hn::CappedTag<float, 1> d1;
+  const auto ones = hn::Set(DI16(), 1);
+  VF32 acc[2][N];
+  hn::Vec<decltype(d1)> summs[N];
+  for (int n = 0; n < N; ++n) {
+    acc[0][n] = acc[1][n] = hn::Zero(DF32());
+    summs[n] = hn::Zero(d1);
+  }
+  // dot[n] = block b's 8 lanes of 4 products with activation row n.
+  const auto block = [&](int64_t b, VI32* dot) {
+    const auto w = Weights(x[b]);
+    hn::Vec256<uint8_t> abs_w;
+    if constexpr (kMin) {
+      abs_w = w;
+    } else {
+      abs_w = hn::BitCast(DU8(), hn::Abs(w));
+    }
+    for (int n = 0; n < N; ++n) {
+      const auto a = hn::LoadU(DI8(), y[n][b].qs);
+      hn::Vec256<int16_t> pairs;
+      if constexpr (kMin) {
+        pairs = MulPairs(abs_w, a);
+        summs[n] = hn::MulAdd(hn::Set(d1, F16(x[b].m)), hn::Set(d1, F16(y[n][b].s)), summs[n]);
+      } else {
+        pairs = MulPairs(abs_w, SignOf(a, w));
+      }
+      dot[n] = MulAddPairs(pairs, ones, hn::Zero(DI32()));
+    }
+  };
+  const auto accumulate = [&](int64_t b, const VI32* dot, VF32* to) {
+    const float dx = BlockScale(x[b]);
+    for (int n = 0; n < N; ++n) {
+      to[n] =
+          hn::MulAdd(hn::ConvertTo(DF32(), dot[n]), hn::Set(DF32(), dx * F16(y[n][b].d)), to[n]);
+    }
+  };
+  VI32 dot[N];
+  int64_t b = 0;
+  for (; b + (kPairs ? 1 : 0) < nb; b += kPairs ? 2 : 1) {
+    block(b, dot);
+    accumulate(b, dot, acc[0]);
+    if constexpr (kPairs) {
+      block(b + 1, dot);
+      accumulate(b + 1, dot, acc[1]);
+    }
+  }
+  for (int n = 0; n < N; ++n) {
+    out[n] = ReduceF32(kPairs ? hn::Add(acc[0][n], acc[1][n]) : acc[0][n]);
+    if constexpr (kMin) out[n] += hn::GetLane(summs[n]);
+  }
+  if (kPairs && b < nb) {
+    block(b, dot);
+    const float dx = BlockScale(x[b]);
+    for (int n = 0; n < N; ++n) {
+      const float sumi = static_cast<float>(hn::GetLane(hn::SumOfLanes(DI32(), dot[n])));
+      out[n] = hn::GetLane(
+          hn::MulAdd(hn::Set(d1, F16(y[n][b].d) * dx), hn::Set(d1, sumi), hn::Set(d1, out[n])));
+    }
+  }
+}
 
 // q4_K/q5_K's eight 6-bit scales and mins from their 12 bytes at once, as
 // ggml's SIMD code unpacks them (get_scale_min_k4, four bytes at a time).
@@ -392,29 +489,35 @@ HWY_INLINE void UnpackScalesMinsK4(const uint8_t* packed, uint8_t* sc, uint8_t* 
   std::memcpy(mn, mins, 8);
 }
 
-// q4_K and q5_K (kFive): chunk c's 32 bytes hold elements [64c, 64c + 32) in
-// their low nibbles (scale 2c) and [64c + 32, 64c + 64) in their high ones
-// (scale 2c + 1); the mins meet the activations' 16-element sums (bsums).
+// q4_K and q5_K (kFive), ggml's ggml_vec_dot_q4_K_q8_K and _q5_K_q8_K (AVX2):
+// chunk c's 32 bytes hold elements [64c, 64c + 32) in their low nibbles
+// (scale 2c) and [64c + 32, 64c + 64) in their high ones (scale 2c + 1). The
+// mins meet the activations' bsums summed in pairs (min j, 32 elements), in 4
+// lanes; q4_K accumulates them in 4 f32 lanes, q5_K their total in one fused
+// multiply-add per block, and both add that to the lanes' sum at the end.
 template <bool kFive, int R, int N, typename Block>
 void DotK45Tile(const Block* const* x, const block_q8_K* const* y, int64_t nb, float* out) {
   const hn::Full128<int16_t> d16x8;
+  const hn::Full128<int32_t> d32x4;
+  const hn::Full128<float> df4;
   const auto mask = hn::Set(DU8(), uint8_t{0x0F});
   const auto one = hn::Set(DU8(), uint8_t{1});
-  VF32 acc[R][N], acc_min[R][N];
+  VF32 acc[R][N];
+  hn::Vec128<float> acc_min[R][N];  // q5_K: lane 0
   for (int r = 0; r < R; ++r) {
-    for (int n = 0; n < N; ++n) acc[r][n] = acc_min[r][n] = hn::Zero(DF32());
+    for (int n = 0; n < N; ++n) {
+      acc[r][n] = hn::Zero(DF32());
+      acc_min[r][n] = hn::Zero(df4);
+    }
   }
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t sc[R][8];
-    hn::Vec256<int16_t> mins16[R];
+    hn::Vec128<int16_t> mins8[R];
     VI32 sumi[R][N];
     for (int r = 0; r < R; ++r) {
       uint8_t mn[8];
       UnpackScalesMinsK4(x[r][b].scales, sc[r], mn);
-      const auto m8 = hn::PromoteTo(d16x8, hn::LoadU(hn::Full64<uint8_t>(), mn));
-      // min j for bsums 2j and 2j + 1
-      mins16[r] =
-          hn::Combine(DI16(), hn::InterleaveUpper(d16x8, m8, m8), hn::InterleaveLower(m8, m8));
+      mins8[r] = hn::PromoteTo(d16x8, hn::LoadU(hn::Full64<uint8_t>(), mn));
       for (int n = 0; n < N; ++n) sumi[r][n] = hn::Zero(DI32());
     }
     for (int c = 0; c < 4; ++c) {
@@ -442,19 +545,30 @@ void DotK45Tile(const Block* const* x, const block_q8_K* const* y, int64_t nb, f
       }
     }
     for (int n = 0; n < N; ++n) {
-      const auto bsums = hn::LoadU(DI16(), y[n][b].bsums);
+      // Each min's 32 elements: the bsums added in pairs, in int16 (vphaddw).
+      const hn::Vec128<int16_t> pairs{_mm_hadd_epi16(hn::LoadU(d16x8, y[n][b].bsums).raw,
+                                                     hn::LoadU(d16x8, y[n][b].bsums + 8).raw)};
       for (int r = 0; r < R; ++r) {
-        const VI32 summ = MulAddPairs(bsums, mins16[r], hn::Zero(DI32()));
-        const float d = F16(x[r][b].d), dmin = F16(x[r][b].dmin);
+        hn::Vec128<int32_t> unused = hn::Zero(d32x4);
+        const auto mins =
+            hn::ReorderWidenMulAccumulate(d32x4, mins8[r], pairs, hn::Zero(d32x4), unused);
+        const float d = F16(x[r][b].d), dmin = -y[n][b].d * F16(x[r][b].dmin);
         acc[r][n] = hn::MulAdd(hn::ConvertTo(DF32(), sumi[r][n]), hn::Set(DF32(), d * y[n][b].d),
                                acc[r][n]);
-        acc_min[r][n] = hn::MulAdd(hn::ConvertTo(DF32(), summ), hn::Set(DF32(), dmin * y[n][b].d),
-                                   acc_min[r][n]);
+        if constexpr (kFive) {
+          const float total = static_cast<float>(hn::GetLane(hn::SumOfLanes(d32x4, mins)));
+          acc_min[r][n] = hn::MulAdd(hn::Set(df4, dmin), hn::Set(df4, total), acc_min[r][n]);
+        } else {
+          acc_min[r][n] = hn::MulAdd(hn::Set(df4, dmin), hn::ConvertTo(df4, mins), acc_min[r][n]);
+        }
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int n = 0; n < N; ++n) out[r * N + n] = ReduceF32(acc[r][n]) - ReduceF32(acc_min[r][n]);
+    for (int n = 0; n < N; ++n) {
+      const auto mins = kFive ? acc_min[r][n] : hn::SumOfLanes(df4, acc_min[r][n]);
+      out[r * N + n] = ReduceF32(acc[r][n]) + hn::GetLane(mins);
+    }
   }
 }
 
@@ -507,6 +621,141 @@ void DotQ6KTile(const block_q6_K* x, const block_q8_K* const* y, int64_t nb, flo
   for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
 }
 
+// q2_K and q3_K's int16 scales, one per 16 elements: for 128-element chunk j,
+// run s (bytes 32s .. 32s + 31 of its activations) takes scale 8j + 2s in its
+// low 16 bytes and 8j + 2s + 1 in its high ones (ggml's get_scale_shuffle_q3k
+// over the chunk's 8 scales in both 128-bit halves).
+HWY_INLINE void RunScales(hn::Vec256<int16_t> scales16, hn::Vec256<int16_t> (&out)[2][4]) {
+  alignas(32) static constexpr uint8_t kPairs[32] = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0,
+                                                     1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3,
+                                                     2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
+  const hn::Vec256<int16_t> chunk[2] = {hn::ConcatLowerLower(DI16(), scales16, scales16),
+                                        hn::ConcatUpperUpper(DI16(), scales16, scales16)};
+  for (int s = 0; s < 4; ++s) {
+    const auto index =
+        hn::Add(hn::Load(DU8(), kPairs), hn::Set(DU8(), static_cast<uint8_t>(4 * s)));
+    for (int j = 0; j < 2; ++j)
+      out[j][s] = hn::BitCast(DI16(), hn::TableLookupBytes(chunk[j], index));
+  }
+}
+
+// q2_K, ggml's ggml_vec_dot_q2_K_q8_K (AVX2): byte l of chunk j's 32 holds
+// elements 128j + 32s + l (s = 0..3) at bits 2s; per 16 elements a 4-bit
+// scale (low nibble) and min (high), the mins met by the bsums, and their
+// term accumulated before the scales'.
+template <int N>
+void DotQ2KTile(const block_q2_K* x, const block_q8_K* const* y, int64_t nb, float* out) {
+  const hn::Full128<uint8_t> d8;
+  const auto three = hn::Set(DU8(), uint8_t{3});
+  VF32 acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = hn::Zero(DF32());
+  for (int64_t b = 0; b < nb; ++b) {
+    const auto packed = hn::LoadU(d8, x[b].scales);
+    const auto mins16 = hn::PromoteTo(DI16(), hn::ShiftRight<4>(packed));
+    hn::Vec256<int16_t> scale[2][4];
+    RunScales(hn::PromoteTo(DI16(), hn::And(packed, hn::Set(d8, uint8_t{0x0F}))), scale);
+    VI32 sumi[N];
+    for (int n = 0; n < N; ++n) sumi[n] = hn::Zero(DI32());
+    for (int j = 0; j < 2; ++j) {
+      const auto q = hn::LoadU(DU8(), x[b].qs + 32 * j);
+      const hn::Vec256<uint8_t> w[4] = {hn::And(q, three), hn::And(hn::ShiftRight<2>(q), three),
+                                        hn::And(hn::ShiftRight<4>(q), three), hn::ShiftRight<6>(q)};
+      for (int n = 0; n < N; ++n) {
+        const int8_t* a = y[n][b].qs + 128 * j;
+        for (int s = 0; s < 4; ++s) {
+          sumi[n] = MulAddPairs(MulPairs(w[s], hn::LoadU(DI8(), a + 32 * s)), scale[j][s], sumi[n]);
+        }
+      }
+    }
+    const float d = F16(x[b].d), dmin = F16(x[b].dmin);
+    for (int n = 0; n < N; ++n) {
+      const VI32 mins = MulAddPairs(mins16, hn::LoadU(DI16(), y[n][b].bsums), hn::Zero(DI32()));
+      acc[n] = hn::MulAdd(hn::Set(DF32(), -y[n][b].d * dmin), hn::ConvertTo(DF32(), mins), acc[n]);
+      acc[n] = hn::MulAdd(hn::Set(DF32(), y[n][b].d * d), hn::ConvertTo(DF32(), sumi[n]), acc[n]);
+    }
+  }
+  for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
+}
+
+// q3_K, ggml's ggml_vec_dot_q3_K_q8_K (AVX2): q2_K's layout for the low two
+// bits, hmask's bit 4j + s of byte l the third (set: +0, clear: -4, taken off
+// as a second product), signed 6-bit scales.
+template <int N>
+void DotQ3KTile(const block_q3_K* x, const block_q8_K* const* y, int64_t nb, float* out) {
+  constexpr uint32_t kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
+  const hn::Full128<uint8_t> d8;
+  const auto three = hn::Set(DU8(), uint8_t{3});
+  const auto four = hn::Set(DU8(), uint8_t{4});
+  VF32 acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = hn::Zero(DF32());
+  for (int64_t b = 0; b < nb; ++b) {
+    uint32_t u[3];
+    std::memcpy(u, x[b].scales, 12);
+    const uint32_t packed[4] = {(u[0] & kLow4) | ((u[2] & kTop2) << 4),
+                                (u[1] & kLow4) | (((u[2] >> 2) & kTop2) << 4),
+                                ((u[0] >> 4) & kLow4) | (((u[2] >> 4) & kTop2) << 4),
+                                ((u[1] >> 4) & kLow4) | (((u[2] >> 6) & kTop2) << 4)};
+    const auto scales8 =
+        hn::Sub(hn::LoadU(d8, reinterpret_cast<const uint8_t*>(packed)), hn::Set(d8, uint8_t{32}));
+    hn::Vec256<int16_t> scale[2][4];
+    RunScales(hn::PromoteTo(DI16(), hn::BitCast(hn::Full128<int8_t>(), scales8)), scale);
+    const auto hbits = hn::LoadU(DU8(), x[b].hmask);
+    VI32 sumi[N];
+    for (int n = 0; n < N; ++n) sumi[n] = hn::Zero(DI32());
+    for (int j = 0; j < 2; ++j) {
+      const auto q = hn::LoadU(DU8(), x[b].qs + 32 * j);
+      const hn::Vec256<uint8_t> low[4] = {hn::And(q, three), hn::And(hn::ShiftRight<2>(q), three),
+                                          hn::And(hn::ShiftRight<4>(q), three),
+                                          hn::ShiftRight<6>(q)};
+      hn::Vec256<uint8_t> high[4];
+      for (int s = 0; s < 4; ++s) {
+        const auto bit = hn::Set(DU8(), static_cast<uint8_t>(1u << (4 * j + s)));
+        high[s] = hn::IfThenZeroElse(hn::TestBit(hbits, bit), four);
+      }
+      for (int n = 0; n < N; ++n) {
+        const int8_t* a = y[n][b].qs + 128 * j;
+        for (int s = 0; s < 4; ++s) {
+          const auto act = hn::LoadU(DI8(), a + 32 * s);
+          const auto p = hn::Sub(MulPairs(low[s], act), MulPairs(high[s], act));
+          sumi[n] = MulAddPairs(p, scale[j][s], sumi[n]);
+        }
+      }
+    }
+    const float d = F16(x[b].d);
+    for (int n = 0; n < N; ++n) {
+      acc[n] = hn::MulAdd(hn::Set(DF32(), y[n][b].d * d), hn::ConvertTo(DF32(), sumi[n]), acc[n]);
+    }
+  }
+  for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
+}
+
+// iq4_xs, ggml's ggml_vec_dot_iq4_xs_q8_K (AVX2): iq4_nl's table per 32, with
+// signed 6-bit sub-block scales in the int16 multiply-add and one f16 scale
+// per 256.
+template <int N>
+void DotIq4XsTile(const block_iq4_xs* x, const block_q8_K* const* y, int64_t nb, float* out) {
+  VF32 acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = hn::Zero(DF32());
+  for (int64_t b = 0; b < nb; ++b) {
+    VI32 sumi[N];
+    for (int n = 0; n < N; ++n) sumi[n] = hn::Zero(DI32());
+    for (int ib = 0; ib < QK_K / 32; ++ib) {
+      const auto w = Lookup(Nibbles(x[b].qs + 16 * ib), kIq4nlLow, kIq4nlHigh);
+      const auto abs_w = hn::BitCast(DU8(), hn::Abs(w));
+      const auto scale = hn::Set(DI16(), static_cast<int16_t>(iq4_xs_scale(&x[b], ib)));
+      for (int n = 0; n < N; ++n) {
+        const auto a = hn::LoadU(DI8(), y[n][b].qs + 32 * ib);
+        sumi[n] = MulAddPairs(MulPairs(abs_w, SignOf(a, w)), scale, sumi[n]);
+      }
+    }
+    const float d = F16(x[b].d);
+    for (int n = 0; n < N; ++n) {
+      acc[n] = hn::MulAdd(hn::Set(DF32(), d * y[n][b].d), hn::ConvertTo(DF32(), sumi[n]), acc[n]);
+    }
+  }
+  for (int n = 0; n < N; ++n) out[n] = ReduceF32(acc[n]);
+}
+
 template <int R, int N>
 void DotTile(GgmlType type, const uint8_t* const* w, const uint8_t* const* act, int64_t cols,
              float* out);
@@ -522,15 +771,15 @@ float DotRow(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t cols) 
                      cols);
     case GgmlType::kF32:
       return DotF32(reinterpret_cast<const float*>(act), reinterpret_cast<const float*>(w), cols);
+#ifndef MOEGRAPH_X86_TILES
+    // The types issue 21 added have x86 kernels only; here ggml's generic C
+    // order (cpu/act_quant.h).
     case GgmlType::kQ4_1:
     case GgmlType::kQ5_0:
     case GgmlType::kQ5_1:
     case GgmlType::kQ2_K:
     case GgmlType::kQ3_K:
     case GgmlType::kIQ4_XS:
-      // No vector kernel yet: ggml's generic C order (cpu/act_quant.h).
-      return dot_row_ref(type, w, act, cols);
-#ifndef MOEGRAPH_X86_TILES
     case GgmlType::kIQ4_NL:
     case GgmlType::kMXFP4:
       return dot_row_ref(type, w, act, cols);
@@ -564,46 +813,52 @@ float DotRow(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t cols) 
 }
 
 #ifdef MOEGRAPH_X86_TILES
+// A kernel that tiles the activation rows only, on each of R weight rows.
+template <int R, int N, typename Block, typename Act>
+void EachRow(void (*kernel)(const Block*, const Act* const*, int64_t, float*),
+             const uint8_t* const* w, const uint8_t* const* act, int64_t nb, float* out) {
+  for (int r = 0; r < R; ++r) {
+    kernel(reinterpret_cast<const Block*>(w[r]), reinterpret_cast<const Act* const*>(act), nb,
+           out + r * N);
+  }
+}
+
 // R weight rows with N activation rows, out[r * N + n]; each result is what
-// R = N = 1 gives. q4_0 and q6_K tile the activation rows only.
+// R = N = 1 gives. q8_0, q4_K and q5_K tile both; the others the activation
+// rows only.
 template <int R, int N>
 void DotTile(GgmlType type, const uint8_t* const* w, const uint8_t* const* act, int64_t cols,
              float* out) {
   const auto* y0 = reinterpret_cast<const block_q8_0* const*>(act);
   const auto* yk = reinterpret_cast<const block_q8_K* const*>(act);
+  const int64_t nb32 = cols / QK8_0, nb256 = cols / QK_K;
   switch (type) {
     case GgmlType::kQ8_0:
-      return DotQ8_0Tile<R, N>(reinterpret_cast<const block_q8_0* const*>(w), y0, cols / QK8_0,
-                               out);
+      return DotQ8_0Tile<R, N>(reinterpret_cast<const block_q8_0* const*>(w), y0, nb32, out);
     case GgmlType::kQ4_K:
-      return DotK45Tile<false, R, N>(reinterpret_cast<const block_q4_K* const*>(w), yk, cols / QK_K,
-                                     out);
+      return DotK45Tile<false, R, N>(reinterpret_cast<const block_q4_K* const*>(w), yk, nb256, out);
     case GgmlType::kQ5_K:
-      return DotK45Tile<true, R, N>(reinterpret_cast<const block_q5_K* const*>(w), yk, cols / QK_K,
-                                    out);
+      return DotK45Tile<true, R, N>(reinterpret_cast<const block_q5_K* const*>(w), yk, nb256, out);
     case GgmlType::kQ4_0:
-      for (int r = 0; r < R; ++r) {
-        DotNibbleTile<N>(reinterpret_cast<const block_q4_0*>(w[r]), y0, cols / QK4_0, kQ4_0Low,
-                         kQ4_0High, out + r * N);
-      }
-      return;
+      return EachRow<R, N>(&DotBlock32Tile<N, block_q4_0, block_q8_0>, w, act, nb32, out);
+    case GgmlType::kQ5_0:
+      return EachRow<R, N>(&DotBlock32Tile<N, block_q5_0, block_q8_0>, w, act, nb32, out);
     case GgmlType::kIQ4_NL:
-      for (int r = 0; r < R; ++r) {
-        DotNibbleTile<N>(reinterpret_cast<const block_iq4_nl*>(w[r]), y0, cols / QK4_0, kIq4nlLow,
-                         kIq4nlHigh, out + r * N);
-      }
-      return;
+      return EachRow<R, N>(&DotBlock32Tile<N, block_iq4_nl, block_q8_0>, w, act, nb32, out);
     case GgmlType::kMXFP4:
-      for (int r = 0; r < R; ++r) {
-        DotNibbleTile<N>(reinterpret_cast<const block_mxfp4*>(w[r]), y0, cols / QK4_0, kMxfp4Low,
-                         kMxfp4High, out + r * N);
-      }
-      return;
+      return EachRow<R, N>(&DotBlock32Tile<N, block_mxfp4, block_q8_0>, w, act, nb32, out);
+    case GgmlType::kQ4_1:
+      return EachRow<R, N>(&DotBlock32Tile<N, block_q4_1, block_q8_1>, w, act, nb32, out);
+    case GgmlType::kQ5_1:
+      return EachRow<R, N>(&DotBlock32Tile<N, block_q5_1, block_q8_1>, w, act, nb32, out);
+    case GgmlType::kQ2_K:
+      return EachRow<R, N>(&DotQ2KTile<N>, w, act, nb256, out);
+    case GgmlType::kQ3_K:
+      return EachRow<R, N>(&DotQ3KTile<N>, w, act, nb256, out);
+    case GgmlType::kIQ4_XS:
+      return EachRow<R, N>(&DotIq4XsTile<N>, w, act, nb256, out);
     case GgmlType::kQ6_K:
-      for (int r = 0; r < R; ++r) {
-        DotQ6KTile<N>(reinterpret_cast<const block_q6_K*>(w[r]), yk, cols / QK_K, out + r * N);
-      }
-      return;
+      return EachRow<R, N>(&DotQ6KTile<N>, w, act, nb256, out);
     default:
       for (int r = 0; r < R; ++r) {
         for (int n = 0; n < N; ++n) out[r * N + n] = DotRow(type, w[r], act[n], cols);

@@ -4,7 +4,9 @@
 // the same operations in the same order whatever the batch (several rows share
 // a weight block's unpacking, not its sums), the thread count or where the row
 // lives, so results do not depend on them; they do depend on the target (the
-// order of the additions differs), which the tests cover one by one.
+// order of the additions differs), which the tests cover one by one. On the
+// x86 targets (AVX2, AVX-512) a quantized row's dot is the one ggml's CPU
+// backend computes, bit for bit; the portable target's is within rounding.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,7 @@
 // The CPU path's pieces: activation quantization as ggml's reference code, the
 // SIMD dot products on every target this machine runs (the portable one,
-// EMU128 or SCALAR, included) against the scalar ones, and the thread pool.
+// EMU128 or SCALAR, included) against the scalar ones, the x86 targets' against
+// ggml's own results bit for bit, and the thread pool.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/act_quant.h"
@@ -218,6 +220,118 @@ TEST_F(SimdTargetsTest, EveryTargetEqualsTheScalarDotsUpToRounding) {
       }
     }
   }
+}
+
+uint32_t Bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+uint64_t SplitMix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// golden_dot.c's golden_input: uniform in [-scale / 2, scale / 2), in exact
+// float arithmetic (24 random bits, a power-of-two scale).
+float GoldenInput(uint32_t seed, int64_t r, int64_t i, float scale) {
+  const uint64_t h = SplitMix64((static_cast<uint64_t>(seed) << 48) ^
+                                (static_cast<uint64_t>(r) << 32) ^ static_cast<uint64_t>(i));
+  return (static_cast<float>(h >> 40) * 0x1p-24f - 0.5f) * scale;
+}
+
+// ggml's own dots: ggml_vec_dot_* of llama.cpp v0.5.0's CPU backend
+// (node-llama-cpp 3.22.1's prebuilt libggml-cpu-haswell.so, the AVX2 build) for
+// 2 weight rows (GoldenInput seed 1, scale 1/8, ggml_quantize_chunk) by 5
+// activation rows (seed 2, scale 2, the vec_dot_type's from_float), weight row
+// major; printed by tools/llama-crosscheck/golden-dot.sh.
+struct GgmlDots {
+  const char* type;
+  int64_t cols;
+  uint32_t bits[2 * 5];
+};
+// The lines as golden-dot.sh prints them.
+// clang-format off
+constexpr GgmlDots kGgmlDots[] = {
+    {"q8_0", 800, {0xbee2a042, 0x3e61853b, 0x3e85af93, 0xbf24f3a0, 0x3f590257, 0x3ee10ae2, 0xbfc480fe, 0x3d847b30, 0xbe85d042, 0xbf2bd026}},
+    {"q4_0", 800, {0xbeed1a9c, 0x3e829a78, 0x3e4c1597, 0xbf1e5dc0, 0x3f4209ea, 0x3ed03466, 0xbfc8191e, 0x3d3aee1c, 0xbe816760, 0xbf1666ee}},
+    {"q4_1", 800, {0xbed3ac88, 0x3e415db8, 0x3e803278, 0xbf1d17e5, 0x3f5c2f9c, 0x3edb6558, 0xbfca99ee, 0x3c521d30, 0xbe8be0dc, 0xbf218e50}},
+    {"q5_0", 800, {0xbed7fe02, 0x3e54b876, 0x3e8ba425, 0xbf2a3875, 0x3f554b72, 0x3ee2bbfd, 0xbfc3c556, 0x3d9fe26c, 0xbe8671c8, 0xbf368c4a}},
+    {"q5_1", 800, {0xbeed2f50, 0x3e5239b0, 0x3e7f2cc1, 0xbf1d5ec3, 0x3f5e3dc6, 0x3ee3d9b8, 0xbfc52988, 0x3dbe05ac, 0xbe818cac, 0xbf27ae94}},
+    {"iq4_nl", 800, {0xbeca2600, 0x3e62abb5, 0x3e9367c0, 0xbf214bac, 0x3f4598f7, 0x3ed638b0, 0xbfbf46cb, 0x3d1e449c, 0xbe9b542a, 0xbf3a5e94}},
+    {"mxfp4", 800, {0xbedca61e, 0x3e7df7db, 0x3dc7c5e2, 0xbef641ea, 0x3f3c9708, 0x3f033cca, 0xbfb3d83b, 0x3e1813c4, 0xbe87ca4c, 0xbf2b8271}},
+    {"q2_K", 768, {0xbefa80bc, 0x3d988666, 0x3e2e07d0, 0xbf548076, 0x3f14910a, 0x3e774894, 0xbfaa45d7, 0x3d412fdd, 0x3c3026a0, 0xbf46ec10}},
+    {"q3_K", 768, {0xbeaa1022, 0x3e84d28c, 0x3e8261ef, 0xbf15a055, 0x3f2b5708, 0x3eabfcd8, 0xbfa528ef, 0x3e4017a5, 0xbe8b475a, 0xbf30a4b0}},
+    {"q4_K", 768, {0xbee557b8, 0x3e980e2c, 0x3e5603ef, 0xbf217d52, 0x3f1bb500, 0x3e900298, 0xbfaec948, 0x3e4624a0, 0xbe9a7700, 0xbf444fc7}},
+    {"q5_K", 768, {0xbef3ea50, 0x3ea2fdfa, 0x3e383abe, 0xbf1d35ef, 0x3f1906ac, 0x3e8ff130, 0xbfb07071, 0x3e3ae57b, 0xbe92dc93, 0xbf382274}},
+    {"q6_K", 768, {0xbee7ca61, 0x3e940532, 0x3e47a2e2, 0xbf1ee8e0, 0x3f1b7da9, 0x3e8a37b8, 0xbfabf128, 0x3e328aa6, 0xbe94d550, 0xbf3dde1a}},
+    {"iq4_xs", 768, {0xbec7b90f, 0x3e911624, 0x3e8b2cb2, 0xbf2145ca, 0x3f08e93f, 0x3e81fb10, 0xbfa9e206, 0x3e20a927, 0xbeb07bde, 0xbf47cbf2}},
+};
+// clang-format on
+
+// The x86 targets follow ggml's AVX2 code operation for operation
+// (cpu/simd_kernels.cc): their dots are ggml's bit for bit, in a tile of 2
+// weight rows by 4 activation rows, by 1, and alone. Both sides quantize the
+// same floats (moegraph's quantizers are ggml's byte for byte: quant_test).
+TEST_F(SimdTargetsTest, TheX86TargetsGiveGgmlsDotsBitForBit) {
+  constexpr int kRows = 2, kAct = 5;
+  const std::vector<int64_t> targets = SimdTargets();  // before any is forced
+  bool saw_x86 = false;
+  for (const GgmlDots& g : kGgmlDots) {
+    GgmlType type;
+    ASSERT_TRUE(ggml_type_from_name(g.type, &type)) << g.type;
+    const size_t w_bytes = ggml_row_size(type, g.cols);
+    const ActType at = act_type_for(type);
+    const size_t arb = act_row_bytes(at, g.cols);
+    std::vector<uint8_t> w(kRows * w_bytes), act(kAct * arb);
+    std::vector<float> x(g.cols);
+    for (int r = 0; r < kRows; ++r) {
+      for (int64_t i = 0; i < g.cols; ++i) x[i] = GoldenInput(1, r, i, 0.125f);
+      quantize_row(type, x.data(), w.data() + r * w_bytes, g.cols);
+    }
+    for (int t = 0; t < kAct; ++t) {
+      for (int64_t i = 0; i < g.cols; ++i) x[i] = GoldenInput(2, t, i, 2.0f);
+      quantize_act_row(at, x.data(), g.cols, act.data() + t * arb);
+    }
+    for (const int64_t target : targets) {
+      if (SimdTargetName(target) != "AVX2" && SimdTargetName(target) != "AVX3") continue;
+      saw_x86 = true;
+      SimdForceTarget(target);
+      MatMulArgs a;
+      a.type = type;
+      a.w = w.data();
+      a.w_row_bytes = w_bytes;
+      a.cols = g.cols;
+      a.row_end = kRows;
+      a.act = act.data();
+      a.act_row_bytes = arb;
+      a.out_stride = kRows;
+      std::vector<float> out(kAct * kRows, NAN), alone(kAct * kRows, NAN);
+      a.n_act = kAct;
+      a.out = out.data();
+      SimdMatMulRows(a);
+      for (int t = 0; t < kAct; ++t) {
+        MatMulArgs one = a;
+        one.act = act.data() + t * arb;
+        one.n_act = 1;
+        one.out = alone.data() + t * kRows;
+        SimdMatMulRows(one);
+      }
+      for (int r = 0; r < kRows; ++r) {
+        for (int t = 0; t < kAct; ++t) {
+          const uint32_t want = g.bits[r * kAct + t];
+          const std::string where = SimdTargetName(target) + " " + g.type + " row " +
+                                    std::to_string(r) + " act " + std::to_string(t);
+          EXPECT_EQ(Bits(out[t * kRows + r]), want) << where << " in a batch";
+          EXPECT_EQ(Bits(alone[t * kRows + r]), want) << where << " alone";
+        }
+      }
+    }
+  }
+  if (!saw_x86) GTEST_SKIP() << "no x86 SIMD target on this CPU";
 }
 
 TEST_F(SimdTargetsTest, AttentionHelpersOnEveryTarget) {

@@ -96,9 +96,10 @@ void BM_DotSimd(benchmark::State& state, GgmlType type, int64_t target, int64_t 
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
-const GgmlType kTypes[] = {GgmlType::kQ8_0,  GgmlType::kQ4_0,  GgmlType::kQ4_K, GgmlType::kQ5_K,
-                           GgmlType::kQ6_K,  GgmlType::kF16,   GgmlType::kBF16, GgmlType::kF32,
-                           GgmlType::kMXFP4, GgmlType::kIQ4_NL};
+const GgmlType kTypes[] = {GgmlType::kQ8_0,  GgmlType::kQ4_0,   GgmlType::kQ4_K, GgmlType::kQ5_K,
+                           GgmlType::kQ6_K,  GgmlType::kF16,    GgmlType::kBF16, GgmlType::kF32,
+                           GgmlType::kMXFP4, GgmlType::kIQ4_NL, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                           GgmlType::kQ5_1,  GgmlType::kQ2_K,   GgmlType::kQ3_K, GgmlType::kIQ4_XS};
 
 // Rows per type: ref, then each target with 1 and 16 activation rows.
 const bool kRegistered = [] {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU speed, moegraph's CPU backend beside llama.cpp's CPU build (node-llama-cpp's
-# prebuilt one) on the same synthetic Qwen3-MoE fixtures (q8_0 dense, q4_K
-# experts, 32000-token vocabulary), at 1 and 2 threads, llama-bench's tests:
+# prebuilt one) on the same synthetic fixtures, at 1 and 2 threads, llama-bench's
+# tests:
 #   pp512: a 512-token prompt, one batch on both (moegraph's resident arm
 #          batches the prompt; llama.cpp evaluates one 512-token batch).
 #   tg64:  64 greedy tokens after a 1-token prompt: 64 one-token steps, timed.
@@ -11,23 +11,37 @@
 # llama.cpp, ...; REPS of each, default 2) and the table gives their means.
 # "tokens equal" compares `moegraph run --tokens 10 -n 64` with llama.cpp's 64
 # greedy tokens after the same prompt. Both run at -t 1 and -t 2.
-# Fixtures: small (8 layers, 32 experts top-4, embd 1024, ff 512: 305 MiB) and
-# large (12 layers, 48 experts top-8, embd 2048, ff 768: about 1.7 GiB; its
+# Fixtures: by default Qwen3-MoE ones (q8_0 dense, q4_K experts, 32000-token
+# vocabulary): small (8 layers, 32 experts top-4, embd 1024, ff 512: 305 MiB)
+# and large (12 layers, 48 experts top-8, embd 2048, ff 768: about 1.7 GiB; its
 # experts are byte copies of 8 per layer, so writing it quantizes 8, not 48,
 # while both engines still read 48 experts' bytes at their own addresses);
 # --quick runs only the small one. (--ff must be a multiple of 256, q4_K's block.)
+# --gpt-oss[=LAYERS] runs one gpt-oss fixture instead: gpt-oss-20b's geometry
+# (embd 2880, 32 experts top-4 of ff 2880, 64 query heads and 8 key/value heads
+# of 64, a 128-position window on the even layers, the 201088-token vocabulary,
+# q8_0 dense and mxfp4 experts, 8 expert variants as above) with LAYERS layers
+# (default 24, gpt-oss-20b's: about 12 GiB; fewer for a small machine).
 # Slow: writing the fixtures takes minutes, and every test runs once untimed
 # first. Needs node and npm; not part of `make test`.
-# Usage: [REPS=N] tools/llama-crosscheck/cpu-speed.sh BUILD_DIR [--quick]
+# Usage: [REPS=N] tools/llama-crosscheck/cpu-speed.sh BUILD_DIR [--quick | --gpt-oss[=LAYERS]]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-if [[ $# -lt 1 || $# -gt 2 || ( $# -eq 2 && "$2" != "--quick" ) ]]; then
-  echo "usage: [REPS=N] $0 BUILD_DIR [--quick]" >&2
+usage="usage: [REPS=N] $0 BUILD_DIR [--quick | --gpt-oss[=LAYERS]]"
+[[ $# -ge 1 && $# -le 2 ]] || { echo "$usage" >&2; exit 2; }
+moegraph="$1/tools/moegraph"
+set_name=qwen3moe
+case ${2:-} in
+  "") ;;
+  --quick) set_name=quick ;;
+  --gpt-oss) set_name=gpt-oss; gpt_oss_layers=24 ;;
+  --gpt-oss=*) set_name=gpt-oss; gpt_oss_layers=${2#--gpt-oss=} ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
+if [[ $set_name == gpt-oss && ! $gpt_oss_layers =~ ^[1-9][0-9]*$ ]]; then
+  echo "--gpt-oss=$gpt_oss_layers: a positive layer count" >&2
   exit 2
 fi
-moegraph="$1/tools/moegraph"
-quick=0
-[[ $# -eq 2 ]] && quick=1
 reps=${REPS:-2}
 [[ $reps =~ ^[1-9][0-9]*$ ]] || { echo "REPS=$reps: a positive count" >&2; exit 2; }
 work=$(mktemp -d)
@@ -37,11 +51,17 @@ if [[ ! -d "$here/node_modules/node-llama-cpp" ]]; then
   (cd "$here" && npm install --omit=optional --no-audit --no-fund --silent)
 fi
 
-common="--arch qwen3moe --heads 16 --kv-heads 4 --vocab 32000 --quant q8_0,expert=q4_K --seed 1"
-fixtures=("small:--layers 8 --experts 32 --top-k 4 --embd 1024 --ff 512")
-if [[ $quick -eq 0 ]]; then
-  fixtures+=("large:--layers 12 --experts 48 --top-k 8 --embd 2048 --ff 768 --expert-variants 8")
-fi
+# Each fixture: NAME:make-fixture flags.
+qwen3moe="--arch qwen3moe --heads 16 --kv-heads 4 --vocab 32000 --quant q8_0,expert=q4_K --seed 1"
+gpt_oss="--arch gpt-oss --experts 32 --top-k 4 --embd 2880 --ff 2880 --heads 64 --kv-heads 8"
+gpt_oss+=" --head-dim 64 --swa 128 --vocab 201088 --quant q8_0,expert=mxfp4 --expert-variants 8"
+small="small:$qwen3moe --layers 8 --experts 32 --top-k 4 --embd 1024 --ff 512"
+large="large:$qwen3moe --layers 12 --experts 48 --top-k 8 --embd 2048 --ff 768 --expert-variants 8"
+case $set_name in
+  quick) fixtures=("$small") ;;
+  qwen3moe) fixtures=("$small" "$large") ;;
+  gpt-oss) fixtures=("gpt-oss-${gpt_oss_layers}L:$gpt_oss --layers $gpt_oss_layers --seed 1") ;;
+esac
 threads_list=(1 2)
 load=$(cut -d' ' -f1 /proc/loadavg)
 
@@ -50,7 +70,7 @@ for fixture in "${fixtures[@]}"; do
   name=${fixture%%:*}
   echo "cpu-speed: writing the $name fixture" >&2
   # shellcheck disable=SC2086
-  "$moegraph" make-fixture $common ${fixture#*:} -o "$work/$name.gguf" >&2
+  "$moegraph" make-fixture ${fixture#*:} -o "$work/$name.gguf" >&2
   echo "$name $(stat -c %s "$work/$name.gguf")" >> "$work/fixtures.txt"
 done
 
