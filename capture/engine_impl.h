@@ -247,6 +247,9 @@ struct CudaEngine::Impl {
   // Layer's QK-norm, RoPE at *pos and KV append, q into q_out: the decode
   // step's qkv epilogue and the prefill's rows.
   QkvRope Rope(int layer, const int32_t* pos, float* q_out) const;
+  // Layer's top-k into experts and weights: the decode router's epilogue and
+  // the prefill's rows.
+  RouterEpilogue Router(int layer, int32_t* experts, float* weights) const;
   cudaError_t HostPolicyStep(int layer);
   cudaError_t HostStageCopy(int layer);
   // Runs count steps in launches of at most S; after each launch (and its sync),

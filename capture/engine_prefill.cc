@@ -252,17 +252,9 @@ absl::Status CudaEngine::Impl::PrefillExperts(int layer, int rows) {
 
   MG_RETURN_IF_ERROR(
       Project(w.router, p.h, p.h16, rows, p.router_logits, false, absl::StrCat(name, " router")));
-  RouterEpilogue router;
-  router.k = top_k;
-  router.norm_topk = cfg.norm_topk_prob;
-  router.gating =
-      cfg.gating == ExpertGating::kSigmoid ? RouterGating::kSigmoid : RouterGating::kSoftmax;
-  router.score_bias = w.score_b;
-  router.scale = cfg.expert_weights_scale;
-  router.experts = p.selection;
-  router.weights = p.weights;
   MG_RETURN_IF_ERROR(
-      CudaStatus(launch_router_topk_rows(p.router_logits, cfg.n_expert, rows, router, main),
+      CudaStatus(launch_router_topk_rows(p.router_logits, cfg.n_expert, rows,
+                                         Router(layer, p.selection, p.weights), main),
                  absl::StrCat(name, " top-k")));
   const size_t n_sel = static_cast<size_t>(rows) * top_k;
   MG_RETURN_IF_ERROR(CudaStatus(

@@ -100,6 +100,19 @@ QkvRope CudaEngine::Impl::Rope(int layer, const int32_t* pos, float* q_out) cons
   return rope;
 }
 
+RouterEpilogue CudaEngine::Impl::Router(int layer, int32_t* experts, float* weights) const {
+  RouterEpilogue router;
+  router.k = cfg.n_expert_used;
+  router.norm_topk = cfg.norm_topk_prob;
+  router.gating =
+      cfg.gating == ExpertGating::kSigmoid ? RouterGating::kSigmoid : RouterGating::kSoftmax;
+  router.score_bias = layers[static_cast<size_t>(layer)].score_b;
+  router.scale = cfg.expert_weights_scale;
+  router.experts = experts;
+  router.weights = weights;
+  return router;
+}
+
 std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
   const int l = entry.layer;
   const int top_k = cfg.n_expert_used;
@@ -171,15 +184,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
         return launch_matvec_residual(w->wo, attn, attn_q, x, Norm(w->ffn_norm), tickets, ms);
       };
     case StepOp::kRouter: {
-      RouterEpilogue router;
-      router.k = top_k;
-      router.norm_topk = cfg.norm_topk_prob;
-      router.gating =
-          cfg.gating == ExpertGating::kSigmoid ? RouterGating::kSigmoid : RouterGating::kSoftmax;
-      router.score_bias = w->score_b;
-      router.scale = cfg.expert_weights_scale;
-      router.experts = e->selection;
-      router.weights = e->weights;
+      const RouterEpilogue router = Router(l, e->selection, e->weights);
       return [=, this] {
         return launch_router(w->router, h, h_q, router_logits, router, tickets, ms);
       };
