@@ -123,7 +123,6 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   model = &m;
   cfg = m.config;
   options = opts;
-  MG_RETURN_IF_ERROR(RequireCudaForward(m));
   if (options.max_ctx < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--ctx %d: the context must hold at least one token", options.max_ctx));

@@ -120,6 +120,15 @@ struct LayerWeights {
   const float* bq = nullptr;
   const float* bk = nullptr;
   const float* bv = nullptr;
+  // gpt-oss: the output bias, the sinks, the router's bias and the experts'
+  // biases ([n_expert][n_ff], down [n_expert][n_embd]; all of them on the
+  // device, as the dense tensors are).
+  const float* bo = nullptr;
+  const float* sinks = nullptr;
+  const float* router_b = nullptr;
+  const float* gate_exps_b = nullptr;
+  const float* up_exps_b = nullptr;
+  const float* down_exps_b = nullptr;
 };
 
 // Per-layer device pointers of one step's expert path (a dense layer has its
@@ -250,6 +259,14 @@ struct CudaEngine::Impl {
   // Layer's top-k into experts and weights: the decode router's epilogue and
   // the prefill's rows.
   RouterEpilogue Router(int layer, int32_t* experts, float* weights) const;
+  // Layer's window and sinks, for the decode step's attention and the prefill's.
+  AttentionMask Mask(int layer) const;
+  // Layer's expert biases for the ranks' experts (none where the file has none).
+  ExpertBiases Biases(int layer, const int32_t* experts) const;
+  // The routed experts' activation.
+  GluAct ExpertGlu() const {
+    return cfg.expert_act == ExpertAct::kSwigluOai ? GluAct::kSwigluOai : GluAct::kSilu;
+  }
   cudaError_t HostPolicyStep(int layer);
   cudaError_t HostStageCopy(int layer);
   // Runs count steps in launches of at most S; after each launch (and its sync),

@@ -139,6 +139,12 @@ absl::Status CudaEngine::Impl::UploadDense() {
     MG_ASSIGN_OR_RETURN(w.bq, UploadVector(lt.bq));
     MG_ASSIGN_OR_RETURN(w.bk, UploadVector(lt.bk));
     MG_ASSIGN_OR_RETURN(w.bv, UploadVector(lt.bv));
+    MG_ASSIGN_OR_RETURN(w.bo, UploadVector(lt.bo));
+    MG_ASSIGN_OR_RETURN(w.sinks, UploadVector(lt.sinks));
+    MG_ASSIGN_OR_RETURN(w.router_b, UploadVector(lt.router_b));
+    MG_ASSIGN_OR_RETURN(w.gate_exps_b, UploadVector(lt.gate_exps_b));
+    MG_ASSIGN_OR_RETURN(w.up_exps_b, UploadVector(lt.up_exps_b));
+    MG_ASSIGN_OR_RETURN(w.down_exps_b, UploadVector(lt.down_exps_b));
     layers.push_back(w);
   }
   return absl::OkStatus();
@@ -164,7 +170,8 @@ uint64_t DenseBytes(const Model& m) {
       matrix(t);
     }
     for (const GgufTensor* t :
-         {lt.attn_norm, lt.ffn_norm, lt.q_norm, lt.k_norm, lt.bq, lt.bk, lt.bv, lt.score_b}) {
+         {lt.attn_norm, lt.ffn_norm, lt.q_norm, lt.k_norm, lt.bq, lt.bk, lt.bv, lt.score_b, lt.bo,
+          lt.sinks, lt.router_b, lt.gate_exps_b, lt.up_exps_b, lt.down_exps_b}) {
       vector(t);
     }
   }

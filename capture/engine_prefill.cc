@@ -269,8 +269,9 @@ absl::Status CudaEngine::Impl::PrefillExperts(int layer, int rows) {
                                absl::StrCat(name, " shared expert gate")));
     MG_RETURN_IF_ERROR(Project(w.shexp_up, p.h, p.h16, rows, p.up, false,
                                absl::StrCat(name, " shared expert up")));
-    MG_RETURN_IF_ERROR(CudaStatus(launch_swiglu_rows(p.gate, p.up, n_act, p.act, p.act16, main),
-                                  absl::StrCat(name, " shared expert swiglu")));
+    MG_RETURN_IF_ERROR(
+        CudaStatus(launch_swiglu_rows(p.gate, p.up, n_act, GluAct::kSilu, p.act, p.act16, main),
+                   absl::StrCat(name, " shared expert swiglu")));
     MG_RETURN_IF_ERROR(Project(w.shexp_down, p.act, p.act16, rows, p.shexp_out, false,
                                absl::StrCat(name, " shared expert down")));
     if (cfg.shexp_gated) {
@@ -291,6 +292,7 @@ absl::Status CudaEngine::Impl::PrefillExperts(int layer, int rows) {
       cudaMemcpyAsync(p.entries, p.entries_host, n_sel * 4, cudaMemcpyHostToDevice, main),
       "upload of the prefill's plan"));
   const DeviceBlockLayout& layout = pool.layout;
+  const GluAct glu_act = ExpertGlu();
   for (const PrefillGroup& g : plan.groups) {
     const uint8_t* block = nullptr;
     const bool streamed = g.slot == kNoSlot;
@@ -316,16 +318,25 @@ absl::Status CudaEngine::Impl::PrefillExperts(int layer, int rows) {
     MG_RETURN_IF_ERROR(CudaStatus(
         launch_gather_rows(p.h, p.h16, embd, entries, g.count, top_k, p.xg, p.xg16, main),
         absl::StrCat(expert, " gather")));
-    MG_RETURN_IF_ERROR(Project(ProjectionOf(layout, block, 0), p.xg, p.xg16, g.count, p.gate, false,
-                               absl::StrCat(expert, " gate")));
-    MG_RETURN_IF_ERROR(Project(ProjectionOf(layout, block, 1), p.xg, p.xg16, g.count, p.up, false,
-                               absl::StrCat(expert, " up")));
+    // Projection proj of the expert into out, over its bias's rows where it has one.
+    auto project = [&](int proj, const float* bias, const float* x, const uint16_t* x16, float* out,
+                       const char* what) -> absl::Status {
+      const DeviceMatrix m = ProjectionOf(layout, block, proj);
+      if (bias != nullptr) {
+        MG_RETURN_IF_ERROR(
+            CudaStatus(launch_fill_rows(bias + static_cast<int64_t>(g.expert) * m.rows, m.rows,
+                                        g.count, out, main),
+                       absl::StrCat(expert, " ", what, " bias")));
+      }
+      return Project(m, x, x16, g.count, out, bias != nullptr, absl::StrCat(expert, " ", what));
+    };
+    MG_RETURN_IF_ERROR(project(0, w.gate_exps_b, p.xg, p.xg16, p.gate, "gate"));
+    MG_RETURN_IF_ERROR(project(1, w.up_exps_b, p.xg, p.xg16, p.up, "up"));
     MG_RETURN_IF_ERROR(
         CudaStatus(launch_swiglu_rows(p.gate, p.up, static_cast<int64_t>(g.count) * layout.n_ff,
-                                      p.act, p.act16, main),
+                                      glu_act, p.act, p.act16, main),
                    absl::StrCat(expert, " swiglu")));
-    MG_RETURN_IF_ERROR(Project(ProjectionOf(layout, block, 2), p.act, p.act16, g.count, p.yg, false,
-                               absl::StrCat(expert, " down")));
+    MG_RETURN_IF_ERROR(project(2, w.down_exps_b, p.act, p.act16, p.yg, "down"));
     if (streamed) {
       MG_RETURN_IF_ERROR(
           CudaStatus(cudaEventRecord(p.ring_free[g.ring_buffer], main), "ring record"));
@@ -349,7 +360,7 @@ absl::Status CudaEngine::Impl::PrefillDenseFfn(int layer, int rows) {
   MG_RETURN_IF_ERROR(Project(w.ffn_up, p.h, p.h16, rows, p.up, false, absl::StrCat(name, " up")));
   MG_RETURN_IF_ERROR(
       CudaStatus(launch_swiglu_rows(p.gate, p.up, static_cast<int64_t>(rows) * cfg.n_ff_dense,
-                                    p.act, p.act16, main),
+                                    GluAct::kSilu, p.act, p.act16, main),
                  absl::StrCat(name, " swiglu")));
   return Project(w.ffn_down, p.act, p.act16, rows, p.x, true, absl::StrCat(name, " down"));
 }
@@ -393,12 +404,16 @@ absl::Status CudaEngine::Impl::PrefillUbatch(int p0, int rows) {
                                   absl::StrCat(name, " rope and KV append")));
     MG_RETURN_IF_ERROR(CudaStatus(
         launch_attention_prefill(p.q_rope, e.k_cache, e.v_cache, kv_f16, pos0, rows, cfg.n_head,
-                                 cfg.n_head_kv, cfg.head_dim, scale, p.attn, main),
+                                 cfg.n_head_kv, cfg.head_dim, scale, Mask(l), p.attn, main),
         absl::StrCat(name, " attention")));
     MG_RETURN_IF_ERROR(CudaStatus(launch_to_f16(p.attn, rows * q_len, p.attn16, main),
                                   absl::StrCat(name, " attention to f16")));
     MG_RETURN_IF_ERROR(
         Project(w.wo, p.attn, p.attn16, rows, p.x, true, absl::StrCat(name, " attn_output")));
+    if (w.bo != nullptr) {
+      MG_RETURN_IF_ERROR(CudaStatus(launch_add_rows(w.bo, embd, rows, p.x, main),
+                                    absl::StrCat(name, " attn_output bias")));
+    }
     MG_RETURN_IF_ERROR(
         CudaStatus(launch_rmsnorm_rows(p.x, w.ffn_norm, embd, rows, cfg.rms_eps, p.h, p.h16, main),
                    absl::StrCat(name, " ffn_norm")));

@@ -14,6 +14,7 @@
 #include "kernels/nn_math.h"
 #include "loader/check.h"
 #include "loader/status_util.h"
+#include "reference/ops.h"
 
 namespace moegraph {
 
@@ -87,6 +88,7 @@ QkvRope CudaEngine::Impl::Rope(int layer, const int32_t* pos, float* q_out) cons
   rope.head_dim = cfg.head_dim;
   rope.n_rot = cfg.n_rot;
   rope.freq_base = cfg.rope_freq_base;
+  rope.yarn = YarnOf(cfg.rope_scaling, cfg.n_rot, cfg.rope_freq_base);
   rope.rope_type = cfg.rope_type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
   rope.use_norm = cfg.qk_norm || cfg.qk_norm_full;
   rope.norm.q_weight = w.q_norm;
@@ -100,12 +102,39 @@ QkvRope CudaEngine::Impl::Rope(int layer, const int32_t* pos, float* q_out) cons
   return rope;
 }
 
+AttentionMask CudaEngine::Impl::Mask(int layer) const {
+  AttentionMask mask;
+  mask.window = cfg.swa_layer(layer) ? cfg.n_swa : 0;
+  mask.sinks = layers[static_cast<size_t>(layer)].sinks;
+  return mask;
+}
+
+ExpertBiases CudaEngine::Impl::Biases(int layer, const int32_t* experts) const {
+  const LayerWeights& w = layers[static_cast<size_t>(layer)];
+  ExpertBiases b;
+  b.gate = w.gate_exps_b;
+  b.up = w.up_exps_b;
+  b.down = w.down_exps_b;
+  if (b.gate != nullptr || b.up != nullptr || b.down != nullptr) b.experts = experts;
+  return b;
+}
+
 RouterEpilogue CudaEngine::Impl::Router(int layer, int32_t* experts, float* weights) const {
   RouterEpilogue router;
   router.k = cfg.n_expert_used;
   router.norm_topk = cfg.norm_topk_prob;
-  router.gating =
-      cfg.gating == ExpertGating::kSigmoid ? RouterGating::kSigmoid : RouterGating::kSoftmax;
+  switch (cfg.gating) {
+    case ExpertGating::kSoftmax:
+      router.gating = RouterGating::kSoftmax;
+      break;
+    case ExpertGating::kSoftmaxWeight:
+      router.gating = RouterGating::kSoftmaxWeight;
+      break;
+    case ExpertGating::kSigmoid:
+      router.gating = RouterGating::kSigmoid;
+      break;
+  }
+  router.logit_bias = layers[static_cast<size_t>(layer)].router_b;
   router.score_bias = layers[static_cast<size_t>(layer)].score_b;
   router.scale = cfg.expert_weights_scale;
   router.experts = experts;
@@ -127,16 +156,19 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
   const float* next_norm =
       l + 1 < cfg.n_layer ? layers[static_cast<size_t>(l) + 1].attn_norm : output_norm;
 
+  const ExpertBiases biases = l >= 0 && cfg.moe_layer(l) ? Biases(l, e->selection) : ExpertBiases{};
+  const GluAct glu_act = ExpertGlu();
   auto gate_up = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
     return [=, this] {
       return launch_expert_gate_up(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank,
-                                   e->missed, top_k, pass, h, h_q, act, act_q, counters, ms);
+                                   e->missed, top_k, pass, biases, glu_act, h, h_q, act, act_q,
+                                   counters, ms);
     };
   };
   auto down = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
     return [=, this] {
       return launch_expert_down(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank, e->missed,
-                                top_k, pass, act, act_q, expert_out, ms);
+                                top_k, pass, biases, act, act_q, expert_out, ms);
     };
   };
   // The last down pass ends the layer: the combine into x, then the next
@@ -150,8 +182,8 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     combine.norm = Norm(next_norm);
     return [=, this] {
       return launch_expert_down_combine(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank,
-                                        e->missed, top_k, pass, act, act_q, expert_out, combine,
-                                        tickets, ms);
+                                        e->missed, top_k, pass, biases, act, act_q, expert_out,
+                                        combine, tickets, ms);
     };
   };
 
@@ -172,16 +204,18 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     }
     case StepOp::kAttention: {
       const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+      const AttentionMask mask = Mask(l);
       return [=, this] {
         return launch_attention_decode(q_rope, e->k_cache, e->v_cache,
                                        options.kv_type == KvCacheType::kF16, pos, cfg.n_head,
-                                       cfg.n_head_kv, cfg.head_dim, options.max_ctx, scale, partial,
-                                       tickets, attn, attn_q, ms);
+                                       cfg.n_head_kv, cfg.head_dim, options.max_ctx, scale, mask,
+                                       partial, tickets, attn, attn_q, ms);
       };
     }
     case StepOp::kAttnOut:
       return [=, this] {
-        return launch_matvec_residual(w->wo, attn, attn_q, x, Norm(w->ffn_norm), tickets, ms);
+        return launch_matvec_residual(w->wo, attn, attn_q, w->bo, x, Norm(w->ffn_norm), tickets,
+                                      ms);
       };
     case StepOp::kRouter: {
       const RouterEpilogue router = Router(l, e->selection, e->weights);
@@ -286,8 +320,8 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       };
     case StepOp::kDenseDown:
       return [=, this] {
-        return launch_matvec_residual(w->ffn_down, dense_act, dense_act_q, x, Norm(next_norm),
-                                      tickets, ms);
+        return launch_matvec_residual(w->ffn_down, dense_act, dense_act_q, nullptr, x,
+                                      Norm(next_norm), tickets, ms);
       };
     case StepOp::kLmHead:
       return [=, this] { return launch_matvec(output, h, h_q, nullptr, logits, ms); };

@@ -31,6 +31,25 @@ int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1)
 
 int32_t attention_splits(int32_t max_ctx) { return ceil_div(max_ctx, kAttnSplit); }
 
+// The keys a query at position length - 1 sees, [first, length), in splits
+// first / kAttnSplit .. (length - 1) / kAttnSplit; split s covers [begin, begin
+// + count). Decode and prefill both cut them so.
+struct LiveKeys {
+  int32_t first, length;
+  __device__ LiveKeys(int32_t len, int32_t window)
+      : first(window > 0 ? max(0, len - window) : 0), length(len) {}
+  __device__ int32_t first_split() const { return first / kAttnSplit; }
+  __device__ int32_t end_split() const { return (length + kAttnSplit - 1) / kAttnSplit; }
+  __device__ int32_t begin(int32_t s) const { return max(s * kAttnSplit, first); }
+  __device__ int32_t count(int32_t s) const { return min((s + 1) * kAttnSplit, length) - begin(s); }
+};
+
+// The merge's starting state: the sink's logit, exp(0) = 1 of denominator and
+// no value, or nothing.
+__device__ inline SoftmaxPartial initial_softmax(const float* sinks, int32_t head) {
+  return sinks != nullptr ? SoftmaxPartial{sinks[head], 1.0f} : empty_softmax();
+}
+
 // Bytes of a row of cols elements of type (cols a multiple of its block size).
 size_t packed_row_bytes(GgmlType type, int64_t cols) {
   return static_cast<size_t>(cols / quant_block_elems(type) * quant_block_bytes(type));
@@ -197,7 +216,7 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
                                        const T* __restrict__ v_cache,
                                        const int32_t* __restrict__ pos, int32_t n_head,
                                        int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
-                                       float scale, float* __restrict__ partial,
+                                       float scale, AttentionMask mask, float* __restrict__ partial,
                                        unsigned int* __restrict__ tickets,
                                        float* __restrict__ merged_out,
                                        block_q8_1* __restrict__ out_q) {
@@ -207,10 +226,11 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
   const int32_t head = blockIdx.x;
   const int32_t split = blockIdx.y;
   float* out = partial + (static_cast<int64_t>(head) * gridDim.y + split) * (head_dim + 2);
-  const int32_t length = min(*pos + 1, max_ctx);
-  const int32_t begin = split * kAttnSplit;
-  if (begin >= length) return;  // the merge reads only the splits that ran
-  const int32_t count = min(kAttnSplit, length - begin);
+  const LiveKeys keys(min(*pos + 1, max_ctx), mask.window);
+  // The merge reads only the splits that ran.
+  if (split < keys.first_split() || split >= keys.end_split()) return;
+  const int32_t begin = keys.begin(split);
+  const int32_t count = keys.count(split);
   const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
   const int64_t kv_offset = static_cast<int64_t>(head / (n_head / n_head_kv)) * head_dim;
   load_q_head(q + static_cast<int64_t>(head) * head_dim, head_dim, &sh);
@@ -225,15 +245,15 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
   // The head's last split merges the splits that ran, in order: a lane per
   // dimension, so when head_dim is a multiple of 32 a warp's lanes hold one
   // q8_1 block.
-  const int32_t live = (length + kAttnSplit - 1) / kAttnSplit;
+  const int32_t live = keys.end_split() - keys.first_split();
   if (!last_block_done(tickets + head, live, &shared)) return;
   const float* head_partial = partial + static_cast<int64_t>(head) * gridDim.y * (head_dim + 2);
   for (int32_t base = threadIdx.x / 32 * 32; base < head_dim; base += blockDim.x) {
     const int32_t d = base + lane;
     if (d < head_dim) {
-      SoftmaxPartial state = empty_softmax();
+      SoftmaxPartial state = initial_softmax(mask.sinks, head);
       float acc = 0.0f;
-      for (int32_t s = 0; s < live; ++s) {
+      for (int32_t s = keys.first_split(); s < keys.end_split(); ++s) {
         const float* p = head_partial + static_cast<int64_t>(s) * (head_dim + 2);
         float scale_state, scale_split;
         state = softmax_merge(state, {__ldcg(p + head_dim), __ldcg(p + head_dim + 1)},
@@ -267,24 +287,23 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_prefill_kernel(const float* __restrict__ q, const T* __restrict__ k_cache,
                              const T* __restrict__ v_cache, const int32_t* __restrict__ pos0,
                              int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale,
-                             float* __restrict__ out) {
+                             AttentionMask mask, float* __restrict__ out) {
   wait_for_prior_grids();
   __shared__ SplitShared<T> sh;
   __shared__ float split_acc[kMaxHeadDim];
   const int32_t head = blockIdx.x;
   const int64_t row = blockIdx.y;
-  const int32_t length = *pos0 + static_cast<int32_t>(row) + 1;
+  const LiveKeys keys(*pos0 + static_cast<int32_t>(row) + 1, mask.window);
   const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
   const int64_t kv_offset = static_cast<int64_t>(head / (n_head / n_head_kv)) * head_dim;
   const int64_t at = (row * n_head + head) * head_dim;
   load_q_head(q + at, head_dim, &sh);
   constexpr int kDimsPerThread = kMaxHeadDim / kAttnThreads;
   float acc[kDimsPerThread] = {};
-  SoftmaxPartial state = empty_softmax();
-  for (int32_t begin = 0; begin < length; begin += kAttnSplit) {
-    const int32_t count = min(kAttnSplit, length - begin);
-    const SoftmaxPartial p = attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim, begin,
-                                          count, scale, &sh, split_acc);
+  SoftmaxPartial state = initial_softmax(mask.sinks, head);
+  for (int32_t s = keys.first_split(); s < keys.end_split(); ++s) {
+    const SoftmaxPartial p = attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim,
+                                          keys.begin(s), keys.count(s), scale, &sh, split_acc);
     float scale_state, scale_split;
     state = softmax_merge(state, p, &scale_state, &scale_split);
     for (int i = 0; i < kDimsPerThread; ++i) {
@@ -330,10 +349,11 @@ size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ct
 cudaError_t launch_attention_decode(const float* q, const void* k_cache, const void* v_cache,
                                     bool kv_f16, const int32_t* pos, int32_t n_head,
                                     int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
-                                    float scale, float* partial, unsigned int* tickets, float* out,
-                                    block_q8_1* out_q, cudaStream_t stream) {
-  if (q == nullptr || k_cache == nullptr || v_cache == nullptr || pos == nullptr ||
-      partial == nullptr || tickets == nullptr || out == nullptr || n_head <= 0 ||
+                                    float scale, const AttentionMask& mask, float* partial,
+                                    unsigned int* tickets, float* out, block_q8_1* out_q,
+                                    cudaStream_t stream) {
+  if (q == nullptr || mask.window < 0 || k_cache == nullptr || v_cache == nullptr ||
+      pos == nullptr || partial == nullptr || tickets == nullptr || out == nullptr || n_head <= 0 ||
       n_head_kv <= 0 || n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim ||
       max_ctx <= 0 || (out_q != nullptr && n_head * head_dim % QK8_1 != 0) ||
       (kv_f16 && (head_dim % 8 != 0 || reinterpret_cast<uintptr_t>(k_cache) % 16 != 0 ||
@@ -347,21 +367,22 @@ cudaError_t launch_attention_decode(const float* q, const void* k_cache, const v
     return launch_kernel<attention_split_kernel<uint16_t>>(
         grid, kAttnThreads, stream, q, static_cast<const uint16_t*>(k_cache),
         static_cast<const uint16_t*>(v_cache), pos, n_head, n_head_kv, head_dim, max_ctx, scale,
-        partial, tickets, out, out_q);
+        mask, partial, tickets, out, out_q);
   }
   return launch_kernel<attention_split_kernel<float>>(
       grid, kAttnThreads, stream, q, static_cast<const float*>(k_cache),
-      static_cast<const float*>(v_cache), pos, n_head, n_head_kv, head_dim, max_ctx, scale,
+      static_cast<const float*>(v_cache), pos, n_head, n_head_kv, head_dim, max_ctx, scale, mask,
       partial, tickets, out, out_q);
 }
 
 cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const void* v_cache,
                                      bool kv_f16, const int32_t* pos0, int32_t tokens,
                                      int32_t n_head, int32_t n_head_kv, int32_t head_dim,
-                                     float scale, float* out, cudaStream_t stream) {
-  if (q == nullptr || k_cache == nullptr || v_cache == nullptr || pos0 == nullptr ||
-      out == nullptr || tokens <= 0 || tokens > kMaxGridY || n_head <= 0 || n_head_kv <= 0 ||
-      n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim ||
+                                     float scale, const AttentionMask& mask, float* out,
+                                     cudaStream_t stream) {
+  if (q == nullptr || mask.window < 0 || k_cache == nullptr || v_cache == nullptr ||
+      pos0 == nullptr || out == nullptr || tokens <= 0 || tokens > kMaxGridY || n_head <= 0 ||
+      n_head_kv <= 0 || n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim ||
       (kv_f16 && (head_dim % 8 != 0 || reinterpret_cast<uintptr_t>(k_cache) % 16 != 0 ||
                   reinterpret_cast<uintptr_t>(v_cache) % 16 != 0))) {
     return cudaErrorInvalidValue;
@@ -370,11 +391,11 @@ cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const 
   if (kv_f16) {
     return launch_kernel<attention_prefill_kernel<uint16_t>>(
         grid, kAttnThreads, stream, q, static_cast<const uint16_t*>(k_cache),
-        static_cast<const uint16_t*>(v_cache), pos0, n_head, n_head_kv, head_dim, scale, out);
+        static_cast<const uint16_t*>(v_cache), pos0, n_head, n_head_kv, head_dim, scale, mask, out);
   }
   return launch_kernel<attention_prefill_kernel<float>>(
       grid, kAttnThreads, stream, q, static_cast<const float*>(k_cache),
-      static_cast<const float*>(v_cache), pos0, n_head, n_head_kv, head_dim, scale, out);
+      static_cast<const float*>(v_cache), pos0, n_head, n_head_kv, head_dim, scale, mask, out);
 }
 
 }  // namespace moegraph

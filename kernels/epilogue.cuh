@@ -92,7 +92,7 @@ inline bool norm_epilogue_ok(const NormEpilogue& norm, int64_t n) {
 // n_rot); the rest are copied, as ggml's rope with n_dims < ne0.
 __device__ inline void rope_head(const float* src, float scale, const float* __restrict__ weight,
                                  int32_t head_dim, int32_t n_rot, int32_t p, float freq_base,
-                                 int32_t rope_type, float* __restrict__ dst,
+                                 const RopeYarn& yarn, int32_t rope_type, float* __restrict__ dst,
                                  uint16_t* __restrict__ dst_f16) {
   auto store = [&](int32_t d, float v) {
     if (dst_f16 != nullptr) {
@@ -109,7 +109,9 @@ __device__ inline void rope_head(const float* src, float scale, const float* __r
       x0 = x0 * scale * weight[a];
       x1 = x1 * scale * weight[b];
     }
-    rope_rotate(&x0, &x1, rope_theta(p, i, n_rot, freq_base));
+    double c, sn;
+    rope_cos_sin(p, i, n_rot, freq_base, yarn, &c, &sn);
+    rope_rotate_cs(&x0, &x1, c, sn);
     store(a, x0);
     store(b, x1);
   }
@@ -138,7 +140,8 @@ __device__ inline void rope_qk_head(const QkvRope& rope, int j, const float* src
                              : static_cast<float*>(rope.k_cache) + k_at;
   uint16_t* dst_f16 = j == 1 && rope.kv_f16 ? static_cast<uint16_t*>(rope.k_cache) + k_at : nullptr;
   const int32_t n_rot = rope.n_rot > 0 ? rope.n_rot : d;
-  rope_head(src + head, scale, weight, d, n_rot, p, rope.freq_base, rope.rope_type, dst, dst_f16);
+  rope_head(src + head, scale, weight, d, n_rot, p, rope.freq_base, rope.yarn, rope.rope_type, dst,
+            dst_f16);
 }
 
 // The router's top-k by warp 0 of the block (the other warps return): softmax

@@ -8,13 +8,14 @@
 // and loader/*.h, residency/policy.h and the kernels' *_math.h only.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
 
-#include <cuda_runtime_api.h>
-
 #include "kernels/mmvq_math.h"
 #include "kernels/moe_math.h"
+#include "kernels/nn_math.h"
 #include "kernels/sample_math.h"
 #include "loader/ggml_type.h"
 #include "residency/hazard_policy.h"
@@ -119,12 +120,13 @@ bool qkv_supports_type(GgmlType type, int32_t cols);
 cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
                           const float* bias, float* out, cudaStream_t stream);
 
-// residual[rows] += W x: the projection and its residual add in one launch, one
-// thread writing each row, so the sum's bits are those of an add after it; then
-// norm of the residual (the ffn_norm). tickets: 1.
+// residual[rows] += W x (+ bias when not null: gpt-oss's attn_output.bias): the
+// projection and its residual add in one launch, one thread writing each row,
+// so the sum's bits are those of an add after it; then norm of the residual
+// (the ffn_norm). tickets: 1.
 cudaError_t launch_matvec_residual(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
-                                   float* residual, const NormEpilogue& norm, unsigned int* tickets,
-                                   cudaStream_t stream);
+                                   const float* bias, float* residual, const NormEpilogue& norm,
+                                   unsigned int* tickets, cudaStream_t stream);
 
 // The QK-norm before RoPE: q_weight ([head_dim], or [n_head * head_dim] when
 // full) and k_weight likewise; full normalises all of q (and of k) at once, as
@@ -138,7 +140,8 @@ struct QkNorm {
 
 // What launch_qkv does per head once its rows are done: QK-norm (use_norm),
 // RoPE at position *pos on the first n_rot dimensions of each head (0: all;
-// rope_type 0 NORM, adjacent pairs; 1 NEOX, halves of n_rot; as ggml), q into
+// rope_type 0 NORM, adjacent pairs; 1 NEOX, halves of n_rot; as ggml; scaled
+// by yarn, kernels/nn_math.h, whose default scales nothing), q into
 // q_out ([n_head][head_dim]), k into row *pos of k_cache, v's rows straight
 // into row *pos of v_cache (caches [max_ctx][n_head_kv * head_dim], f16 when
 // kv_f16, else f32). head_dim and n_rot even.
@@ -147,6 +150,7 @@ struct QkvRope {
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
   int32_t n_rot = 0;
   float freq_base = 0.0f;
+  RopeYarn yarn;
   int32_t rope_type = 0;
   bool use_norm = false;
   QkNorm norm;
@@ -195,10 +199,20 @@ cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& u
                                  const block_q8_1* xq, float* out, block_q8_1* out_q,
                                  cudaStream_t stream);
 
+// What a head's softmax sees besides the causal keys: with window > 0 only the
+// keys at p0 > p - window (gpt-oss's sliding window, llama_hparams::is_masked_swa);
+// with sinks ([n_head]) one more logit per head that adds exp(sink) to the
+// denominator and nothing to the values (ggml_soft_max_ext's sinks).
+struct AttentionMask {
+  int32_t window = 0;
+  const float* sinks = nullptr;
+};
+
 // Split-K decode attention over positions 0..*pos of the caches (f16 when
-// kv_f16, else f32; launch_qkv's layout) with a grid fixed for max_ctx
-// (n_head x n_splits; splits past the live length exit early); the last split
-// of each head to finish merges the head's splits that ran. partial:
+// kv_f16, else f32; launch_qkv's layout), as mask restricts it, with a grid
+// fixed for max_ctx (n_head x n_splits; splits outside the live keys exit
+// early); the last split of each head to finish merges the head's splits that
+// ran, the sink first. partial:
 // attention_partial_floats(...) floats of scratch; tickets: n_head + 1. Head h
 // reads KV head h / (n_head / n_head_kv); head_dim <= 256. With out_q (n_head *
 // head_dim a multiple of 32), out's q8_1 blocks too: written by each head's
@@ -207,18 +221,20 @@ size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ct
 cudaError_t launch_attention_decode(const float* q, const void* k_cache, const void* v_cache,
                                     bool kv_f16, const int32_t* pos, int32_t n_head,
                                     int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
-                                    float scale, float* partial, unsigned int* tickets, float* out,
-                                    block_q8_1* out_q, cudaStream_t stream);
+                                    float scale, const AttentionMask& mask, float* partial,
+                                    unsigned int* tickets, float* out, block_q8_1* out_q,
+                                    cudaStream_t stream);
 
 // Causal attention of a prompt's ubatch (issue 20): row t of q (n_head x
-// head_dim, at position *pos0 + t) against cache rows 0..*pos0 + t, whose rows
-// of the ubatch are already written. Each row is computed split by split and
-// merged as launch_attention_decode does, so it has the decode step's bits at
-// its position. tokens <= 65535; the caches and head_dim as for decode.
+// head_dim, at position *pos0 + t) against cache rows 0..*pos0 + t (as mask
+// restricts them), whose rows of the ubatch are already written. Each row is computed split by
+// split and merged as launch_attention_decode does, so it has the decode step's bits at its
+// position. tokens <= 65535; the caches and head_dim as for decode.
 cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const void* v_cache,
                                      bool kv_f16, const int32_t* pos0, int32_t tokens,
                                      int32_t n_head, int32_t n_head_kv, int32_t head_dim,
-                                     float scale, float* out, cudaStream_t stream);
+                                     float scale, const AttentionMask& mask, float* out,
+                                     cudaStream_t stream);
 
 // ---- a prompt's ubatch (kernels/prefill.cu) ----
 
@@ -240,6 +256,11 @@ cudaError_t launch_to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t
 cudaError_t launch_fill_rows(const float* row, int32_t n, int32_t tokens, float* out,
                              cudaStream_t stream);
 
+// Row row added to each of tokens rows of out (n floats): a bias after a GEMM
+// that accumulates into the residual.
+cudaError_t launch_add_rows(const float* row, int32_t n, int32_t tokens, float* out,
+                            cudaStream_t stream);
+
 // The router's top-k (warp_router_topk) for each of tokens rows of logits
 // ([tokens][n_expert], overwritten by what the router chooses by): router's
 // experts and weights are [tokens][k], rank order.
@@ -253,10 +274,10 @@ cudaError_t launch_gather_rows(const float* x, const uint16_t* x_f16, int32_t n,
                                const int32_t* entries, int32_t count, int32_t k, float* out,
                                uint16_t* out_f16, cudaStream_t stream);
 
-// out[i] = silu(gate[i]) * up[i] for n elements, into out and out_f16 (each
+// out[i] = glu(act, gate[i], up[i]) for n elements, into out and out_f16 (each
 // where not null).
-cudaError_t launch_swiglu_rows(const float* gate, const float* up, int64_t n, float* out,
-                               uint16_t* out_f16, cudaStream_t stream);
+cudaError_t launch_swiglu_rows(const float* gate, const float* up, int64_t n, GluAct act,
+                               float* out, uint16_t* out_f16, cudaStream_t stream);
 
 // Row i of y (rows of n) to row entries[i] of out: an expert's outputs to
 // their (token, rank) rows.
@@ -338,7 +359,17 @@ cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayou
                               const uint8_t* missed, int32_t k, uint8_t* slots,
                               DeviceCounters* counters, cudaStream_t stream);
 
-// act[r][n_ff] = silu(gate_r x) * (up_r x) for each rank r of the pass, weights
+// gpt-oss's expert biases, each null or [n_expert][n_ff] (down: [n_expert][n_embd]),
+// rank r adding row experts[r] (the layer's selection): all null, or experts set.
+struct ExpertBiases {
+  const int32_t* experts = nullptr;
+  const float* gate = nullptr;
+  const float* up = nullptr;
+  const float* down = nullptr;
+};
+
+// act[r][n_ff] = glu(act, gate_r x, up_r x) (kernels/nn_math.h; biases added
+// to gate_r x and up_r x first) for each rank r of the pass, weights
 // found through slot_of_rank (gate and up of one type; x and xq as
 // launch_matvec reads them), and with act_q (n_ff a multiple of 32) act's q8_1
 // blocks, [r][n_ff / 32]. Full grid: blocks of other passes exit. Counts
@@ -346,15 +377,15 @@ cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayou
 // pass_b_experts (kMisses), once per expert computed.
 cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
                                   const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                                  ExpertPass pass, const float* x, const block_q8_1* xq,
-                                  float* act, block_q8_1* act_q, DeviceCounters* counters,
-                                  cudaStream_t stream);
-// expert_out[r][n_embd] = down_r act[r] for each rank r of the pass (act_q: its
-// q8_1 blocks, for a quantized down).
+                                  ExpertPass pass, const ExpertBiases& biases, GluAct glu_act,
+                                  const float* x, const block_q8_1* xq, float* act,
+                                  block_q8_1* act_q, DeviceCounters* counters, cudaStream_t stream);
+// expert_out[r][n_embd] = down_r act[r] (+ its bias) for each rank r of the
+// pass (act_q: its q8_1 blocks, for a quantized down).
 cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
                                const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                               ExpertPass pass, const float* act, const block_q8_1* act_q,
-                               float* expert_out, cudaStream_t stream);
+                               ExpertPass pass, const ExpertBiases& biases, const float* act,
+                               const block_q8_1* act_q, float* expert_out, cudaStream_t stream);
 
 // The end of the FFN, run by the last down pass: residual += sum over r in rank
 // order of weights[r] * expert_out[r] (+ shexp_out when not null, times
@@ -374,8 +405,8 @@ struct CombineEpilogue {
 // tickets: n_embd / 32 (rounded up) + 1.
 cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLayout& layout,
                                        const int32_t* slot_of_rank, const uint8_t* missed,
-                                       int32_t k, ExpertPass pass, const float* act,
-                                       const block_q8_1* act_q, float* expert_out,
+                                       int32_t k, ExpertPass pass, const ExpertBiases& biases,
+                                       const float* act, const block_q8_1* act_q, float* expert_out,
                                        const CombineEpilogue& combine, unsigned int* tickets,
                                        cudaStream_t stream);
 

@@ -62,8 +62,12 @@ struct MatvecArgs {
   const float* x = nullptr;
   const block_q8_1* xq = nullptr;
   int64_t x_stride = 0;
-  const float* bias = nullptr;
-  bool accumulate = false;  // out += W x (the residual add)
+  // Biases of w[0]'s and w[1]'s rows; with experts set, rank r's are rows
+  // experts[r] of [n_expert][rows] arrays (gpt-oss's expert biases).
+  const float* bias[2] = {nullptr, nullptr};
+  const int32_t* experts = nullptr;
+  GluAct act = GluAct::kSilu;  // a pair's activation
+  bool accumulate = false;     // out += W x + bias (the residual add)
   // Rank r's output: out + r * out_stride, and with out_q its q8_1 blocks;
   // with out_f16 set, rows go there as f16 instead (the v cache row).
   float* out = nullptr;
@@ -96,6 +100,9 @@ __device__ __forceinline__ void matvec_rows(const MatvecArgs& a, int32_t bx) {
   // Only the input the type reads is there; the other may be null.
   const float* x = a.x != nullptr ? a.x + r * a.x_stride : nullptr;
   const block_q8_1* xq = a.xq != nullptr ? a.xq + r * a.x_stride / QK8_1 : nullptr;
+  const int64_t bias_at = a.experts != nullptr ? static_cast<int64_t>(a.experts[r]) * a.rows : 0;
+  const float* bias0 = a.bias[0] != nullptr ? a.bias[0] + bias_at : nullptr;
+  const float* bias1 = a.bias[1] != nullptr ? a.bias[1] + bias_at : nullptr;
   const int g = a.group;
   const int t = threadIdx.x % g;
   const int n_groups = kThreads / g;
@@ -106,12 +113,12 @@ __device__ __forceinline__ void matvec_rows(const MatvecArgs& a, int32_t bx) {
     const bool live = row < a.rows;
     float v = live ? row_partial<T>(w0 + row * a.row_bytes[0], x, xq, a.cols, t, g) : 0.0f;
     v = group_sum(v, g);
+    if (bias0 != nullptr && live) v += bias0[row];
     if (a.pair) {
       float u = live ? row_partial<T>(w1 + row * a.row_bytes[1], x, xq, a.cols, t, g) : 0.0f;
       u = group_sum(u, g);
-      v = silu(v) * u;
-    } else if (a.bias != nullptr && live) {
-      v += a.bias[row];
+      if (bias1 != nullptr && live) u += bias1[row];
+      v = glu(a.act, v, u);
     }
     if (t == 0) results[i] = live ? v : 0.0f;
   }
@@ -342,8 +349,11 @@ MatvecArgs ExpertArgs(const uint8_t* slots, const DeviceBlockLayout& layout,
 // The down projection of the ranks of pass.
 MatvecArgs DownArgs(const uint8_t* slots, const DeviceBlockLayout& layout,
                     const int32_t* slot_of_rank, const uint8_t* missed, ExpertPass pass,
-                    const float* act, const block_q8_1* act_q, float* expert_out) {
+                    const ExpertBiases& biases, const float* act, const block_q8_1* act_q,
+                    float* expert_out) {
   MatvecArgs a = ExpertArgs(slots, layout, slot_of_rank, missed, pass);
+  a.bias[0] = biases.down;
+  a.experts = biases.experts;
   a.offset[0] = layout.offset[2];
   a.row_bytes[0] = layout.row_bytes[2];
   a.rows = layout.n_embd;
@@ -355,6 +365,11 @@ MatvecArgs DownArgs(const uint8_t* slots, const DeviceBlockLayout& layout,
   a.out = expert_out;
   a.out_stride = layout.n_embd;
   return a;
+}
+
+// Biases, where set, come with the ranks' expert ids.
+bool biases_ok(const ExpertBiases& b) {
+  return b.experts != nullptr || (b.gate == nullptr && b.up == nullptr && b.down == nullptr);
 }
 
 bool layout_ok(const DeviceBlockLayout& layout) {
@@ -383,19 +398,20 @@ cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const block_q8_
                           const float* bias, float* out, cudaStream_t stream) {
   if (!matrix_ok(w) || !input_ok(w.type, x, xq) || out == nullptr) return cudaErrorInvalidValue;
   MatvecArgs a = DenseArgs(w, x, xq);
-  a.bias = bias;
+  a.bias[0] = bias;
   a.out = out;
   return launch_grouped(w.type, a, 1, stream);
 }
 
 cudaError_t launch_matvec_residual(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
-                                   float* residual, const NormEpilogue& norm,
+                                   const float* bias, float* residual, const NormEpilogue& norm,
                                    unsigned int* tickets, cudaStream_t stream) {
   if (!matrix_ok(w) || !input_ok(w.type, x, xq) || residual == nullptr ||
       !norm_epilogue_ok(norm, w.rows) || (norm.weight != nullptr && tickets == nullptr)) {
     return cudaErrorInvalidValue;
   }
   MatvecArgs a = DenseArgs(w, x, xq);
+  a.bias[0] = bias;
   a.accumulate = true;
   a.out = residual;
   if (norm.weight != nullptr) {
@@ -435,7 +451,7 @@ cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const Dev
       return cudaErrorInvalidValue;
     }
     a.job[j] = DenseArgs(*w[j], x, xq);
-    a.job[j].bias = bias[j];
+    a.job[j].bias[0] = bias[j];
     a.job[j].out = out[j];
     a.type[j] = w[j]->type;
     a.first_block[j + 1] = a.first_block[j] + ceil_div(w[j]->rows, kRows);
@@ -484,12 +500,13 @@ cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& u
 
 cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
                                   const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                                  ExpertPass pass, const float* x, const block_q8_1* xq,
-                                  float* act, block_q8_1* act_q, DeviceCounters* counters,
+                                  ExpertPass pass, const ExpertBiases& biases, GluAct glu_act,
+                                  const float* x, const block_q8_1* xq, float* act,
+                                  block_q8_1* act_q, DeviceCounters* counters,
                                   cudaStream_t stream) {
-  if (slots == nullptr || !layout_ok(layout) || layout.type[0] != layout.type[1] ||
-      slot_of_rank == nullptr || missed == nullptr || k <= 0 || k > kMaxTopK ||
-      !input_ok(layout.type[0], x, xq) || act == nullptr || counters == nullptr ||
+  if (slots == nullptr || !layout_ok(layout) || !biases_ok(biases) ||
+      layout.type[0] != layout.type[1] || slot_of_rank == nullptr || missed == nullptr || k <= 0 ||
+      k > kMaxTopK || !input_ok(layout.type[0], x, xq) || act == nullptr || counters == nullptr ||
       (act_q != nullptr && layout.n_ff % QK8_1 != 0)) {
     return cudaErrorInvalidValue;
   }
@@ -502,6 +519,10 @@ cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout&
   a.cols = layout.n_embd;
   a.group = row_group(layout.type[0], layout.n_embd);
   a.pair = true;
+  a.bias[0] = biases.gate;
+  a.bias[1] = biases.up;
+  a.experts = biases.experts;
+  a.act = glu_act;
   a.x = x;
   a.xq = xq;
   a.out = act;
@@ -514,31 +535,33 @@ cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout&
 
 cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
                                const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                               ExpertPass pass, const float* act, const block_q8_1* act_q,
-                               float* expert_out, cudaStream_t stream) {
-  if (slots == nullptr || !layout_ok(layout) || slot_of_rank == nullptr || missed == nullptr ||
-      k <= 0 || k > kMaxTopK || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr) {
+                               ExpertPass pass, const ExpertBiases& biases, const float* act,
+                               const block_q8_1* act_q, float* expert_out, cudaStream_t stream) {
+  if (slots == nullptr || !layout_ok(layout) || !biases_ok(biases) || slot_of_rank == nullptr ||
+      missed == nullptr || k <= 0 || k > kMaxTopK || !input_ok(layout.type[2], act, act_q) ||
+      expert_out == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return launch_grouped(layout.type[2],
-                        DownArgs(slots, layout, slot_of_rank, missed, pass, act, act_q,
-                                 expert_out),
-                        k, stream);
+  return launch_grouped(
+      layout.type[2],
+      DownArgs(slots, layout, slot_of_rank, missed, pass, biases, act, act_q, expert_out), k,
+      stream);
 }
 
 cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLayout& layout,
                                        const int32_t* slot_of_rank, const uint8_t* missed,
-                                       int32_t k, ExpertPass pass, const float* act,
-                                       const block_q8_1* act_q, float* expert_out,
+                                       int32_t k, ExpertPass pass, const ExpertBiases& biases,
+                                       const float* act, const block_q8_1* act_q, float* expert_out,
                                        const CombineEpilogue& combine, unsigned int* tickets,
                                        cudaStream_t stream) {
-  if (slots == nullptr || !layout_ok(layout) || slot_of_rank == nullptr || missed == nullptr ||
-      k <= 0 || k > kMaxTopK || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr ||
-      combine.weights == nullptr || combine.residual == nullptr ||
+  if (slots == nullptr || !layout_ok(layout) || !biases_ok(biases) || slot_of_rank == nullptr ||
+      missed == nullptr || k <= 0 || k > kMaxTopK || !input_ok(layout.type[2], act, act_q) ||
+      expert_out == nullptr || combine.weights == nullptr || combine.residual == nullptr ||
       !norm_epilogue_ok(combine.norm, layout.n_embd) || tickets == nullptr) {
     return cudaErrorInvalidValue;
   }
-  MatvecArgs a = DownArgs(slots, layout, slot_of_rank, missed, pass, act, act_q, expert_out);
+  MatvecArgs a =
+      DownArgs(slots, layout, slot_of_rank, missed, pass, biases, act, act_q, expert_out);
   a.tickets = tickets;
   a.combine = combine;
   return launch_grouped(layout.type[2], a, k, stream);

@@ -44,14 +44,82 @@ MG_HD inline double rope_theta(int32_t pos, int32_t i, int32_t head_dim, float f
          pow(static_cast<double>(freq_base), -2.0 * i / static_cast<double>(head_dim));
 }
 
-// Rotates (*a, *b) by theta, in f64, rounded once to f32.
-MG_HD inline void rope_rotate(float* a, float* b, double theta) {
-  const double c = cos(theta);
-  const double s = sin(theta);
+// Rotates (*a, *b) by the angle whose cosine and sine are c and s (each times
+// YaRN's magnitude scale where there is one), in f64, rounded once to f32.
+MG_HD inline void rope_rotate_cs(float* a, float* b, double c, double s) {
   const double x0 = *a;
   const double x1 = *b;
   *a = static_cast<float>(x0 * c - x1 * s);
   *b = static_cast<float>(x0 * s + x1 * c);
+}
+
+// Rotates (*a, *b) by theta.
+MG_HD inline void rope_rotate(float* a, float* b, double theta) {
+  rope_rotate_cs(a, b, cos(theta), sin(theta));
+}
+
+// RoPE frequency scaling as ggml's rope_yarn applies it, its per-model
+// constants computed once (rope_yarn_init): the angle interpolated by
+// freq_scale, mixed back towards the unscaled one by ext_factor times the ramp
+// of pairs [corr_low, corr_high], cosine and sine times mscale. The default is
+// no scaling.
+struct RopeYarn {
+  float freq_scale = 1.0f;
+  float ext_factor = 0.0f;
+  float corr_low = 0.0f;
+  float corr_high = 0.0f;
+  double mscale = 1.0;
+};
+
+// ggml_rope_yarn_corr_dims (ggml.c), in f32 as there, and rope_yarn's mscale
+// (attn_factor, times 1 + 0.1 ln(1 / freq_scale) with ext_factor), for a head
+// of n_rot rotated dimensions.
+MG_HD inline RopeYarn rope_yarn_init(float freq_scale, float ext_factor, float attn_factor,
+                                     float beta_fast, float beta_slow, int32_t n_ctx_orig,
+                                     int32_t n_rot, float freq_base) {
+  auto corr_dim = [&](float beta) {
+    return static_cast<float>(n_rot) *
+           logf(static_cast<float>(n_ctx_orig) / (beta * 2 * static_cast<float>(M_PI))) /
+           (2 * logf(freq_base));
+  };
+  RopeYarn y;
+  y.freq_scale = freq_scale;
+  y.ext_factor = ext_factor;
+  y.corr_low = fmaxf(0.0f, floorf(corr_dim(beta_fast)));
+  y.corr_high = fminf(static_cast<float>(n_rot - 1), ceilf(corr_dim(beta_slow)));
+  y.mscale = attn_factor;
+  if (ext_factor != 0.0f) y.mscale *= 1.0 + 0.1 * log(1.0 / freq_scale);
+  return y;
+}
+
+// Cosine and sine of pair i's angle at pos (rope_theta) as rope_yarn scales
+// them, in f64: ggml_rope_cache_init's theta, interpolated, then ramped back.
+MG_HD inline void rope_cos_sin(int32_t pos, int32_t i, int32_t n_rot, float freq_base,
+                               const RopeYarn& y, double* c, double* s) {
+  const double extrap = rope_theta(pos, i, n_rot, freq_base);
+  double theta = y.freq_scale * extrap;
+  if (y.ext_factor != 0.0f) {
+    const double ramp = (i - y.corr_low) / fmax(0.001f, y.corr_high - y.corr_low);
+    const double mix = (1.0 - fmin(1.0, fmax(0.0, ramp))) * y.ext_factor;
+    theta = theta * (1.0 - mix) + extrap * mix;
+  }
+  *c = cos(theta) * y.mscale;
+  *s = sin(theta) * y.mscale;
+}
+
+// The gated activation of an FFN's gate and up values: silu(gate) * up, or
+// gpt-oss's swiglu_oai (ggml's op with alpha 1.702 and limit 7: gate clamped
+// above at 7, up to [-7, 7], gate * sigmoid(1.702 gate) * (up + 1)).
+enum class GluAct : int32_t { kSilu = 0, kSwigluOai = 1 };
+
+MG_HD inline float swiglu_oai(float gate, float up) {
+  const float x = fminf(gate, 7.0f);
+  const float y = fminf(fmaxf(up, -7.0f), 7.0f);
+  return x / (1.0f + expf(-1.702f * x)) * (y + 1.0f);
+}
+
+MG_HD inline float glu(GluAct act, float gate, float up) {
+  return act == GluAct::kSwigluOai ? swiglu_oai(gate, up) : silu(gate) * up;
 }
 
 // Softmax state of a set of scores: their max and sum(exp(score - max)). The

@@ -48,10 +48,12 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 __global__ void __launch_bounds__(kRowThreads)
-    fill_rows_kernel(const float* __restrict__ row, int32_t n, float* __restrict__ out) {
+    fill_rows_kernel(const float* __restrict__ row, int32_t n, bool add, float* __restrict__ out) {
   wait_for_prior_grids();
   const int64_t at = static_cast<int64_t>(blockIdx.x) * n;
-  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) out[at + i] = row[i];
+  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+    out[at + i] = add ? out[at + i] + row[i] : row[i];
+  }
 }
 
 // Row blockIdx.x's top-k by its warp: the decode router's epilogue.
@@ -80,11 +82,11 @@ __global__ void __launch_bounds__(kRowThreads)
 
 __global__ void __launch_bounds__(kRowThreads)
     swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n,
-                  float* __restrict__ out, uint16_t* __restrict__ out_f16) {
+                  GluAct act, float* __restrict__ out, uint16_t* __restrict__ out_f16) {
   wait_for_prior_grids();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = silu(gate[i]) * up[i];
+    const float v = glu(act, gate[i], up[i]);
     if (out != nullptr) out[i] = v;
     if (out_f16 != nullptr) out_f16[i] = f32_to_f16(v);
   }
@@ -193,7 +195,13 @@ cudaError_t launch_to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t
 cudaError_t launch_fill_rows(const float* row, int32_t n, int32_t tokens, float* out,
                              cudaStream_t stream) {
   if (row == nullptr || out == nullptr || n <= 0 || tokens <= 0) return cudaErrorInvalidValue;
-  return launch_kernel<fill_rows_kernel>(tokens, kRowThreads, stream, row, n, out);
+  return launch_kernel<fill_rows_kernel>(tokens, kRowThreads, stream, row, n, false, out);
+}
+
+cudaError_t launch_add_rows(const float* row, int32_t n, int32_t tokens, float* out,
+                            cudaStream_t stream) {
+  if (row == nullptr || out == nullptr || n <= 0 || tokens <= 0) return cudaErrorInvalidValue;
+  return launch_kernel<fill_rows_kernel>(tokens, kRowThreads, stream, row, n, true, out);
 }
 
 cudaError_t launch_router_topk_rows(float* logits, int32_t n_expert, int32_t tokens,
@@ -219,13 +227,13 @@ cudaError_t launch_gather_rows(const float* x, const uint16_t* x_f16, int32_t n,
                                            out, out_f16);
 }
 
-cudaError_t launch_swiglu_rows(const float* gate, const float* up, int64_t n, float* out,
-                               uint16_t* out_f16, cudaStream_t stream) {
+cudaError_t launch_swiglu_rows(const float* gate, const float* up, int64_t n, GluAct act,
+                               float* out, uint16_t* out_f16, cudaStream_t stream) {
   if (gate == nullptr || up == nullptr || n <= 0 || (out == nullptr && out_f16 == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<swiglu_kernel>(elementwise_blocks(n), kRowThreads, stream, gate, up, n, out,
-                                      out_f16);
+  return launch_kernel<swiglu_kernel>(elementwise_blocks(n), kRowThreads, stream, gate, up, n, act,
+                                      out, out_f16);
 }
 
 cudaError_t launch_scatter_rows(const float* y, int32_t n, const int32_t* entries, int32_t count,

@@ -630,21 +630,6 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
   return m;
 }
 
-absl::Status RequireCudaForward(const Model& model) {
-  const ModelConfig& c = model.config;
-  if (!c.beyond_cuda()) return absl::OkStatus();
-  const std::string what =
-      c.arch == Arch::kGptOss
-          ? "gpt-oss (windowed attention with sinks, YaRN RoPE, biased router and experts, "
-            "swiglu_oai)"
-          : absl::StrCat("RoPE scaling (", Av(arch_gguf_name(c.arch)), ".", kKeyRopeScalingType,
-                         ", .", kKeyRopeScalingFactor, ")");
-  return absl::UnimplementedError(
-      absl::StrCat(model.file->path(), ": ", what,
-                   " is not computed by the CUDA engine yet; the oracle and the CPU backend "
-                   "compute it (--backend cpu)"));
-}
-
 WeightView weight_view(const GgufTensor& t) {
   WeightView v;
   v.data = t.data;

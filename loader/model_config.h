@@ -107,13 +107,6 @@ struct ModelConfig {
   bool swa_layer(int il) const {
     return n_swa > 0 && swa_pattern > 0 && il % swa_pattern < swa_pattern - 1;
   }
-  // Whether the file needs what the CUDA engine does not compute yet (gpt-oss's
-  // window, sinks, biases, gating and activation; RoPE scaling); the oracle and
-  // the CPU backend compute it.
-  bool beyond_cuda() const {
-    return rope_scaling.scaled() || n_swa > 0 || attn_sinks || attn_out_bias || router_bias ||
-           expert_bias || gating == ExpertGating::kSoftmaxWeight || expert_act != ExpertAct::kSilu;
-  }
 };
 
 // One weight matrix as stored: rows of `cols` elements in the file's quant type.
@@ -179,10 +172,6 @@ struct Model {
 
 absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file);
 absl::StatusOr<Model> LoadModel(const GgufFile& file);
-
-// For the CUDA engine: an error naming the file and what it needs that the
-// engine does not compute (ModelConfig::beyond_cuda), else OK.
-absl::Status RequireCudaForward(const Model& model);
 
 WeightView weight_view(const GgufTensor& t);
 

@@ -82,36 +82,16 @@ void AddInPlace(absl::Span<const float> b, absl::Span<float> a) {
   for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
 }
 
+RopeYarn YarnOf(const RopeScaling& scaling, int n_rot, float freq_base) {
+  return rope_yarn_init(scaling.freq_scale, scaling.ext_factor, scaling.attn_factor,
+                        scaling.beta_fast, scaling.beta_slow, scaling.n_ctx_orig, n_rot, freq_base);
+}
+
 void RopeCosSin(int32_t pos, int n_rot, float freq_base, const RopeScaling& scaling,
                 double* cos_out, double* sin_out) {
-  // ggml_rope_yarn_corr_dims (ggml.c), in f32 as there: the first and last pair
-  // of the ramp from the unscaled to the scaled angle.
-  auto corr_dim = [&](float beta) {
-    return static_cast<float>(n_rot) *
-           std::log(static_cast<float>(scaling.n_ctx_orig) /
-                    (beta * 2 * static_cast<float>(M_PI))) /
-           (2 * std::log(freq_base));
-  };
-  const float corr_low = std::max(0.0f, std::floor(corr_dim(scaling.beta_fast)));
-  const float corr_high =
-      std::min(static_cast<float>(n_rot - 1), std::ceil(corr_dim(scaling.beta_slow)));
-  double mscale = scaling.attn_factor;
-  if (scaling.ext_factor != 0.0f) mscale *= 1.0 + 0.1 * std::log(1.0 / scaling.freq_scale);
+  const RopeYarn yarn = YarnOf(scaling, n_rot, freq_base);
   for (int i = 0; i < n_rot / 2; ++i) {
-    // ggml_rope_cache_init: theta_scale = freq_base^(-2/n_dims), pair i at
-    // pos * theta_scale^i; here in closed form and f64. rope_yarn: the angle
-    // interpolated by freq_scale, mixed back towards the extrapolated one by the
-    // ramp of pair i (rope_yarn_ramp) times ext_factor.
-    const double extrap =
-        pos * std::pow(static_cast<double>(freq_base), -2.0 * i / static_cast<double>(n_rot));
-    double theta = scaling.freq_scale * extrap;
-    if (scaling.ext_factor != 0.0f) {
-      const double y = (i - corr_low) / std::max(0.001f, corr_high - corr_low);
-      const double mix = (1.0 - std::min(1.0, std::max(0.0, y))) * scaling.ext_factor;
-      theta = theta * (1.0 - mix) + extrap * mix;
-    }
-    cos_out[i] = std::cos(theta) * mscale;
-    sin_out[i] = std::sin(theta) * mscale;
+    rope_cos_sin(pos, i, n_rot, freq_base, yarn, cos_out + i, sin_out + i);
   }
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "kernels/nn_math.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
 
@@ -48,6 +49,10 @@ void AddInPlace(absl::Span<const float> b, absl::Span<float> a);
 void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_t> positions,
           float freq_base, RopeType type, const RopeScaling& scaling = RopeScaling(),
           int n_rot = 0);
+
+// The YaRN constants of scaling for heads of n_rot rotated dimensions, as the
+// oracle, the CPU backend and the CUDA kernels apply them (kernels/nn_math.h).
+RopeYarn YarnOf(const RopeScaling& scaling, int n_rot, float freq_base);
 
 // Rope's rotation of pair i (of n_rot / 2) at pos, magnitude factor included:
 // cos and sin for pairs 0 .. n_rot / 2 - 1 into cos_out, sin_out.

@@ -4,8 +4,6 @@
 // stage), device residency tables equal to a host PolicyCache fed the routing
 // the engine recorded, host synchronizations per token in each mode, and no
 // error left behind by a failed CUDA call that CudaStatus reported.
-#include "capture/engine.h"
-
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "capture/engine.h"
 #include "loader/fixture.h"
 #include "reference/oracle.h"
 #include "residency/cache.h"
@@ -235,11 +235,15 @@ INSTANTIATE_TEST_SUITE_P(
         OracleCase{Arch::kOlmoe, GgmlType::kIQ4_NL}, OracleCase{Arch::kQwen2Moe, GgmlType::kQ2_K},
         OracleCase{Arch::kQwen2Moe, GgmlType::kQ5_1}, OracleCase{Arch::kMixtral, GgmlType::kQ3_K},
         OracleCase{Arch::kMixtral, GgmlType::kQ5_0, /*legacy=*/true},
-        OracleCase{Arch::kGlm4Moe, GgmlType::kF32}, OracleCase{Arch::kGlm4Moe, GgmlType::kQ4_K}),
+        OracleCase{Arch::kGlm4Moe, GgmlType::kF32}, OracleCase{Arch::kGlm4Moe, GgmlType::kQ4_K},
+        OracleCase{Arch::kGptOss, GgmlType::kF32}, OracleCase{Arch::kGptOss, GgmlType::kMXFP4}),
     [](const ::testing::TestParamInfo<OracleCase>& info) {
-      return absl::StrFormat("%s_%s%s", arch_gguf_name(info.param.arch),
-                             ggml_type_name(static_cast<uint32_t>(info.param.expert_type)),
-                             info.param.legacy ? "_legacy" : "");
+      // gtest names take no '-' (gpt-oss).
+      return absl::StrReplaceAll(
+          absl::StrFormat("%s_%s%s", arch_gguf_name(info.param.arch),
+                          ggml_type_name(static_cast<uint32_t>(info.param.expert_type)),
+                          info.param.legacy ? "_legacy" : ""),
+          {{"-", ""}});
     });
 
 class EngineArmsTest : public ::testing::Test {

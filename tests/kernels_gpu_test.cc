@@ -318,12 +318,14 @@ TEST_F(KernelsGpuTest, MatvecResidualAddsIntoTheResidualThenRunsTheNorm) {
     const std::vector<block_q8_1> xq = Q8_1(x);
     const std::vector<float> residual = Gaussian(rng, rows, 4.0f);
     const std::vector<float> weight = Gaussian(rng, rows);
+    // gpt-oss's output bias, added to the product before the residual.
+    const std::vector<float> bias = Gaussian(rng, rows);
     std::vector<float> expected = GroupedMatvec(type, w.data(), rows, cols, x, xq);
-    for (int32_t i = 0; i < rows; ++i) expected[i] = residual[i] + expected[i];
+    for (int32_t i = 0; i < rows; ++i) expected[i] = residual[i] + (expected[i] + bias[i]);
     std::vector<float> h_expected(rows);
     RmsNorm(expected, weight, 1e-6f, absl::MakeSpan(h_expected));
     DeviceArray<uint8_t> d_w(w);
-    DeviceArray<float> d_x(x), d_residual(residual), d_weight(weight), d_h(rows);
+    DeviceArray<float> d_x(x), d_bias(bias), d_residual(residual), d_weight(weight), d_h(rows);
     DeviceArray<block_q8_1> d_xq(xq), d_h_q(rows / QK8_1);
     DeviceArray<unsigned int> d_tickets(std::vector<unsigned int>{0});
     NormEpilogue norm;
@@ -333,8 +335,8 @@ TEST_F(KernelsGpuTest, MatvecResidualAddsIntoTheResidualThenRunsTheNorm) {
     norm.out_q = d_h_q.get();
     ASSERT_EQ(launch_matvec_residual(DeviceView(d_w.get(), type, rows, cols),
                                      mmvq_type(type) ? nullptr : d_x.get(),
-                                     mmvq_type(type) ? d_xq.get() : nullptr, d_residual.get(), norm,
-                                     d_tickets.get(), stream_),
+                                     mmvq_type(type) ? d_xq.get() : nullptr, d_bias.get(),
+                                     d_residual.get(), norm, d_tickets.get(), stream_),
               cudaSuccess);
     Sync();
     EXPECT_LT(Nmse(d_residual.Download(), expected), 1e-12);
@@ -547,7 +549,9 @@ struct RandomKvCache {
 };
 
 // f32 and f16 caches (the reference reads the f16 values widened back), every
-// length's splits and merge.
+// length's splits and merge; on 64-wide heads also gpt-oss's masks: a window of
+// 100 (from length 200 its first split starts mid-split and the one before it
+// does not run) with sinks, and a window of 5 alone.
 TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
   std::mt19937 rng(6);
   // 16: heads narrower than a q8_1 block, quantized by the last head merged;
@@ -568,34 +572,51 @@ TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
       DeviceArray<float> d_out(n_head * head_dim);
       const std::vector<unsigned int> zero_tickets(n_head + 1, 0);
       DeviceArray<unsigned int> d_tickets(zero_tickets);
-      // 1, a split boundary and one past it, the middle of a split, and max_ctx.
-      for (int32_t length : {1, 2, 128, 129, 200, max_ctx}) {
-        SCOPED_TRACE("length " + std::to_string(length));
-        const std::vector<float> q = Gaussian(rng, n_head * head_dim, 2.0f);
-        DeviceArray<float> d_q(q);
-        DeviceArray<int32_t> d_pos(std::vector<int32_t>{length - 1});
-        DeviceArray<block_q8_1> d_out_q(n_head * head_dim / QK8_1);
-        ASSERT_EQ(launch_attention_decode(d_q.get(), k_in, v_in, kv_f16, d_pos.get(), n_head,
-                                          n_head_kv, head_dim, max_ctx, scale, d_partial.get(),
-                                          d_tickets.get(), d_out.get(), d_out_q.get(), stream_),
-                  cudaSuccess);
-        Sync();
-        EXPECT_EQ(d_tickets.Download(), zero_tickets);  // each epilogue ran once, its ticket reset
-        std::vector<float> expected(q.size());
-        const int32_t q_pos[] = {length - 1};
-        Attention(q, q_pos, k_cache, v_cache, n_head, n_head_kv, head_dim, scale,
-                  absl::MakeSpan(expected));
-        const std::vector<float> out = d_out.Download();
-        EXPECT_LT(Nmse(out, expected), 1e-7);
-        EXPECT_TRUE(SameBlocks(d_out_q.Download(), Q8_1(out)));
+      const std::vector<float> sinks = Gaussian(rng, n_head, 2.0f);
+      DeviceArray<float> d_sinks(sinks);
+      struct MaskCase {
+        int32_t window;
+        bool sinks;
+      };
+      std::vector<MaskCase> masks = {{0, false}};
+      if (head_dim == 64) masks.insert(masks.end(), {{100, true}, {5, false}});
+      for (const MaskCase& m : masks) {
+        AttentionMask mask;
+        mask.window = m.window;
+        mask.sinks = m.sinks ? d_sinks.get() : nullptr;
+        // 1, a split boundary and one past it, the middle of a split, and max_ctx.
+        for (int32_t length : {1, 2, 128, 129, 200, max_ctx}) {
+          SCOPED_TRACE("length " + std::to_string(length) + " window " + std::to_string(m.window) +
+                       (m.sinks ? " sinks" : ""));
+          const std::vector<float> q = Gaussian(rng, n_head * head_dim, 2.0f);
+          DeviceArray<float> d_q(q);
+          DeviceArray<int32_t> d_pos(std::vector<int32_t>{length - 1});
+          DeviceArray<block_q8_1> d_out_q(n_head * head_dim / QK8_1);
+          ASSERT_EQ(
+              launch_attention_decode(d_q.get(), k_in, v_in, kv_f16, d_pos.get(), n_head, n_head_kv,
+                                      head_dim, max_ctx, scale, mask, d_partial.get(),
+                                      d_tickets.get(), d_out.get(), d_out_q.get(), stream_),
+              cudaSuccess);
+          Sync();
+          EXPECT_EQ(d_tickets.Download(), zero_tickets);  // each epilogue ran once, reset
+          std::vector<float> expected(q.size());
+          const int32_t q_pos[] = {length - 1};
+          Attention(q, q_pos, k_cache, v_cache, n_head, n_head_kv, head_dim, scale,
+                    absl::MakeSpan(expected), m.window,
+                    m.sinks ? absl::MakeConstSpan(sinks) : absl::Span<const float>());
+          const std::vector<float> out = d_out.Download();
+          EXPECT_LT(Nmse(out, expected), 1e-7);
+          EXPECT_TRUE(SameBlocks(d_out_q.Download(), Q8_1(out)));
+        }
       }
     }
   }
 }
 
 // A ubatch's row ops: 5 rows at positions 3..7 QK-normed (per head and
-// full-width), rotated and appended to f32 and f16 caches as the reference does
-// it row by row; rows normed into f16 for the GEMMs.
+// full-width), rotated (with gpt-oss's YaRN where normed per head) and appended
+// to f32 and f16 caches as the reference does it row by row; rows normed into
+// f16 for the GEMMs.
 TEST_F(KernelsGpuTest, PrefillRowsAreNormedRotatedAndAppendedAsTheReference) {
   std::mt19937 rng(8);
   const int32_t n_head = 4, n_head_kv = 2, head_dim = 32, tokens = 5, pos0 = 3, max_ctx = 16;
@@ -623,6 +644,13 @@ TEST_F(KernelsGpuTest, PrefillRowsAreNormedRotatedAndAppendedAsTheReference) {
       rope.n_head_kv = n_head_kv;
       rope.head_dim = head_dim;
       rope.freq_base = 1e6f;
+      RopeScaling scaling;
+      if (norm_mode == Norm::kPerHead) {
+        scaling.freq_scale = 1.0f / 32.0f;
+        scaling.ext_factor = 1.0f;
+        scaling.n_ctx_orig = 4096;
+      }
+      rope.yarn = YarnOf(scaling, head_dim, 1e6f);
       rope.rope_type = kRopeNeox;
       rope.use_norm = norm_mode != Norm::kNone;
       rope.norm.q_weight = d_q_weight.get();
@@ -647,8 +675,9 @@ TEST_F(KernelsGpuTest, PrefillRowsAreNormedRotatedAndAppendedAsTheReference) {
         RmsNorm(q_row, q_weight, 1e-6f, absl::MakeSpan(q_expected).subspan(t * q_len, q_len));
         RmsNorm(k_row, k_weight, 1e-6f, absl::MakeSpan(k_expected).subspan(t * kv_len, kv_len));
       }
-      Rope(absl::MakeSpan(q_expected), n_head, head_dim, positions, 1e6f, RopeType::kNeox);
-      Rope(absl::MakeSpan(k_expected), n_head_kv, head_dim, positions, 1e6f, RopeType::kNeox);
+      Rope(absl::MakeSpan(q_expected), n_head, head_dim, positions, 1e6f, RopeType::kNeox, scaling);
+      Rope(absl::MakeSpan(k_expected), n_head_kv, head_dim, positions, 1e6f, RopeType::kNeox,
+           scaling);
       EXPECT_LT(Nmse(d_q_out.Download(), q_expected), 1e-10);
       std::vector<float> k_rows(tokens * kv_len), v_rows(tokens * kv_len);
       if (kv_f16) {
@@ -698,12 +727,20 @@ TEST_F(KernelsGpuTest, PrefillRowsAreNormedRotatedAndAppendedAsTheReference) {
 
 // A prompt's ubatch of 9 rows at positions 124..132 (across a split boundary):
 // each row has the decode step's bits at its position, on f32 and f16 caches,
-// and the reference's values.
+// and the reference's values; 64-wide heads with gpt-oss's window (7: each
+// row's keys start inside split 0) and sinks.
 TEST_F(KernelsGpuTest, PrefillAttentionRowsHaveTheDecodeStepsBits) {
   std::mt19937 rng(7);
   for (int32_t head_dim : {64, 24}) {
     for (bool kv_f16 : {false, true}) {
       SCOPED_TRACE("head_dim " + std::to_string(head_dim) + (kv_f16 ? " f16" : " f32"));
+      const std::vector<float> sinks = Gaussian(rng, 4, 2.0f);
+      DeviceArray<float> d_sinks(sinks);
+      AttentionMask mask;
+      if (head_dim == 64) {
+        mask.window = 7;
+        mask.sinks = d_sinks.get();
+      }
       const int32_t n_head = 4, n_head_kv = 2, max_ctx = 300, tokens = 9, pos0 = 124;
       const int32_t q_len = n_head * head_dim, kv_len = n_head_kv * head_dim;
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -715,9 +752,10 @@ TEST_F(KernelsGpuTest, PrefillAttentionRowsHaveTheDecodeStepsBits) {
       const std::vector<float> q = Gaussian(rng, tokens * q_len, 2.0f);
       DeviceArray<float> d_q(q), d_out(tokens * q_len);
       DeviceArray<int32_t> d_pos0(std::vector<int32_t>{pos0});
-      ASSERT_EQ(launch_attention_prefill(d_q.get(), k_in, v_in, kv_f16, d_pos0.get(), tokens,
-                                         n_head, n_head_kv, head_dim, scale, d_out.get(), stream_),
-                cudaSuccess);
+      ASSERT_EQ(
+          launch_attention_prefill(d_q.get(), k_in, v_in, kv_f16, d_pos0.get(), tokens, n_head,
+                                   n_head_kv, head_dim, scale, mask, d_out.get(), stream_),
+          cudaSuccess);
       Sync();
       const std::vector<float> prefill = d_out.Download();
 
@@ -729,10 +767,11 @@ TEST_F(KernelsGpuTest, PrefillAttentionRowsHaveTheDecodeStepsBits) {
         positions[t] = pos0 + t;
         d_row_q.Upload(std::vector<float>(q.begin() + t * q_len, q.begin() + (t + 1) * q_len));
         DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos0 + t});
-        ASSERT_EQ(launch_attention_decode(d_row_q.get(), k_in, v_in, kv_f16, d_pos.get(), n_head,
-                                          n_head_kv, head_dim, max_ctx, scale, d_partial.get(),
-                                          d_tickets.get(), d_row_out.get(), nullptr, stream_),
-                  cudaSuccess);
+        ASSERT_EQ(
+            launch_attention_decode(d_row_q.get(), k_in, v_in, kv_f16, d_pos.get(), n_head,
+                                    n_head_kv, head_dim, max_ctx, scale, mask, d_partial.get(),
+                                    d_tickets.get(), d_row_out.get(), nullptr, stream_),
+            cudaSuccess);
         Sync();
         const std::vector<float> decode = d_row_out.Download();
         for (int32_t i = 0; i < q_len; ++i) {
@@ -742,7 +781,8 @@ TEST_F(KernelsGpuTest, PrefillAttentionRowsHaveTheDecodeStepsBits) {
       }
       std::vector<float> expected(q.size());
       Attention(q, positions, k_cache, v_cache, n_head, n_head_kv, head_dim, scale,
-                absl::MakeSpan(expected));
+                absl::MakeSpan(expected), mask.window,
+                mask.sinks != nullptr ? absl::MakeConstSpan(sinks) : absl::Span<const float>());
       EXPECT_LT(Nmse(prefill, expected), 1e-7);
     }
   }
@@ -1084,11 +1124,13 @@ TEST_F(KernelsGpuTest, StageCopyCopiesExactlyTheMissedBlocks) {
 TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit) {
   struct Types {
     GgmlType gate_up, down;
+    bool oss = false;  // gpt-oss: the experts' biases and swiglu_oai
   };
   for (Types types :
        {Types{GgmlType::kQ4_K, GgmlType::kQ6_K}, Types{GgmlType::kQ8_0, GgmlType::kQ8_0},
-        Types{GgmlType::kF32, GgmlType::kBF16}}) {
-    SCOPED_TRACE(TypeName(types.gate_up) + "/" + TypeName(types.down));
+        Types{GgmlType::kF32, GgmlType::kBF16}, Types{GgmlType::kMXFP4, GgmlType::kMXFP4, true}}) {
+    SCOPED_TRACE(TypeName(types.gate_up) + "/" + TypeName(types.down) +
+                 (types.oss ? " biases, swiglu_oai" : ""));
     std::mt19937 rng(10);
     const int32_t n_embd = 256, n_ff = 512, n_slots = 6, k = 4;
     DeviceBlockLayout layout{};
@@ -1115,6 +1157,18 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     }
     const std::vector<int32_t> slot_of_rank = {3, 0, 5, 1};
     const std::vector<uint8_t> missed = {0, 1, 1, 0};
+    // The ranks' expert ids index the bias arrays of 8 experts; biases of sd 4
+    // push gate and up past swiglu_oai's clamp at 7.
+    const int32_t n_expert = 8;
+    const std::vector<int32_t> experts = {5, 2, 7, 0};
+    const std::vector<float> gate_b = Gaussian(rng, n_expert * n_ff, 4.0f),
+                             up_b = Gaussian(rng, n_expert * n_ff, 4.0f),
+                             down_b = Gaussian(rng, n_expert * n_embd);
+    DeviceArray<int32_t> d_experts(experts);
+    DeviceArray<float> d_gate_b(gate_b), d_up_b(up_b), d_down_b(down_b);
+    ExpertBiases biases;
+    if (types.oss) biases = {d_experts.get(), d_gate_b.get(), d_up_b.get(), d_down_b.get()};
+    const GluAct glu_act = types.oss ? GluAct::kSwigluOai : GluAct::kSilu;
     const std::vector<float> x = Gaussian(rng, n_embd);
     const std::vector<float> weights = {0.4f, 0.3f, 0.2f, 0.1f};
     const std::vector<float> shexp = Gaussian(rng, n_embd);
@@ -1141,13 +1195,13 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     // Pass A alone computes the hits and leaves the misses' outputs alone.
     auto gate_up = [&](ExpertPass pass, DeviceArray<float>& act, DeviceArray<block_q8_1>& act_q) {
       return launch_expert_gate_up(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
-                                   pass, d_x.get(), d_xq.get(), act.get(), act_q.get(),
-                                   d_counters.get(), stream_);
+                                   pass, biases, glu_act, d_x.get(), d_xq.get(), act.get(),
+                                   act_q.get(), d_counters.get(), stream_);
     };
     auto down = [&](ExpertPass pass, DeviceArray<float>& act, DeviceArray<block_q8_1>& act_q,
                     DeviceArray<float>& out) {
       return launch_expert_down(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
-                                pass, act.get(), act_q.get(), out.get(), stream_);
+                                pass, biases, act.get(), act_q.get(), out.get(), stream_);
     };
     ASSERT_EQ(gate_up(ExpertPass::kHits, d_act_split, d_act_q_split), cudaSuccess);
     ASSERT_EQ(down(ExpertPass::kHits, d_act_split, d_act_q_split, d_out_split), cudaSuccess);
@@ -1170,7 +1224,7 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
       combine.norm.out = h.get();
       combine.norm.out_q = h_q.get();
       return launch_expert_down_combine(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(),
-                                        k, pass, act.get(), act_q.get(), out.get(), combine,
+                                        k, pass, biases, act.get(), act_q.get(), out.get(), combine,
                                         d_tickets.get(), stream_);
     };
     ASSERT_EQ(gate_up(ExpertPass::kMisses, d_act_split, d_act_q_split), cudaSuccess);
@@ -1201,28 +1255,45 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
 
     // Each rank's output against the host's run of the grouped matvec (the
     // gate/up product quantized to q8_1 as the kernel does), and against the
-    // reference SwiGLU FFN of its slot's weights in f32.
+    // reference FFN of its slot's weights in f32 (build_moe_ffn's: biases, then
+    // the activation).
     std::vector<float> grouped(k * n_embd), expected(k * n_embd);
     const std::vector<block_q8_1> xq = Q8_1(x);
     for (int32_t r = 0; r < k; ++r) {
       const uint8_t* block = slots.data() + slot_of_rank[r] * layout.block_bytes;
-      const std::vector<float> gq = GroupedMatvec(layout.type[0], block + layout.offset[0], n_ff,
-                                                  n_embd, x, xq);
-      const std::vector<float> uq = GroupedMatvec(layout.type[1], block + layout.offset[1], n_ff,
-                                                  n_embd, x, xq);
+      const auto bias_of = [&](const std::vector<float>& b, int32_t n) {
+        return types.oss ? absl::MakeConstSpan(b).subspan(experts[r] * n, n)
+                         : absl::Span<const float>();
+      };
+      std::vector<float> gq =
+          GroupedMatvec(layout.type[0], block + layout.offset[0], n_ff, n_embd, x, xq);
+      std::vector<float> uq =
+          GroupedMatvec(layout.type[1], block + layout.offset[1], n_ff, n_embd, x, xq);
+      if (types.oss) {
+        AddBias(bias_of(gate_b, n_ff), absl::MakeSpan(gq));
+        AddBias(bias_of(up_b, n_ff), absl::MakeSpan(uq));
+      }
       std::vector<float> act(n_ff);
-      for (int32_t i = 0; i < n_ff; ++i) act[i] = silu(gq[i]) * uq[i];
-      const std::vector<float> dq = GroupedMatvec(layout.type[2], block + layout.offset[2], n_embd,
-                                                  n_ff, act, Q8_1(act));
+      for (int32_t i = 0; i < n_ff; ++i) act[i] = glu(glu_act, gq[i], uq[i]);
+      std::vector<float> dq =
+          GroupedMatvec(layout.type[2], block + layout.offset[2], n_embd, n_ff, act, Q8_1(act));
+      if (types.oss) AddBias(bias_of(down_b, n_embd), absl::MakeSpan(dq));
       std::copy(dq.begin(), dq.end(), grouped.begin() + r * n_embd);
       std::vector<float> g(n_ff), u(n_ff);
       MatMul(HostView(block + layout.offset[0], layout.type[0], n_ff, n_embd), x,
              absl::MakeSpan(g));
       MatMul(HostView(block + layout.offset[1], layout.type[1], n_ff, n_embd), x,
              absl::MakeSpan(u));
-      Swiglu(g, u, absl::MakeSpan(g));
-      MatMul(HostView(block + layout.offset[2], layout.type[2], n_embd, n_ff), g,
-             absl::MakeSpan(expected).subspan(r * n_embd, n_embd));
+      const absl::Span<float> y = absl::MakeSpan(expected).subspan(r * n_embd, n_embd);
+      if (types.oss) {
+        AddBias(bias_of(gate_b, n_ff), absl::MakeSpan(g));
+        AddBias(bias_of(up_b, n_ff), absl::MakeSpan(u));
+        SwigluOai(g, u, absl::MakeSpan(g));
+      } else {
+        Swiglu(g, u, absl::MakeSpan(g));
+      }
+      MatMul(HostView(block + layout.offset[2], layout.type[2], n_embd, n_ff), g, y);
+      if (types.oss) AddBias(bias_of(down_b, n_embd), y);
     }
     EXPECT_LT(Nmse(out_split, grouped), 1e-10);
     EXPECT_LT(Nmse(out_split, expected), std::max(F32Bound(types.gate_up), F32Bound(types.down)));
@@ -1477,8 +1548,8 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
                        unsigned int* attention_tickets, block_q8_1* out_q, const void* k,
                        const void* v = nullptr) {
     return launch_attention_decode(d_x.get(), k, v != nullptr ? v : d_x.get(), true, d_i.get(),
-                                   n_head, n_head_kv, head_dim, max_ctx, 1.0f, d_x.get(),
-                                   attention_tickets, d_x.get(), out_q, stream_);
+                                   n_head, n_head_kv, head_dim, max_ctx, 1.0f, AttentionMask{},
+                                   d_x.get(), attention_tickets, d_x.get(), out_q, stream_);
   };
   EXPECT_EQ(attention(6, 4, 64, 16, tickets, nullptr, d_x.get()), cudaErrorInvalidValue);
   EXPECT_EQ(attention(4, 4, 64, 65536 * 128, tickets, nullptr, d_x.get()), cudaErrorInvalidValue);
@@ -1488,22 +1559,27 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   EXPECT_EQ(attention(4, 4, 64, 16, tickets, nullptr, d_x.get(), d_x.get() + 1),
             cudaErrorInvalidValue);
   EXPECT_EQ(attention(4, 4, 12, 16, tickets, nullptr, d_x.get()), cudaErrorInvalidValue);
-  // Prefill attention: no rows, rows past gridDim.y, an f16 head not a multiple of 8.
+  // Prefill attention: no rows, rows past gridDim.y, an f16 head not a multiple
+  // of 8, a negative window.
   EXPECT_EQ(launch_attention_prefill(d_x.get(), d_x.get(), d_x.get(), true, d_i.get(), 0, 4, 4, 64,
-                                     1.0f, d_x.get(), stream_),
+                                     1.0f, AttentionMask{}, d_x.get(), stream_),
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_attention_prefill(d_x.get(), d_x.get(), d_x.get(), true, d_i.get(), 65536, 4, 4,
-                                     64, 1.0f, d_x.get(), stream_),
+                                     64, 1.0f, AttentionMask{}, d_x.get(), stream_),
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_attention_prefill(d_x.get(), d_x.get(), d_x.get(), true, d_i.get(), 1, 4, 4, 12,
-                                     1.0f, d_x.get(), stream_),
+                                     1.0f, AttentionMask{}, d_x.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_attention_prefill(d_x.get(), d_x.get(), d_x.get(), true, d_i.get(), 1, 4, 4, 64,
+                                     1.0f, AttentionMask{-1}, d_x.get(), stream_),
             cudaErrorInvalidValue);
   // A residual norm without tickets.
   NormEpilogue norm;
   norm.weight = d_x.get();
   norm.out = d_x.get();
-  EXPECT_EQ(launch_matvec_residual(f32, d_x.get(), nullptr, d_x.get(), norm, nullptr, stream_),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      launch_matvec_residual(f32, d_x.get(), nullptr, nullptr, d_x.get(), norm, nullptr, stream_),
+      cudaErrorInvalidValue);
   // A router's k past its experts.
   RouterEpilogue router;
   router.k = 3;

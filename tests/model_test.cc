@@ -360,7 +360,6 @@ TEST(LoadModel, GptOssReadsItsWindowYarnAndBiases) {
   EXPECT_EQ(c.expert_act, ExpertAct::kSwigluOai);
   EXPECT_FALSE(c.norm_topk_prob);
   EXPECT_TRUE(c.qkv_bias && c.attn_sinks && c.attn_out_bias && c.router_bias && c.expert_bias);
-  EXPECT_TRUE(c.beyond_cuda());
   for (const LayerTensors& l : model->layers) {
     ASSERT_NE(l.sinks, nullptr);
     EXPECT_EQ(l.sinks->ne[0], spec.n_head);
@@ -372,11 +371,6 @@ TEST(LoadModel, GptOssReadsItsWindowYarnAndBiases) {
     EXPECT_EQ(l.down_exps_b->ne[0], spec.n_embd);
     EXPECT_EQ(l.down_exps_b->ne[1], spec.n_expert);
   }
-  const absl::Status refused = RequireCudaForward(*model);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_TRUE(MessageHas(refused, "gpt-oss (windowed attention")) << refused;
-  EXPECT_TRUE(MessageHas(refused, "is not computed by the CUDA engine yet")) << refused;
-
   // A missing window, a sink tensor and an unknown RoPE scaling, each named.
   Edits e;
   e.drop_keys = {"gpt-oss.attention.sliding_window"};
@@ -422,7 +416,6 @@ TEST(LoadModel, Glm4MoeReadsItsDenseLayersScoreBiasAndSharedExpert) {
   EXPECT_EQ(c.expert_weights_scale, 2.5f);
   EXPECT_TRUE(c.expert_score_bias && c.qkv_bias);
   EXPECT_FALSE(c.shexp_gated || c.qk_norm);
-  EXPECT_FALSE(c.beyond_cuda());
   ASSERT_EQ(model->layers.size(), 3u);
   const LayerTensors& dense = model->layers[0];
   EXPECT_NE(dense.ffn_gate, nullptr);
@@ -437,8 +430,6 @@ TEST(LoadModel, Glm4MoeReadsItsDenseLayersScoreBiasAndSharedExpert) {
     EXPECT_EQ(l.shexp_gate_inp, nullptr);
     EXPECT_NE(std::string(l.ffn_norm->name).find("post_attention_norm"), std::string::npos);
   }
-  EXPECT_TRUE(RequireCudaForward(*model).ok());
-
   // A fused gate/up expert tensor, which llama.cpp reads for other architectures only.
   Edits fused;
   fused.add_f32["blk.1.ffn_gate_up_exps.weight"] = {spec.n_embd, 2 * spec.n_ff_exp, spec.n_expert};
@@ -472,9 +463,8 @@ TEST(LoadModel, Glm4MoeReadsItsDenseLayersScoreBiasAndSharedExpert) {
   EXPECT_TRUE(MessageHas(bad.status(), "glm4moe.nextn_predict_layers")) << bad.status();
 }
 
-// Linear RoPE scaling on an original architecture is read, and the backends
-// that do not scale refuse it.
-TEST(LoadModel, RopeScalingOnAnOriginalArchitectureIsReadAndRefusedByTheFastPaths) {
+// Linear RoPE scaling on an original architecture is read (every backend scales).
+TEST(LoadModel, RopeScalingOnAnOriginalArchitectureIsRead) {
   std::unique_ptr<GgufFile> file = FixtureFileOrFail(FixtureSpec{});
   ASSERT_NE(file, nullptr);
   Edits e;
@@ -483,16 +473,12 @@ TEST(LoadModel, RopeScalingOnAnOriginalArchitectureIsReadAndRefusedByTheFastPath
   absl::StatusOr<Model> plain = LoadModel(*edited);
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_FALSE(plain->config.rope_scaling.scaled());  // no factor: nothing scales
-  EXPECT_TRUE(RequireCudaForward(*plain).ok());
   e.set_f32 = {{"qwen3moe.rope.scaling.factor", 4.0f}};
   edited = Edit(*file, e);
   absl::StatusOr<Model> scaled = LoadModel(*edited);
   ASSERT_TRUE(scaled.ok()) << scaled.status();
   EXPECT_EQ(scaled->config.rope_scaling.freq_scale, 0.25f);
   EXPECT_EQ(scaled->config.rope_scaling.ext_factor, 0.0f);
-  const absl::Status refused = RequireCudaForward(*scaled);
-  EXPECT_TRUE(MessageHas(refused, "RoPE scaling (qwen3moe.rope.scaling.type")) << refused;
-  EXPECT_TRUE(MessageHas(refused, "is not computed by the CUDA engine yet")) << refused;
 }
 
 TEST(LoadModel, TiedOutputUsesTheEmbeddingWhereLlamaCppAllowsIt) {

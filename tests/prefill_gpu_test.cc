@@ -58,8 +58,10 @@ std::vector<int32_t> RandomPrompt(std::mt19937& rng, int n, int n_vocab) {
   return prompt;
 }
 
-std::unique_ptr<LoadedModel> Fixture(uint64_t seed, GgmlType expert_type) {
+std::unique_ptr<LoadedModel> Fixture(uint64_t seed, GgmlType expert_type,
+                                     Arch arch = Arch::kQwen3Moe) {
   FixtureSpec spec;
+  spec.arch = arch;
   spec.n_layer = 2;
   spec.n_expert = 8;
   spec.n_expert_used = 2;
@@ -84,6 +86,17 @@ std::unique_ptr<CudaEngine> MakeEngine(const Model& model, bool batched, int32_t
   return engine.ok() ? std::move(*engine) : nullptr;
 }
 
+// The T=1 path, the batched prefill in ubatches of 512 and in ubatches of 8, on
+// tight slots (3).
+struct PromptEngines {
+  PromptEngines(const Model& model, KvCacheType kv_type)
+      : steps(MakeEngine(model, false, 3, kv_type)),
+        batched(MakeEngine(model, true, 3, kv_type)),
+        small(MakeEngine(model, true, 3, kv_type, 8)) {}
+  bool ok() const { return steps != nullptr && batched != nullptr && small != nullptr; }
+  std::unique_ptr<CudaEngine> steps, batched, small;
+};
+
 class PrefillTest : public ::testing::Test {
  protected:
   void SetUp() override { SKIP_WITHOUT_DEVICE(); }
@@ -98,10 +111,11 @@ TEST_F(PrefillTest, LogitsEqualTheStepPathsAcrossUbatchesAndTails) {
   std::unique_ptr<LoadedModel> loaded = Fixture(seed, GgmlType::kQ8_0);
   ASSERT_NE(loaded, nullptr);
   const Model& model = loaded->model;
-  std::unique_ptr<CudaEngine> steps = MakeEngine(model, false, 3, KvCacheType::kF16);
-  std::unique_ptr<CudaEngine> batched = MakeEngine(model, true, 3, KvCacheType::kF16);
-  std::unique_ptr<CudaEngine> small = MakeEngine(model, true, 3, KvCacheType::kF16, 8);
-  ASSERT_TRUE(steps != nullptr && batched != nullptr && small != nullptr);
+  PromptEngines engines(model, KvCacheType::kF16);
+  ASSERT_TRUE(engines.ok());
+  CudaEngine* steps = engines.steps.get();
+  CudaEngine* batched = engines.batched.get();
+  CudaEngine* small = engines.small.get();
   std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int n : {1, 31, 512, 700}) {
     SCOPED_TRACE("seed " + std::to_string(seed) + ", prompt " + std::to_string(n));
@@ -130,6 +144,36 @@ TEST_F(PrefillTest, LogitsEqualTheStepPathsAcrossUbatchesAndTails) {
   }
   EXPECT_EQ(steps->host_counters().prompt_steps, 1u + 31 + 512 + 700);
   EXPECT_EQ(steps->host_counters().prefill_tokens, 0u);
+}
+
+// gpt-oss (a window of 4 on layer 0, sinks, YaRN, the output, router and
+// expert biases, swiglu_oai) on f32 weights and an f32 KV cache, where no
+// router near-tie can flip an expert between the GEMMs' rounding and the T=1
+// path's: prompts of 31 and 200 tokens (past a split of the attention), in
+// ubatches of 512 and of 8, give the T=1 path's last logits within the oracle
+// test's f32 bound.
+TEST_F(PrefillTest, GptOssPromptsGiveTheStepPathsLogits) {
+  std::unique_ptr<LoadedModel> loaded = Fixture(FixtureSeed(), GgmlType::kF32, Arch::kGptOss);
+  ASSERT_NE(loaded, nullptr);
+  const Model& model = loaded->model;
+  PromptEngines engines(model, KvCacheType::kF32);
+  ASSERT_TRUE(engines.ok());
+  std::mt19937 rng(3);
+  for (int n : {31, 200}) {
+    SCOPED_TRACE("prompt " + std::to_string(n));
+    const std::vector<int32_t> prompt = RandomPrompt(rng, n, model.config.n_vocab);
+    ASSERT_TRUE(engines.steps->Generate(prompt, 1).ok());
+    absl::StatusOr<std::vector<float>> want = engines.steps->LastLogits();
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (CudaEngine* engine : {engines.batched.get(), engines.small.get()}) {
+      ASSERT_TRUE(engine->Generate(prompt, 1).ok());
+      absl::StatusOr<std::vector<float>> got = engine->LastLogits();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_LT(Nmse(*got, *want), 1e-6);
+    }
+  }
+  EXPECT_EQ(engines.batched->host_counters().prompt_steps, 0u);
+  EXPECT_EQ(engines.small->host_counters().prefill_ubatches, 4u + 25u);  // 31 and 200 in 8s
 }
 
 // f32 fixtures: after prompts of 31 and 700 tokens the greedy continuation is

@@ -268,8 +268,6 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
                                                          std::FILE* info) {
   auto d = std::unique_ptr<Decoder>(new Decoder());
   d->sampling_ = flags.sampling;
-  // Before the experts are pinned.
-  if (flags.cuda) MG_RETURN_IF_ERROR(RequireCudaForward(model));
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu.kv_type, max_ctx, info));
   if (flags.cuda) {
     CudaEngineOptions options;
