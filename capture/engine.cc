@@ -274,8 +274,19 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
 
   // The context's memory, before the experts are pinned: the dense weights, the
   // KV cache and the scratch must fit beside the rail, whatever the slots get.
-  const uint64_t kv_bytes = KvCacheBytes(cfg, options.max_ctx, options.kv_type);
+  const uint64_t kv_bytes = KvCacheBytes(cfg, options.max_ctx, options.kv_type, RingSlack());
   const int kv_elem = options.kv_type == KvCacheType::kF16 ? 2 : 4;
+  int ring_layers = 0, ring_rows = 0;  // the windowed layers' rings, where smaller
+  for (int il = 0; il < cfg.n_layer; ++il) {
+    const int rows = KvLayerRows(cfg, il, options.max_ctx, RingSlack());
+    if (rows < options.max_ctx) {
+      ++ring_layers;
+      ring_rows = rows;
+    }
+  }
+  const std::string rings =
+      ring_layers > 0 ? absl::StrFormat(" (%d windowed layers %d rows)", ring_layers, ring_rows)
+                      : "";
   const uint64_t dense = DenseBytes(m);
   const uint64_t prefill_bytes = PrefillBytes(m, options);
   const uint64_t scratch =
@@ -283,10 +294,10 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   if (dense + kv_bytes + scratch + options.rail_bytes > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "--ctx %d: the GPU needs %.2f GiB before any expert slot (dense weights %.2f GiB, KV "
-        "cache %.2f GiB = 2 x %d layers x %d positions x %d KV heads x %d x %d bytes, scratch "
+        "cache %.2f GiB = 2 x %d layers x %d positions%s x %d KV heads x %d x %d bytes, scratch "
         "%.2f GiB, rail %.2f GiB) and %.2f GiB of its memory is free; a smaller --ctx fits",
         options.max_ctx, Gib(dense + kv_bytes + scratch + options.rail_bytes), Gib(dense),
-        Gib(kv_bytes), cfg.n_layer, options.max_ctx, cfg.n_head_kv, cfg.head_dim, kv_elem,
+        Gib(kv_bytes), cfg.n_layer, options.max_ctx, rings, cfg.n_head_kv, cfg.head_dim, kv_elem,
         Gib(scratch), Gib(options.rail_bytes), Gib(free_bytes)));
   }
   if (experts == nullptr) {
@@ -390,6 +401,20 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
     return absl::InvalidArgumentError(
         absl::StrFormat("cuda engine: start position %d must not be negative", start));
   }
+  // A windowed layer's ring that no longer holds the keys below start: the
+  // kept positions are fed again from 0 (they are the ids this engine was fed).
+  std::vector<int32_t> refed;
+  if (!s.KvHolds(start)) {
+    if (start > static_cast<int>(s.fed.size())) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cuda engine: start position %d is past the %d positions fed", start, s.fed.size()));
+    }
+    refed.assign(s.fed.begin(), s.fed.begin() + start);
+    refed.insert(refed.end(), prompt.begin(), prompt.end());
+    prompt = refed;
+    start = 0;
+    ++s.host.ring_refills;
+  }
   // Steps run positions [start, n_prompt + decode_steps): the prompt buffer
   // holds ids by position, so the length counts the kept positions too.
   const int n_prompt = start + static_cast<int>(prompt.size());
@@ -423,6 +448,9 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
     MG_RETURN_IF_ERROR(s.Upload(s.step, &start, sizeof(int32_t), "the step counter"));
   }
 
+  s.fed.resize(static_cast<size_t>(start));
+  s.fed.insert(s.fed.end(), prompt.begin(), prompt.end());
+  s.Wrote(start, n_prompt);
   auto clock = std::chrono::steady_clock::now();
   if (s.BatchedPrefill()) {
     MG_RETURN_IF_ERROR(s.Prefill(start, static_cast<int>(prompt.size())));
@@ -436,12 +464,14 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
   if (n_predict == 0) return out;
   clock = std::chrono::steady_clock::now();
   if (sink == nullptr) {
+    s.Wrote(n_prompt, n_prompt + decode_steps);
     MG_RETURN_IF_ERROR(s.RunSteps(decode_steps).status());
     st.decode_steps = decode_steps;
     st.decode_seconds = SecondsSince(clock);
     out.resize(static_cast<size_t>(n_predict));
     MG_RETURN_IF_ERROR(s.Download(out.data(), s.out_tokens + (n_prompt - 1),
                                   out.size() * sizeof(int32_t), "the generated tokens"));
+    s.fed.insert(s.fed.end(), out.begin(), out.end() - 1);
     return out;
   }
   // Streaming: generated token j is out_tokens[n_prompt - 1 + j]; the walk's
@@ -462,6 +492,9 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
         return true;
       }));
   st.decode_seconds = SecondsSince(clock);
+  s.Wrote(n_prompt, n_prompt + st.decode_steps);
+  const int fed_back = std::min(static_cast<int>(out.size()), st.decode_steps);
+  s.fed.insert(s.fed.end(), out.begin(), out.begin() + fed_back);
   return out;
 }
 

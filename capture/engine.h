@@ -63,6 +63,12 @@ struct CudaEngineOptions {
   // -ub: prompt tokens per ubatch of the batched prefill (MOEGRAPH_PREFILL);
   // capped at max_ctx.
   int ubatch = 512;
+  // --swa-full: a windowed layer's KV cache keeps all max_ctx positions.
+  // Otherwise it is a ring of n_swa + ubatch rows (KvLayerRows) where that is
+  // fewer, as llama.cpp's SWA cache; a Generate that keeps fewer positions than
+  // were written, further back than the ring reaches, feeds the kept ones
+  // again from position 0 (HostCounters::ring_refills).
+  bool swa_full = false;
   // After every launch, copy the step's selection to the host (one more sync per
   // step; steps_per_launch must be 1). For the table-equality gate.
   bool record_routing = false;

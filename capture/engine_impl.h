@@ -146,6 +146,7 @@ struct LayerExperts {
   int32_t* evicted = nullptr;            // [k]
   void* k_cache = nullptr;               // [max_ctx][kv_len], CudaEngineOptions::kv_type
   void* v_cache = nullptr;
+  int32_t kv_rows = 0;  // a windowed layer's ring: [kv_rows][kv_len] (0: max_ctx rows)
 };
 
 // The device copy of a policy's state arrays, field for field a
@@ -259,8 +260,16 @@ struct CudaEngine::Impl {
   // Layer's top-k into experts and weights: the decode router's epilogue and
   // the prefill's rows.
   RouterEpilogue Router(int layer, int32_t* experts, float* weights) const;
-  // Layer's window and sinks, for the decode step's attention and the prefill's.
+  // Layer's window, sinks and KV ring, for the decode step's attention and the
+  // prefill's.
   AttentionMask Mask(int layer) const;
+  // KvLayerRows's ring slack: the ubatch, or none (-1) with swa_full.
+  int RingSlack() const { return options.swa_full ? -1 : options.ubatch; }
+  // Whether every layer's cache still holds the keys a step at position start
+  // reads below it.
+  bool KvHolds(int start) const;
+  // Steps wrote positions [first, end) into every layer's cache.
+  void Wrote(int first, int end);
   // Layer's expert biases for the ranks' experts (none where the file has none).
   ExpertBiases Biases(int layer, const int32_t* experts) const;
   // The routed experts' activation.
@@ -338,6 +347,11 @@ struct CudaEngine::Impl {
   int32_t* n_prompt = nullptr;    // [1 + max_ctx]: the prompt's length, then its ids
   int32_t* prompt = nullptr;      // n_prompt + 1
   int32_t* out_tokens = nullptr;  // [max_ctx]
+  // The ids fed at positions 0.. (the prompts and every generated token but
+  // the last), and the position each row of the windowed layers' rings holds
+  // (-1: none; empty without rings).
+  std::vector<int32_t> fed;
+  std::vector<int32_t> ring_positions;
   float* x = nullptr;
   float* h = nullptr;
   float* q = nullptr;

@@ -446,8 +446,13 @@ absl::Status CudaEngine::Impl::AllocateState() {
   shexp_act_q = q8_1_at(o_sa_q);
   dense_act_q = q8_1_at(o_dense_q);
 
-  const size_t cache_bytes = KvCacheBytes(cfg, options.max_ctx, options.kv_type) / n_layer / 2;
-  MG_ASSIGN_OR_RETURN(kv_buffer, CudaBuffer::Device(2 * n_layer * cache_bytes, "the KV cache"));
+  // Each layer's K then V cache, of KvLayerRows rows (a windowed layer's ring).
+  const size_t row_bytes = static_cast<size_t>(cfg.n_head_kv) * cfg.head_dim *
+                           (options.kv_type == KvCacheType::kF16 ? 2 : 4);
+  MG_ASSIGN_OR_RETURN(kv_buffer, CudaBuffer::Device(KvCacheBytes(cfg, options.max_ctx,
+                                                                 options.kv_type, RingSlack()),
+                                                    "the KV cache"));
+  size_t kv_offset = 0;
   const size_t partial_floats = attention_partial_floats(cfg.n_head, cfg.head_dim, options.max_ctx);
   MG_ASSIGN_OR_RETURN(partial_buffer, CudaBuffer::Device(partial_floats * f, "attention partials"));
   partial = partial_buffer.as<float>();
@@ -468,8 +473,13 @@ absl::Status CudaEngine::Impl::AllocateState() {
     e.slot_of_rank = reinterpret_cast<int32_t*>(at(o_sor)) + l * kk;
     e.missed = at(o_missed) + l * kk;
     e.evicted = reinterpret_cast<int32_t*>(at(o_evicted)) + l * kk;
-    e.k_cache = kv_buffer.as<uint8_t>() + (2 * l) * cache_bytes;
-    e.v_cache = kv_buffer.as<uint8_t>() + (2 * l + 1) * cache_bytes;
+    const int rows = KvLayerRows(cfg, layer, options.max_ctx, RingSlack());
+    e.kv_rows = rows < options.max_ctx ? rows : 0;
+    if (e.kv_rows > 0) ring_positions.assign(static_cast<size_t>(rows), -1);  // every ring's size
+    const size_t cache_bytes = static_cast<size_t>(rows) * row_bytes;
+    e.k_cache = kv_buffer.as<uint8_t>() + kv_offset;
+    e.v_cache = kv_buffer.as<uint8_t>() + kv_offset + cache_bytes;
+    kv_offset += 2 * cache_bytes;
     layer_experts.push_back(e);
   }
   // A dense layer's row of the routing record (the CPU backend's too).

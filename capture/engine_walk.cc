@@ -99,6 +99,7 @@ QkvRope CudaEngine::Impl::Rope(int layer, const int32_t* pos, float* q_out) cons
   rope.kv_f16 = options.kv_type == KvCacheType::kF16;
   rope.k_cache = e.k_cache;
   rope.v_cache = e.v_cache;
+  rope.kv_rows = e.kv_rows;
   return rope;
 }
 
@@ -106,7 +107,25 @@ AttentionMask CudaEngine::Impl::Mask(int layer) const {
   AttentionMask mask;
   mask.window = cfg.swa_layer(layer) ? cfg.n_swa : 0;
   mask.sinks = layers[static_cast<size_t>(layer)].sinks;
+  mask.kv_rows = layer_experts[static_cast<size_t>(layer)].kv_rows;
   return mask;
+}
+
+bool CudaEngine::Impl::KvHolds(int start) const {
+  if (ring_positions.empty()) return true;
+  const int rows = static_cast<int>(ring_positions.size());
+  for (int p = std::max(0, start - cfg.n_swa + 1); p < start; ++p) {
+    if (ring_positions[static_cast<size_t>(p % rows)] != p) return false;
+  }
+  return true;
+}
+
+void CudaEngine::Impl::Wrote(int first, int end) {
+  if (ring_positions.empty()) return;
+  const int rows = static_cast<int>(ring_positions.size());
+  for (int p = std::max(first, end - rows); p < end; ++p) {
+    ring_positions[static_cast<size_t>(p % rows)] = p;
+  }
 }
 
 ExpertBiases CudaEngine::Impl::Biases(int layer, const int32_t* experts) const {

@@ -32,6 +32,9 @@ struct HostCounters {
   uint64_t prefill_experts_in_place = 0;
   uint64_t prefill_experts_streamed = 0;
   uint64_t prefill_bytes_streamed = 0;
+  // Generates that fed their kept positions again from 0: the windowed
+  // layers' KV rings no longer held them (CudaEngineOptions::swa_full).
+  uint64_t ring_refills = 0;
 };
 
 // OK for cudaSuccess; otherwise an error naming `what` and the CUDA error

@@ -50,6 +50,12 @@ __device__ inline SoftmaxPartial initial_softmax(const float* sinks, int32_t hea
   return sinks != nullptr ? SoftmaxPartial{sinks[head], 1.0f} : empty_softmax();
 }
 
+// A ring holds the window and a ubatch of tokens (AttentionMask).
+bool mask_ok(const AttentionMask& mask, int32_t tokens) {
+  return mask.window >= 0 && mask.kv_rows >= 0 &&
+         (mask.kv_rows == 0 || (mask.window > 0 && mask.kv_rows >= mask.window + tokens - 1));
+}
+
 // Bytes of a row of cols elements of type (cols a multiple of its block size).
 size_t packed_row_bytes(GgmlType type, int64_t cols) {
   return static_cast<size_t>(cols / quant_block_elems(type) * quant_block_bytes(type));
@@ -118,11 +124,10 @@ struct SplitShared {
 // the sum returned on every thread. Decode and prefill both run it, so a
 // prompt row's attention has the decode step's bits.
 template <typename T>
-__device__ SoftmaxPartial attend_split(const T* __restrict__ k_cache,
-                                       const T* __restrict__ v_cache, int64_t kv_len,
-                                       int64_t kv_offset, int32_t head_dim, int32_t begin,
-                                       int32_t count, float scale, SplitShared<T>* sh,
-                                       float* acc_out) {
+__device__ SoftmaxPartial attend_split(const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                                       int64_t kv_len, int64_t kv_offset, int32_t head_dim,
+                                       int32_t begin, int32_t count, int32_t kv_rows, float scale,
+                                       SplitShared<T>* sh, float* acc_out) {
   const float* q_head = reinterpret_cast<const float*>(sh->q_head4);
   float* weights = sh->weights;
   const int lane = threadIdx.x % 32;
@@ -136,14 +141,15 @@ __device__ SoftmaxPartial attend_split(const T* __restrict__ k_cache,
     for (int32_t t0 = threadIdx.x / 32 * per_warp; t0 < count; t0 += n_warps * per_warp) {
       const int32_t t = t0 + lane / g;
       // Lanes past the split's end read its last key and drop the score.
-      const uint16_t* key = k_cache + (begin + min(t, count - 1)) * kv_len + kv_offset;
+      const uint16_t* key =
+          k_cache + kv_cache_row(begin + min(t, count - 1), kv_rows) * kv_len + kv_offset;
       const float dot = key_dot_f16x8(q_head, key, head_dim, lane % g, g);
       if (lane % g == 0 && t < count) weights[t] = dot * scale;
     }
   } else {
     // A warp per position, lanes over head_dim.
     for (int32_t t = threadIdx.x / 32; t < count; t += n_warps) {
-      const float* key = k_cache + (begin + t) * kv_len + kv_offset;
+      const float* key = k_cache + kv_cache_row(begin + t, kv_rows) * kv_len + kv_offset;
       float dot = 0.0f;
       for (int32_t d = lane; d < head_dim; d += 32) dot += q_head[d] * key[d];
       dot = warp_sum(dot);
@@ -173,9 +179,10 @@ __device__ SoftmaxPartial attend_split(const T* __restrict__ k_cache,
     const int32_t d0 = 8 * (static_cast<int32_t>(threadIdx.x) % lanes);
     if (group < groups) {
       float acc[8] = {};
-      const uint16_t* value = v_cache + static_cast<int64_t>(begin) * kv_len + kv_offset + d0;
+      const uint16_t* value = v_cache + kv_offset + d0;
       for (int32_t t = group; t < count; t += groups) {
-        const uint4 packed = *reinterpret_cast<const uint4*>(value + t * kv_len);
+        const uint4 packed =
+            *reinterpret_cast<const uint4*>(value + kv_cache_row(begin + t, kv_rows) * kv_len);
         const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
         for (int i = 0; i < 8; ++i) {
           acc[i] += weights[t] * f16_to_f32(static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2))));
@@ -192,9 +199,11 @@ __device__ SoftmaxPartial attend_split(const T* __restrict__ k_cache,
   } else {
     // f32 values: a thread per dimension, positions in order (coalesced rows).
     for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-      const float* value = v_cache + static_cast<int64_t>(begin) * kv_len + kv_offset + d;
+      const float* value = v_cache + kv_offset + d;
       float acc = 0.0f;
-      for (int32_t t = 0; t < count; ++t) acc += weights[t] * value[t * kv_len];
+      for (int32_t t = 0; t < count; ++t) {
+        acc += weights[t] * value[kv_cache_row(begin + t, kv_rows) * kv_len];
+      }
       acc_out[d] = acc;
     }
   }
@@ -234,8 +243,8 @@ __global__ void attention_split_kernel(const float* __restrict__ q, const T* __r
   const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
   const int64_t kv_offset = static_cast<int64_t>(head / (n_head / n_head_kv)) * head_dim;
   load_q_head(q + static_cast<int64_t>(head) * head_dim, head_dim, &sh);
-  const SoftmaxPartial p =
-      attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim, begin, count, scale, &sh, out);
+  const SoftmaxPartial p = attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim, begin, count,
+                                        mask.kv_rows, scale, &sh, out);
   if (threadIdx.x == 0) {
     out[head_dim] = p.max;
     out[head_dim + 1] = p.sum;
@@ -302,8 +311,9 @@ __global__ void __launch_bounds__(kAttnThreads)
   float acc[kDimsPerThread] = {};
   SoftmaxPartial state = initial_softmax(mask.sinks, head);
   for (int32_t s = keys.first_split(); s < keys.end_split(); ++s) {
-    const SoftmaxPartial p = attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim,
-                                          keys.begin(s), keys.count(s), scale, &sh, split_acc);
+    const SoftmaxPartial p =
+        attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim, keys.begin(s), keys.count(s),
+                     mask.kv_rows, scale, &sh, split_acc);
     float scale_state, scale_split;
     state = softmax_merge(state, p, &scale_state, &scale_split);
     for (int i = 0; i < kDimsPerThread; ++i) {
@@ -352,7 +362,7 @@ cudaError_t launch_attention_decode(const float* q, const void* k_cache, const v
                                     float scale, const AttentionMask& mask, float* partial,
                                     unsigned int* tickets, float* out, block_q8_1* out_q,
                                     cudaStream_t stream) {
-  if (q == nullptr || mask.window < 0 || k_cache == nullptr || v_cache == nullptr ||
+  if (q == nullptr || !mask_ok(mask, 1) || k_cache == nullptr || v_cache == nullptr ||
       pos == nullptr || partial == nullptr || tickets == nullptr || out == nullptr || n_head <= 0 ||
       n_head_kv <= 0 || n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim ||
       max_ctx <= 0 || (out_q != nullptr && n_head * head_dim % QK8_1 != 0) ||
@@ -380,7 +390,7 @@ cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const 
                                      int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                                      float scale, const AttentionMask& mask, float* out,
                                      cudaStream_t stream) {
-  if (q == nullptr || mask.window < 0 || k_cache == nullptr || v_cache == nullptr ||
+  if (q == nullptr || !mask_ok(mask, tokens) || k_cache == nullptr || v_cache == nullptr ||
       pos0 == nullptr || out == nullptr || tokens <= 0 || tokens > kMaxGridY || n_head <= 0 ||
       n_head_kv <= 0 || n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > kMaxHeadDim ||
       (kv_f16 && (head_dim % 8 != 0 || reinterpret_cast<uintptr_t>(k_cache) % 16 != 0 ||

@@ -130,7 +130,7 @@ __device__ inline void rope_qk_head(const QkvRope& rope, int j, const float* src
                                     int32_t h, int32_t p, float* __restrict__ q_out) {
   const int32_t d = rope.head_dim;
   const int64_t head = static_cast<int64_t>(h) * d;
-  const int64_t k_at = static_cast<int64_t>(p) * rope.n_head_kv * d + head;
+  const int64_t k_at = kv_cache_row(p, rope.kv_rows) * rope.n_head_kv * d + head;
   const float* weight = nullptr;
   if (rope.use_norm) {
     weight = (j == 0 ? rope.norm.q_weight : rope.norm.k_weight) + (rope.norm.full ? head : 0);

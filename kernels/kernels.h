@@ -144,7 +144,8 @@ struct QkNorm {
 // by yarn, kernels/nn_math.h, whose default scales nothing), q into
 // q_out ([n_head][head_dim]), k into row *pos of k_cache, v's rows straight
 // into row *pos of v_cache (caches [max_ctx][n_head_kv * head_dim], f16 when
-// kv_f16, else f32). head_dim and n_rot even.
+// kv_f16, else f32; a ring of kv_rows rows where kv_rows > 0, row *pos mod
+// kv_rows, as AttentionMask's). head_dim and n_rot even.
 struct QkvRope {
   const int32_t* pos = nullptr;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
@@ -158,6 +159,7 @@ struct QkvRope {
   bool kv_f16 = false;
   void* k_cache = nullptr;
   void* v_cache = nullptr;
+  int32_t kv_rows = 0;
 };
 
 // q, k and v (with their biases when not null) in one launch: three matrices
@@ -203,9 +205,13 @@ cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& u
 // keys at p0 > p - window (gpt-oss's sliding window, llama_hparams::is_masked_swa);
 // with sinks ([n_head]) one more logit per head that adds exp(sink) to the
 // denominator and nothing to the values (ggml_soft_max_ext's sinks).
+// The caches are rings of kv_rows rows where kv_rows > 0 (a windowed layer's:
+// position p in row p mod kv_rows, at least window rows, and for a prefill at
+// least window + tokens - 1), else rows by position.
 struct AttentionMask {
   int32_t window = 0;
   const float* sinks = nullptr;
+  int32_t kv_rows = 0;
 };
 
 // Split-K decode attention over positions 0..*pos of the caches (f16 when

@@ -230,7 +230,8 @@ __device__ __forceinline__ void qkv_job(const QkvArgs& a, int j, int32_t bx,
                                         EpilogueShared* shared) {
   MatvecArgs job = j == 0 ? a.job[0] : j == 1 ? a.job[1] : a.job[2];
   if (a.tickets != nullptr && j == 2) {
-    const int64_t row = static_cast<int64_t>(*a.rope.pos) * a.rope.n_head_kv * a.rope.head_dim;
+    const int64_t row =
+        kv_cache_row(*a.rope.pos, a.rope.kv_rows) * a.rope.n_head_kv * a.rope.head_dim;
     if (a.rope.kv_f16) {
       job.out_f16 = static_cast<uint16_t*>(a.rope.v_cache) + row;
     } else {
@@ -431,10 +432,10 @@ cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const Dev
   QkvArgs a;
   if (rope != nullptr) {
     const int32_t d = rope->head_dim;
-    if (rope->pos == nullptr || rope->n_head <= 0 || rope->n_head_kv <= 0 || d <= 0 ||
-        d % 2 != 0 || wq.rows != rope->n_head * d ||
-        wk.rows != rope->n_head_kv * d || wv.rows != wk.rows || rope->q_out == nullptr ||
-        rope->q_out == q || rope->k_cache == nullptr || rope->v_cache == nullptr ||
+    if (rope->pos == nullptr || rope->n_head <= 0 || rope->n_head_kv <= 0 || d <= 0 || d % 2 != 0 ||
+        wq.rows != rope->n_head * d || wk.rows != rope->n_head_kv * d || wv.rows != wk.rows ||
+        rope->q_out == nullptr || rope->q_out == q || rope->k_cache == nullptr ||
+        rope->v_cache == nullptr || rope->kv_rows < 0 ||
         (rope->rope_type != kRopeNorm && rope->rope_type != kRopeNeox) ||
         (rope->use_norm && (rope->norm.q_weight == nullptr || rope->norm.k_weight == nullptr)) ||
         tickets == nullptr) {

@@ -122,6 +122,10 @@ MG_HD inline float glu(GluAct act, float gate, float up) {
   return act == GluAct::kSwigluOai ? swiglu_oai(gate, up) : silu(gate) * up;
 }
 
+// The KV cache row of position p: p, or in a ring of rows rows (a windowed
+// layer's cache, rows > 0) p mod rows.
+MG_HD inline int64_t kv_cache_row(int32_t p, int32_t rows) { return rows > 0 ? p % rows : p; }
+
 // Softmax state of a set of scores: their max and sum(exp(score - max)). The
 // weighted values travel separately as acc = sum(exp(score - max) * v). An empty
 // set is {-inf, 0} with acc 0, and merging it changes nothing.

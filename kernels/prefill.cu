@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const int32_t d = rope.head_dim;
   const int32_t p = *rope.pos + static_cast<int32_t>(row);
   const int64_t kv_row_len = static_cast<int64_t>(rope.n_head_kv) * d;
-  const int64_t cache_row = static_cast<int64_t>(p) * kv_row_len;
+  const int64_t cache_row = kv_cache_row(p, rope.kv_rows) * kv_row_len;
   if (j == 2) {
     const float* src = v + row * kv_row_len;
     for (int64_t i = threadIdx.x; i < kv_row_len; i += blockDim.x) {
@@ -259,7 +259,8 @@ cudaError_t launch_rope_append_rows(const float* q, const float* k, const float*
                                     const QkvRope& rope, cudaStream_t stream) {
   if (q == nullptr || k == nullptr || v == nullptr || tokens <= 0 || rope.pos == nullptr ||
       rope.q_out == nullptr || rope.k_cache == nullptr || rope.v_cache == nullptr ||
-      rope.n_head <= 0 || rope.n_head_kv <= 0 || rope.head_dim <= 0 || rope.head_dim % 2 != 0 ||
+      rope.kv_rows < 0 || (rope.kv_rows > 0 && rope.kv_rows < tokens) || rope.n_head <= 0 ||
+      rope.n_head_kv <= 0 || rope.head_dim <= 0 || rope.head_dim % 2 != 0 ||
       (rope.use_norm && (rope.norm.q_weight == nullptr || rope.norm.k_weight == nullptr))) {
     return cudaErrorInvalidValue;
   }

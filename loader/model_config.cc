@@ -1,5 +1,6 @@
 #include "loader/model_config.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -669,10 +670,19 @@ WeightView Model::expert(int layer, ExpertProj proj, int expert) const {
   return v;
 }
 
-size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type) {
+int KvLayerRows(const ModelConfig& config, int il, int max_ctx, int ring_slack) {
+  if (ring_slack < 0 || !config.swa_layer(il)) return max_ctx;
+  return static_cast<int>(std::min<int64_t>(max_ctx, int64_t{config.n_swa} + ring_slack));
+}
+
+size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type, int ring_slack) {
   const size_t elem = type == KvCacheType::kF16 ? 2 : 4;
-  return 2 * static_cast<size_t>(config.n_layer) * static_cast<size_t>(max_ctx) *
-         static_cast<size_t>(config.n_head_kv) * static_cast<size_t>(config.head_dim) * elem;
+  size_t rows = 0;
+  for (int il = 0; il < config.n_layer; ++il) {
+    rows += static_cast<size_t>(KvLayerRows(config, il, max_ctx, ring_slack));
+  }
+  return 2 * rows * static_cast<size_t>(config.n_head_kv) * static_cast<size_t>(config.head_dim) *
+         elem;
 }
 
 }  // namespace moegraph

@@ -178,7 +178,12 @@ WeightView weight_view(const GgufTensor& t);
 // The KV cache's element type (--kv-type), on either backend.
 enum class KvCacheType { kF16, kF32 };
 
-// The bytes of the K and V caches of every layer for max_ctx positions.
-size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type);
+// Rows of layer il's K and V caches for max_ctx positions: max_ctx, or with
+// ring_slack >= 0 on a windowed layer (ModelConfig::swa_layer) a ring of
+// n_swa + ring_slack rows where that is fewer (the CUDA engine's, its slack a
+// ubatch: llama.cpp's SWA cache of n_swa + n_ubatch cells).
+int KvLayerRows(const ModelConfig& config, int il, int max_ctx, int ring_slack = -1);
+// The bytes of the K and V caches of every layer (KvLayerRows each).
+size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type, int ring_slack = -1);
 
 }  // namespace moegraph

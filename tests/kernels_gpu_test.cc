@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -517,6 +518,12 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
   }
 }
 
+std::vector<uint32_t> Bits(const std::vector<float>& values) {
+  std::vector<uint32_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i) bits[i] = f32_to_bits(values[i]);
+  return bits;
+}
+
 // A random KV cache of n elements a side on the device, f16 bits (kv_f16) or
 // f32; k and v hold the values the reference reads (the f16 ones widened).
 struct RandomKvCache {
@@ -785,6 +792,107 @@ TEST_F(KernelsGpuTest, PrefillAttentionRowsHaveTheDecodeStepsBits) {
                 mask.sinks != nullptr ? absl::MakeConstSpan(sinks) : absl::Span<const float>());
       EXPECT_LT(Nmse(prefill, expected), 1e-7);
     }
+  }
+}
+
+// A windowed layer's ring cache (AttentionMask::kv_rows): with the rows of
+// positions [0, end) written at p mod rows, decode at lengths past the ring
+// and a prefill ubatch give the full cache's bits; rings too small for the
+// window (or the ubatch) and rings without a window are refused.
+TEST_F(KernelsGpuTest, RingCachesGiveTheFullCachesBits) {
+  std::mt19937 rng(9);
+  const int32_t n_head = 4, n_head_kv = 2, head_dim = 64, max_ctx = 300, window = 100;
+  const int32_t tokens = 9, pos0 = 250, rows = window + tokens - 1;
+  const int32_t q_len = n_head * head_dim, kv_len = n_head_kv * head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const std::vector<float> sinks = Gaussian(rng, n_head, 2.0f);
+  DeviceArray<float> d_sinks(sinks);
+  for (bool kv_f16 : {false, true}) {
+    SCOPED_TRACE(kv_f16 ? "f16" : "f32");
+    const RandomKvCache cache(rng, max_ctx * kv_len, kv_f16);
+    // The ring after positions [0, end) were written: row r holds the last p
+    // below end with p mod rows == r.
+    auto ring = [&](int32_t end) {
+      std::vector<float> k(static_cast<size_t>(rows) * kv_len), v(k.size());
+      for (int32_t p = std::max(0, end - rows); p < end; ++p) {
+        std::copy_n(cache.k.begin() + p * kv_len, kv_len, k.begin() + (p % rows) * kv_len);
+        std::copy_n(cache.v.begin() + p * kv_len, kv_len, v.begin() + (p % rows) * kv_len);
+      }
+      return std::make_pair(k, v);
+    };
+    auto upload = [&](const std::vector<float>& values) {
+      std::vector<uint16_t> half(values.size());
+      for (size_t i = 0; i < values.size(); ++i) half[i] = f32_to_f16(values[i]);
+      return std::make_pair(std::make_unique<DeviceArray<float>>(values),
+                            std::make_unique<DeviceArray<uint16_t>>(half));
+    };
+    auto ptr = [&](const std::pair<std::unique_ptr<DeviceArray<float>>,
+                                   std::unique_ptr<DeviceArray<uint16_t>>>& a) -> const void* {
+      return kv_f16 ? static_cast<const void*>(a.second->get()) : a.first->get();
+    };
+    AttentionMask full;
+    full.window = window;
+    full.sinks = d_sinks.get();
+    AttentionMask ringed = full;
+    ringed.kv_rows = rows;
+    DeviceArray<float> d_partial(attention_partial_floats(n_head, head_dim, max_ctx));
+    DeviceArray<unsigned int> d_tickets(std::vector<unsigned int>(n_head + 1, 0));
+    DeviceArray<float> d_out(n_head * head_dim), d_ring_out(n_head * head_dim);
+    for (int32_t length : {1, 108, 129, 200, max_ctx}) {
+      SCOPED_TRACE("length " + std::to_string(length));
+      const auto [ring_k, ring_v] = ring(length);
+      const auto k_ring = upload(ring_k), v_ring = upload(ring_v);
+      DeviceArray<float> d_q(Gaussian(rng, q_len, 2.0f));
+      DeviceArray<int32_t> d_pos(std::vector<int32_t>{length - 1});
+      ASSERT_EQ(
+          launch_attention_decode(d_q.get(), cache.k_in(), cache.v_in(), kv_f16, d_pos.get(),
+                                  n_head, n_head_kv, head_dim, max_ctx, scale, full,
+                                  d_partial.get(), d_tickets.get(), d_out.get(), nullptr, stream_),
+          cudaSuccess);
+      ASSERT_EQ(
+          launch_attention_decode(d_q.get(), ptr(k_ring), ptr(v_ring), kv_f16, d_pos.get(), n_head,
+                                  n_head_kv, head_dim, max_ctx, scale, ringed, d_partial.get(),
+                                  d_tickets.get(), d_ring_out.get(), nullptr, stream_),
+          cudaSuccess);
+      Sync();
+      EXPECT_EQ(Bits(d_ring_out.Download()), Bits(d_out.Download()));
+    }
+    // A ubatch of 9 rows at positions 250..258, all of them in the ring.
+    const auto [ring_k, ring_v] = ring(pos0 + tokens);
+    const auto k_ring = upload(ring_k), v_ring = upload(ring_v);
+    DeviceArray<float> d_q(Gaussian(rng, tokens * q_len, 2.0f));
+    DeviceArray<float> d_rows(tokens * q_len), d_ring_rows(tokens * q_len);
+    DeviceArray<int32_t> d_pos0(std::vector<int32_t>{pos0});
+    ASSERT_EQ(launch_attention_prefill(d_q.get(), cache.k_in(), cache.v_in(), kv_f16, d_pos0.get(),
+                                       tokens, n_head, n_head_kv, head_dim, scale, full,
+                                       d_rows.get(), stream_),
+              cudaSuccess);
+    ASSERT_EQ(launch_attention_prefill(d_q.get(), ptr(k_ring), ptr(v_ring), kv_f16, d_pos0.get(),
+                                       tokens, n_head, n_head_kv, head_dim, scale, ringed,
+                                       d_ring_rows.get(), stream_),
+              cudaSuccess);
+    Sync();
+    EXPECT_EQ(Bits(d_ring_rows.Download()), Bits(d_rows.Download()));
+
+    AttentionMask small = ringed;
+    small.kv_rows = rows - 1;  // one row short of the ubatch's window
+    EXPECT_EQ(launch_attention_prefill(d_q.get(), ptr(k_ring), ptr(v_ring), kv_f16, d_pos0.get(),
+                                       tokens, n_head, n_head_kv, head_dim, scale, small,
+                                       d_ring_rows.get(), stream_),
+              cudaErrorInvalidValue);
+    small.kv_rows = window - 1;  // short of the window
+    EXPECT_EQ(
+        launch_attention_decode(d_q.get(), ptr(k_ring), ptr(v_ring), kv_f16, d_pos0.get(), n_head,
+                                n_head_kv, head_dim, max_ctx, scale, small, d_partial.get(),
+                                d_tickets.get(), d_out.get(), nullptr, stream_),
+        cudaErrorInvalidValue);
+    AttentionMask unwindowed;
+    unwindowed.kv_rows = rows;
+    EXPECT_EQ(
+        launch_attention_decode(d_q.get(), ptr(k_ring), ptr(v_ring), kv_f16, d_pos0.get(), n_head,
+                                n_head_kv, head_dim, max_ctx, scale, unwindowed, d_partial.get(),
+                                d_tickets.get(), d_out.get(), nullptr, stream_),
+        cudaErrorInvalidValue);
   }
 }
 

@@ -350,6 +350,14 @@ TEST(LoadModel, GptOssReadsItsWindowYarnAndBiases) {
   EXPECT_TRUE(c.swa_layer(0));
   EXPECT_FALSE(c.swa_layer(1));
   EXPECT_TRUE(c.swa_layer(2));
+  // The CUDA engine's rings: n_swa + slack rows on layers 0 and 2, where fewer.
+  EXPECT_EQ(KvLayerRows(c, 0, 100), 100);
+  EXPECT_EQ(KvLayerRows(c, 0, 100, 8), 14);
+  EXPECT_EQ(KvLayerRows(c, 1, 100, 8), 100);
+  EXPECT_EQ(KvLayerRows(c, 2, 10, 8), 10);
+  const size_t row = 2 * static_cast<size_t>(c.n_head_kv) * c.head_dim * 2;  // K and V, f16
+  EXPECT_EQ(KvCacheBytes(c, 100, KvCacheType::kF16), 300 * row);
+  EXPECT_EQ(KvCacheBytes(c, 100, KvCacheType::kF16, 8), (14 + 100 + 14) * row);
   EXPECT_EQ(c.rope_type, RopeType::kNeox);
   EXPECT_EQ(c.rope_freq_base, 150000.0f);
   EXPECT_EQ(c.rope_scaling.freq_scale, 1.0f / 32.0f);

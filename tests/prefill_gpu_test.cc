@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -174,6 +175,59 @@ TEST_F(PrefillTest, GptOssPromptsGiveTheStepPathsLogits) {
   }
   EXPECT_EQ(engines.batched->host_counters().prompt_steps, 0u);
   EXPECT_EQ(engines.small->host_counters().prefill_ubatches, 4u + 25u);  // 31 and 200 in 8s
+}
+
+// gpt-oss's windowed layers (n_swa 4) in rings of n_swa + ubatch rows (12, in
+// a context of 720) against --swa-full's caches: prompts (in ubatches of 8),
+// decodes, a continuation and a rewind give the same tokens and the same
+// logits bit for bit. The rewind to position 10, which the rings no longer
+// hold, feeds its kept positions again (one ring refill); the continuation
+// does not.
+TEST_F(PrefillTest, WindowedLayersInRingsGiveTheFullCachesBits) {
+  std::unique_ptr<LoadedModel> loaded = Fixture(FixtureSeed(), GgmlType::kF32, Arch::kGptOss);
+  ASSERT_NE(loaded, nullptr);
+  const Model& model = loaded->model;
+  ASSERT_EQ(model.config.n_swa, 4);
+  auto make = [&](bool swa_full) {
+    CudaEngineOptions options;
+    options.max_ctx = kMaxCtx;
+    options.kv_type = KvCacheType::kF32;
+    options.n_slots = 3;
+    options.ubatch = 8;
+    options.swa_full = swa_full;
+    absl::StatusOr<std::unique_ptr<CudaEngine>> engine = CudaEngine::Create(model, options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? std::move(*engine) : nullptr;
+  };
+  std::unique_ptr<CudaEngine> rings = make(false), full = make(true);
+  ASSERT_TRUE(rings != nullptr && full != nullptr);
+  std::mt19937 rng(5);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 40, model.config.n_vocab);
+  const std::vector<int32_t> next = RandomPrompt(rng, 3, model.config.n_vocab);
+  struct Call {
+    const char* what;
+    const std::vector<int32_t>& prompt;
+    int start;
+    uint64_t refills;  // the rings' refills after it
+  };
+  for (const Call& call : {Call{"prompt", prompt, 0, 0}, Call{"continuation", next, 40 + 19, 0},
+                           Call{"rewind", next, 10, 1}}) {
+    SCOPED_TRACE(call.what);
+    absl::StatusOr<std::vector<int32_t>> want =
+        full->Generate(call.prompt, 20, nullptr, nullptr, call.start);
+    ASSERT_TRUE(want.ok()) << want.status();
+    absl::StatusOr<std::vector<int32_t>> got =
+        rings->Generate(call.prompt, 20, nullptr, nullptr, call.start);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *want);
+    absl::StatusOr<std::vector<float>> want_logits = full->LastLogits();
+    absl::StatusOr<std::vector<float>> got_logits = rings->LastLogits();
+    ASSERT_TRUE(want_logits.ok() && got_logits.ok());
+    EXPECT_EQ(0, std::memcmp(got_logits->data(), want_logits->data(),
+                             want_logits->size() * sizeof(float)));
+    EXPECT_EQ(rings->host_counters().ring_refills, call.refills);
+  }
+  EXPECT_EQ(full->host_counters().ring_refills, 0u);
 }
 
 // f32 fixtures: after prompts of 31 and 700 tokens the greedy continuation is

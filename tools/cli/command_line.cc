@@ -58,6 +58,9 @@ std::vector<FlagDoc> Engine() {
       {"ub", "N",
        "cuda: prompt tokens per ubatch of the batched prefill (MOEGRAPH_PREFILL; default: "
        "512, as llama.cpp)"},
+      {"swa_full", "",
+       "cuda: windowed layers (gpt-oss) keep every position's KV instead of a ring of window + "
+       "ubatch rows (default: false, as llama.cpp)"},
       {"t", "N",
        "cpu: threads, the caller included; at most the logical CPUs (default: the "
        "physical cores)"},

@@ -27,6 +27,7 @@ ABSL_FLAG(std::string, backend, "auto", "cpu | cuda | auto");
 ABSL_FLAG(std::string, arm, "", "resident | graph | eager | host | stage");
 ABSL_FLAG(int32_t, steps_per_launch, 1, "decode steps captured in one CUDA graph");
 ABSL_FLAG(int32_t, ub, 512, "cuda: prompt tokens per ubatch of the batched prefill");
+ABSL_FLAG(bool, swa_full, false, "cuda: windowed layers keep every position's KV (no ring)");
 ABSL_FLAG(float, temp, 0.0f, "sampling temperature (0: greedy)");
 ABSL_FLAG(float, top_p, 0.95f, "sampling's top-p (1: off)");
 ABSL_FLAG(float, min_p, 0.05f, "sampling's min-p (0: off)");
@@ -244,6 +245,7 @@ absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
                                                       flags.steps_per_launch, kMaxStepsPerLaunch));
   }
   MG_ASSIGN_OR_RETURN(flags.ubatch, ReadUbatch());
+  flags.swa_full = absl::GetFlag(FLAGS_swa_full);
   std::optional<Arm> arm;
   if (const std::string text = absl::GetFlag(FLAGS_arm); !text.empty()) {
     MG_ASSIGN_OR_RETURN(arm, ParseArm(text));
@@ -288,6 +290,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
     options.doors = flags.doors.doors;
     options.steps_per_launch = flags.steps_per_launch;
     options.ubatch = flags.ubatch;
+    options.swa_full = flags.swa_full;
     MG_ASSIGN_OR_RETURN(d->cuda_, CudaEngine::Create(model, options, TerminalProgress()));
     std::fprintf(info, "%s\n", d->cuda_->banner().c_str());
     return d;

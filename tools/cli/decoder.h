@@ -37,6 +37,7 @@ struct DecoderFlags {
   ResolvedDoors doors;
   int steps_per_launch = 1;
   int32_t ubatch = 512;     // -ub
+  bool swa_full = false;    // --swa-full
   SamplingParams sampling;  // --seed unset: a random seed, drawn here
   CpuForwardOptions cpu;    // -t, --kv-type
 };
