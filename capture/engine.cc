@@ -404,7 +404,7 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
   // A windowed layer's ring that no longer holds the keys below start: the
   // kept positions are fed again from 0 (they are the ids this engine was fed).
   std::vector<int32_t> refed;
-  if (!s.KvHolds(start)) {
+  if (!s.rings.Holds(start)) {
     if (start > static_cast<int>(s.fed.size())) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "cuda engine: start position %d is past the %d positions fed", start, s.fed.size()));
@@ -450,7 +450,7 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
 
   s.fed.resize(static_cast<size_t>(start));
   s.fed.insert(s.fed.end(), prompt.begin(), prompt.end());
-  s.Wrote(start, n_prompt);
+  s.rings.Wrote(start, n_prompt);
   auto clock = std::chrono::steady_clock::now();
   if (s.BatchedPrefill()) {
     MG_RETURN_IF_ERROR(s.Prefill(start, static_cast<int>(prompt.size())));
@@ -464,7 +464,7 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
   if (n_predict == 0) return out;
   clock = std::chrono::steady_clock::now();
   if (sink == nullptr) {
-    s.Wrote(n_prompt, n_prompt + decode_steps);
+    s.rings.Wrote(n_prompt, n_prompt + decode_steps);
     MG_RETURN_IF_ERROR(s.RunSteps(decode_steps).status());
     st.decode_steps = decode_steps;
     st.decode_seconds = SecondsSince(clock);
@@ -492,7 +492,7 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
         return true;
       }));
   st.decode_seconds = SecondsSince(clock);
-  s.Wrote(n_prompt, n_prompt + st.decode_steps);
+  s.rings.Wrote(n_prompt, n_prompt + st.decode_steps);
   const int fed_back = std::min(static_cast<int>(out.size()), st.decode_steps);
   s.fed.insert(s.fed.end(), out.begin(), out.begin() + fed_back);
   return out;

@@ -5,7 +5,7 @@
 // nothing in a step reads back to the host but the final token copy (the host
 // arm reads the selection back on purpose: it is the baseline).
 //
-// Options and counters mirror reference/cpu_backend.h; the arm comes from the
+// Options and counters mirror cpu/cpu_backend.h; the arm comes from the
 // doors (capture/doors.h). A prompt runs in ubatches of -ub tokens (the
 // batched prefill, capture/engine_prefill.cc: GEMMs, experts grouped by
 // expert, the slot tables read and never written), then each generated token
@@ -25,10 +25,10 @@
 #include "capture/doors.h"
 #include "capture/graph.h"
 #include "capture/walk.h"
+#include "cpu/cpu_backend.h"
 #include "kernels/kernels.h"
 #include "loader/model_config.h"
 #include "loader/placement.h"
-#include "reference/cpu_backend.h"
 #include "reference/oracle.h"
 #include "residency/cache.h"
 #include "residency/policy_cache.h"

@@ -265,11 +265,6 @@ struct CudaEngine::Impl {
   AttentionMask Mask(int layer) const;
   // KvLayerRows's ring slack: the ubatch, or none (-1) with swa_full.
   int RingSlack() const { return options.swa_full ? -1 : options.ubatch; }
-  // Whether every layer's cache still holds the keys a step at position start
-  // reads below it.
-  bool KvHolds(int start) const;
-  // Steps wrote positions [first, end) into every layer's cache.
-  void Wrote(int first, int end);
   // Layer's expert biases for the ranks' experts (none where the file has none).
   ExpertBiases Biases(int layer, const int32_t* experts) const;
   // The routed experts' activation.
@@ -348,10 +343,9 @@ struct CudaEngine::Impl {
   int32_t* prompt = nullptr;      // n_prompt + 1
   int32_t* out_tokens = nullptr;  // [max_ctx]
   // The ids fed at positions 0.. (the prompts and every generated token but
-  // the last), and the position each row of the windowed layers' rings holds
-  // (-1: none; empty without rings).
+  // the last), and the positions the windowed layers' rings hold.
   std::vector<int32_t> fed;
-  std::vector<int32_t> ring_positions;
+  KvRingPositions rings;
   float* x = nullptr;
   float* h = nullptr;
   float* q = nullptr;

@@ -457,6 +457,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   MG_ASSIGN_OR_RETURN(partial_buffer, CudaBuffer::Device(partial_floats * f, "attention partials"));
   partial = partial_buffer.as<float>();
 
+  rings = KvRingPositions(cfg, options.max_ctx, RingSlack());
   for (size_t l = 0; l < n_layer; ++l) {
     LayerExperts e;
     const int layer = static_cast<int>(l);
@@ -475,7 +476,6 @@ absl::Status CudaEngine::Impl::AllocateState() {
     e.evicted = reinterpret_cast<int32_t*>(at(o_evicted)) + l * kk;
     const int rows = KvLayerRows(cfg, layer, options.max_ctx, RingSlack());
     e.kv_rows = rows < options.max_ctx ? rows : 0;
-    if (e.kv_rows > 0) ring_positions.assign(static_cast<size_t>(rows), -1);  // every ring's size
     const size_t cache_bytes = static_cast<size_t>(rows) * row_bytes;
     e.k_cache = kv_buffer.as<uint8_t>() + kv_offset;
     e.v_cache = kv_buffer.as<uint8_t>() + kv_offset + cache_bytes;

@@ -111,23 +111,6 @@ AttentionMask CudaEngine::Impl::Mask(int layer) const {
   return mask;
 }
 
-bool CudaEngine::Impl::KvHolds(int start) const {
-  if (ring_positions.empty()) return true;
-  const int rows = static_cast<int>(ring_positions.size());
-  for (int p = std::max(0, start - cfg.n_swa + 1); p < start; ++p) {
-    if (ring_positions[static_cast<size_t>(p % rows)] != p) return false;
-  }
-  return true;
-}
-
-void CudaEngine::Impl::Wrote(int first, int end) {
-  if (ring_positions.empty()) return;
-  const int rows = static_cast<int>(ring_positions.size());
-  for (int p = std::max(first, end - rows); p < end; ++p) {
-    ring_positions[static_cast<size_t>(p % rows)] = p;
-  }
-}
-
 ExpertBiases CudaEngine::Impl::Biases(int layer, const int32_t* experts) const {
   const LayerWeights& w = layers[static_cast<size_t>(layer)];
   ExpertBiases b;

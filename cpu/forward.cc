@@ -14,6 +14,7 @@
 #include "cpu/act_quant.h"
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
+#include "kernels/nn_math.h"
 #include "loader/quant.h"
 
 namespace moegraph {
@@ -64,7 +65,9 @@ class CpuForward final : public Oracle {
         model_experts_(model),
         experts_(experts != nullptr ? experts : &model_experts_),
         pool_(options.threads > 0 ? options.threads : PhysicalCores()),
-        kv_f16_(options.kv_type == KvCacheType::kF16) {
+        kv_f16_(options.kv_type == KvCacheType::kF16),
+        ubatch_(options.ubatch),
+        rings_(model.config, max_ctx, options.swa_full ? -1 : options.ubatch) {
     const ModelConfig& cfg = model.config;
     for (const LayerTensors& lt : model.layers) {
       layers_.push_back(
@@ -75,9 +78,13 @@ class CpuForward final : public Oracle {
            OptionalTensor(lt.up_exps_b), OptionalTensor(lt.down_exps_b)});
     }
     output_norm_ = TensorToFloat(*model.output_norm);
-    const size_t layer_bytes = KvCacheBytes(cfg, max_ctx, options.kv_type) / cfg.n_layer / 2;
-    k_cache_.assign(model.layers.size(), std::vector<uint8_t>(layer_bytes));
-    v_cache_.assign(model.layers.size(), std::vector<uint8_t>(layer_bytes));
+    const size_t row_bytes = static_cast<size_t>(cfg.n_head_kv) * cfg.head_dim * (kv_f16_ ? 2 : 4);
+    for (int il = 0; il < cfg.n_layer; ++il) {
+      const int rows = KvLayerRows(cfg, il, max_ctx, options.swa_full ? -1 : options.ubatch);
+      kv_rows_.push_back(rows < max_ctx ? rows : 0);
+      k_cache_.emplace_back(static_cast<size_t>(rows) * row_bytes);
+      v_cache_.emplace_back(static_cast<size_t>(rows) * row_bytes);
+    }
   }
 
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) override {
@@ -87,10 +94,20 @@ class CpuForward final : public Oracle {
     return Run(tokens, /*all_logits=*/false);
   }
   int n_past() const override { return n_past_; }
-  void Truncate(int n_keep) override { n_past_ = std::clamp(n_keep, 0, n_past_); }
+  void Truncate(int n_keep) override {
+    n_past_ = std::clamp(n_keep, 0, n_past_);
+    if (!rings_.has_rings()) return;
+    fed_.resize(static_cast<size_t>(n_past_));
+    refeed_ = !rings_.Holds(n_past_);
+  }
 
  private:
+  // Checks the batch, feeds again what a Truncate left the rings without, and
+  // runs the batch in ubatches.
   absl::StatusOr<std::vector<float>> Run(absl::Span<const int32_t> tokens, bool all_logits);
+  // One ubatch at positions n_past_..: the logits of every row, of the last,
+  // or (rows 0) of none.
+  void RunUbatch(absl::Span<const int32_t> tokens, int64_t logit_rows, std::vector<float>* logits);
   void Quantize(GgmlType w_type, const float* x, int64_t rows, int64_t cols, Acts* out);
   void MatMuls(absl::Span<const MatJob> jobs);
   void MatMul(const WeightView& w, const float* x, int64_t rows, float* out);
@@ -114,10 +131,18 @@ class CpuForward final : public Oracle {
   ExpertProvider* experts_;
   ThreadPool pool_;
   const bool kv_f16_;
+  const int ubatch_;
   int n_past_ = 0;
+  // Per layer: its ring's rows, or 0 where it keeps every position.
+  std::vector<int> kv_rows_;
+  KvRingPositions rings_;
+  // With rings: the ids fed at positions 0..n_past_, and whether the rings
+  // lost some of them to a Truncate (the next Run feeds them again).
+  std::vector<int32_t> fed_;
+  bool refeed_ = false;
   std::vector<LayerVectors> layers_;
   std::vector<float> output_norm_;
-  std::vector<std::vector<uint8_t>> k_cache_, v_cache_;  // [pos][n_head_kv][head_dim]
+  std::vector<std::vector<uint8_t>> k_cache_, v_cache_;  // [row][n_head_kv][head_dim]
   std::vector<double> rope_cos_, rope_sin_;              // [row][head_dim / 2] of this batch
   Acts acts_;
   // Buffers of a forward pass, kept between layers and calls: resizing within
@@ -244,18 +269,26 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
   Rope(q.data(), cfg.n_head, n);
   Rope(k.data(), cfg.n_head_kv, n);
 
-  // Append to the cache at positions n_past_ .. n_past_ + n - 1.
+  // Append to the cache at positions n_past_ .. n_past_ + n - 1 (a ring's
+  // rows: the positions mod its rows).
   const size_t elem = kv_f16_ ? 2 : 4;
-  uint8_t* kc = k_cache_[il].data() + static_cast<size_t>(n_past_ * kv_len) * elem;
-  uint8_t* vc = v_cache_[il].data() + static_cast<size_t>(n_past_ * kv_len) * elem;
-  if (kv_f16_) {
-    for (size_t i = 0; i < k.size(); ++i) {
-      reinterpret_cast<uint16_t*>(kc)[i] = f32_to_f16(k[i]);
-      reinterpret_cast<uint16_t*>(vc)[i] = f32_to_f16(v[i]);
+  const size_t stride = static_cast<size_t>(kv_len) * elem;
+  const int rows = kv_rows_[il];
+  for (int64_t t = 0; t < n; ++t) {
+    const size_t at = static_cast<size_t>(kv_cache_row(static_cast<int32_t>(n_past_ + t), rows));
+    uint8_t* kc = k_cache_[il].data() + at * stride;
+    uint8_t* vc = v_cache_[il].data() + at * stride;
+    const float* kt = k.data() + t * kv_len;
+    const float* vt = v.data() + t * kv_len;
+    if (kv_f16_) {
+      for (int64_t i = 0; i < kv_len; ++i) {
+        reinterpret_cast<uint16_t*>(kc)[i] = f32_to_f16(kt[i]);
+        reinterpret_cast<uint16_t*>(vc)[i] = f32_to_f16(vt[i]);
+      }
+    } else {
+      std::memcpy(kc, kt, stride);
+      std::memcpy(vc, vt, stride);
     }
-  } else {
-    std::memcpy(kc, k.data(), k.size() * 4);
-    std::memcpy(vc, v.data(), v.size() * 4);
   }
 
   // One task per (row, head): softmax(scale q.k) . v over positions 0..pos, or
@@ -265,7 +298,6 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   const int group = cfg.n_head / cfg.n_head_kv;
   const int window = cfg.swa_layer(il) ? cfg.n_swa : 0;
-  const size_t stride = static_cast<size_t>(kv_len) * elem;
   const uint8_t* k_all = k_cache_[il].data();
   const uint8_t* v_all = v_cache_[il].data();
   pool_.Run(n * cfg.n_head, [&](int64_t task) {
@@ -274,13 +306,12 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
     const int64_t n_seen = n_past_ + t + 1;
     const int64_t first = window > 0 ? std::max<int64_t>(0, n_seen - window) : 0;
     const float* qh = q.data() + t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
-    const size_t kv_off =
-        static_cast<size_t>(first) * stride + static_cast<size_t>(hd / group) * cfg.head_dim * elem;
+    const size_t kv_off = static_cast<size_t>(hd / group) * cfg.head_dim * elem;
     thread_local std::vector<float> scores;
     scores.resize(static_cast<size_t>(n_seen - first));
     float* oh = attn.data() + t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
     const float sink = lv.sinks.empty() ? -INFINITY : lv.sinks[hd];
-    SimdAttendHead(qh, k_all + kv_off, v_all + kv_off, stride, kv_f16_, n_seen - first,
+    SimdAttendHead(qh, k_all + kv_off, v_all + kv_off, stride, kv_f16_, first, n_seen - first, rows,
                    cfg.head_dim, kq_scale, sink, scores.data(), oh);
   });
   out->resize(static_cast<size_t>(n * cfg.n_embd));
@@ -494,11 +525,41 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
                           i, cfg.n_vocab));
     }
   }
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n > max_ctx_ - n_past_) {
+  const int64_t n_tokens = static_cast<int64_t>(tokens.size());
+  if (n_tokens > max_ctx_ - n_past_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "cpu: %d cached + %d new tokens exceed the context size %d", n_past_, n, max_ctx_));
+        "cpu: %d cached + %d new tokens exceed the context size %d", n_past_, n_tokens, max_ctx_));
   }
+  std::vector<int32_t> batch(tokens.begin(), tokens.end());
+  int64_t skipped = 0;  // leading rows fed again, whose logits nobody asked for
+  if (refeed_) {
+    batch.insert(batch.begin(), fed_.begin(), fed_.end());
+    skipped = n_past_;
+    n_past_ = 0;
+    fed_.clear();
+    refeed_ = false;
+  }
+  std::vector<float> logits;
+  for (int64_t begin = 0; begin < static_cast<int64_t>(batch.size()); begin += ubatch_) {
+    const int64_t end = std::min<int64_t>(static_cast<int64_t>(batch.size()), begin + ubatch_);
+    const int64_t wanted = end - std::max(begin, skipped);  // rows of the caller's tokens
+    const int64_t logit_rows = wanted <= 0  ? 0
+                               : all_logits ? wanted
+                                            : (end == static_cast<int64_t>(batch.size()) ? 1 : 0);
+    const int first_position = n_past_;
+    RunUbatch(absl::MakeConstSpan(batch).subspan(begin, end - begin), logit_rows, &logits);
+    if (rings_.has_rings()) {
+      rings_.Wrote(first_position, n_past_);
+      fed_.insert(fed_.end(), batch.begin() + begin, batch.begin() + end);
+    }
+  }
+  return logits;
+}
+
+void CpuForward::RunUbatch(absl::Span<const int32_t> tokens, int64_t logit_rows,
+                           std::vector<float>* logits) {
+  const ModelConfig& cfg = model_.config;
+  const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t n_embd = cfg.n_embd;
 
   // RoPE angles of this batch's positions, as the oracle computes them.
@@ -533,15 +594,15 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
   }
   n_past_ += static_cast<int>(n);
 
-  // Logits for every row, or the last row only (a prompt's other rows are not read).
-  const int64_t first = all_logits ? 0 : n - 1;
-  const int64_t n_out = n - first;
-  std::vector<float> normed(static_cast<size_t>(n_out * n_embd));
+  // Logits of the last logit_rows rows (a prompt's other rows are not read).
+  if (logit_rows == 0) return;
+  const int64_t first = n - logit_rows;
+  std::vector<float> normed(static_cast<size_t>(logit_rows * n_embd));
   RmsNorm(absl::MakeConstSpan(x).subspan(first * n_embd), output_norm_, cfg.rms_eps,
           absl::MakeSpan(normed));
-  std::vector<float> logits(static_cast<size_t>(n_out * cfg.n_vocab));
-  MatMul(weight_view(*model_.output), normed.data(), n_out, logits.data());
-  return logits;
+  const size_t at = logits->size();
+  logits->resize(at + static_cast<size_t>(logit_rows * cfg.n_vocab));
+  MatMul(weight_view(*model_.output), normed.data(), logit_rows, logits->data() + at);
 }
 
 }  // namespace
@@ -556,6 +617,10 @@ absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int
   if (options.threads < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "-t %d: threads must be positive (0: the physical cores)", options.threads));
+  }
+  if (options.ubatch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("-ub %d: a ubatch needs at least 1 token", options.ubatch));
   }
   const ModelConfig& cfg = model.config;
   if (cfg.head_dim % 2 != 0) {

@@ -23,10 +23,17 @@ namespace moegraph {
 struct CpuForwardOptions {
   int threads = 0;                          // 0: the physical cores
   KvCacheType kv_type = KvCacheType::kF16;  // llama.cpp's default
+  // A batch runs in ubatches of at most this many tokens (-ub); a windowed
+  // layer's K/V caches are rings of n_swa + ubatch rows where that is fewer
+  // than the context (KvLayerRows), unless swa_full keeps every position. A
+  // Truncate back past what the rings hold feeds the kept ids again from 0 at
+  // the next Forward (the same bits as never having lost them).
+  int ubatch = 512;
+  bool swa_full = false;
 };
 
 // Like Oracle::Create, with the fast path's arithmetic. Errors name the tensor
-// whose type the path cannot compute, or the bad option.
+// whose type the path cannot compute, or the bad option (-t, -ub).
 absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int max_ctx,
                                                          ExpertProvider* experts,
                                                          const CpuForwardOptions& options);

@@ -260,10 +260,15 @@ void AxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
 }
 
 void AttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
-                int64_t n, int head_dim, float scale, float sink, float* scores, float* out) {
+                int64_t first, int64_t n, int64_t rows, int head_dim, float scale, float sink,
+                float* scores, float* out) {
+  auto row_bytes = [&](int64_t j) {
+    const int64_t p = first + j;
+    return static_cast<size_t>(rows > 0 ? p % rows : p) * stride;
+  };
   float max = sink;
   for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* kj = k + static_cast<size_t>(j) * stride;
+    const uint8_t* kj = k + row_bytes(j);
     scores[j] = scale * (f16 ? DotF16(q, reinterpret_cast<const uint16_t*>(kj), head_dim)
                              : DotF32(q, reinterpret_cast<const float*>(kj), head_dim));
     max = std::max(max, scores[j]);
@@ -275,7 +280,7 @@ void AttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t strid
   }
   std::fill_n(out, head_dim, 0.0f);
   for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* vj = v + static_cast<size_t>(j) * stride;
+    const uint8_t* vj = v + row_bytes(j);
     if (f16) {
       AxpyF16(scores[j], reinterpret_cast<const uint16_t*>(vj), out, head_dim);
     } else {
@@ -939,8 +944,10 @@ void SimdAxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
 }
 
 void SimdAttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
-                    int64_t n, int head_dim, float scale, float sink, float* scores, float* out) {
-  HWY_DYNAMIC_DISPATCH(AttendHead)(q, k, v, stride, f16, n, head_dim, scale, sink, scores, out);
+                    int64_t first, int64_t n, int64_t rows, int head_dim, float scale, float sink,
+                    float* scores, float* out) {
+  HWY_DYNAMIC_DISPATCH(AttendHead)
+  (q, k, v, stride, f16, first, n, rows, head_dim, scale, sink, scores, out);
 }
 
 std::vector<int64_t> SimdTargets() { return hwy::SupportedAndGeneratedTargets(); }

@@ -42,13 +42,15 @@ float SimdDotF16(const float* a, const uint16_t* b, int64_t n);
 void SimdAxpyF32(float alpha, const float* x, float* y, int64_t n);
 void SimdAxpyF16(float alpha, const uint16_t* x, float* y, int64_t n);
 
-// One query head's attention over n cached positions: scores[j] = scale *
-// q.k_j, then out = sum_j softmax(scores)_j v_j, where k_j and v_j are head_dim
-// elements (f16 bits or f32) at k and v plus j * stride bytes; a finite sink
-// (gpt-oss) is one more logit in the softmax with no value. scores holds n
-// floats of scratch.
+// One query head's attention over the n cached positions first..first+n-1:
+// scores[j] = scale * q.k_j, then out = sum_j softmax(scores)_j v_j, where k_j
+// and v_j are head_dim elements (f16 bits or f32) at k and v plus row * stride
+// bytes, the row of position first + j (its remainder mod rows in a ring of
+// rows rows; rows 0: no ring); a finite sink (gpt-oss) is one more logit in
+// the softmax with no value. scores holds n floats of scratch.
 void SimdAttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
-                    int64_t n, int head_dim, float scale, float sink, float* scores, float* out);
+                    int64_t first, int64_t n, int64_t rows, int head_dim, float scale, float sink,
+                    float* scores, float* out);
 
 // The target the calls above run on ("AVX3", "AVX2", "SCALAR", ...).
 std::string SimdTargetName();

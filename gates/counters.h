@@ -11,8 +11,8 @@
 
 #include "absl/status/statusor.h"
 #include "capture/graph.h"
+#include "cpu/cpu_backend.h"
 #include "kernels/kernels.h"
-#include "reference/cpu_backend.h"
 
 namespace moegraph {
 

@@ -1,5 +1,5 @@
 // The engines a gate drives, behind one interface: the CPU backend
-// (reference/cpu_backend.h) and the CUDA engine (capture/engine.h), each built
+// (cpu/cpu_backend.h) and the CUDA engine (capture/engine.h), each built
 // from the doors of an arm, with a decode that returns every step's logits when
 // asked, a counter snapshot, the routing it ran and its residency state.
 #pragma once
@@ -13,9 +13,9 @@
 #include "absl/types/span.h"
 #include "capture/doors.h"
 #include "capture/engine.h"
+#include "cpu/cpu_backend.h"
 #include "gates/counters.h"
 #include "loader/model_config.h"
-#include "reference/cpu_backend.h"
 #include "residency/cache.h"
 #include "residency/policy_cache.h"
 

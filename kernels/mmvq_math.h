@@ -63,13 +63,23 @@ MG_HD_INLINE int get_int_b2(const void* x, int i32) {
 // Word i32 of x from one 32-bit load (x 4-byte aligned), as get_int_b4.
 MG_HD_INLINE int get_int_b4(const void* x, int i32) { return static_cast<const int*>(x)[i32]; }
 
-// Word i32 of x from four byte loads, as get_int_b1: mxfp4's 17-byte blocks keep
-// no alignment.
-MG_HD_INLINE int get_int_b1(const void* x, int i32) {
+// Word i32 of x at any alignment (mxfp4's 17-byte blocks keep none), where
+// ggml's get_int_b1 makes four byte loads: on the device the two aligned 32-bit
+// words holding its first and its last byte (one word where it is aligned),
+// joined by a funnel shift, so no load reaches a word without one of its bytes;
+// on the host its four bytes, the same value.
+MG_HD_INLINE int get_int_unaligned(const void* x, int i32) {
   const uint8_t* x8 = static_cast<const uint8_t*>(x) + 4 * i32;
+#if defined(__CUDA_ARCH__)
+  const uintptr_t at = reinterpret_cast<uintptr_t>(x8);
+  const uint32_t low = *reinterpret_cast<const uint32_t*>(at & ~uintptr_t{3});
+  const uint32_t high = *reinterpret_cast<const uint32_t*>((at + 3) & ~uintptr_t{3});
+  return static_cast<int>(__funnelshift_r(low, high, static_cast<uint32_t>(at & 3) * 8));
+#else
   return static_cast<int>(static_cast<uint32_t>(x8[0]) | (static_cast<uint32_t>(x8[1]) << 8) |
                           (static_cast<uint32_t>(x8[2]) << 16) |
                           (static_cast<uint32_t>(x8[3]) << 24));
+#endif
 }
 
 // __byte_perm: result byte n is byte (s >> 4n) & 7 of the eight bytes y:x.
@@ -439,15 +449,17 @@ MG_HD_INLINE float vec_dot_iq4_xs_q8_1(const block_iq4_xs* bx, const block_q8_1*
   return f16_to_f32(bx->d) * f16_to_f32(y8->d) * static_cast<float>(sumi);
 }
 
-// vec_dot_mxfp4_q8_1 (vdr 2): 17-byte blocks, so byte loads (get_int_b1), as ggml.
+// vec_dot_mxfp4_q8_1 (vdr 2): 17-byte blocks, so unaligned words (get_int_unaligned).
 MG_HD_INLINE float vec_dot_mxfp4_q8_1(const block_mxfp4* bx, const block_q8_1* y, int iqs) {
   int sumi = 0;
   for (int l = 0; l < 2; ++l) {
-    const IntPair v = int_from_table_16(get_int_b1(bx->qs, iqs + l), kMxfp4Low, kMxfp4High);
+    const IntPair v = int_from_table_16(get_int_unaligned(bx->qs, iqs + l), kMxfp4Low, kMxfp4High);
     sumi = dp4a(v.first, get_int_b4(y->qs, iqs + l), sumi);
     sumi = dp4a(v.second, get_int_b4(y->qs, iqs + l + 4), sumi);
   }
-  return e8m0_to_f32_half(bx->e) * f16_to_f32(y->d) * static_cast<float>(sumi);
+  // The scale byte as the low byte of the word it starts (its own block's bytes).
+  const uint8_t e = static_cast<uint8_t>(get_int_unaligned(&bx->e, 0));
+  return e8m0_to_f32_half(e) * f16_to_f32(y->d) * static_cast<float>(sumi);
 }
 
 // The dot of the weight block at `block` (of type) with the q8_1 blocks at y

@@ -499,7 +499,7 @@ class FixtureBuilder {
         // Sinks around the scores' scale: some heads give the sink most weight.
         AddVector(w, name("attn_sinks.weight"), spec_.n_head, 0.0f, 2.0f);
       }
-      if (spec_.arch == Arch::kQwen3Moe) {
+      if (spec_.arch == Arch::kQwen3Moe || (glm && spec_.qk_norm)) {
         AddVector(w, name("attn_q_norm.weight"), d_.head_dim, 1.0f, 0.1f);
         AddVector(w, name("attn_k_norm.weight"), d_.head_dim, 1.0f, 0.1f);
       }

@@ -67,6 +67,9 @@ struct FixtureSpec {
   // written after the decode layers as GLM-4.5's files carry them.
   int n_dense_lead = 1;
   int n_nextn = 1;
+  // glm4moe: per-head q/k RMSNorms (attn_q_norm / attn_k_norm of head_dim, as
+  // GLM-4.5 355B's files carry; llama.cpp's glm4moe loads them where present).
+  bool qk_norm = false;
   uint64_t seed = 1;
   // Non-null: this vocabulary, and n_vocab must be its size (embedding and
   // lm_head rows). Must outlive the call.

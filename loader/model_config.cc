@@ -685,4 +685,32 @@ size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type, in
          elem;
 }
 
+KvRingPositions::KvRingPositions(const ModelConfig& config, int max_ctx, int ring_slack)
+    : window_(config.n_swa) {
+  for (int il = 0; il < config.n_layer; ++il) {
+    const int rows = KvLayerRows(config, il, max_ctx, ring_slack);
+    if (rows < max_ctx) {
+      positions_.assign(static_cast<size_t>(rows), -1);
+      return;
+    }
+  }
+}
+
+bool KvRingPositions::Holds(int start) const {
+  if (positions_.empty()) return true;
+  const int rows = static_cast<int>(positions_.size());
+  for (int p = std::max(0, start - window_ + 1); p < start; ++p) {
+    if (positions_[static_cast<size_t>(p % rows)] != p) return false;
+  }
+  return true;
+}
+
+void KvRingPositions::Wrote(int first, int end) {
+  if (positions_.empty()) return;
+  const int rows = static_cast<int>(positions_.size());
+  for (int p = std::max(first, end - rows); p < end; ++p) {
+    positions_[static_cast<size_t>(p % rows)] = p;
+  }
+}
+
 }  // namespace moegraph

@@ -186,4 +186,24 @@ int KvLayerRows(const ModelConfig& config, int il, int max_ctx, int ring_slack =
 // The bytes of the K and V caches of every layer (KvLayerRows each).
 size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type, int ring_slack = -1);
 
+// The position each row of a model's windowed-layer rings holds (they all have
+// one size), and so whether a step at a position still finds the keys its
+// window reads below it once a rewind has gone back past what the rings kept.
+class KvRingPositions {
+ public:
+  KvRingPositions() = default;  // no rings
+  // The rings of KvLayerRows(config, ., max_ctx, ring_slack); none (every
+  // position held) where no windowed layer's ring is shorter than max_ctx.
+  KvRingPositions(const ModelConfig& config, int max_ctx, int ring_slack);
+  bool has_rings() const { return !positions_.empty(); }
+  // Whether a step at position start finds every key its window reads below it.
+  bool Holds(int start) const;
+  // Steps wrote positions [first, end).
+  void Wrote(int first, int end);
+
+ private:
+  int window_ = 0;
+  std::vector<int32_t> positions_;  // per ring row; -1: none yet
+};
+
 }  // namespace moegraph

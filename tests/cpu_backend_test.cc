@@ -2,7 +2,7 @@
 // architecture and several expert types, from heavy eviction (slots = k) to
 // every expert resident; cache on and off; its residency state against a fresh
 // ResidencyCache fed the routing it recorded; its counters against each other.
-#include "reference/cpu_backend.h"
+#include "cpu/cpu_backend.h"
 
 #include <gtest/gtest.h>
 

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_backend.h"
 #include "cpu/forward.h"
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
 #include "loader/placement.h"
-#include "reference/cpu_backend.h"
 #include "reference/oracle.h"
 #include "tests/test_util.h"
 
@@ -203,6 +203,69 @@ TEST(CpuBackendFastTest, BadThreadCountsAreErrorsNamingTheFlag) {
       CreateCpuForward(m->model, 8, nullptr, {.threads = -2});
   ASSERT_FALSE(f.ok());
   EXPECT_TRUE(testing_util::MessageHas(f.status(), "-t -2")) << f.status();
+}
+
+// gpt-oss's windowed layers (window 4) in rings of window + 8 rows, against
+// --swa-full's caches: a prompt in ubatches of 8, a decode, a continuation and
+// a rewind give the same logits bit for bit. The rewind to position 10, which
+// the rings no longer hold, feeds the kept positions again; the slot path
+// (slots < experts: token by token, rings of window + 1) counts them as steps.
+TEST(CpuWindowedRingsTest, WindowedLayersInRingsGiveTheFullCachesBits) {
+  const std::unique_ptr<LoadedModel> m =
+      Load({"oss", Arch::kGptOss, GgmlType::kF32, GgmlType::kMXFP4});
+  ASSERT_NE(m, nullptr);
+  const Model& model = m->model;
+  ASSERT_EQ(model.config.n_swa, 4);
+  constexpr int kCtx = 96;
+  auto make = [&](bool swa_full, int ubatch) {
+    absl::StatusOr<std::unique_ptr<Oracle>> f = CreateCpuForward(
+        model, kCtx, nullptr, {.threads = 2, .ubatch = ubatch, .swa_full = swa_full});
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f.ok() ? std::move(*f) : nullptr;
+  };
+  absl::StatusOr<ExpertStore> store = ExpertStore::Create(model);
+  ASSERT_TRUE(store.ok()) << store.status();
+  CpuBackendOptions slot_options;
+  slot_options.max_ctx = kCtx;
+  slot_options.n_slots = 5;
+  slot_options.fast.threads = 2;
+  absl::StatusOr<std::unique_ptr<CpuBackend>> slots =
+      CpuBackend::Create(model, &*store, slot_options);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  ASSERT_FALSE((*slots)->BatchesPrompts());
+  slot_options.fast.swa_full = true;
+  absl::StatusOr<std::unique_ptr<CpuBackend>> slots_full =
+      CpuBackend::Create(model, &*store, slot_options);
+  ASSERT_TRUE(slots_full.ok()) << slots_full.status();
+  EXPECT_LT((*slots)->kv_cache_bytes(), (*slots_full)->kv_cache_bytes());
+  EXPECT_EQ((*slots)->kv_cache_bytes(),
+            KvCacheBytes(model.config, kCtx, KvCacheType::kF16, /*ring_slack=*/1));
+
+  std::unique_ptr<Oracle> full = make(true, 512), rings = make(false, 8);
+  ASSERT_TRUE(full != nullptr && rings != nullptr);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % model.config.n_vocab);
+  const std::vector<int32_t> next = {5, 99, 23};
+  std::vector<float> want = Logits(*full, prompt);
+  EXPECT_EQ(Logits(*rings, prompt), want) << "prompt";
+  EXPECT_EQ(Logits(**slots, prompt), want) << "prompt, slots";
+  for (int i = 0; i < 20; ++i) {
+    const int32_t token = (i * 13 + 2) % model.config.n_vocab;
+    want = Logits(*full, {token});
+    EXPECT_EQ(Logits(*rings, {token}), want) << "decode " << i;
+    EXPECT_EQ(Logits(**slots, {token}), want) << "decode " << i << ", slots";
+  }
+  want = Logits(*full, next);
+  EXPECT_EQ(Logits(*rings, next), want) << "continuation";
+  EXPECT_EQ(Logits(**slots, next), want) << "continuation, slots";
+  const uint64_t steps_before = (*slots)->counters().steps;
+  for (Oracle* o : {full.get(), rings.get(), static_cast<Oracle*>(slots->get())}) o->Truncate(10);
+  EXPECT_EQ(rings->n_past(), 10);
+  want = Logits(*full, next);
+  EXPECT_EQ(Logits(*rings, next), want) << "rewind";
+  EXPECT_EQ(Logits(**slots, next), want) << "rewind, slots";
+  EXPECT_EQ(rings->n_past(), 13);
+  EXPECT_EQ((*slots)->counters().steps - steps_before, 10u + next.size());
 }
 
 // Busy-looping child processes, killed when this goes.

@@ -360,7 +360,8 @@ TEST_F(SimdTargetsTest, AttentionHelpersOnEveryTarget) {
 }
 
 // One head over n positions of an interleaved cache (rows of 2 heads): the
-// softmax-weighted sum of v, against f64 arithmetic on the same (f16) values.
+// softmax-weighted sum of v, against f64 arithmetic on the same (f16) values;
+// the same positions wrapped in a ring give the same bits.
 TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
   constexpr int kHeadDim = 64;
   constexpr int64_t kPositions = 37;
@@ -403,14 +404,31 @@ TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
       SimdForceTarget(target);
       std::vector<float> scores(kPositions), out(kHeadDim, NAN);
       SimdAttendHead(q.data(), kb + kHeadDim * elem, vb + kHeadDim * elem, 2 * kHeadDim * elem, f16,
-                     kPositions, kHeadDim, scale, -INFINITY, scores.data(), out.data());
+                     0, kPositions, 0, kHeadDim, scale, -INFINITY, scores.data(), out.data());
       for (int d = 0; d < kHeadDim; ++d) {
         EXPECT_NEAR(out[d], want[d], 1e-5) << SimdTargetName(target) << " f16 " << f16 << " " << d;
       }
       SimdAttendHead(q.data(), kb + kHeadDim * elem, vb + kHeadDim * elem, 2 * kHeadDim * elem, f16,
-                     kPositions, kHeadDim, scale, sink, scores.data(), out.data());
+                     0, kPositions, 0, kHeadDim, scale, sink, scores.data(), out.data());
       for (int d = 0; d < kHeadDim; ++d) {
         EXPECT_NEAR(out[d], want[d] * sink_scale, 1e-5) << SimdTargetName(target) << " sink " << d;
+      }
+      // The same positions in a ring of kPositions + 3 rows, starting at
+      // position 50 (row 10): wrapped after 30 of them, and the same bits.
+      constexpr int64_t kRows = kPositions + 3, kFirst = 50;
+      const size_t row = 2 * kHeadDim * elem;
+      std::vector<uint8_t> k_ring(kRows * row), v_ring(kRows * row);
+      for (int64_t j = 0; j < kPositions; ++j) {
+        const size_t at_row = static_cast<size_t>((kFirst + j) % kRows) * row;
+        std::memcpy(k_ring.data() + at_row, kb + j * row, row);
+        std::memcpy(v_ring.data() + at_row, vb + j * row, row);
+      }
+      std::vector<float> ring_out(kHeadDim, NAN);
+      SimdAttendHead(q.data(), k_ring.data() + kHeadDim * elem, v_ring.data() + kHeadDim * elem,
+                     row, f16, kFirst, kPositions, kRows, kHeadDim, scale, sink, scores.data(),
+                     ring_out.data());
+      for (int d = 0; d < kHeadDim; ++d) {
+        EXPECT_EQ(ring_out[d], out[d]) << SimdTargetName(target) << " ring " << d;
       }
     }
   }

@@ -350,7 +350,7 @@ TEST(LoadModel, GptOssReadsItsWindowYarnAndBiases) {
   EXPECT_TRUE(c.swa_layer(0));
   EXPECT_FALSE(c.swa_layer(1));
   EXPECT_TRUE(c.swa_layer(2));
-  // The CUDA engine's rings: n_swa + slack rows on layers 0 and 2, where fewer.
+  // The rings: n_swa + slack rows on layers 0 and 2, where fewer.
   EXPECT_EQ(KvLayerRows(c, 0, 100), 100);
   EXPECT_EQ(KvLayerRows(c, 0, 100, 8), 14);
   EXPECT_EQ(KvLayerRows(c, 1, 100, 8), 100);
@@ -358,6 +358,19 @@ TEST(LoadModel, GptOssReadsItsWindowYarnAndBiases) {
   const size_t row = 2 * static_cast<size_t>(c.n_head_kv) * c.head_dim * 2;  // K and V, f16
   EXPECT_EQ(KvCacheBytes(c, 100, KvCacheType::kF16), 300 * row);
   EXPECT_EQ(KvCacheBytes(c, 100, KvCacheType::kF16, 8), (14 + 100 + 14) * row);
+  // Rings of 14 rows (window 6): after positions 0..39 they hold 26..39, so a
+  // step at 31 finds its window's 26..30 and one at 30 misses 25.
+  KvRingPositions rings(c, 100, 8);
+  ASSERT_TRUE(rings.has_rings());
+  rings.Wrote(0, 40);
+  EXPECT_TRUE(rings.Holds(40));
+  EXPECT_TRUE(rings.Holds(31));
+  EXPECT_FALSE(rings.Holds(30));
+  rings.Wrote(0, 23);  // a rewind to 20 fed again from 0, and 3 more: rows of 9..22
+  EXPECT_TRUE(rings.Holds(23));
+  EXPECT_FALSE(rings.Holds(40));  // 35..39's rows hold 21, 22, 9..11 now
+  EXPECT_FALSE(KvRingPositions(c, 100, -1).has_rings());
+  EXPECT_FALSE(KvRingPositions(c, 10, 8).has_rings());
   EXPECT_EQ(c.rope_type, RopeType::kNeox);
   EXPECT_EQ(c.rope_freq_base, 150000.0f);
   EXPECT_EQ(c.rope_scaling.freq_scale, 1.0f / 32.0f);

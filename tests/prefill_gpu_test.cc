@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "capture/engine.h"
+#include "cpu/cpu_backend.h"
 #include "loader/fixture.h"
-#include "reference/cpu_backend.h"
 #include "tests/cuda_test_util.h"
 #include "tests/test_util.h"
 

@@ -27,9 +27,9 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/cpu_backend.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
-#include "reference/cpu_backend.h"
 #include "server/server.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"

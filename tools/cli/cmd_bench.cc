@@ -38,13 +38,13 @@
 #include "absl/strings/str_split.h"
 #include "capture/doors.h"
 #include "capture/engine.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/thread_pool.h"
 #include "loader/ggml_type.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
 #include "loader/placement.h"
 #include "loader/status_util.h"
-#include "reference/cpu_backend.h"
 #include "residency/trace.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/decoder.h"
@@ -597,6 +597,7 @@ absl::StatusOr<Plan> MakePlan() {
   }
   MG_ASSIGN_OR_RETURN(plan.cuda, BackendIsCuda(&plan.backend_note));
   MG_ASSIGN_OR_RETURN(plan.cpu.kv_type, ReadKvType());
+  MG_ASSIGN_OR_RETURN(plan.cpu.ubatch, ReadUbatch());
   const std::string threads = absl::GetFlag(FLAGS_t);
   for (absl::string_view part : absl::StrSplit(threads, ',')) {
     MG_ASSIGN_OR_RETURN(int t, ParseThreads(absl::StripAsciiWhitespace(part)));
@@ -672,7 +673,7 @@ absl::Status Bench() {
   const ModelInfo info = DescribeModel(model);
   // Notes go to stderr: stdout holds the table (or JSON, CSV) alone.
   std::FILE* notes = stderr;
-  MG_RETURN_IF_ERROR(CheckContext(model, plan.cuda, plan.cpu.kv_type, plan.ctx, notes));
+  MG_RETURN_IF_ERROR(CheckContext(model, plan.cuda, plan.cpu, plan.ctx, notes));
   if (!plan.backend_note.empty()) std::fprintf(notes, "note: %s\n", plan.backend_note.c_str());
   if (plan.cuda && (plan.threads.size() > 1 || !absl::GetFlag(FLAGS_t).empty())) {
     std::fprintf(notes, "note: -t applies to the CPU backend only\n");

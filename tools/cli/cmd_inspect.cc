@@ -169,14 +169,14 @@ std::string ModelSection(const GgufFile& file) {
   absl::StrAppendFormat(&out, "\n  KV cache:   %.1f KiB per position (f16)%s",
                         KvCacheBytes(c, 1, KvCacheType::kF16) / 1024.0,
                         c.n_layer_nextn > 0 ? ", decoded layers only" : "");
-  // The CUDA engine's rings (KvLayerRows) at the default -ub, past their rows.
+  // The windowed layers' rings (KvLayerRows) at the default -ub, past their rows.
   constexpr int kUbatch = 512;
   int windowed = 0;
   for (int il = 0; il < c.n_layer; ++il) windowed += c.swa_layer(il);
   if (windowed > 0) {
     const double layer_kib = KvCacheBytes(c, 1, KvCacheType::kF16) / 1024.0 / c.n_layer;
     absl::StrAppendFormat(&out,
-                          "; cuda: the %d windowed layers keep rings of %d rows (window + -ub "
+                          "; the %d windowed layers keep rings of %d rows (window + -ub "
                           "%d, %.2f MiB), then %.1f KiB per position",
                           windowed, c.n_swa + kUbatch, kUbatch,
                           windowed * (c.n_swa + kUbatch) * layer_kib / 1024.0,

@@ -24,6 +24,7 @@ ABSL_FLAG(std::string, arch, "qwen3moe",
 ABSL_FLAG(int32_t, swa, 4, "make-fixture: gpt-oss: the attention window of the even layers");
 ABSL_FLAG(int32_t, dense_layers, 1, "make-fixture: glm4moe: leading layers with a dense FFN");
 ABSL_FLAG(int32_t, nextn, 1, "make-fixture: glm4moe: NextN layers after the decode layers");
+ABSL_FLAG(bool, qk_norm, false, "make-fixture: glm4moe: per-head q/k norms");
 ABSL_FLAG(int32_t, layers, 0, "layers (0: the command's default)");
 ABSL_FLAG(int32_t, experts, 0, "routed experts per layer (0: the command's default)");
 ABSL_FLAG(int32_t, top_k, moegraph::kUnsetTopK,
@@ -142,6 +143,11 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   spec.n_swa = absl::GetFlag(FLAGS_swa);
   spec.n_dense_lead = absl::GetFlag(FLAGS_dense_layers);
   spec.n_nextn = absl::GetFlag(FLAGS_nextn);
+  spec.qk_norm = absl::GetFlag(FLAGS_qk_norm);
+  if (spec.qk_norm && spec.arch != Arch::kGlm4Moe) {
+    return absl::InvalidArgumentError(
+        "--qk-norm: only glm4moe's norms are optional (qwen3moe and olmoe always write theirs)");
+  }
   FixtureVocab vocab;
   if (const std::string json = absl::GetFlag(FLAGS_tokenizer_json); !json.empty()) {
     absl::StatusOr<FixtureVocab> read = ReadHfTokenizer(json, absl::GetFlag(FLAGS_pad_vocab));

@@ -56,10 +56,10 @@ std::vector<FlagDoc> Engine() {
        "MOEGRAPH_* doors in the environment say)"},
       {"steps_per_launch", "N", "cuda: decode steps captured in one CUDA graph (default: 1)"},
       {"ub", "N",
-       "cuda: prompt tokens per ubatch of the batched prefill (MOEGRAPH_PREFILL; default: "
-       "512, as llama.cpp)"},
+       "prompt tokens per ubatch: cuda: of the batched prefill (MOEGRAPH_PREFILL); cpu: of a "
+       "batch, one token where slots hold fewer than the experts (default: 512, as llama.cpp)"},
       {"swa_full", "",
-       "cuda: windowed layers (gpt-oss) keep every position's KV instead of a ring of window + "
+       "windowed layers (gpt-oss) keep every position's KV instead of a ring of window + "
        "ubatch rows (default: false, as llama.cpp)"},
       {"t", "N",
        "cpu: threads, the caller included; at most the logical CPUs (default: the "
@@ -95,6 +95,7 @@ std::vector<CommandSpec> MakeCommands() {
         {"swa", "N", "gpt-oss: the attention window of the even layers, in positions (default: 4)"},
         {"dense_layers", "N", "glm4moe: leading layers with a dense FFN (default: 1)"},
         {"nextn", "N", "glm4moe: NextN layers written after the decode layers (default: 1)"},
+        {"qk_norm", "", "glm4moe: per-head q/k norms, as GLM-4.5 355B (default: false)"},
         {"layers", "N", "transformer blocks (default: 2)"},
         {"experts", "N", "routed experts per layer (default: 8)"},
         {"top_k", "K", "experts used per token (default: 2)"},
@@ -196,7 +197,7 @@ std::vector<CommandSpec> MakeCommands() {
         {"ctx", "N", "KV cache positions (default: 0: what the tests need)"},
         {"backend", "cpu|cuda|auto", "cuda when a device exists, else cpu (default: auto)"},
         {"steps_per_launch", "N", "cuda: decode steps captured in one CUDA graph (default: 1)"},
-        {"ub", "N", "cuda: prompt tokens per ubatch of the batched prefill (default: 512)"},
+        {"ub", "N", "prompt tokens per ubatch (default: 512)"},
         {"kv_type", "f16|f32", "the KV cache's element type (default: f16)"},
         {"verbose", "",
          "print the CUDA runtime's reason when there is no device (default: "

@@ -26,8 +26,8 @@
 ABSL_FLAG(std::string, backend, "auto", "cpu | cuda | auto");
 ABSL_FLAG(std::string, arm, "", "resident | graph | eager | host | stage");
 ABSL_FLAG(int32_t, steps_per_launch, 1, "decode steps captured in one CUDA graph");
-ABSL_FLAG(int32_t, ub, 512, "cuda: prompt tokens per ubatch of the batched prefill");
-ABSL_FLAG(bool, swa_full, false, "cuda: windowed layers keep every position's KV (no ring)");
+ABSL_FLAG(int32_t, ub, 512, "prompt tokens per ubatch");
+ABSL_FLAG(bool, swa_full, false, "windowed layers keep every position's KV (no ring)");
 ABSL_FLAG(float, temp, 0.0f, "sampling temperature (0: greedy)");
 ABSL_FLAG(float, top_p, 0.95f, "sampling's top-p (1: off)");
 ABSL_FLAG(float, min_p, 0.05f, "sampling's min-p (0: off)");
@@ -208,10 +208,12 @@ absl::StatusOr<CpuForwardOptions> ReadCpuFlags() {
   CpuForwardOptions options;
   MG_ASSIGN_OR_RETURN(options.threads, ParseThreads(absl::GetFlag(FLAGS_t)));
   MG_ASSIGN_OR_RETURN(options.kv_type, ReadKvType());
+  MG_ASSIGN_OR_RETURN(options.ubatch, ReadUbatch());
+  options.swa_full = absl::GetFlag(FLAGS_swa_full);
   return options;
 }
 
-absl::Status CheckContext(const Model& model, bool cuda, KvCacheType kv_type, int ctx,
+absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions& cpu, int ctx,
                           std::FILE* info) {
   const ModelConfig& cfg = model.config;
   if (cfg.n_ctx_train > 0 && ctx > cfg.n_ctx_train) {
@@ -221,13 +223,15 @@ absl::Status CheckContext(const Model& model, bool cuda, KvCacheType kv_type, in
                  ctx, cfg.n_ctx_train, std::string(arch_gguf_name(cfg.arch)).c_str());
   }
   if (cuda) return absl::OkStatus();
-  const uint64_t kv = KvCacheBytes(cfg, ctx, kv_type);
+  const KvCacheType kv_type = cpu.kv_type;
+  const uint64_t kv = KvCacheBytes(cfg, ctx, kv_type, cpu.swa_full ? -1 : cpu.ubatch);
   const uint64_t available = HostMemoryAvailable();
   if (available > 0 && kv > available) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "--ctx %d: a context of that many positions (--ctx, or the prompt and -n) needs a KV "
-        "cache of %.2f GiB (2 x %d layers x %d positions x %d KV heads x %d x %d bytes) and this "
-        "machine has %.2f GiB available (MemAvailable); a smaller --ctx or -n fits",
+        "cache of %.2f GiB (K and V of %d layers at %d positions, or a windowed layer's ring, x "
+        "%d KV heads x %d x %d bytes) and this machine has %.2f GiB available (MemAvailable); a "
+        "smaller --ctx or -n fits",
         ctx, Gib(kv), cfg.n_layer, ctx, cfg.n_head_kv, cfg.head_dim,
         kv_type == KvCacheType::kF16 ? 2 : 4, Gib(available)));
   }
@@ -244,8 +248,6 @@ absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
     return absl::InvalidArgumentError(absl::StrFormat("--steps-per-launch %d is not in [1, %d]",
                                                       flags.steps_per_launch, kMaxStepsPerLaunch));
   }
-  MG_ASSIGN_OR_RETURN(flags.ubatch, ReadUbatch());
-  flags.swa_full = absl::GetFlag(FLAGS_swa_full);
   std::optional<Arm> arm;
   if (const std::string text = absl::GetFlag(FLAGS_arm); !text.empty()) {
     MG_ASSIGN_OR_RETURN(arm, ParseArm(text));
@@ -270,7 +272,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
                                                          std::FILE* info) {
   auto d = std::unique_ptr<Decoder>(new Decoder());
   d->sampling_ = flags.sampling;
-  MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu.kv_type, max_ctx, info));
+  MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, max_ctx, info));
   if (flags.cuda) {
     CudaEngineOptions options;
     options.sampling = flags.sampling;
@@ -289,8 +291,8 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
     }
     options.doors = flags.doors.doors;
     options.steps_per_launch = flags.steps_per_launch;
-    options.ubatch = flags.ubatch;
-    options.swa_full = flags.swa_full;
+    options.ubatch = flags.cpu.ubatch;
+    options.swa_full = flags.cpu.swa_full;
     MG_ASSIGN_OR_RETURN(d->cuda_, CudaEngine::Create(model, options, TerminalProgress()));
     std::fprintf(info, "%s\n", d->cuda_->banner().c_str());
     return d;
@@ -335,7 +337,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   }
   MG_ASSIGN_OR_RETURN(d->cpu_, CpuBackend::Create(model, d->store_.get(), options));
   d->file_bytes_ = model.file->total_size();
-  d->kv_bytes_ = KvCacheBytes(model.config, max_ctx, options.fast.kv_type);
+  d->kv_bytes_ = d->cpu_->kv_cache_bytes();
   std::fprintf(info, "%s\n", Banner(*d->cpu_, d->store_.get(), options).c_str());
   const int threads = options.fast.threads > 0 ? options.fast.threads : PhysicalCores();
   std::fprintf(info, "backend cpu: %d thread%s, SIMD %s, KV cache %s; a prompt runs %s\n", threads,

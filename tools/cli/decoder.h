@@ -17,10 +17,10 @@
 #include "absl/types/span.h"
 #include "capture/doors.h"
 #include "capture/engine.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/forward.h"
 #include "kernels/sample_math.h"
 #include "loader/model_config.h"
-#include "reference/cpu_backend.h"
 #include "reference/oracle.h"
 
 namespace moegraph {
@@ -36,10 +36,8 @@ struct DecoderFlags {
   std::string backend_note;  // "no CUDA device: running on the CPU backend", or empty
   ResolvedDoors doors;
   int steps_per_launch = 1;
-  int32_t ubatch = 512;     // -ub
-  bool swa_full = false;    // --swa-full
   SamplingParams sampling;  // --seed unset: a random seed, drawn here
-  CpuForwardOptions cpu;    // -t, --kv-type
+  CpuForwardOptions cpu;    // -t, --kv-type, -ub, --swa-full (the last three on both backends)
 };
 
 // One -t value: 0 is the physical cores; above the logical CPUs it is clamped
@@ -62,9 +60,10 @@ absl::StatusOr<bool> BackendIsCuda(std::string* note);
 
 // The backend's context of ctx positions against the model and the machine:
 // a warning on info above the file's context_length (as llama.cpp warns), an
-// error with the arithmetic when the CPU backend's KV cache is more than the
-// host has available (the CUDA engine checks its device memory itself).
-absl::Status CheckContext(const Model& model, bool cuda, KvCacheType kv_type, int ctx,
+// error with the arithmetic when the CPU backend's KV cache (cpu's type and
+// rings) is more than the host has available (the CUDA engine checks its
+// device memory itself).
+absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions& cpu, int ctx,
                           std::FILE* info);
 
 // Reads and checks the flags, each error naming its flag; no model is needed.

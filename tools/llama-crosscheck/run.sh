@@ -17,7 +17,7 @@ count=12
 failed=0
 printf '| fixture | tokens equal | moegraph | llama.cpp |\n| --- | --- | --- | --- |\n'
 for arch_flags in "qwen3moe --kv-heads 2" "olmoe" "qwen2moe --kv-heads 2" "mixtral --kv-heads 2" \
-                  "gpt-oss --kv-heads 2" "glm4moe --kv-heads 2"; do
+                  "gpt-oss --kv-heads 2" "glm4moe --kv-heads 2" "glm4moe --kv-heads 2 --qk-norm"; do
   arch=${arch_flags%% *}
   file="$work/$arch.gguf"
   # shellcheck disable=SC2086

@@ -107,6 +107,8 @@ class CpuBackend final : public Oracle {
   // Whether a batch of tokens runs as one batch (every expert resident).
   bool BatchesPrompts() const;
   const EngineCounters& counters() const;
+  // The KV caches' bytes (a windowed layer's ring counted at its rows).
+  size_t kv_cache_bytes() const { return kv_bytes_; }
   // One per size class, indexed like store.size_classes(); none when resident.
   const std::vector<SlotPoolInfo>& pools() const;
   // The residency state of a size class's pool; null with the cache off.
@@ -123,6 +125,7 @@ class CpuBackend final : public Oracle {
 
   const Model* model_ = nullptr;
   int max_ctx_ = 0;
+  size_t kv_bytes_ = 0;
   std::vector<SlotPoolInfo> pools_;
 
   // Declared before oracle_, which calls into it, so it is destroyed after.

@@ -1,12 +1,13 @@
-#include "reference/cpu_backend.h"
+#include "cpu/cpu_backend.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <new>
-#include <string>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -126,6 +127,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
       : model_(model), store_(store), k_(k), routing_trace_(routing_trace) {
     local_layer_.resize(static_cast<size_t>(model.config.n_layer));
     batch_rows_.resize(static_cast<size_t>(model.config.n_layer));
+    provided_rows_.resize(static_cast<size_t>(model.config.n_layer));
   }
 
   absl::Status AddPools(const CpuBackendOptions& options) {
@@ -183,12 +185,15 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
                absl::Span<ExpertWeights> weights) override {
     MG_CHECK(static_cast<int>(experts.size()) == k_ && weights.size() == experts.size(),
              "CpuBackend: k experts and k views per provide");
-    // A step's record has a row per layer: the dense layers' (which come first
-    // and route nothing) are kMissingExpert.
-    if (layer == model_.config.n_layer_dense_lead) {
-      routing_.insert(routing_.end(), static_cast<size_t>(layer * k_), kMissingExpert);
+    // A step's record has a row per layer: the dense layers' (which route
+    // nothing) are kMissingExpert. A batch's rows come layer by layer.
+    const size_t n_layer = static_cast<size_t>(model_.config.n_layer);
+    const size_t step = counters_.steps + provided_rows_[static_cast<size_t>(layer)]++;
+    if (routing_.size() < (step + 1) * n_layer * k_) {
+      routing_.resize((step + 1) * n_layer * k_, kMissingExpert);
     }
-    routing_.insert(routing_.end(), experts.begin(), experts.end());
+    std::copy(experts.begin(), experts.end(),
+              routing_.begin() + static_cast<std::ptrdiff_t>((step * n_layer + layer) * k_));
     if (store_ == nullptr) {
       for (int r = 0; r < k_; ++r) {
         weights[r] = {model_.expert(layer, ExpertProj::kGate, experts[r]),
@@ -244,10 +249,11 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     return true;
   }
 
-  // n tokens (one batch) done.
-  void CountSteps(int n) {
-    counters_.steps += static_cast<uint64_t>(n);
+  // A forward call done: its rows are steps (a Truncate's refed ones too).
+  void CountSteps() {
+    counters_.steps += provided_rows_[static_cast<size_t>(model_.config.n_layer_dense_lead)];
     std::fill(batch_rows_.begin(), batch_rows_.end(), 0);
+    std::fill(provided_rows_.begin(), provided_rows_.end(), 0);
   }
   const EngineCounters& counters() const { return counters_; }
   const std::vector<Pool>& pools() const { return pools_; }
@@ -278,6 +284,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   const RoutingTrace* routing_trace_;
   std::vector<int32_t> local_layer_;  // model layer -> its number in its class's cache
   std::vector<uint64_t> batch_rows_;  // per layer: rows routed so far in this batch
+  std::vector<uint64_t> provided_rows_;  // per layer: rows provided so far in this batch
   std::vector<Pool> pools_;
   EngineCounters counters_;
   std::vector<int32_t> routing_;
@@ -311,9 +318,15 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Model& mode
   if (options.oracle_arithmetic) {
     MG_ASSIGN_OR_RETURN(backend->oracle_,
                         Oracle::Create(model, options.max_ctx, backend->experts_.get()));
+    backend->kv_bytes_ = KvCacheBytes(model.config, options.max_ctx, KvCacheType::kF32);
   } else {
-    MG_ASSIGN_OR_RETURN(backend->oracle_, CreateCpuForward(model, options.max_ctx,
-                                                           backend->experts_.get(), options.fast));
+    // Token by token, a ubatch is one token (and a windowed layer's ring n_swa + 1 rows).
+    CpuForwardOptions fast = options.fast;
+    if (!backend->BatchesPrompts()) fast.ubatch = 1;
+    MG_ASSIGN_OR_RETURN(backend->oracle_,
+                        CreateCpuForward(model, options.max_ctx, backend->experts_.get(), fast));
+    backend->kv_bytes_ =
+        KvCacheBytes(model.config, options.max_ctx, fast.kv_type, fast.swa_full ? -1 : fast.ubatch);
   }
   return backend;
 }
@@ -350,13 +363,13 @@ absl::StatusOr<std::vector<float>> CpuBackend::Run(absl::Span<const int32_t> tok
   if (experts_->ViewsOutliveCalls()) {
     absl::StatusOr<std::vector<float>> logits =
         all_logits ? oracle_->Forward(tokens) : oracle_->ForwardLast(tokens);
-    experts_->CountSteps(static_cast<int>(tokens.size()));
+    experts_->CountSteps();
     return logits;
   }
   std::vector<float> logits;
   for (size_t i = 0; i < tokens.size(); ++i) {
     MG_ASSIGN_OR_RETURN(std::vector<float> step, oracle_->Forward({tokens[i]}));
-    experts_->CountSteps(1);
+    experts_->CountSteps();
     if (all_logits || i + 1 == tokens.size()) logits.insert(logits.end(), step.begin(), step.end());
   }
   return logits;
