@@ -19,6 +19,9 @@ printf '| fixture | tokens equal | moegraph | llama.cpp |\n| --- | --- | --- | -
 for arch_flags in "qwen3moe --kv-heads 2" "olmoe" "qwen2moe --kv-heads 2" "mixtral --kv-heads 2" \
                   "gpt-oss --kv-heads 2" "glm4moe --kv-heads 2" "glm4moe --kv-heads 2 --qk-norm"; do
   arch=${arch_flags%% *}
+  # The row's name: the architecture and any flag beyond --kv-heads.
+  label="$arch${arch_flags##*--kv-heads 2}"
+  [[ $arch_flags == *--kv-heads* ]] || label=$arch
   file="$work/$arch.gguf"
   # shellcheck disable=SC2086
   "$moegraph" make-fixture --arch $arch_flags --layers 3 --experts 8 --top-k 2 --embd 128 --ff 64 \
@@ -27,6 +30,6 @@ for arch_flags in "qwen3moe --kv-heads 2" "olmoe" "qwen2moe --kv-heads 2" "mixtr
   theirs=$(node "$here/greedy.mjs" "$file" "$prompt" "$count")
   verdict=yes
   [[ "$ours" == "$theirs" ]] || { verdict=NO; failed=1; }
-  printf '| %s | %s | %s | %s |\n' "$arch" "$verdict" "$ours" "$theirs"
+  printf '| %s | %s | %s | %s |\n' "$label" "$verdict" "$ours" "$theirs"
 done
 exit $failed
