@@ -109,9 +109,9 @@ cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, 
 // of 4), f16 and bf16 (of 8) against f32 ones.
 bool matvec_supports_type(GgmlType type, int32_t cols);
 
-// The same for launch_qkv, which reads every type but mxfp4: its 17-byte blocks
-// take byte loads, kept out of the attention's one kernel (gpt-oss files hold
-// mxfp4 in the experts only).
+// The same for launch_qkv, which reads every type but mxfp4: its unaligned
+// words inlined beside the other types spill the attention's one kernel
+// (gpt-oss files hold mxfp4 in the experts only).
 bool qkv_supports_type(GgmlType type, int32_t cols);
 
 // out[rows] = W x (+ bias when not null), the grouped matvec of
