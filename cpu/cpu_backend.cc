@@ -188,12 +188,12 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     // A step's record has a row per layer: the dense layers' (which route
     // nothing) are kMissingExpert. A batch's rows come layer by layer.
     const size_t n_layer = static_cast<size_t>(model_.config.n_layer);
-    const size_t step = counters_.steps + provided_rows_[static_cast<size_t>(layer)]++;
-    if (routing_.size() < (step + 1) * n_layer * k_) {
-      routing_.resize((step + 1) * n_layer * k_, kMissingExpert);
+    const size_t row_step = counters_.steps + provided_rows_[static_cast<size_t>(layer)]++;
+    if (routing_.size() < (row_step + 1) * n_layer * k_) {
+      routing_.resize((row_step + 1) * n_layer * k_, kMissingExpert);
     }
     std::copy(experts.begin(), experts.end(),
-              routing_.begin() + static_cast<std::ptrdiff_t>((step * n_layer + layer) * k_));
+              routing_.begin() + static_cast<std::ptrdiff_t>((row_step * n_layer + layer) * k_));
     if (store_ == nullptr) {
       for (int r = 0; r < k_; ++r) {
         weights[r] = {model_.expert(layer, ExpertProj::kGate, experts[r]),
@@ -326,7 +326,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Model& mode
     MG_ASSIGN_OR_RETURN(backend->oracle_,
                         CreateCpuForward(model, options.max_ctx, backend->experts_.get(), fast));
     backend->kv_bytes_ =
-        KvCacheBytes(model.config, options.max_ctx, fast.kv_type, fast.swa_full ? -1 : fast.ubatch);
+        KvCacheBytes(model.config, options.max_ctx, fast.kv_type, fast.ring_slack());
   }
   return backend;
 }

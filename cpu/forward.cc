@@ -67,7 +67,7 @@ class CpuForward final : public Oracle {
         pool_(options.threads > 0 ? options.threads : PhysicalCores()),
         kv_f16_(options.kv_type == KvCacheType::kF16),
         ubatch_(options.ubatch),
-        rings_(model.config, max_ctx, options.swa_full ? -1 : options.ubatch) {
+        rings_(model.config, max_ctx, options.ring_slack()) {
     const ModelConfig& cfg = model.config;
     for (const LayerTensors& lt : model.layers) {
       layers_.push_back(
@@ -80,7 +80,7 @@ class CpuForward final : public Oracle {
     output_norm_ = TensorToFloat(*model.output_norm);
     const size_t row_bytes = static_cast<size_t>(cfg.n_head_kv) * cfg.head_dim * (kv_f16_ ? 2 : 4);
     for (int il = 0; il < cfg.n_layer; ++il) {
-      const int rows = KvLayerRows(cfg, il, max_ctx, options.swa_full ? -1 : options.ubatch);
+      const int rows = KvLayerRows(cfg, il, max_ctx, options.ring_slack());
       kv_rows_.push_back(rows < max_ctx ? rows : 0);
       k_cache_.emplace_back(static_cast<size_t>(rows) * row_bytes);
       v_cache_.emplace_back(static_cast<size_t>(rows) * row_bytes);
@@ -530,10 +530,13 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cpu: %d cached + %d new tokens exceed the context size %d", n_past_, n_tokens, max_ctx_));
   }
-  std::vector<int32_t> batch(tokens.begin(), tokens.end());
-  int64_t skipped = 0;  // leading rows fed again, whose logits nobody asked for
+  absl::Span<const int32_t> batch = tokens;
+  std::vector<int32_t> refed;  // the kept ids, then tokens
+  int64_t skipped = 0;         // leading rows fed again, whose logits nobody asked for
   if (refeed_) {
-    batch.insert(batch.begin(), fed_.begin(), fed_.end());
+    refed = fed_;
+    refed.insert(refed.end(), tokens.begin(), tokens.end());
+    batch = refed;
     skipped = n_past_;
     n_past_ = 0;
     fed_.clear();
@@ -547,7 +550,7 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
                                : all_logits ? wanted
                                             : (end == static_cast<int64_t>(batch.size()) ? 1 : 0);
     const int first_position = n_past_;
-    RunUbatch(absl::MakeConstSpan(batch).subspan(begin, end - begin), logit_rows, &logits);
+    RunUbatch(batch.subspan(begin, end - begin), logit_rows, &logits);
     if (rings_.has_rings()) {
       rings_.Wrote(first_position, n_past_);
       fed_.insert(fed_.end(), batch.begin() + begin, batch.begin() + end);

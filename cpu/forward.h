@@ -30,6 +30,8 @@ struct CpuForwardOptions {
   // the next Forward (the same bits as never having lost them).
   int ubatch = 512;
   bool swa_full = false;
+  // KvLayerRows's ring slack: the ubatch, or none (-1) with swa_full.
+  int ring_slack() const { return swa_full ? -1 : ubatch; }
 };
 
 // Like Oracle::Create, with the fast path's arithmetic. Errors name the tensor

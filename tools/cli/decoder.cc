@@ -224,7 +224,7 @@ absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions
   }
   if (cuda) return absl::OkStatus();
   const KvCacheType kv_type = cpu.kv_type;
-  const uint64_t kv = KvCacheBytes(cfg, ctx, kv_type, cpu.swa_full ? -1 : cpu.ubatch);
+  const uint64_t kv = KvCacheBytes(cfg, ctx, kv_type, cpu.ring_slack());
   const uint64_t available = HostMemoryAvailable();
   if (available > 0 && kv > available) {
     return absl::ResourceExhaustedError(absl::StrFormat(
