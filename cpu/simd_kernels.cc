@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/act_quant.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -411,6 +412,121 @@ HWY_INLINE float BlockScale(const block_q4_1& b) { return F16(b.d); }
 HWY_INLINE float BlockScale(const block_q5_1& b) { return F16(b.d); }
 HWY_INLINE float BlockScale(const block_iq4_nl& b) { return F16(b.d); }
 HWY_INLINE float BlockScale(const block_mxfp4& b) { return e8m0_to_f32_half(b.e); }
+
+#if HWY_TARGET == HWY_AVX3
+// iq4_nl and mxfp4 on AVX-512: blocks b and b + 1 in one 512-bit vector, b in
+// the low half, so the halves of one accumulator are ggml's accum1 and accum2
+// (each lane takes the operations it takes at 256 bits, below) at half the
+// instructions. AVX-512 has no vpsignb: the activations are negated under the
+// weights' sign mask instead (where a weight is 0 its product is 0 either way).
+// The block scales, scalar conversions at 256 bits, would be most of the work
+// left: here the activations' come converted (act_scales[n][b], once per
+// matrix), the weights' 16 blocks at a time in vector lanes, and each pair's
+// two products d_w d_a (the same f32 products) are one permute away.
+
+// 16 blocks' scales from their first bytes (one gather): mxfp4's e8m0 as
+// e8m0_to_f32_half, iq4_nl's f16 d. Lanes past `valid` are 0.
+HWY_INLINE __m512 BlockScales16(const block_mxfp4* x, __mmask16 valid) {
+  const __m512i offsets =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(sizeof(block_mxfp4)));
+  const __m512i e = _mm512_and_si512(
+      _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, offsets, &x->e, 1),
+      _mm512_set1_epi32(0xFF));
+  const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+  const __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+  const __m512i bits =
+      _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, tiny);
+  return _mm512_maskz_mov_ps(valid, _mm512_castsi512_ps(bits));
+}
+HWY_INLINE __m512 BlockScales16(const block_iq4_nl* x, __mmask16 valid) {
+  const __m512i offsets =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(sizeof(block_iq4_nl)));
+  const __m512i d = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, offsets, &x->d, 1);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
+}
+
+// Weights ahead of the loads, in bytes: measured on BM_Dot (16 MiB of mxfp4
+// rows, one activation row), 1 to 4 KiB ahead is 15% faster than none.
+constexpr int kPairPrefetchBytes = 4096;
+
+template <int R, int N, typename Block>
+void DotPairs512Tile(const Block* const* x, const block_q8_0* const* y,
+                     const float* const* act_scales, int64_t nb, uint64_t low, uint64_t high,
+                     float* out) {
+  alignas(16) const uint64_t words[2] = {low, high};
+  const __m512i table =
+      _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(words)));
+  const __m512i low4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi16(1);
+  const __m512i zero = _mm512_setzero_si512();
+  // Lanes 0-7 from element 0 of a chunk's scales, 8-15 from element 1; + 2 a pair.
+  const __m512i first_pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i two = _mm512_set1_epi32(2);
+  __m512 acc[R][N];
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < N; ++n) acc[r][n] = _mm512_setzero_ps();
+  }
+  int64_t b = 0;
+  while (b + 1 < nb) {
+    const int chunk = static_cast<int>(std::min<int64_t>(16, (nb - b) & ~int64_t{1}));
+    const __mmask16 in_chunk = static_cast<__mmask16>((1u << chunk) - 1);
+    __m512 scales[R][N];
+    for (int r = 0; r < R; ++r) {
+      const __m512 dx_vec = BlockScales16(x[r] + b, in_chunk);
+      for (int n = 0; n < N; ++n) {
+        scales[r][n] = _mm512_mul_ps(dx_vec, _mm512_maskz_loadu_ps(in_chunk, act_scales[n] + b));
+      }
+    }
+    __m512i pair = first_pair;
+    for (int k = 0; k < chunk; k += 2, b += 2, pair = _mm512_add_epi32(pair, two)) {
+      __m512i a[N];
+      for (int n = 0; n < N; ++n) {
+        a[n] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[n][b].qs))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[n][b + 1].qs)), 1);
+      }
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(x[r] + b) + kPairPrefetchBytes, _MM_HINT_T0);
+        const __m256i q = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r][b].qs))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r][b + 1].qs)), 1);
+        // 128-bit lanes: b's low nibbles, b + 1's, b's high, b + 1's; then
+        // b's 32 elements and b + 1's, each as Nibbles orders them.
+        const __m512i both =
+            _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+        const __m512i nibbles =
+            _mm512_and_si512(_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0)), low4);
+        const __m512i w = _mm512_shuffle_epi8(table, nibbles);
+        const __m512i abs_w = _mm512_abs_epi8(w);
+        const __mmask64 negative = _mm512_movepi8_mask(w);
+        for (int n = 0; n < N; ++n) {
+          const __m512i signed_a = _mm512_mask_sub_epi8(a[n], negative, zero, a[n]);
+          const __m512i dot = _mm512_madd_epi16(_mm512_maddubs_epi16(abs_w, signed_a), ones);
+          acc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                      _mm512_permutexvar_ps(pair, scales[r][n]), acc[r][n]);
+        }
+      }
+    }
+  }
+  const hn::CappedTag<float, 1> d1;
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < N; ++n) {
+      float sum = ReduceF32(hn::Add(VF32{_mm512_castps512_ps256(acc[r][n])},
+                                    VF32{_mm512_extractf32x8_ps(acc[r][n], 1)}));
+      if (b < nb) {  // an odd last block, as DotBlock32Tile takes it
+        const auto w = Weights(x[r][b]);
+        const VI32 dot = DotI8(hn::BitCast(DU8(), hn::Abs(w)), w, hn::LoadU(DI8(), y[n][b].qs));
+        const float sumi = static_cast<float>(hn::GetLane(hn::SumOfLanes(DI32(), dot)));
+        sum = hn::GetLane(hn::MulAdd(hn::Set(d1, act_scales[n][b] * BlockScale(x[r][b])),
+                                     hn::Set(d1, sumi), hn::Set(d1, sum)));
+      }
+      out[r * N + n] = sum;
+    }
+  }
+}
+#endif
 
 // Each block adds d_w d_a dot(block) to an f32 vector, as ggml does: q4_0, q5_0
 // in one accumulator; iq4_nl and mxfp4 alternate two (ggml's accum1, accum2)
@@ -883,8 +999,9 @@ void DotTile(GgmlType type, const uint8_t* const* w, const uint8_t* const* act, 
 // A batch's weight rows go 2 at a time, each pair over its activation rows 4
 // at a time, so a tile unpacks each weight block once and loads each
 // activation block once. A single activation row (decode) meets one weight row
-// at a time: measured, tiles of 2 or 4 rows halve decode's rate on rows of
-// 1024 columns (BM_Dot; the cause is not known).
+// at a time (iq4_nl and mxfp4 on AVX-512 aside, kPairDecodeRows): measured,
+// tiles of 2 or 4 rows halve decode's rate on rows of 1024 columns (BM_Dot;
+// the cause is not known).
 constexpr int kBatchRows = 2, kBatchActs = 4;
 
 template <int R, int N>
@@ -907,7 +1024,72 @@ void RowsTimesActs(const MatMulArgs& m, int64_t r) {
   for (; t < m.n_act; ++t) Tile<R, 1>(m, r, t);
 }
 
+#if HWY_TARGET == HWY_AVX3
+// iq4_nl and mxfp4 on AVX-512 (DotPairs512Tile), in Tile's shapes, the
+// activations' block scales converted once for all the rows.
+template <typename Block, int R, int N>
+void PairTile(const MatMulArgs& m, const float* act_scales, int64_t r, int64_t t, uint64_t low,
+              uint64_t high) {
+  const int64_t nb = m.cols / QK8_0;
+  const Block* x[R];
+  const block_q8_0* y[N];
+  const float* scales[N];
+  float out[R * N];
+  for (int i = 0; i < R; ++i) {
+    x[i] = reinterpret_cast<const Block*>(m.w + static_cast<size_t>(r + i) * m.w_row_bytes);
+  }
+  for (int n = 0; n < N; ++n) {
+    y[n] =
+        reinterpret_cast<const block_q8_0*>(m.act + static_cast<size_t>(t + n) * m.act_row_bytes);
+    scales[n] = act_scales + (t + n) * nb;
+  }
+  DotPairs512Tile<R, N>(x, y, scales, nb, low, high, out);
+  for (int i = 0; i < R; ++i) {
+    for (int n = 0; n < N; ++n) m.out[(t + n) * m.out_stride + r + i] = out[i * N + n];
+  }
+}
+
+// Decode takes 2 weight rows at a time (two multiply-add chains in flight):
+// on BM_Dot (16 MiB of mxfp4, one activation row) 1.2-1.3x one row; 4 rows
+// measured slower than 1.
+constexpr int kPairDecodeRows = 2;
+
+template <typename Block>
+void PairMatMulRows(const MatMulArgs& m, uint64_t low, uint64_t high) {
+  const int64_t nb = m.cols / QK8_0;
+  thread_local std::vector<float> act_scales;
+  act_scales.resize(static_cast<size_t>(m.n_act * nb));
+  for (int64_t t = 0; t < m.n_act; ++t) {
+    const auto* y = reinterpret_cast<const block_q8_0*>(m.act + t * m.act_row_bytes);
+    for (int64_t b = 0; b < nb; ++b) act_scales[t * nb + b] = F16(y[b].d);
+  }
+  const auto rows_times_acts = [&](auto rows, int64_t r) {
+    constexpr int R = decltype(rows)::value;
+    int64_t t = 0;
+    for (; t + kBatchActs <= m.n_act; t += kBatchActs) {
+      PairTile<Block, R, kBatchActs>(m, act_scales.data(), r, t, low, high);
+    }
+    for (; t < m.n_act; ++t) PairTile<Block, R, 1>(m, act_scales.data(), r, t, low, high);
+  };
+  int64_t r = m.row_begin;
+  if (m.n_act > 1) {
+    for (; r + kBatchRows <= m.row_end; r += kBatchRows) {
+      rows_times_acts(std::integral_constant<int, kBatchRows>(), r);
+    }
+  } else {
+    for (; r + kPairDecodeRows <= m.row_end; r += kPairDecodeRows) {
+      PairTile<Block, kPairDecodeRows, 1>(m, act_scales.data(), r, 0, low, high);
+    }
+  }
+  for (; r < m.row_end; ++r) rows_times_acts(std::integral_constant<int, 1>(), r);
+}
+#endif
+
 void MatMulRows(const MatMulArgs& m) {
+#if HWY_TARGET == HWY_AVX3
+  if (m.type == GgmlType::kMXFP4) return PairMatMulRows<block_mxfp4>(m, kMxfp4Low, kMxfp4High);
+  if (m.type == GgmlType::kIQ4_NL) return PairMatMulRows<block_iq4_nl>(m, kIq4nlLow, kIq4nlHigh);
+#endif
   int64_t r = m.row_begin;
   if (m.n_act > 1) {
     for (; r + kBatchRows <= m.row_end; r += kBatchRows) RowsTimesActs<kBatchRows>(m, r);
