@@ -414,15 +414,16 @@ HWY_INLINE float BlockScale(const block_iq4_nl& b) { return F16(b.d); }
 HWY_INLINE float BlockScale(const block_mxfp4& b) { return e8m0_to_f32_half(b.e); }
 
 #if HWY_TARGET == HWY_AVX3
-// iq4_nl and mxfp4 on AVX-512: blocks b and b + 1 in one 512-bit vector, b in
-// the low half, so the halves of one accumulator are ggml's accum1 and accum2
-// (each lane takes the operations it takes at 256 bits, below) at half the
-// instructions. AVX-512 has no vpsignb: the activations are negated under the
-// weights' sign mask instead (where a weight is 0 its product is 0 either way).
-// The block scales, scalar conversions at 256 bits, would be most of the work
-// left: here the activations' come converted (act_scales[n][b], once per
-// matrix), the weights' 16 blocks at a time in vector lanes, and each pair's
-// two products d_w d_a (the same f32 products) are one permute away.
+// iq4_nl and mxfp4 on AVX-512: blocks b and b + 1 in one 512-bit vector, so
+// the lanes of one accumulator hold ggml's accum1 (b even) and accum2 (b odd),
+// each lane taking the operations it takes at 256 bits (below), at half the
+// instructions; the lanes go back to accum1 | accum2 before ggml's sum. The
+// weights' magnitudes are looked up and their signs read off the nibble (no
+// vpsignb at 512 bits: the activations are negated under the sign mask; where
+// a weight is 0 its product is 0 either way). The activations come paired as
+// the nibbles unpack (ActPair) and their block scales converted, once per
+// matrix; the weights' scales 16 blocks at a time in vector lanes; each pair's
+// two products d_w d_a (the same f32 products) one permute away.
 
 // 16 blocks' scales from their first bytes (one gather): mxfp4's e8m0 as
 // e8m0_to_f32_half, iq4_nl's f16 d. Lanes past `valid` are 0.
@@ -447,21 +448,78 @@ HWY_INLINE __m512 BlockScales16(const block_iq4_nl* x, __mmask16 valid) {
   return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
 }
 
+// Each type's 16 values (as Lookup takes them), their magnitudes, and which
+// nibbles are negative: mxfp4's those with bit 3 set (sign and magnitude),
+// iq4_nl's those without (its values ascend from -127).
+template <typename Block>
+struct PairTable;
+template <>
+struct PairTable<block_mxfp4> {
+  static constexpr uint64_t kLow = kMxfp4Low, kHigh = kMxfp4High;
+  static constexpr bool kNegativeWithBit3 = true;
+};
+template <>
+struct PairTable<block_iq4_nl> {
+  static constexpr uint64_t kLow = kIq4nlLow, kHigh = kIq4nlHigh;
+  static constexpr bool kNegativeWithBit3 = false;
+};
+constexpr int8_t TableValue(uint64_t low, uint64_t high, int i) {
+  return static_cast<int8_t>(((i < 8 ? low : high) >> (8 * (i % 8))) & 0xFF);
+}
+constexpr uint64_t AbsWord(uint64_t low, uint64_t high, int first) {
+  uint64_t word = 0;
+  for (int i = 0; i < 8; ++i) {
+    const int v = TableValue(low, high, first + i);
+    word |= static_cast<uint64_t>(v < 0 ? -v : v) << (8 * i);
+  }
+  return word;
+}
+template <typename Block>
+constexpr bool SignsFollowBit3() {
+  using T = PairTable<Block>;
+  for (int i = 0; i < 16; ++i) {
+    const int v = TableValue(T::kLow, T::kHigh, i);
+    if (v != 0 && (v < 0) != (T::kNegativeWithBit3 == (i >= 8))) return false;
+  }
+  return true;
+}
+static_assert(SignsFollowBit3<block_mxfp4>() && SignsFollowBit3<block_iq4_nl>());
+
 // Weights ahead of the loads, in bytes: measured on BM_Dot (16 MiB of mxfp4
 // rows, one activation row), 1 to 4 KiB ahead is 15% faster than none.
 constexpr int kPairPrefetchBytes = 4096;
 
+// An activation row's blocks 2p and 2p + 1 as the weights unpack: the low
+// halves (elements 0-15) of both, then the high halves (16-31); so each
+// 128-bit lane meets its weights' nibbles without a shuffle.
+HWY_INLINE __m512i ActPair(const block_q8_0* y, int64_t p) {
+  const __m512i both = _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[2 * p].qs))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[2 * p + 1].qs)), 1);
+  return _mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+// One ActPair, cache-line aligned (a vector of __m512i would drop the
+// alignment: GCC ignores a template argument's attributes).
+struct alignas(64) ActPairBytes {
+  uint8_t bytes[64];
+};
+// x: R weight rows; y: N activation rows, their pairs (ActPair) in act_pairs[n]
+// and their block scales in act_scales[n].
 template <int R, int N, typename Block>
 void DotPairs512Tile(const Block* const* x, const block_q8_0* const* y,
-                     const float* const* act_scales, int64_t nb, uint64_t low, uint64_t high,
-                     float* out) {
-  alignas(16) const uint64_t words[2] = {low, high};
-  const __m512i table =
+                     const ActPairBytes* const* act_pairs, const float* const* act_scales,
+                     int64_t nb, float* out) {
+  using T = PairTable<Block>;
+  alignas(16)
+      const uint64_t words[2] = {AbsWord(T::kLow, T::kHigh, 0), AbsWord(T::kLow, T::kHigh, 8)};
+  const __m512i magnitudes =
       _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(words)));
-  const __m512i low4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi16(1);
-  const __m512i zero = _mm512_setzero_si512();
-  // Lanes 0-7 from element 0 of a chunk's scales, 8-15 from element 1; + 2 a pair.
-  const __m512i first_pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bit3 = _mm512_set1_epi8(0x08);
+  const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+  // A pair's int32 lanes: b's 0-3, b + 1's 0-3, b's 4-7, b + 1's 4-7; its
+  // scales from elements 0 (b) and 1 (b + 1) of a chunk's, + 2 a pair.
+  const __m512i first_pair = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
   const __m512i two = _mm512_set1_epi32(2);
   __m512 acc[R][N];
   for (int r = 0; r < R; ++r) {
@@ -473,34 +531,26 @@ void DotPairs512Tile(const Block* const* x, const block_q8_0* const* y,
     const __mmask16 in_chunk = static_cast<__mmask16>((1u << chunk) - 1);
     __m512 scales[R][N];
     for (int r = 0; r < R; ++r) {
-      const __m512 dx_vec = BlockScales16(x[r] + b, in_chunk);
+      const __m512 dx = BlockScales16(x[r] + b, in_chunk);
       for (int n = 0; n < N; ++n) {
-        scales[r][n] = _mm512_mul_ps(dx_vec, _mm512_maskz_loadu_ps(in_chunk, act_scales[n] + b));
+        scales[r][n] = _mm512_mul_ps(dx, _mm512_maskz_loadu_ps(in_chunk, act_scales[n] + b));
       }
     }
     __m512i pair = first_pair;
     for (int k = 0; k < chunk; k += 2, b += 2, pair = _mm512_add_epi32(pair, two)) {
       __m512i a[N];
-      for (int n = 0; n < N; ++n) {
-        a[n] = _mm512_inserti64x4(
-            _mm512_castsi256_si512(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[n][b].qs))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[n][b + 1].qs)), 1);
-      }
+      for (int n = 0; n < N; ++n) a[n] = _mm512_load_si512(act_pairs[n][b / 2].bytes);
       for (int r = 0; r < R; ++r) {
         _mm_prefetch(reinterpret_cast<const char*>(x[r] + b) + kPairPrefetchBytes, _MM_HINT_T0);
         const __m256i q = _mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r][b].qs))),
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r][b + 1].qs)), 1);
-        // 128-bit lanes: b's low nibbles, b + 1's, b's high, b + 1's; then
-        // b's 32 elements and b + 1's, each as Nibbles orders them.
-        const __m512i both =
-            _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-        const __m512i nibbles =
-            _mm512_and_si512(_mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0)), low4);
-        const __m512i w = _mm512_shuffle_epi8(table, nibbles);
-        const __m512i abs_w = _mm512_abs_epi8(w);
-        const __mmask64 negative = _mm512_movepi8_mask(w);
+        // 128-bit lanes: b's low nibbles, b + 1's, b's high, b + 1's.
+        const __m512i nibbles = _mm512_and_si512(
+            _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), low4);
+        const __m512i abs_w = _mm512_shuffle_epi8(magnitudes, nibbles);
+        const __mmask64 negative = T::kNegativeWithBit3 ? _mm512_test_epi8_mask(nibbles, bit3)
+                                                        : _mm512_testn_epi8_mask(nibbles, bit3);
         for (int n = 0; n < N; ++n) {
           const __m512i signed_a = _mm512_mask_sub_epi8(a[n], negative, zero, a[n]);
           const __m512i dot = _mm512_madd_epi16(_mm512_maddubs_epi16(abs_w, signed_a), ones);
@@ -510,11 +560,14 @@ void DotPairs512Tile(const Block* const* x, const block_q8_0* const* y,
       }
     }
   }
+  // Back to ggml's accum1 (b even) and accum2 (b odd), 8 lanes each.
+  const __m512i unpair = _mm512_set_epi32(15, 14, 13, 12, 7, 6, 5, 4, 11, 10, 9, 8, 3, 2, 1, 0);
   const hn::CappedTag<float, 1> d1;
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < N; ++n) {
-      float sum = ReduceF32(hn::Add(VF32{_mm512_castps512_ps256(acc[r][n])},
-                                    VF32{_mm512_extractf32x8_ps(acc[r][n], 1)}));
+      const __m512 halves = _mm512_permutexvar_ps(unpair, acc[r][n]);
+      float sum = ReduceF32(
+          hn::Add(VF32{_mm512_castps512_ps256(halves)}, VF32{_mm512_extractf32x8_ps(halves, 1)}));
       if (b < nb) {  // an odd last block, as DotBlock32Tile takes it
         const auto w = Weights(x[r][b]);
         const VI32 dot = DotI8(hn::BitCast(DU8(), hn::Abs(w)), w, hn::LoadU(DI8(), y[n][b].qs));
@@ -1025,14 +1078,19 @@ void RowsTimesActs(const MatMulArgs& m, int64_t r) {
 }
 
 #if HWY_TARGET == HWY_AVX3
-// iq4_nl and mxfp4 on AVX-512 (DotPairs512Tile), in Tile's shapes, the
-// activations' block scales converted once for all the rows.
+// iq4_nl and mxfp4 on AVX-512 (DotPairs512Tile), in Tile's shapes, each
+// activation row's pairs and block scales made once for all the rows.
+struct PairActs {
+  std::vector<ActPairBytes> pairs;  // n_act rows of nb / 2
+  std::vector<float> scales;        // n_act rows of nb
+  int64_t nb = 0;
+};
+
 template <typename Block, int R, int N>
-void PairTile(const MatMulArgs& m, const float* act_scales, int64_t r, int64_t t, uint64_t low,
-              uint64_t high) {
-  const int64_t nb = m.cols / QK8_0;
+void PairTile(const MatMulArgs& m, const PairActs& acts, int64_t r, int64_t t) {
   const Block* x[R];
   const block_q8_0* y[N];
+  const ActPairBytes* pairs[N];
   const float* scales[N];
   float out[R * N];
   for (int i = 0; i < R; ++i) {
@@ -1041,9 +1099,10 @@ void PairTile(const MatMulArgs& m, const float* act_scales, int64_t r, int64_t t
   for (int n = 0; n < N; ++n) {
     y[n] =
         reinterpret_cast<const block_q8_0*>(m.act + static_cast<size_t>(t + n) * m.act_row_bytes);
-    scales[n] = act_scales + (t + n) * nb;
+    pairs[n] = acts.pairs.data() + (t + n) * (acts.nb / 2);
+    scales[n] = acts.scales.data() + (t + n) * acts.nb;
   }
-  DotPairs512Tile<R, N>(x, y, scales, nb, low, high, out);
+  DotPairs512Tile<R, N>(x, y, pairs, scales, acts.nb, out);
   for (int i = 0; i < R; ++i) {
     for (int n = 0; n < N; ++n) m.out[(t + n) * m.out_stride + r + i] = out[i * N + n];
   }
@@ -1055,21 +1114,25 @@ void PairTile(const MatMulArgs& m, const float* act_scales, int64_t r, int64_t t
 constexpr int kPairDecodeRows = 2;
 
 template <typename Block>
-void PairMatMulRows(const MatMulArgs& m, uint64_t low, uint64_t high) {
-  const int64_t nb = m.cols / QK8_0;
-  thread_local std::vector<float> act_scales;
-  act_scales.resize(static_cast<size_t>(m.n_act * nb));
+void PairMatMulRows(const MatMulArgs& m) {
+  thread_local PairActs acts;
+  acts.nb = m.cols / QK8_0;
+  const int64_t n_pairs = acts.nb / 2;
+  acts.pairs.resize(static_cast<size_t>(m.n_act * n_pairs));
+  acts.scales.resize(static_cast<size_t>(m.n_act * acts.nb));
   for (int64_t t = 0; t < m.n_act; ++t) {
     const auto* y = reinterpret_cast<const block_q8_0*>(m.act + t * m.act_row_bytes);
-    for (int64_t b = 0; b < nb; ++b) act_scales[t * nb + b] = F16(y[b].d);
+    for (int64_t p = 0; p < n_pairs; ++p) {
+      _mm512_store_si512(acts.pairs[t * n_pairs + p].bytes, ActPair(y, p));
+    }
+    for (int64_t b = 0; b < acts.nb; ++b) acts.scales[t * acts.nb + b] = F16(y[b].d);
   }
   const auto rows_times_acts = [&](auto rows, int64_t r) {
     constexpr int R = decltype(rows)::value;
     int64_t t = 0;
-    for (; t + kBatchActs <= m.n_act; t += kBatchActs) {
-      PairTile<Block, R, kBatchActs>(m, act_scales.data(), r, t, low, high);
-    }
-    for (; t < m.n_act; ++t) PairTile<Block, R, 1>(m, act_scales.data(), r, t, low, high);
+    for (; t + kBatchActs <= m.n_act; t += kBatchActs)
+      PairTile<Block, R, kBatchActs>(m, acts, r, t);
+    for (; t < m.n_act; ++t) PairTile<Block, R, 1>(m, acts, r, t);
   };
   int64_t r = m.row_begin;
   if (m.n_act > 1) {
@@ -1078,7 +1141,7 @@ void PairMatMulRows(const MatMulArgs& m, uint64_t low, uint64_t high) {
     }
   } else {
     for (; r + kPairDecodeRows <= m.row_end; r += kPairDecodeRows) {
-      PairTile<Block, kPairDecodeRows, 1>(m, act_scales.data(), r, 0, low, high);
+      PairTile<Block, kPairDecodeRows, 1>(m, acts, r, 0);
     }
   }
   for (; r < m.row_end; ++r) rows_times_acts(std::integral_constant<int, 1>(), r);
@@ -1087,8 +1150,8 @@ void PairMatMulRows(const MatMulArgs& m, uint64_t low, uint64_t high) {
 
 void MatMulRows(const MatMulArgs& m) {
 #if HWY_TARGET == HWY_AVX3
-  if (m.type == GgmlType::kMXFP4) return PairMatMulRows<block_mxfp4>(m, kMxfp4Low, kMxfp4High);
-  if (m.type == GgmlType::kIQ4_NL) return PairMatMulRows<block_iq4_nl>(m, kIq4nlLow, kIq4nlHigh);
+  if (m.type == GgmlType::kMXFP4) return PairMatMulRows<block_mxfp4>(m);
+  if (m.type == GgmlType::kIQ4_NL) return PairMatMulRows<block_iq4_nl>(m);
 #endif
   int64_t r = m.row_begin;
   if (m.n_act > 1) {
