@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
-#include <fstream>
 #include <new>
 #include <optional>
 #include <string>
@@ -13,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "loader/check.h"
+#include "loader/host_memory.h"
 #include "loader/quant.h"
 #include "loader/status_util.h"
 #include "reference/ops.h"
@@ -32,25 +32,13 @@ using SlotBuffer = std::unique_ptr<uint8_t, AlignedDelete>;
 // Host memory --slots auto leaves free.
 constexpr uint64_t kHostRailBytes = uint64_t{1} << 30;
 
-// MemAvailable of /proc/meminfo in bytes, or 0 where it cannot be read.
-uint64_t HostMemAvailable() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string name;
-  uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> name >> kib >> unit) {
-    if (name == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
-
 // --slots auto: every expert, or as many slots of the largest block as fit in
 // the host memory available less the rail; at least top-k per size class.
 absl::StatusOr<int32_t> AutoSlots(const CpuBackendOptions& options,
                                   const std::vector<SizeClass>& classes, int32_t n_keys,
                                   int32_t k) {
   const uint64_t available =
-      options.host_available_bytes != 0 ? options.host_available_bytes : HostMemAvailable();
+      options.host_available_bytes != 0 ? options.host_available_bytes : HostMemoryAvailable();
   if (available == 0) return n_keys;
   size_t largest_block = 0;
   for (const SizeClass& c : classes) largest_block = std::max(largest_block, c.block_bytes);

@@ -20,19 +20,24 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "loader/gguf_split.h"
+#include "loader/host_memory.h"
 #include "loader/status_util.h"
 
 namespace moegraph {
@@ -376,6 +381,176 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   return file;
 }
 
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path,
+                                                         const LoadOptions& options) {
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, Open(path));
+  MG_RETURN_IF_ERROR(file->Load(options));
+  return file;
+}
+
+namespace {
+
+// Memory kAuto and kRead leave free.
+constexpr uint64_t kLoadRailBytes = uint64_t{1} << 30;
+// Reads and faults go this many bytes at a time, a progress call after each.
+constexpr uint64_t kLoadChunkBytes = uint64_t{64} << 20;
+
+double Gib(uint64_t bytes) { return static_cast<double>(bytes) / (1u << 30); }
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+uint8_t* GgufFile::data_begin() const {
+  if (data_copy_ != nullptr) return static_cast<uint8_t*>(data_copy_);
+  return const_cast<uint8_t*>(base_) + data_offset_;
+}
+
+absl::Status GgufFile::Load(const LoadOptions& options) {
+  if (map_ == nullptr) return absl::OkStatus();  // bytes from memory (FromBytes)
+  if (data_copy_ != nullptr || locked_) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": loaded already"));
+  }
+  const uint64_t total = total_data_bytes();
+  LoadMode mode = options.mode;
+  if (mode != LoadMode::kMap) {
+    const uint64_t available =
+        options.available_bytes != 0 ? options.available_bytes : HostMemoryAvailable();
+    const bool fits = total + kLoadRailBytes <= available;
+    if (mode == LoadMode::kAuto) {
+      mode = fits ? LoadMode::kRead : LoadMode::kMap;
+    } else if (available != 0 && !fits) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s: reading its %.2f GiB of tensors into memory needs more than the %.2f GiB "
+          "available less a 1 GiB rail; map the file instead",
+          path_, Gib(total), Gib(available)));
+    }
+  }
+  std::vector<GgufFile*> files = {this};
+  for (const std::unique_ptr<GgufFile>& shard : shards_) files.push_back(shard.get());
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t done = 0;
+  for (GgufFile* f : files) {
+    if (mode == LoadMode::kRead) {
+      MG_RETURN_IF_ERROR(f->ReadData(&done, total, options, start));
+    } else if (options.fault_in) {
+      MG_RETURN_IF_ERROR(f->FaultIn(&done, total, options, start));
+    }
+  }
+  if (options.lock) {
+    for (GgufFile* f : files) {
+      const uint64_t bytes = f->size_ - f->data_offset_;
+      if (bytes == 0) continue;
+      if (::mlock(f->data_begin(), bytes) != 0) {
+        const int err = errno;
+        struct rlimit limit = {};
+        ::getrlimit(RLIMIT_MEMLOCK, &limit);
+        const std::string limit_text =
+            limit.rlim_cur == RLIM_INFINITY
+                ? "unlimited"
+                : absl::StrFormat("%.2f MiB", limit.rlim_cur / 1048576.0);
+        return absl::ErrnoToStatus(
+            err, absl::StrFormat("%s: cannot lock its %.2f GiB of tensors in memory "
+                                 "(RLIMIT_MEMLOCK %s: raise it with ulimit -l)",
+                                 f->path_, Gib(bytes), limit_text));
+      }
+      f->locked_ = true;
+    }
+  }
+  if (mode == LoadMode::kRead) {
+    // Every view of a tensor's bytes moves to its file's copy; the header's
+    // views (keys, vocabulary) stay in the mapping, whose data pages are dropped.
+    for (GgufFile* f : files) {
+      f->load_mode_ = LoadMode::kRead;
+      for (GgufTensor& t : f->tensors_) {
+        const GgufFile& owner = f == this ? shard(t.shard) : *f;
+        t.data = owner.data_begin() + t.offset;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GgufFile::ReadData(uint64_t* done, uint64_t total, const LoadOptions& options,
+                                std::chrono::steady_clock::time_point start) {
+  const uint64_t bytes = size_ - data_offset_;
+  if (bytes == 0) return absl::OkStatus();
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::ErrnoToStatus(err, absl::StrCat(path_, ": cannot open"));
+  }
+  void* copy = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (copy == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(
+        err, absl::StrFormat("%s: cannot allocate %.2f GiB for its tensors", path_, Gib(bytes)));
+  }
+  // Fewer TLB misses where the kernel grants huge pages; nothing lost where not.
+  ::madvise(copy, bytes, MADV_HUGEPAGE);
+  uint8_t* to = static_cast<uint8_t*>(copy);
+  for (uint64_t at = 0; at < bytes;) {
+    const size_t want = static_cast<size_t>(std::min(kLoadChunkBytes, bytes - at));
+    const ssize_t n = ::pread(fd, to + at, want, static_cast<off_t>(data_offset_ + at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::munmap(copy, bytes);
+      ::close(fd);
+      if (n == 0) {
+        return absl::DataLossError(
+            absl::StrFormat("%s: ends at byte %d, inside its tensor data (%d bytes when opened)",
+                            path_, data_offset_ + at, size_));
+      }
+      return absl::ErrnoToStatus(err,
+                                 absl::StrCat(path_, ": cannot read at byte ", data_offset_ + at));
+    }
+    // The copy is what decode reads: the page cache's pages of it would be a
+    // second model's worth of memory.
+    ::posix_fadvise(fd, static_cast<off_t>(data_offset_ + at), n, POSIX_FADV_DONTNEED);
+    at += static_cast<uint64_t>(n);
+    *done += static_cast<uint64_t>(n);
+    if (options.progress) options.progress(*done, total, SecondsSince(start));
+  }
+  ::close(fd);
+  ::mprotect(copy, bytes, PROT_READ);
+  data_copy_ = copy;
+  return absl::OkStatus();
+}
+
+absl::Status GgufFile::FaultIn(uint64_t* done, uint64_t total, const LoadOptions& options,
+                               std::chrono::steady_clock::time_point start) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  uint8_t* const base = static_cast<uint8_t*>(map_);
+  // Whole pages from the one holding the first tensor byte to the file's end.
+  for (uint64_t at = data_offset_ / page * page; at < size_;) {
+    const uint64_t len = std::min(kLoadChunkBytes, size_ - at);
+#ifdef MADV_POPULATE_READ
+    const bool populated = ::madvise(base + at, len, MADV_POPULATE_READ) == 0;
+    if (!populated && errno != EINVAL) {  // EINVAL: a kernel before 5.14
+      const int err = errno;
+      return absl::ErrnoToStatus(err, absl::StrCat(path_, ": cannot read at byte ", at));
+    }
+#else
+    const bool populated = false;
+#endif
+    if (!populated) {
+      uint8_t sum = 0;
+      for (uint64_t p = 0; p < len; p += page)
+        sum ^= *static_cast<volatile uint8_t*>(base + at + p);
+      (void)sum;
+    }
+    const uint64_t counted = std::min(at + len, size_) - std::max(at, data_offset_);
+    at += len;
+    *done += counted;
+    if (options.progress) options.progress(*done, total, SecondsSince(start));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Map(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -423,6 +598,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string name,
 }
 
 GgufFile::~GgufFile() {
+  if (data_copy_ != nullptr) ::munmap(data_copy_, size_ - data_offset_);
   if (map_ != nullptr) ::munmap(map_, size_);
 }
 
@@ -590,6 +766,12 @@ absl::Status GgufFile::TensorError(const GgufTensor& t, std::string_view what) c
 uint64_t GgufFile::total_size() const {
   uint64_t bytes = size_;
   for (const std::unique_ptr<GgufFile>& s : shards_) bytes += s->size_;
+  return bytes;
+}
+
+uint64_t GgufFile::total_data_bytes() const {
+  uint64_t bytes = size_ - data_offset_;
+  for (const std::unique_ptr<GgufFile>& s : shards_) bytes += s->size_ - s->data_offset_;
   return bytes;
 }
 

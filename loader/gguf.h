@@ -8,7 +8,9 @@
 // offset where the problem was found.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -83,12 +85,40 @@ struct GgufTensor {
   std::string shape_string() const;  // "[2048, 768, 128]"
 };
 
+// Called as bytes come into memory: bytes so far (non-decreasing, ending at
+// total), the total, and seconds since the load began.
+using LoadProgressFn = std::function<void(uint64_t bytes_done, uint64_t total, double seconds)>;
+
+// How Open brings the tensors' bytes into memory (llama.cpp's --load-mode).
+enum class LoadMode {
+  kMap,   // mmap: the file's pages, read as they are first touched (or at Open, fault_in)
+  kRead,  // none: read into anonymous memory (huge pages where the kernel gives
+          // them), each part's page-cache pages dropped once copied
+  kAuto,  // kRead where the tensors fit in the memory available less a 1 GiB
+          // rail, else kMap
+};
+
+struct LoadOptions {
+  LoadMode mode = LoadMode::kMap;
+  bool fault_in = false;         // kMap: every page read at Open, not during decode
+  bool lock = false;             // mlock the tensors' bytes (llama.cpp's mlock)
+  uint64_t available_bytes = 0;  // kAuto and kRead's check; 0: MemAvailable
+  LoadProgressFn progress;       // reads and faults, over every shard
+};
+
 class GgufFile {
  public:
   // Maps and validates the file at path. When its split.count is above 1 it must
   // be shard 1 of a split model (PREFIX-00001-of-0000N.gguf); every shard is then
   // mapped and validated, and tensors() holds all of theirs, kvs() shard 1's.
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  // Open, then Load(options).
+  static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path,
+                                                        const LoadOptions& options);
+  // Brings every shard's tensor bytes into memory as options say (once, after
+  // Open(path)). Errors name the file: more to read than memory holds (before
+  // anything is allocated), a failed read, a lock refused (with RLIMIT_MEMLOCK).
+  absl::Status Load(const LoadOptions& options);
   // Validates a copy of bytes; name stands for the file in messages. One file:
   // its split keys are not followed.
   static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string name,
@@ -105,6 +135,11 @@ class GgufFile {
   uint64_t file_size() const { return size_; }
   // Bytes mapped for the model: every shard's file_size().
   uint64_t total_size() const;
+  // Every shard's tensor data section (file_size() less its header).
+  uint64_t total_data_bytes() const;
+  // kMap or kRead: where the tensors' bytes are (Open(path): kMap).
+  LoadMode load_mode() const { return load_mode_; }
+  bool locked() const { return locked_; }
 
   // The files of a split model, shard(0) being this one; a single file is one shard.
   int shard_count() const { return 1 + static_cast<int>(shards_.size()); }
@@ -140,12 +175,23 @@ class GgufFile {
   absl::Status Parse();
   // When split.count > 1: maps shards 2.. into shards_ and their tensors into tensors_.
   absl::Status OpenShards();
+  // This file's data section: read into copy (kRead) or faulted in; `done`
+  // counts bytes over all shards for progress.
+  absl::Status ReadData(uint64_t* done, uint64_t total, const LoadOptions& options,
+                        std::chrono::steady_clock::time_point start);
+  absl::Status FaultIn(uint64_t* done, uint64_t total, const LoadOptions& options,
+                       std::chrono::steady_clock::time_point start);
+  // The tensor bytes now in use: the read copy, else the mapping's data section.
+  uint8_t* data_begin() const;
 
   std::string path_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   void* map_ = nullptr;        // mmap base, when mapped
   std::vector<uint8_t> copy_;  // owned bytes, when built from memory
+  void* data_copy_ = nullptr;  // the data section in anonymous memory (kRead)
+  LoadMode load_mode_ = LoadMode::kMap;
+  bool locked_ = false;
   uint32_t version_ = 0;
   uint64_t alignment_ = kGgufDefaultAlignment;
   uint64_t data_offset_ = 0;

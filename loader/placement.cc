@@ -2,17 +2,13 @@
 
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <new>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "loader/check.h"
 
 namespace moegraph {
@@ -179,19 +175,6 @@ const uint8_t* ExpertStore::block(int layer, int expert) const {
       "ExpertStore::block: layer, MoE layer or expert out of range");
   return data_ + layer_offset_[static_cast<size_t>(layer)] +
          static_cast<size_t>(expert) * block_bytes(layer);
-}
-
-uint64_t HostMemoryAvailable() {
-  std::ifstream meminfo("/proc/meminfo");
-  constexpr absl::string_view kKey = "MemAvailable:";
-  for (std::string line; std::getline(meminfo, line);) {
-    uint64_t kib = 0;
-    if (!absl::StartsWith(line, kKey)) continue;
-    const absl::string_view rest = absl::StripSuffix(
-        absl::StripAsciiWhitespace(absl::string_view(line).substr(kKey.size())), " kB");
-    return absl::SimpleAtoi(rest, &kib) ? kib * 1024 : 0;
-  }
-  return 0;
 }
 
 }  // namespace moegraph

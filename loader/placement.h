@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "loader/host_memory.h"
 #include "loader/model_config.h"
 
 namespace moegraph {
@@ -75,9 +76,7 @@ struct HostAllocator {
 // later with cudaHostRegister).
 HostAllocator AlignedHostAllocator();
 
-// Called as the store fills: bytes copied so far (non-decreasing, ending at
-// total), the total, and seconds since the load began.
-using LoadProgressFn = std::function<void(uint64_t bytes_done, uint64_t total, double seconds)>;
+// The store reports its copying through a LoadProgressFn (loader/gguf.h).
 
 class ExpertStore {
  public:
@@ -119,9 +118,5 @@ class ExpertStore {
   std::vector<int> class_of_layer_;   // -1 for a dense layer
   std::vector<size_t> layer_offset_;  // start of the layer's expert 0 block
 };
-
-// What a new host allocation can take without swapping: /proc/meminfo's
-// MemAvailable, in bytes; 0 when it cannot be read.
-uint64_t HostMemoryAvailable();
 
 }  // namespace moegraph

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 // Returns the status of expr from the enclosing function when it is not OK.
@@ -29,5 +30,10 @@ namespace moegraph {
 
 // Debian's Abseil has its own string_view type: bridge std::string_view into it.
 inline absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// The same status with "prefix: " before its message.
+inline absl::Status Prefixed(const absl::Status& status, std::string_view prefix) {
+  return absl::Status(status.code(), absl::StrCat(Av(prefix), ": ", status.message()));
+}
 
 }  // namespace moegraph

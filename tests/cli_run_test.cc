@@ -66,6 +66,43 @@ TEST_F(CliRunTest, GeneratedIdsEqualTheOracleInProcess) {
   }
 }
 
+// Every load mode decodes the default's tokens; those that read the file say
+// so on stderr; contradictory or unknown spellings are refused naming the flag.
+TEST_F(CliRunTest, LoadModesDecodeTheSameTokens) {
+  const std::string base = "-m " + fixture_path() + " --tokens 1,2,3 -n 8 --backend cpu ";
+  const CommandResult plain = RunMoegraph(base, /*with_stderr=*/false);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const std::vector<int32_t> want = IdsAfter(plain.output, "generated");
+  ASSERT_EQ(want.size(), 8u) << plain.output;
+  struct Case {
+    const char* flags;
+    const char* line;  // on stderr
+  };
+  for (const Case& c :
+       {Case{"--load-mode none", "read into memory"}, Case{"--no-mmap", "read into memory"},
+        Case{"--load-mode mmap", "mapped, faulted in"}, Case{"--mmap", "mapped, faulted in"},
+        Case{"--load-mode auto", "read into memory"}, Case{"--load-mode mlock", "read into memory"},
+        Case{"--mlock", "mapped, faulted in"}, Case{"--no-mmap --mlock", "read into memory"}}) {
+    const CommandResult run = RunMoegraph(base + c.flags, /*with_stderr=*/true);
+    // A lock the machine refuses names the limit (a small RLIMIT_MEMLOCK, no CAP_IPC_LOCK).
+    if (run.exit_code != 0 && run.output.find("RLIMIT_MEMLOCK") != std::string::npos) continue;
+    ASSERT_EQ(run.exit_code, 0) << c.flags << "\n" << run.output;
+    EXPECT_EQ(IdsAfter(run.output, "generated"), want) << c.flags << "\n" << run.output;
+    EXPECT_NE(run.output.find(std::string("of tensors ") + c.line), std::string::npos)
+        << c.flags << "\n"
+        << run.output;
+  }
+  for (const char* bad :
+       {"--load-mode bogus", "--load-mode dio", "--mmap --no-mmap", "--load-mode none --mlock"}) {
+    const CommandResult run = RunMoegraph(base + bad, /*with_stderr=*/true);
+    EXPECT_NE(run.exit_code, 0) << bad;
+    EXPECT_NE(run.output.find(std::string(bad).substr(0, std::string(bad).find(' '))),
+              std::string::npos)
+        << bad << "\n"
+        << run.output;
+  }
+}
+
 // --temp > 0 samples: one seed gives one generation, another seed another (the
 // fixture's logits are nearly flat), and without --seed the banner prints the
 // random seed it drew, which reproduces the run.
@@ -133,7 +170,7 @@ TEST_F(CliRunTest, TheBannerShowsTheSlotsAndTheSummaryTheCacheWork) {
   ASSERT_EQ(in_place.exit_code, 0) << in_place.output;
   EXPECT_TRUE(testing_util::Contains(in_place.output,
                                      "backend cpu: resident, every expert read "
-                                     "in place from the model file"))
+                                     "in place from the model's bytes"))
       << in_place.output;
   EXPECT_EQ(NumberBefore(in_place.output, "backend cpu: 3 prompt tokens", "%"), 100)
       << in_place.output;

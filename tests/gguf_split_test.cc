@@ -145,6 +145,15 @@ TEST_F(GgufSplitTest, ThreeShardsOpenAsTheWholeFilesTensorsAndDecodeItsTokens) {
   const std::vector<int32_t> want = Greedy(*whole);
   ASSERT_EQ(want.size(), 8u);
   EXPECT_EQ(Greedy(*split), want);
+
+  // Read into memory (--load-mode none), every shard's bytes move to its copy.
+  LoadOptions read;
+  read.mode = LoadMode::kRead;
+  absl::StatusOr<std::unique_ptr<GgufFile>> copied = GgufFile::Open(paths[0], read);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  ExpectSameTensors(*whole, **copied);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ((*copied)->shard(s).load_mode(), LoadMode::kRead) << s;
+  EXPECT_EQ(Greedy(**copied), want);
 }
 
 // tools/gguf-split/gguf-split.cpp: shard 1 holds the input's keys in order, then split.no,

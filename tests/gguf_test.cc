@@ -2,11 +2,18 @@
 // the file (mmap) path.
 #include "loader/gguf.h"
 
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -425,6 +432,133 @@ TEST(GgufWriterDeathTest, MisuseAborts) {
   EXPECT_DEATH(w.SetUint32("general.alignment", 64), "general.alignment");
   w.AddTensor("t", GgmlType::kF32, {1}, std::vector<uint8_t>(4));
   EXPECT_DEATH(w.AddTensor("t", GgmlType::kF32, {1}, std::vector<uint8_t>(4)), "duplicate");
+}
+
+// ---- load modes (GgufFile::Load) ----
+
+// A file of three tensors, 70 KiB of data (more than one page, less than a load chunk).
+std::vector<uint8_t> WriteLoadFixture(const std::string& path) {
+  GgufWriter w;
+  w.SetString("general.architecture", "test");
+  w.AddTensor("a", GgmlType::kF32, {4096}, RandomBytes(4 * 4096, 1));
+  w.AddTensor("b", GgmlType::kQ8_0, {32, 1024}, RandomBytes(34 * 1024, 2));
+  w.AddTensor("c", GgmlType::kF16, {3000}, RandomBytes(2 * 3000, 3));
+  EXPECT_TRUE(w.WriteFile(path).ok());
+  return w.Serialize();
+}
+
+// Every mode gives every tensor the file's bytes; kRead and kAuto (where the
+// memory allows) hold them in a copy, and progress counts each data byte once.
+TEST(GgufLoadTest, EveryModeGivesTheFilesBytes) {
+  TempPath path("load_modes.gguf");
+  const std::vector<uint8_t> bytes = WriteLoadFixture(path.str());
+  struct Case {
+    const char* name;
+    LoadOptions options;
+    LoadMode expected;
+  };
+  std::vector<Case> cases(6);
+  cases[0] = {"map", {}, LoadMode::kMap};
+  cases[1] = {"map, fault in", {}, LoadMode::kMap};
+  cases[1].options.fault_in = true;
+  cases[2] = {"read", {}, LoadMode::kRead};
+  cases[2].options.mode = LoadMode::kRead;
+  cases[3] = {"auto, room", {}, LoadMode::kRead};
+  cases[3].options.mode = LoadMode::kAuto;
+  cases[3].options.available_bytes = uint64_t{4} << 30;
+  cases[4] = {"auto, no room", {}, LoadMode::kMap};
+  cases[4].options.mode = LoadMode::kAuto;
+  cases[4].options.available_bytes = uint64_t{512} << 20;  // under the 1 GiB rail
+  cases[5] = {"read, progress", {}, LoadMode::kRead};
+  cases[5].options.mode = LoadMode::kRead;
+  uint64_t last = 0, total = 0;
+  int calls = 0;
+  cases[5].options.progress = [&](uint64_t done, uint64_t of, double seconds) {
+    EXPECT_GE(done, last);
+    EXPECT_GE(seconds, 0.0);
+    last = done;
+    total = of;
+    ++calls;
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(path.str(), c.options);
+    ASSERT_TRUE(f.ok()) << c.name << ": " << f.status();
+    EXPECT_EQ((*f)->load_mode(), c.expected) << c.name;
+    EXPECT_FALSE((*f)->locked()) << c.name;
+    ASSERT_EQ((*f)->tensors().size(), 3u);
+    for (const GgufTensor& t : (*f)->tensors()) {
+      EXPECT_EQ(std::memcmp(t.data, bytes.data() + (*f)->data_offset() + t.offset, t.nbytes), 0)
+          << c.name << ": tensor " << t.name;
+    }
+    EXPECT_EQ((*f)->total_data_bytes(), bytes.size() - (*f)->data_offset());
+  }
+  EXPECT_GT(calls, 0);
+  EXPECT_EQ(last, bytes.size() - GgufFile::Open(path.str()).value()->data_offset());
+  EXPECT_EQ(total, last);
+}
+
+TEST(GgufLoadTest, ReadingMoreThanTheMemoryAvailableIsRefusedNamingTheFile) {
+  TempPath path("load_refused.gguf");
+  WriteLoadFixture(path.str());
+  LoadOptions options;
+  options.mode = LoadMode::kRead;
+  options.available_bytes = uint64_t{1} << 20;
+  absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(path.str(), options);
+  ASSERT_EQ(f.status().code(), absl::StatusCode::kResourceExhausted) << f.status();
+  EXPECT_TRUE(Contains(f.status().message(), path.str())) << f.status();
+  EXPECT_TRUE(Contains(f.status().message(), "map the file instead")) << f.status();
+}
+
+// Locking: where this process may lock the file's bytes they are locked; a
+// refused lock (RLIMIT_MEMLOCK 0 without CAP_IPC_LOCK, in a child) names the
+// file and the limit.
+TEST(GgufLoadTest, LockingLocksOrNamesTheLimit) {
+  TempPath path("load_lock.gguf");
+  WriteLoadFixture(path.str());
+  for (const LoadMode mode : {LoadMode::kMap, LoadMode::kRead}) {
+    LoadOptions options;
+    options.mode = mode;
+    options.lock = true;
+    absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(path.str(), options);
+    if (f.ok()) {
+      EXPECT_TRUE((*f)->locked());
+    } else {
+      EXPECT_TRUE(Contains(f.status().message(), "RLIMIT_MEMLOCK")) << f.status();
+    }
+  }
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Drop CAP_IPC_LOCK (root ignores RLIMIT_MEMLOCK with it), then the limit.
+    __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct caps[2] = {};
+    ::syscall(SYS_capget, &header, caps);
+    caps[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+    caps[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
+    ::syscall(SYS_capset, &header, caps);
+    struct rlimit none = {0, 0};
+    ::setrlimit(RLIMIT_MEMLOCK, &none);
+    LoadOptions options;
+    options.mode = LoadMode::kRead;
+    options.lock = true;
+    absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(path.str(), options);
+    const std::string message = f.ok() ? "" : std::string(f.status().message());
+    (void)!::write(pipe_fds[1], message.data(), message.size());
+    ::_exit(f.ok() ? 1 : 0);
+  }
+  ::close(pipe_fds[1]);
+  std::string message;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof(buffer))) > 0;) message.append(buffer, n);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "the lock was granted with RLIMIT_MEMLOCK 0";
+  EXPECT_TRUE(Contains(message, path.str())) << message;
+  EXPECT_TRUE(Contains(message, "RLIMIT_MEMLOCK 0.00 MiB")) << message;
 }
 
 }  // namespace

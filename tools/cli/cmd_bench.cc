@@ -293,11 +293,6 @@ absl::StatusOr<std::vector<int32_t>> ParseSlotList(const std::string& text) {
 
 bool UsesSlots(Arm arm) { return arm != Arm::kResident && arm != Arm::kStage; }
 
-// The same status with "prefix: " before its message.
-absl::Status Prefixed(const absl::Status& status, const std::string& prefix) {
-  return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
-}
-
 // ---- results ----
 
 struct Row {
@@ -512,6 +507,7 @@ struct Plan {
   bool cuda = false;
   std::string backend_note;  // no device: the CPU backend
   CpuForwardOptions cpu;     // --kv-type (threads: the group's)
+  LoadOptions load;          // --load-mode, or --mmap / --no-mmap / --mlock
 };
 
 // A comma-separated list of distinct non-negative numbers, each error naming flag.
@@ -596,6 +592,7 @@ absl::StatusOr<Plan> MakePlan() {
         absl::StrFormat("--steps-per-launch %d is not in [1, %d]", s, kMaxStepsPerLaunch));
   }
   MG_ASSIGN_OR_RETURN(plan.cuda, BackendIsCuda(&plan.backend_note));
+  MG_ASSIGN_OR_RETURN(plan.load, ReadLoadFlags(plan.cuda));
   MG_ASSIGN_OR_RETURN(plan.cpu.kv_type, ReadKvType());
   MG_ASSIGN_OR_RETURN(plan.cpu.ubatch, ReadUbatch());
   const std::string threads = absl::GetFlag(FLAGS_t);
@@ -647,7 +644,7 @@ absl::Status Bench() {
     MG_ASSIGN_OR_RETURN(Doors d, ArmDoors(arm));
     doors.push_back(d);
   }
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, OpenModelFile(path, plan.load, stderr));
   MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
   const ModelConfig& cfg = model.config;
 

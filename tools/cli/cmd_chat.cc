@@ -171,7 +171,7 @@ absl::Status Chat() {
   if (ctx == 0) ctx = kChatDefaultContext;
   MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
 
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, OpenModelFile(path, flags.load, stderr));
   MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
   MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(*file));
   MG_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer,

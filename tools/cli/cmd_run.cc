@@ -104,7 +104,7 @@ absl::Status Run() {
   }
   MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
 
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = OpenModelFile(path, flags.load, stderr);
   if (!file.ok()) return file.status();
   absl::StatusOr<Model> model = LoadModel(**file);
   if (!model.ok()) return model.status();

@@ -104,7 +104,7 @@ absl::Status Serve() {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, OpenModelFile(path, flags.load, stderr));
   MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
   MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(*file));
   MG_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer,

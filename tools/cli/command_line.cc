@@ -41,9 +41,23 @@ std::vector<FlagDoc> Sampling(absl::string_view seed_default) {
   };
 }
 
+// How the model file comes into memory (run, chat, serve, bench).
+std::vector<FlagDoc> LoadFlags() {
+  return {
+      {"load_mode", "auto|none|mmap|mlock|mmap+mlock",
+       "llama.cpp's --load-mode: none reads the file into memory (huge pages where the kernel "
+       "gives them), mmap maps it and reads every page at load, mlock / mmap+mlock also lock "
+       "it in memory; auto: cpu: none where the tensors fit in the available memory less 1 "
+       "GiB, else mmap; cuda: mapped (the experts are copied at load) (default: auto)"},
+      {"mmap", "", "llama.cpp's older spelling of --load-mode mmap"},
+      {"no_mmap", "", "llama.cpp's older spelling of --load-mode none"},
+      {"mlock", "", "llama.cpp's older --mlock: --load-mode mmap+mlock, or mlock with --no-mmap"},
+  };
+}
+
 // The engine's flags (run, chat, serve).
 std::vector<FlagDoc> Engine() {
-  return {
+  std::vector<FlagDoc> flags = {
       {"backend", "cpu|cuda|auto", "cuda when a device exists, else cpu (default: auto)"},
       {"slots", "N|auto",
        "expert slots: cuda: as many as the memory budget allows; cpu: every expert read in "
@@ -69,6 +83,9 @@ std::vector<FlagDoc> Engine() {
        "print the doors line and the CUDA runtime's reason when there is no "
        "device (default: false)"},
   };
+  const std::vector<FlagDoc> load = LoadFlags();
+  flags.insert(flags.end(), load.begin(), load.end());
+  return flags;
 }
 
 std::vector<FlagDoc> Join(std::vector<std::vector<FlagDoc>> parts) {
@@ -179,29 +196,32 @@ std::vector<CommandSpec> MakeCommands() {
             Sampling("the seed of requests that name none (default: random, printed)"),
             Engine()})});
   c.push_back(
-      {"bench",
-       "-m FILE [-p 512] [-n 128] [-pg 512,128] [--arms ...] [--slots 16,32] [flags]",
-       "arms side by side, llama-bench style",
-       RunBench,
-       {kModel,
-        {"p", "N[,N...]", "prompt tokens of a pp test, one per value; 0: none (default: none)"},
-        {"n", "N[,N...]", "tokens of a tg test, one per value; 0: none (default: 128)"},
-        {"pg", "P,N", "a pp+tg test: a P-token prompt, then N tokens, all timed (default: none)"},
-        {"arms", "A[,A...]", "arms to compare (default: resident,graph,eager,host,stage)"},
-        {"slots", "N[,N...]", "slot counts, auto allowed (default: auto)"},
-        {"t", "N[,N...]", "cpu: thread counts, a row each (default: the physical cores)"},
-        {"r", "N", "timed repetitions of every test (default: 5)"},
-        {"o", "md|json|jsonl|csv", "output format; notes go to stderr (default: md)"},
-        {"routing_trace", "FILE", "a routing trace whose selections replace the router's"},
-        {"record_routing", "FILE", "write the routing the run used (.jsonl: JSONL, else binary)"},
-        {"ctx", "N", "KV cache positions (default: 0: what the tests need)"},
-        {"backend", "cpu|cuda|auto", "cuda when a device exists, else cpu (default: auto)"},
-        {"steps_per_launch", "N", "cuda: decode steps captured in one CUDA graph (default: 1)"},
-        {"ub", "N", "prompt tokens per ubatch (default: 512)"},
-        {"kv_type", "f16|f32", "the KV cache's element type (default: f16)"},
-        {"verbose", "",
-         "print the CUDA runtime's reason when there is no device (default: "
-         "false)"}}});
+      {"bench", "-m FILE [-p 512] [-n 128] [-pg 512,128] [--arms ...] [--slots 16,32] [flags]",
+       "arms side by side, llama-bench style", RunBench,
+       Join({{kModel,
+              {"p", "N[,N...]",
+               "prompt tokens of a pp test, one per value; 0: none (default: none)"},
+              {"n", "N[,N...]", "tokens of a tg test, one per value; 0: none (default: 128)"},
+              {"pg", "P,N",
+               "a pp+tg test: a P-token prompt, then N tokens, all timed (default: none)"},
+              {"arms", "A[,A...]", "arms to compare (default: resident,graph,eager,host,stage)"},
+              {"slots", "N[,N...]", "slot counts, auto allowed (default: auto)"},
+              {"t", "N[,N...]", "cpu: thread counts, a row each (default: the physical cores)"},
+              {"r", "N", "timed repetitions of every test (default: 5)"},
+              {"o", "md|json|jsonl|csv", "output format; notes go to stderr (default: md)"},
+              {"routing_trace", "FILE", "a routing trace whose selections replace the router's"},
+              {"record_routing", "FILE",
+               "write the routing the run used (.jsonl: JSONL, else binary)"},
+              {"ctx", "N", "KV cache positions (default: 0: what the tests need)"},
+              {"backend", "cpu|cuda|auto", "cuda when a device exists, else cpu (default: auto)"},
+              {"steps_per_launch", "N",
+               "cuda: decode steps captured in one CUDA graph (default: 1)"},
+              {"ub", "N", "prompt tokens per ubatch (default: 512)"},
+              {"kv_type", "f16|f32", "the KV cache's element type (default: f16)"},
+              {"verbose", "",
+               "print the CUDA runtime's reason when there is no device (default: "
+               "false)"}},
+             LoadFlags()})});
   c.push_back({"tokenize",
                "-m FILE (-p TEXT | -f FILE) [flags]",
                "text to token ids with the file's vocabulary, like llama-tokenize",
@@ -292,6 +312,7 @@ constexpr Alias kAliases[] = {
     {"sp", "special"},
     {"ncmoe", "n_cpu_moe"},
     {"ubatch_size", "ub"},
+    {"lm", "load_mode"},
     {"v", "verbose"},
     {"log_verbose", "verbose"},
     {"a", "alias"},
@@ -445,8 +466,8 @@ const CommandSpec* FindCommand(absl::string_view name) {
 
 std::string Spelled(absl::string_view name) {
   // One letter, and llama.cpp's (and llama-bench's) short names, take one dash.
-  constexpr absl::string_view kSingleDash[] = {"pg",  "ngl", "fa", "cnv", "no_cnv", "ctk",
-                                               "ctv", "sys", "np", "sp",  "ncmoe",  "ub"};
+  constexpr absl::string_view kSingleDash[] = {"pg",  "ngl", "fa", "cnv",   "no_cnv", "ctk", "ctv",
+                                               "sys", "np",  "sp", "ncmoe", "ub",     "lm"};
   const bool single = name.size() == 1 || std::find(std::begin(kSingleDash), std::end(kSingleDash),
                                                     name) != std::end(kSingleDash);
   return absl::StrCat(single ? "-" : "--", absl::StrReplaceAll(name, {{"_", "-"}}));

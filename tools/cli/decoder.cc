@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <random>
@@ -34,6 +35,11 @@ ABSL_FLAG(float, min_p, 0.05f, "sampling's min-p (0: off)");
 ABSL_FLAG(std::string, t, "", "CPU backend threads (empty or 0: the physical cores)");
 ABSL_FLAG(std::string, kv_type, "f16", "the KV cache's element type, f16 or f32");
 ABSL_FLAG(int32_t, n_cpu_moe, -1, "llama.cpp's --n-cpu-moe: layers whose experts stay on the host");
+ABSL_FLAG(std::string, load_mode, "", "auto | none | mmap | mlock | mmap+mlock (llama.cpp's)");
+ABSL_FLAG(bool, mmap, false, "llama.cpp's older --mmap: --load-mode mmap");
+ABSL_FLAG(bool, no_mmap, false, "llama.cpp's older --no-mmap: --load-mode none");
+ABSL_FLAG(bool, mlock, false,
+          "llama.cpp's older --mlock: --load-mode mmap+mlock (mlock with --no-mmap)");
 
 namespace moegraph {
 namespace {
@@ -104,13 +110,38 @@ LoadProgressFn TerminalProgress() {
   };
 }
 
+// A \r-rewritten line on stderr while the model file is read, only on a terminal.
+LoadProgressFn TerminalFileProgress(const std::string& what) {
+  if (isatty(STDERR_FILENO) == 0) return nullptr;
+  return [what, last_print = -1.0](uint64_t done, uint64_t total, double seconds) mutable {
+    if (done < total && seconds - last_print < 0.1) return;
+    last_print = seconds;
+    std::fprintf(stderr, "\r%s: %.2f / %.2f GiB (%.0f MiB/s)", what.c_str(), Gib(done), Gib(total),
+                 seconds > 0 ? Mib(done) / seconds : 0.0);
+    if (done == total) std::fputc('\n', stderr);
+  };
+}
+
+// The --load-mode value options stand for.
+std::string LoadModeName(const LoadOptions& options) {
+  switch (options.mode) {
+    case LoadMode::kRead:
+      return options.lock ? "mlock" : "none";
+    case LoadMode::kMap:
+      return options.lock ? "mmap+mlock" : "mmap";
+    case LoadMode::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 // One line: the policy and the slot arithmetic of every size class, or where
 // a resident backend reads its experts.
 std::string Banner(const CpuBackend& backend, const ExpertStore* store,
                    const CpuBackendOptions& options) {
   if (options.resident) {
-    return "backend cpu: resident, every expert read in place from the model file (no copy; "
-           "--slots N for a cache of N host slots)";
+    return "backend cpu: resident, every expert read in place from the model's bytes (no slot "
+           "copies; --slots N for a cache of N host slots)";
   }
   int32_t slots = 0;
   uint64_t pool_bytes = 0;
@@ -264,7 +295,66 @@ absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
         "--n-cpu-moe and --slots both size the expert cache: give one of them");
   }
   MG_ASSIGN_OR_RETURN(flags.sampling, ReadSampling());
+  MG_ASSIGN_OR_RETURN(flags.load, ReadLoadFlags(flags.cuda));
   return flags;
+}
+
+absl::StatusOr<LoadOptions> ReadLoadFlags(bool cuda) {
+  const std::string flag = absl::GetFlag(FLAGS_load_mode);
+  const bool map = absl::GetFlag(FLAGS_mmap), no_map = absl::GetFlag(FLAGS_no_mmap);
+  const bool lock = absl::GetFlag(FLAGS_mlock);
+  if (!flag.empty() && (map || no_map || lock)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--load-mode %s and --mmap/--no-mmap/--mlock both say how to load: give one", flag));
+  }
+  if (map && no_map) return absl::InvalidArgumentError("--mmap and --no-mmap: give one");
+  std::string mode = flag;
+  if (mode.empty()) {
+    mode = no_map ? (lock ? "mlock" : "none") : lock ? "mmap+mlock" : map ? "mmap" : "auto";
+  }
+  LoadOptions options;
+  if (mode == "auto") {
+    options.mode = cuda ? LoadMode::kMap : LoadMode::kAuto;
+    options.fault_in = !cuda;
+  } else if (mode == "none" || mode == "mlock") {
+    options.mode = LoadMode::kRead;
+    options.lock = mode == "mlock";
+  } else if (mode == "mmap" || mode == "mmap+mlock") {
+    options.mode = LoadMode::kMap;
+    options.fault_in = true;
+    options.lock = mode == "mmap+mlock";
+  } else if (mode == "dio") {
+    return absl::InvalidArgumentError(
+        "--load-mode dio: direct I/O is not supported (none reads the file into memory, mmap "
+        "maps it)");
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--load-mode '%s' is not auto, none, mmap, mlock or mmap+mlock", mode));
+  }
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path,
+                                                        const LoadOptions& load, std::FILE* info) {
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  LoadOptions options = load;
+  const bool reads = load.mode != LoadMode::kMap || load.fault_in || load.lock;
+  if (reads && !options.progress) options.progress = TerminalFileProgress("loading " + path);
+  const auto start = std::chrono::steady_clock::now();
+  if (const absl::Status s = file->Load(options); !s.ok()) {
+    return Prefixed(s, absl::StrCat("--load-mode ", LoadModeName(load)));
+  }
+  if (reads) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const uint64_t bytes = file->total_data_bytes();
+    std::fprintf(info, "load: %s: %.2f GiB of tensors %s in %.1f s (%.0f MiB/s)%s\n", path.c_str(),
+                 Gib(bytes),
+                 file->load_mode() == LoadMode::kRead ? "read into memory" : "mapped, faulted in",
+                 seconds, seconds > 0 ? Mib(bytes) / seconds : 0.0,
+                 file->locked() ? ", locked" : "");
+  }
+  return file;
 }
 
 absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,

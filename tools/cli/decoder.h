@@ -38,7 +38,20 @@ struct DecoderFlags {
   int steps_per_launch = 1;
   SamplingParams sampling;  // --seed unset: a random seed, drawn here
   CpuForwardOptions cpu;    // -t, --kv-type, -ub, --swa-full (the last three on both backends)
+  LoadOptions load;         // --load-mode, or --mmap / --no-mmap / --mlock
 };
+
+// --load-mode auto|none|mmap|mlock|mmap+mlock (llama.cpp's), or its older
+// spellings --mmap, --no-mmap, --mlock; errors name the flags. auto: on the
+// CPU backend the file is read into memory where it fits (else mapped and
+// faulted in at load); on CUDA mapped (the experts are copied to pinned
+// memory at load anyway).
+absl::StatusOr<LoadOptions> ReadLoadFlags(bool cuda);
+
+// GgufFile::Open and Load(load): the load's errors name --load-mode; where
+// bytes are read or faulted in, a line on info says how many and how fast.
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path,
+                                                        const LoadOptions& load, std::FILE* info);
 
 // One -t value: 0 is the physical cores; above the logical CPUs it is clamped
 // to them with a warning on stderr; negative or not a number is an error.
