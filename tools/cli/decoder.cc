@@ -98,26 +98,15 @@ absl::StatusOr<int32_t> ReadSlots() {
   return n;
 }
 
-// A \r-rewritten line on stderr while the experts load, only on a terminal.
-LoadProgressFn TerminalProgress() {
-  if (isatty(STDERR_FILENO) == 0) return nullptr;
-  return [last_print = -1.0](uint64_t done, uint64_t total, double seconds) mutable {
-    if (done < total && seconds - last_print < 0.1) return;
-    last_print = seconds;
-    std::fprintf(stderr, "\rloading experts: %.1f / %.1f MiB (%.0f MiB/s)", Mib(done), Mib(total),
-                 seconds > 0 ? Mib(done) / seconds : 0.0);
-    if (done == total) std::fputc('\n', stderr);
-  };
-}
-
-// A \r-rewritten line on stderr while the model file is read, only on a terminal.
-LoadProgressFn TerminalFileProgress(const std::string& what) {
+// A \r-rewritten line on stderr while `what` loads (the model file, the
+// experts), only on a terminal.
+LoadProgressFn TerminalProgress(const std::string& what) {
   if (isatty(STDERR_FILENO) == 0) return nullptr;
   return [what, last_print = -1.0](uint64_t done, uint64_t total, double seconds) mutable {
     if (done < total && seconds - last_print < 0.1) return;
     last_print = seconds;
-    std::fprintf(stderr, "\r%s: %.2f / %.2f GiB (%.0f MiB/s)", what.c_str(), Gib(done), Gib(total),
-                 seconds > 0 ? Mib(done) / seconds : 0.0);
+    std::fprintf(stderr, "\rloading %s: %.1f / %.1f MiB (%.0f MiB/s)", what.c_str(), Mib(done),
+                 Mib(total), seconds > 0 ? Mib(done) / seconds : 0.0);
     if (done == total) std::fputc('\n', stderr);
   };
 }
@@ -339,7 +328,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path,
   MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   LoadOptions options = load;
   const bool reads = load.mode != LoadMode::kMap || load.fault_in || load.lock;
-  if (reads && !options.progress) options.progress = TerminalFileProgress("loading " + path);
+  if (reads && !options.progress) options.progress = TerminalProgress(path);
   const auto start = std::chrono::steady_clock::now();
   if (const absl::Status s = file->Load(options); !s.ok()) {
     return Prefixed(s, absl::StrCat("--load-mode ", LoadModeName(load)));
@@ -383,7 +372,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
     options.steps_per_launch = flags.steps_per_launch;
     options.ubatch = flags.cpu.ubatch;
     options.swa_full = flags.cpu.swa_full;
-    MG_ASSIGN_OR_RETURN(d->cuda_, CudaEngine::Create(model, options, TerminalProgress()));
+    MG_ASSIGN_OR_RETURN(d->cuda_, CudaEngine::Create(model, options, TerminalProgress("experts")));
     std::fprintf(info, "%s\n", d->cuda_->banner().c_str());
     return d;
   }
@@ -421,8 +410,8 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
                  "ignored\n");
   }
   if (!options.resident) {
-    MG_ASSIGN_OR_RETURN(ExpertStore store,
-                        ExpertStore::Create(model, AlignedHostAllocator(), TerminalProgress()));
+    MG_ASSIGN_OR_RETURN(ExpertStore store, ExpertStore::Create(model, AlignedHostAllocator(),
+                                                               TerminalProgress("experts")));
     d->store_ = std::make_unique<ExpertStore>(std::move(store));
   }
   MG_ASSIGN_OR_RETURN(d->cpu_, CpuBackend::Create(model, d->store_.get(), options));
