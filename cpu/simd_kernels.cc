@@ -13,11 +13,13 @@
 // multiply-adds in the same order (fused where ggml's build fuses them), the
 // same horizontal sum; so each dot is ggml's CPU backend's bit for bit
 // (tests/cpu_kernels_test.cc holds them to ggml's own results).
-// Every target the CPU may have (AVX-512, AVX2) and the portable one (EMU128,
-// or SCALAR where the compiler is too old for EMU128: GCC before 12.3), which
-// the tests run too; SSSE3 and SSE4 would only add compile time.
+// Every target the CPU may have (AVX-512 with VNNI: AVX3_DL, which Highway
+// compiles only when asked; AVX-512; AVX2) and the portable one (EMU128, or
+// SCALAR where the compiler is too old for EMU128: GCC before 12.3), which the
+// tests run too; SSSE3 and SSE4 would only add compile time.
 #ifndef HWY_COMPILE_ALL_ATTAINABLE
 #define HWY_COMPILE_ALL_ATTAINABLE
+#define HWY_WANT_AVX3_DL
 #define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
 #endif
 #undef HWY_TARGET_INCLUDE
@@ -37,12 +39,22 @@
 
 // The x86 targets unpack each weight block once for several activation rows
 // (DotTile); the portable one takes one row at a time.
+// The AVX-512 targets (AVX3, and AVX3_DL with VNNI) add 512-bit kernels.
 #undef MOEGRAPH_X86_TILES
-#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
+#undef MOEGRAPH_AVX512
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#define MOEGRAPH_AVX512 1
+#endif
+#if HWY_TARGET == HWY_AVX2 || defined(MOEGRAPH_AVX512)
 #define MOEGRAPH_X86_TILES 1
 #endif
 
 HWY_BEFORE_NAMESPACE();
+#if HWY_TARGET == HWY_AVX3_DL
+// This Highway's AVX3_DL target string names avxvnni but not avx512vnni, which its
+// runtime check for AVX3_DL requires; the 512-bit dot products need it by name.
+#pragma GCC target("avx512vnni")
+#endif
 namespace moegraph {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -413,7 +425,7 @@ HWY_INLINE float BlockScale(const block_q5_1& b) { return F16(b.d); }
 HWY_INLINE float BlockScale(const block_iq4_nl& b) { return F16(b.d); }
 HWY_INLINE float BlockScale(const block_mxfp4& b) { return e8m0_to_f32_half(b.e); }
 
-#if HWY_TARGET == HWY_AVX3
+#ifdef MOEGRAPH_AVX512
 // iq4_nl and mxfp4 on AVX-512: blocks b and b + 1 in one 512-bit vector, so
 // the lanes of one accumulator hold ggml's accum1 (b even) and accum2 (b odd),
 // each lane taking the operations it takes at 256 bits (below), at half the
@@ -423,7 +435,11 @@ HWY_INLINE float BlockScale(const block_mxfp4& b) { return e8m0_to_f32_half(b.e)
 // a weight is 0 its product is 0 either way). The activations come paired as
 // the nibbles unpack (ActPair) and their block scales converted, once per
 // matrix; the weights' scales 16 blocks at a time in vector lanes; each pair's
-// two products d_w d_a (the same f32 products) one permute away.
+// two products d_w d_a (the same f32 products) one permute away. With VNNI
+// (AVX3_DL) the weights are looked up biased to unsigned, w + kBias, and one
+// vpdpbusd a pair sums their products with the activations from -kBias times
+// the activations' sums of 4 (made once per matrix): the same int32 lanes,
+// exactly, in one instruction where the sign transfer takes four.
 
 // 16 blocks' scales from their first bytes (one gather): mxfp4's e8m0 as
 // e8m0_to_f32_half, iq4_nl's f16 d. Lanes past `valid` are 0.
@@ -453,18 +469,33 @@ HWY_INLINE __m512 BlockScales16(const block_iq4_nl* x, __mmask16 valid) {
 // iq4_nl's those without (its values ascend from -127).
 template <typename Block>
 struct PairTable;
+constexpr int8_t TableValue(uint64_t low, uint64_t high, int i) {
+  return static_cast<int8_t>(((i < 8 ? low : high) >> (8 * (i % 8))) & 0xFF);
+}
+constexpr int MinValue(uint64_t low, uint64_t high) {
+  int least = 0;
+  for (int i = 0; i < 16; ++i) least = std::min<int>(least, TableValue(low, high, i));
+  return least;
+}
 template <>
 struct PairTable<block_mxfp4> {
   static constexpr uint64_t kLow = kMxfp4Low, kHigh = kMxfp4High;
   static constexpr bool kNegativeWithBit3 = true;
+  static constexpr int kBias = -MinValue(kLow, kHigh);  // 12
 };
 template <>
 struct PairTable<block_iq4_nl> {
   static constexpr uint64_t kLow = kIq4nlLow, kHigh = kIq4nlHigh;
   static constexpr bool kNegativeWithBit3 = false;
+  static constexpr int kBias = -MinValue(kLow, kHigh);  // 127
 };
-constexpr int8_t TableValue(uint64_t low, uint64_t high, int i) {
-  return static_cast<int8_t>(((i < 8 ? low : high) >> (8 * (i % 8))) & 0xFF);
+// The 16 values plus bias from `first` on, 8 of them, as unsigned bytes.
+constexpr uint64_t BiasedWord(uint64_t low, uint64_t high, int first, int bias) {
+  uint64_t word = 0;
+  for (int i = 0; i < 8; ++i) {
+    word |= static_cast<uint64_t>(TableValue(low, high, first + i) + bias) << (8 * i);
+  }
+  return word;
 }
 constexpr uint64_t AbsWord(uint64_t low, uint64_t high, int first) {
   uint64_t word = 0;
@@ -484,6 +515,9 @@ constexpr bool SignsFollowBit3() {
   return true;
 }
 static_assert(SignsFollowBit3<block_mxfp4>() && SignsFollowBit3<block_iq4_nl>());
+// Biased values fit a byte, and a pair's vpdpbusd cannot overflow int32.
+static_assert(PairTable<block_mxfp4>::kBias == 12 && PairTable<block_iq4_nl>::kBias == 127);
+static_assert(113 + PairTable<block_iq4_nl>::kBias <= 255);
 
 // Weights ahead of the loads, in bytes: measured on BM_Dot (16 MiB of mxfp4
 // rows, one activation row), 1 to 4 KiB ahead is 15% faster than none.
@@ -499,24 +533,44 @@ HWY_INLINE __m512i ActPair(const block_q8_0* y, int64_t p) {
   return _mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0));
 }
 
-// One ActPair, cache-line aligned (a vector of __m512i would drop the
-// alignment: GCC ignores a template argument's attributes).
+// One ActPair (or its VNNI correction), cache-line aligned (a vector of
+// __m512i would drop the alignment: GCC ignores a template argument's
+// attributes).
 struct alignas(64) ActPairBytes {
   uint8_t bytes[64];
 };
-// x: R weight rows; y: N activation rows, their pairs (ActPair) in act_pairs[n]
+
+#if HWY_TARGET == HWY_AVX3_DL
+// A pair's int32 lanes of -bias times the sums of 4 of its activations.
+HWY_INLINE __m512i PairCorrection(__m512i pair, int bias) {
+  const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), pair);
+  return _mm512_mullo_epi32(sums, _mm512_set1_epi32(-bias));
+}
+#endif
+
+// x: R weight rows; y: N activation rows, their pairs (ActPair) in act_pairs[n],
+// the pairs' corrections (PairCorrection, AVX3_DL only) in act_corrections[n]
 // and their block scales in act_scales[n].
 template <int R, int N, typename Block>
 void DotPairs512Tile(const Block* const* x, const block_q8_0* const* y,
-                     const ActPairBytes* const* act_pairs, const float* const* act_scales,
+                     const ActPairBytes* const* act_pairs,
+                     const ActPairBytes* const* act_corrections, const float* const* act_scales,
                      int64_t nb, float* out) {
   using T = PairTable<Block>;
+#if HWY_TARGET == HWY_AVX3_DL
+  alignas(16) const uint64_t words[2] = {BiasedWord(T::kLow, T::kHigh, 0, T::kBias),
+                                         BiasedWord(T::kLow, T::kHigh, 8, T::kBias)};
+#else
+  (void)act_corrections;
   alignas(16)
       const uint64_t words[2] = {AbsWord(T::kLow, T::kHigh, 0), AbsWord(T::kLow, T::kHigh, 8)};
-  const __m512i magnitudes =
-      _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(words)));
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bit3 = _mm512_set1_epi8(0x08);
+  const __m512i bit3 = _mm512_set1_epi8(0x08);
   const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+#endif
+  // Indexed by a nibble: its magnitude, or (VNNI) its value plus kBias.
+  const __m512i table =
+      _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(words)));
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
   // A pair's int32 lanes: b's 0-3, b + 1's 0-3, b's 4-7, b + 1's 4-7; its
   // scales from elements 0 (b) and 1 (b + 1) of a chunk's, + 2 a pair.
   const __m512i first_pair = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -548,12 +602,19 @@ void DotPairs512Tile(const Block* const* x, const block_q8_0* const* y,
         // 128-bit lanes: b's low nibbles, b + 1's, b's high, b + 1's.
         const __m512i nibbles = _mm512_and_si512(
             _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), low4);
-        const __m512i abs_w = _mm512_shuffle_epi8(magnitudes, nibbles);
+        const __m512i looked_up = _mm512_shuffle_epi8(table, nibbles);
+#if HWY_TARGET != HWY_AVX3_DL
         const __mmask64 negative = T::kNegativeWithBit3 ? _mm512_test_epi8_mask(nibbles, bit3)
                                                         : _mm512_testn_epi8_mask(nibbles, bit3);
+#endif
         for (int n = 0; n < N; ++n) {
+#if HWY_TARGET == HWY_AVX3_DL
+          const __m512i dot = _mm512_dpbusd_epi32(
+              _mm512_load_si512(act_corrections[n][b / 2].bytes), looked_up, a[n]);
+#else
           const __m512i signed_a = _mm512_mask_sub_epi8(a[n], negative, zero, a[n]);
-          const __m512i dot = _mm512_madd_epi16(_mm512_maddubs_epi16(abs_w, signed_a), ones);
+          const __m512i dot = _mm512_madd_epi16(_mm512_maddubs_epi16(looked_up, signed_a), ones);
+#endif
           acc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
                                       _mm512_permutexvar_ps(pair, scales[r][n]), acc[r][n]);
         }
@@ -1077,12 +1138,13 @@ void RowsTimesActs(const MatMulArgs& m, int64_t r) {
   for (; t < m.n_act; ++t) Tile<R, 1>(m, r, t);
 }
 
-#if HWY_TARGET == HWY_AVX3
+#ifdef MOEGRAPH_AVX512
 // iq4_nl and mxfp4 on AVX-512 (DotPairs512Tile), in Tile's shapes, each
 // activation row's pairs and block scales made once for all the rows.
 struct PairActs {
-  std::vector<ActPairBytes> pairs;  // n_act rows of nb / 2
-  std::vector<float> scales;        // n_act rows of nb
+  std::vector<ActPairBytes> pairs;        // n_act rows of nb / 2
+  std::vector<ActPairBytes> corrections;  // the pairs' PairCorrection (AVX3_DL)
+  std::vector<float> scales;              // n_act rows of nb
   int64_t nb = 0;
 };
 
@@ -1091,6 +1153,7 @@ void PairTile(const MatMulArgs& m, const PairActs& acts, int64_t r, int64_t t) {
   const Block* x[R];
   const block_q8_0* y[N];
   const ActPairBytes* pairs[N];
+  const ActPairBytes* corrections[N];
   const float* scales[N];
   float out[R * N];
   for (int i = 0; i < R; ++i) {
@@ -1100,9 +1163,10 @@ void PairTile(const MatMulArgs& m, const PairActs& acts, int64_t r, int64_t t) {
     y[n] =
         reinterpret_cast<const block_q8_0*>(m.act + static_cast<size_t>(t + n) * m.act_row_bytes);
     pairs[n] = acts.pairs.data() + (t + n) * (acts.nb / 2);
+    corrections[n] = acts.corrections.data() + (t + n) * (acts.nb / 2);
     scales[n] = acts.scales.data() + (t + n) * acts.nb;
   }
-  DotPairs512Tile<R, N>(x, y, pairs, scales, acts.nb, out);
+  DotPairs512Tile<R, N>(x, y, pairs, corrections, scales, acts.nb, out);
   for (int i = 0; i < R; ++i) {
     for (int n = 0; n < N; ++n) m.out[(t + n) * m.out_stride + r + i] = out[i * N + n];
   }
@@ -1119,11 +1183,19 @@ void PairMatMulRows(const MatMulArgs& m) {
   acts.nb = m.cols / QK8_0;
   const int64_t n_pairs = acts.nb / 2;
   acts.pairs.resize(static_cast<size_t>(m.n_act * n_pairs));
+#if HWY_TARGET == HWY_AVX3_DL
+  acts.corrections.resize(acts.pairs.size());
+#endif
   acts.scales.resize(static_cast<size_t>(m.n_act * acts.nb));
   for (int64_t t = 0; t < m.n_act; ++t) {
     const auto* y = reinterpret_cast<const block_q8_0*>(m.act + t * m.act_row_bytes);
     for (int64_t p = 0; p < n_pairs; ++p) {
-      _mm512_store_si512(acts.pairs[t * n_pairs + p].bytes, ActPair(y, p));
+      const __m512i pair = ActPair(y, p);
+      _mm512_store_si512(acts.pairs[t * n_pairs + p].bytes, pair);
+#if HWY_TARGET == HWY_AVX3_DL
+      _mm512_store_si512(acts.corrections[t * n_pairs + p].bytes,
+                         PairCorrection(pair, PairTable<Block>::kBias));
+#endif
     }
     for (int64_t b = 0; b < acts.nb; ++b) acts.scales[t * acts.nb + b] = F16(y[b].d);
   }
@@ -1149,7 +1221,7 @@ void PairMatMulRows(const MatMulArgs& m) {
 #endif
 
 void MatMulRows(const MatMulArgs& m) {
-#if HWY_TARGET == HWY_AVX3
+#ifdef MOEGRAPH_AVX512
   if (m.type == GgmlType::kMXFP4) return PairMatMulRows<block_mxfp4>(m);
   if (m.type == GgmlType::kIQ4_NL) return PairMatMulRows<block_iq4_nl>(m);
 #endif
