@@ -22,12 +22,19 @@
 # of 64, a 128-position window on the even layers, the 201088-token vocabulary,
 # q8_0 dense and mxfp4 experts, 8 expert variants as above) with LAYERS layers
 # (default 24, gpt-oss-20b's: about 12 GiB; fewer for a small machine).
+# --real runs one file of a real model's size instead: Qwen3-30B-A3B's geometry
+# (48 layers, 128 experts top-8 of ff 768, embd 2048, 32 query and 4 key/value
+# heads of 128, the 151936-token vocabulary; q8_0 dense, q4_K experts, 8 expert
+# variants): 17.2 GiB, written once into fixtures/cpu-speed/ (ignored by git)
+# and reused while its flags are the same. It needs about 20 GiB of memory.
+# Every table gives each engine's peak resident set (GNU time's %M) over its
+# timed processes (bench, cpu-speed.mjs), beside the speeds.
 # Slow: writing the fixtures takes minutes, and every test runs once untimed
 # first. Needs node and npm; not part of `make test`.
-# Usage: [REPS=N] tools/llama-crosscheck/cpu-speed.sh BUILD_DIR [--quick | --gpt-oss[=LAYERS]]
+# Usage: [REPS=N] tools/llama-crosscheck/cpu-speed.sh BUILD_DIR [--quick | --gpt-oss[=LAYERS] | --real]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage="usage: [REPS=N] $0 BUILD_DIR [--quick | --gpt-oss[=LAYERS]]"
+usage="usage: [REPS=N] $0 BUILD_DIR [--quick | --gpt-oss[=LAYERS] | --real]"
 [[ $# -ge 1 && $# -le 2 ]] || { echo "$usage" >&2; exit 2; }
 moegraph="$1/tools/moegraph"
 set_name=qwen3moe
@@ -36,6 +43,7 @@ case ${2:-} in
   --quick) set_name=quick ;;
   --gpt-oss) set_name=gpt-oss; gpt_oss_layers=24 ;;
   --gpt-oss=*) set_name=gpt-oss; gpt_oss_layers=${2#--gpt-oss=} ;;
+  --real) set_name=real ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 if [[ $set_name == gpt-oss && ! $gpt_oss_layers =~ ^[1-9][0-9]*$ ]]; then
@@ -61,17 +69,39 @@ case $set_name in
   quick) fixtures=("$small") ;;
   qwen3moe) fixtures=("$small" "$large") ;;
   gpt-oss) fixtures=("gpt-oss-${gpt_oss_layers}L:$gpt_oss --layers $gpt_oss_layers --seed 1") ;;
+  real) fixtures=("qwen3moe-30b-a3b:--arch qwen3moe --layers 48 --experts 128 --top-k 8 --embd 2048 \
+--ff 768 --heads 32 --kv-heads 4 --head-dim 128 --vocab 151936 --quant q8_0,expert=q4_K \
+--expert-variants 8 --router-skew 1 --seed 1") ;;
 esac
+# The real-size file is cached between runs; the others live in $work.
+cache="$here/../../fixtures/cpu-speed"
 threads_list=(1 2)
 load=$(cut -d' ' -f1 /proc/loadavg)
 
 : > "$work/fixtures.txt"
 for fixture in "${fixtures[@]}"; do
   name=${fixture%%:*}
-  echo "cpu-speed: writing the $name fixture" >&2
-  # shellcheck disable=SC2086
-  "$moegraph" make-fixture ${fixture#*:} -o "$work/$name.gguf" >&2
-  echo "$name $(stat -c %s "$work/$name.gguf")" >> "$work/fixtures.txt"
+  flags=${fixture#*:}
+  file="$work/$name.gguf"
+  if [[ $set_name == real ]]; then
+    mkdir -p "$cache"
+    file="$cache/$name.gguf"
+    if [[ -f $file && "$(cat "$file.flags" 2> /dev/null)" == "$flags" ]]; then
+      echo "cpu-speed: reusing $file" >&2
+    else
+      rm -f "$file" "$file.flags"
+      echo "cpu-speed: writing the $name fixture into $file (once)" >&2
+      # shellcheck disable=SC2086
+      "$moegraph" make-fixture $flags -o "$file.part" >&2
+      mv "$file.part" "$file"
+      echo "$flags" > "$file.flags"
+    fi
+  else
+    echo "cpu-speed: writing the $name fixture" >&2
+    # shellcheck disable=SC2086
+    "$moegraph" make-fixture $flags -o "$file" >&2
+  fi
+  echo "$name $(stat -c %s "$file") $file" >> "$work/fixtures.txt"
 done
 
 # Runs moegraph with stdout to OUT and stderr to ERR, shown only when it fails.
@@ -81,9 +111,14 @@ moegraph_to() {
   "$moegraph" "$@" > "$out" 2> "$err" || { cat "$err" >&2; return 1; }
 }
 
-for fixture in "${fixtures[@]}"; do
-  name=${fixture%%:*}
-  file="$work/$name.gguf"
+# Runs COMMAND... with its peak resident set in KiB written to FILE (GNU time).
+peak_rss_to() {
+  local file=$1
+  shift
+  /usr/bin/time -f %M -o "$file" "$@"
+}
+
+while read -r -u 3 name _ file; do
   for ((rep = 0; rep <= reps; ++rep)); do  # rep 0: the tokens (moegraph run)
     for t in "${threads_list[@]}"; do
       if [[ $rep -eq 0 ]]; then
@@ -94,13 +129,15 @@ for fixture in "${fixtures[@]}"; do
         continue
       fi
       echo "cpu-speed: $name: moegraph bench, threads $t, repetition $rep/$reps" >&2
-      moegraph_to "$work/mg-$name-t$t-r$rep.json" "$work/bench.err" bench -m "$file" \
-        --backend cpu --arms resident -p 512 -n 64 -t "$t" -r 1 -o json
+      peak_rss_to "$work/mg-$name-t$t-r$rep.rss" "$moegraph" bench -m "$file" --backend cpu \
+        --arms resident -p 512 -n 64 -t "$t" -r 1 -o json > "$work/mg-$name-t$t-r$rep.json" \
+        2> "$work/bench.err" || { cat "$work/bench.err" >&2; exit 1; }
       echo "cpu-speed: $name: llama.cpp, threads $t, repetition $rep/$reps" >&2
-      node "$here/cpu-speed.mjs" "$file" "$t" > "$work/ll-$name-t$t-r$rep.json"
+      peak_rss_to "$work/ll-$name-t$t-r$rep.rss" node "$here/cpu-speed.mjs" "$file" "$t" \
+        > "$work/ll-$name-t$t-r$rep.json"
     done
   done
-done
+done 3< "$work/fixtures.txt"
 
 # shellcheck disable=SC2016  # JavaScript, not shell expansions
 REPS=$reps LOAD=$load THREADS="${threads_list[*]}" node -e '
@@ -108,6 +145,9 @@ REPS=$reps LOAD=$load THREADS="${threads_list[*]}" node -e '
   const [dir, here] = process.argv.slice(1);
   const env = process.env, reps = Number(env.REPS);
   const read = (f) => JSON.parse(fs.readFileSync(`${dir}/${f}`, "utf8"));
+  // The largest peak resident set (KiB, GNU time) of PREFIX-r1.rss ... -rN.rss.
+  const rss = (prefix) => Math.max(...Array.from({length: reps}, (_, r) =>
+      Number(fs.readFileSync(`${dir}/${prefix}-r${r + 1}.rss`, "utf8").trim().split("\n").pop())));
   const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
   const human = (b) => b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(2)} GiB` : `${(b / 2 ** 20).toFixed(0)} MiB`;
   const cpu = (fs.readFileSync("/proc/cpuinfo", "utf8").match(/^model name\s*:\s*(.*)$/m) || [])[1] || "unknown CPU";
@@ -118,8 +158,9 @@ REPS=$reps LOAD=$load THREADS="${threads_list[*]}" node -e '
               `load average ${env.LOAD} at the start); llama.cpp: node-llama-cpp ${nlc} prebuilt CPU ` +
               `build (llama.cpp release ${release}); mean of ${reps} repetition(s)`);
   console.log("");
-  console.log("| fixture | size | threads | test | moegraph t/s | llama.cpp t/s | ratio | tokens equal |");
-  console.log("| --- | --- | --- | --- | --- | --- | --- | --- |");
+  console.log("| fixture | size | threads | test | moegraph t/s | llama.cpp t/s | ratio | tokens equal | " +
+              "moegraph peak RSS | llama.cpp peak RSS |");
+  console.log("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
   const notes = new Set();
   for (const line of fs.readFileSync(`${dir}/fixtures.txt`, "utf8").trim().split("\n")) {
     const [name, bytes] = line.split(" ");
@@ -139,11 +180,12 @@ REPS=$reps LOAD=$load THREADS="${threads_list[*]}" node -e '
         equal = `NO (from token ${i + 1} of ${b.length})`;
       }
       if (theirs.some((s) => s !== theirs[0])) equal += " (llama.cpp varied between repetitions)";
+      const memory = `${human(rss(`mg-${name}-t${t}`) * 1024)} | ${human(rss(`ll-${name}-t${t}`) * 1024)}`;
       for (const test of ["pp512", "tg64"]) {
         const m = mean(mg.map((rows) => rows.find((row) => row.test === test && row.arm === "resident").avg_ts));
         const l = mean(ll.map((x) => x[test]));
         console.log(`| ${name} | ${human(Number(bytes))} | ${t} | ${test} | ${m.toFixed(2)} | ` +
-                    `${l.toFixed(2)} | ${(m / l).toFixed(2)} | ${equal} |`);
+                    `${l.toFixed(2)} | ${(m / l).toFixed(2)} | ${equal} | ${memory} |`);
       }
     }
   }
