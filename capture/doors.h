@@ -9,6 +9,7 @@
 //   MOEGRAPH_PROTECTED_FRAC   slru's protected share of the slots, in [0, 1)
 //   MOEGRAPH_SPLIT_PASSES=0   one expert pass over all ranks after the copies join
 //   MOEGRAPH_PDL=0            kernels launched without programmatic dependent launch
+//   MOEGRAPH_AMX=0            the CPU backend's prompts without AMX tiles
 #pragma once
 
 #include <functional>
@@ -41,6 +42,9 @@ struct Doors {
   // MOEGRAPH_PREFILL: batched (a prompt in ubatches, capture/engine_prefill.cc)
   // or steps (one T=1 decode step per prompt token, the rollback).
   bool batched_prefill = true;
+  // MOEGRAPH_AMX: the CPU backend's q8_0 prompt products on AMX int8 tiles
+  // where the CPU has them (CpuForwardOptions::amx).
+  bool amx = true;
   bool resident = false;   // every expert on the device (--arm resident only)
 
 };

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "cpu/act_quant.h"
+#include "cpu/amx_matmul.h"
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
 #include "kernels/nn_math.h"
@@ -22,6 +23,13 @@ namespace {
 
 // Weight rows per task: enough tasks to balance the threads, rows enough to
 // amortize a task.
+// The fewest activation rows a q8_0 or q4_K product takes to AMX tiles: the
+// tiles compute 32 at a time, so fewer waste most of their work (measured on
+// one thread, tools/bench/bench_amx.cc: 2048 x 2048 q8_0 by 512 rows 160 G
+// multiply-adds/s, the AVX-512 path 19; q4_K 768 x 2048 by 32 rows, an
+// expert's share of a prompt, 5.6x the AVX-512 path).
+constexpr int64_t kAmxMinActs = 16;
+
 int64_t RowsPerTask(int64_t rows, int threads, int64_t n_act) {
   if (threads <= 1) return rows;
   const int64_t min_rows = n_act > 4 ? 4 : 16;
@@ -67,6 +75,7 @@ class CpuForward final : public Oracle {
         pool_(options.threads > 0 ? options.threads : PhysicalCores()),
         kv_f16_(options.kv_type == KvCacheType::kF16),
         ubatch_(options.ubatch),
+        amx_(options.amx && AmxInt8Available()),
         rings_(model.config, max_ctx, options.ring_slack()) {
     const ModelConfig& cfg = model.config;
     for (const LayerTensors& lt : model.layers) {
@@ -132,6 +141,7 @@ class CpuForward final : public Oracle {
   ThreadPool pool_;
   const bool kv_f16_;
   const int ubatch_;
+  const bool amx_;  // q8_0 and q4_K products of kAmxMinActs rows or more on AMX tiles
   int n_past_ = 0;
   // Per layer: its ring's rows, or 0 where it keeps every position.
   std::vector<int> kv_rows_;
@@ -160,6 +170,9 @@ class CpuForward final : public Oracle {
     std::vector<Acts> in, mid;  // Experts, per expert group
     std::vector<std::vector<float>> gate, up, down;
   } s_;
+  // MatMuls' activations packed for AMX, job by job.
+  std::vector<AmxQ8_0Acts> amx_q8_0_;
+  std::vector<AmxQ8_KActs> amx_q8_K_;
 };
 
 void CpuForward::Quantize(GgmlType w_type, const float* x, int64_t rows, int64_t cols, Acts* out) {
@@ -176,9 +189,24 @@ void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
   // Tasks: every job's row blocks, one after the other.
   std::vector<int64_t> first_task(jobs.size() + 1, 0);
   std::vector<int64_t> block(jobs.size());
+  // A job on AMX tiles: its activations packed once here for all its tasks.
+  std::vector<bool> amx(jobs.size(), false);
+  amx_q8_0_.resize(std::max(amx_q8_0_.size(), jobs.size()));
+  amx_q8_K_.resize(std::max(amx_q8_K_.size(), jobs.size()));
   for (size_t j = 0; j < jobs.size(); ++j) {
-    block[j] = RowsPerTask(jobs[j].w.rows, pool_.size(), jobs[j].n_act);
-    first_task[j + 1] = first_task[j] + (jobs[j].w.rows + block[j] - 1) / block[j];
+    const MatJob& job = jobs[j];
+    block[j] = RowsPerTask(job.w.rows, pool_.size(), job.n_act);
+    first_task[j + 1] = first_task[j] + (job.w.rows + block[j] - 1) / block[j];
+    if (!amx_ || job.n_act < kAmxMinActs) continue;
+    if (job.w.type == GgmlType::kQ8_0) {
+      PackAmxQ8_0Acts(job.act->row(job.act_begin), job.act->row_bytes, job.n_act, job.w.cols,
+                      &amx_q8_0_[j]);
+      amx[j] = true;
+    } else if (job.w.type == GgmlType::kQ4_K) {
+      PackAmxQ8_KActs(job.act->row(job.act_begin), job.act->row_bytes, job.n_act, job.w.cols,
+                      &amx_q8_K_[j]);
+      amx[j] = true;
+    }
   }
   pool_.Run(first_task.back(), [&](int64_t task) {
     const size_t j = static_cast<size_t>(
@@ -196,6 +224,8 @@ void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
     a.n_act = job.n_act;
     a.out = job.out;
     a.out_stride = job.w.rows;
+    if (amx[j] && a.type == GgmlType::kQ8_0) return AmxMatMulQ8_0(a, amx_q8_0_[j]);
+    if (amx[j]) return AmxMatMulQ4_K(a, amx_q8_K_[j]);
     SimdMatMulRows(a);
   });
 }

@@ -30,6 +30,11 @@ struct CpuForwardOptions {
   // the next Forward (the same bits as never having lost them).
   int ubatch = 512;
   bool swa_full = false;
+  // Products of q8_0 and q4_K weights with 16 activation rows or more (prompts) on AMX
+  // int8 tiles where the CPU has them (cpu/amx_matmul.h): their own rounding
+  // order, so a prompt's logits then differ from its tokens fed one by one
+  // in the last bits. MOEGRAPH_AMX=0 turns it off.
+  bool amx = true;
   // KvLayerRows's ring slack: the ubatch, or none (-1) with swa_full.
   int ring_slack() const { return swa_full ? -1 : ubatch; }
 };

@@ -40,6 +40,7 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
   EXPECT_TRUE(r.doors.split_passes);
   EXPECT_TRUE(r.doors.programmatic_launch);
   EXPECT_TRUE(r.doors.batched_prefill);
+  EXPECT_TRUE(r.doors.amx);
   EXPECT_FALSE(r.doors.resident);
   EXPECT_EQ(r.doors.residency, ResidencyMode::kDevice);
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kHazard);
@@ -48,7 +49,8 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
        {"MOEGRAPH_GRAPH=1 (default)", "MOEGRAPH_MOE_CACHE=1 (default)",
         "MOEGRAPH_RESIDENCY=device (default)", "MOEGRAPH_POLICY=hazard (default)",
         "MOEGRAPH_PROTECTED_FRAC=0.80 (default)", "MOEGRAPH_SPLIT_PASSES=1 (default)",
-        "MOEGRAPH_PDL=1 (default)", "MOEGRAPH_PREFILL=batched (default)"}) {
+        "MOEGRAPH_PDL=1 (default)", "MOEGRAPH_PREFILL=batched (default)",
+        "MOEGRAPH_AMX=1 (default)"}) {
     EXPECT_NE(r.banner.find(door), std::string::npos) << door << "\n" << r.banner;
   }
 }
@@ -110,7 +112,8 @@ TEST(DoorsTest, PolicyFractionPassesAndPdlComeFromTheEnvironment) {
                                                  {"MOEGRAPH_PROTECTED_FRAC", "0.5"},
                                                  {"MOEGRAPH_SPLIT_PASSES", "0"},
                                                  {"MOEGRAPH_PDL", "0"},
-                                                 {"MOEGRAPH_PREFILL", "steps"}});
+                                                 {"MOEGRAPH_PREFILL", "steps"},
+                                                 {"MOEGRAPH_AMX", "0"}});
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kLru);
   EXPECT_DOUBLE_EQ(r.doors.protected_frac, 0.5);
   EXPECT_FALSE(r.doors.split_passes);
@@ -118,6 +121,8 @@ TEST(DoorsTest, PolicyFractionPassesAndPdlComeFromTheEnvironment) {
   EXPECT_NE(r.banner.find("MOEGRAPH_PDL=0 (env)"), std::string::npos) << r.banner;
   EXPECT_FALSE(r.doors.batched_prefill);
   EXPECT_NE(r.banner.find("MOEGRAPH_PREFILL=steps (env)"), std::string::npos) << r.banner;
+  EXPECT_FALSE(r.doors.amx);
+  EXPECT_NE(r.banner.find("MOEGRAPH_AMX=0 (env)"), std::string::npos) << r.banner;
   EXPECT_NE(r.banner.find("MOEGRAPH_POLICY=lru (env)"), std::string::npos) << r.banner;
 
   const ResolvedDoors slru = Resolve(std::nullopt, {{"MOEGRAPH_POLICY", "slru"},
@@ -136,7 +141,8 @@ TEST(DoorsTest, BadValuesAndContradictionsNameTheVariables) {
                                                                 {"MOEGRAPH_PROTECTED_FRAC", "x"},
                                                                 {"MOEGRAPH_SPLIT_PASSES", "true"},
                                                                 {"MOEGRAPH_PDL", "on"},
-                                                                {"MOEGRAPH_PREFILL", "1"}};
+                                                                {"MOEGRAPH_PREFILL", "1"},
+                                                                {"MOEGRAPH_AMX", "yes"}};
   for (const auto& [name, value] : bad) {
     absl::StatusOr<ResolvedDoors> r = ResolveDoors(std::nullopt, FakeEnv({{name, value}}));
     ASSERT_FALSE(r.ok()) << name << "=" << value;

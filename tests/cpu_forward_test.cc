@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/amx_matmul.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/forward.h"
 #include "cpu/simd_kernels.h"
@@ -156,6 +157,54 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen2moe_f16_q6_K", Arch::kQwen2Moe, GgmlType::kF16, GgmlType::kQ6_K},
         Case{"mixtral_bf16_q8_0_legacy", Arch::kMixtral, GgmlType::kBF16, GgmlType::kQ8_0, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// A prompt's q8_0 and q4_K products of 16 activation rows or more run on AMX
+// tiles where the CPU has them, in their own rounding order: the logits are
+// close to the same batch's without AMX (and the same for one thread or two),
+// and with the door off (MOEGRAPH_AMX=0) the batch keeps its tokens'
+// one-by-one bits.
+class CpuAmxPromptTest : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(CpuAmxPromptTest, AmxPromptsAreCloseAndTheDoorOffKeepsTheBits) {
+  const std::unique_ptr<LoadedModel> m = Load({"amx", Arch::kQwen3Moe, GetParam(), GetParam()});
+  ASSERT_NE(m, nullptr);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 5) % 128);
+  const auto logits = [&](bool amx, int threads, const std::vector<int32_t>& tokens) {
+    absl::StatusOr<std::unique_ptr<Oracle>> f =
+        CreateCpuForward(m->model, 64, nullptr, {.threads = threads, .amx = amx});
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f.ok() ? Logits(**f, tokens) : std::vector<float>();
+  };
+
+  const uint64_t before_off = AmxMatMulCalls();
+  const std::vector<float> off = logits(false, 2, prompt);
+  EXPECT_EQ(AmxMatMulCalls(), before_off);
+  absl::StatusOr<std::unique_ptr<Oracle>> single =
+      CreateCpuForward(m->model, 64, nullptr, {.threads = 1, .amx = false});
+  ASSERT_TRUE(single.ok()) << single.status();
+  std::vector<float> one_by_one;
+  for (const int32_t t : prompt) {
+    const std::vector<float> row = Logits(**single, {t});
+    one_by_one.insert(one_by_one.end(), row.begin(), row.end());
+  }
+  EXPECT_EQ(off, one_by_one);
+
+  if (!AmxInt8Available()) {
+    GTEST_SKIP() << "this CPU (or its kernel) offers no AMX int8 tiles: only the door-off half ran";
+  }
+  const uint64_t before_on = AmxMatMulCalls();
+  const std::vector<float> on = logits(true, 2, prompt);
+  EXPECT_GT(AmxMatMulCalls(), before_on);
+  ASSERT_EQ(on.size(), off.size());
+  EXPECT_LT(Nmse(on, off), kMaxNmse);
+  EXPECT_EQ(logits(true, 1, prompt), on);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CpuAmxPromptTest, ::testing::Values(GgmlType::kQ8_0, GgmlType::kQ4_K),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return ggml_type_name(static_cast<uint32_t>(info.param));
+                         });
 
 // The residency pipeline around the fast path: any slot count, the cache off,
 // and the oracle's arithmetic as a switch.

@@ -130,6 +130,7 @@ class CpuTarget final : public Target {
     CpuBackendOptions options;
     options.max_ctx = ctx;
     options.fast = cpu;
+    options.fast.amx = doors.amx;
     options.n_slots = slots;
     options.resident = arm == Arm::kResident;
     options.policy = doors.policy;
