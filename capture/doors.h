@@ -42,7 +42,7 @@ struct Doors {
   // MOEGRAPH_PREFILL: batched (a prompt in ubatches, capture/engine_prefill.cc)
   // or steps (one T=1 decode step per prompt token, the rollback).
   bool batched_prefill = true;
-  // MOEGRAPH_AMX: the CPU backend's q8_0 prompt products on AMX int8 tiles
+  // MOEGRAPH_AMX: the CPU backend's q8_0 and q4_K prompt products on AMX tiles
   // where the CPU has them (CpuForwardOptions::amx).
   bool amx = true;
   bool resident = false;   // every expert on the device (--arm resident only)

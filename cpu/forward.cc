@@ -21,8 +21,6 @@
 namespace moegraph {
 namespace {
 
-// Weight rows per task: enough tasks to balance the threads, rows enough to
-// amortize a task.
 // The fewest activation rows a q8_0 or q4_K product takes to AMX tiles: the
 // tiles compute 32 at a time, so fewer waste most of their work (measured on
 // one thread, tools/bench/bench_amx.cc: 2048 x 2048 q8_0 by 512 rows 160 G
@@ -30,6 +28,8 @@ namespace {
 // expert's share of a prompt, 5.6x the AVX-512 path).
 constexpr int64_t kAmxMinActs = 16;
 
+// Weight rows per task: enough tasks to balance the threads, rows enough to
+// amortize a task.
 int64_t RowsPerTask(int64_t rows, int threads, int64_t n_act) {
   if (threads <= 1) return rows;
   const int64_t min_rows = n_act > 4 ? 4 : 16;
