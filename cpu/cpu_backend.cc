@@ -211,7 +211,8 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
 
   // Routing replay: the step being computed is the count of steps done so far,
   // plus the row's place in its batch (rows come in order, once per layer).
-  void Route(int layer, absl::Span<int32_t> experts, absl::Span<double> weights) override {
+  void Route(int layer, absl::Span<const float> /*probs*/, absl::Span<int32_t> experts,
+             absl::Span<double> weights) override {
     const uint64_t batch_row = batch_rows_[static_cast<size_t>(layer)]++;
     if (routing_trace_ == nullptr) return;
     const RoutingTrace& trace = *routing_trace_;

@@ -471,7 +471,8 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
   SelectExperts(probs, cfg.n_expert, k, cfg.norm_topk_prob, &chosen, &weight, cfg.gating,
                 lv.score_b, cfg.expert_weights_scale);
   for (int64_t t = 0; t < n; ++t) {
-    experts_->Route(il, absl::MakeSpan(chosen).subspan(t * k, k),
+    experts_->Route(il, absl::MakeConstSpan(probs).subspan(t * cfg.n_expert, cfg.n_expert),
+                    absl::MakeSpan(chosen).subspan(t * k, k),
                     absl::MakeSpan(weight).subspan(t * k, k));
   }
 

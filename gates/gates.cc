@@ -20,6 +20,7 @@
 #include "loader/placement.h"
 #include "loader/status_util.h"
 #include "reference/oracle.h"
+#include "reference/teacher_forcing.h"
 
 namespace moegraph {
 namespace {
@@ -601,12 +602,16 @@ absl::StatusOr<GateResult> OracleNmse(GateContext& context) {
     MG_ASSIGN_OR_RETURN(const Doors doors, DoorsFromEnv({}));
     const Workload work{PromptOf(model, 8), kSteps, LogitRows::kEvery};
     const int max_ctx = kPromptLength + kSteps;
-    MG_ASSIGN_OR_RETURN(const ArmRun run,
-                        RunArm(context, model, SpecOf(context, doors, max_ctx), work));
+    ArmSpec spec = SpecOf(context, doors, max_ctx);
+    spec.record_routing = true;
+    MG_ASSIGN_OR_RETURN(const ArmRun run, RunArm(context, model, spec, work));
     MG_RETURN_IF_ERROR(ExpectMoved(run.delta, Counter::kMisses, named.name));
-    // The oracle fed the engine's tokens: row i of both picked token i.
-    MG_ASSIGN_OR_RETURN(std::unique_ptr<Oracle> oracle, Oracle::Create(model, max_ctx));
+    // The oracle fed the engine's tokens and routed as it: row i of both
+    // picked token i.
+    TeacherForcedExperts forced(model, run.engine->routing());
+    MG_ASSIGN_OR_RETURN(std::unique_ptr<Oracle> oracle, Oracle::Create(model, max_ctx, &forced));
     MG_ASSIGN_OR_RETURN(std::vector<float> want, oracle->Forward(work.prompt));
+    MG_RETURN_IF_ERROR(Prefixed(forced.status(), named.name));
     const size_t n_vocab = static_cast<size_t>(model.config.n_vocab);
     want.erase(want.begin(), want.end() - static_cast<ptrdiff_t>(n_vocab));
     const double bound = HasQuantizedExperts(model) ? 5e-4 : 1e-6;
@@ -622,9 +627,19 @@ absl::StatusOr<GateResult> OracleNmse(GateContext& context) {
       }
       if (i + 1 < kSteps) {
         MG_ASSIGN_OR_RETURN(want, oracle->Forward({run.transcript.tokens[i]}));
+        MG_RETURN_IF_ERROR(Prefixed(forced.status(), named.name));
       }
     }
-    parts.push_back(absl::StrFormat("%s max NMSE %.2e < %.0e", named.name, worst, bound));
+    const std::string routing =
+        forced.differing_rows() == 0
+            ? absl::StrFormat("the engine chose the oracle's experts on all %d rows x layers",
+                              forced.rows())
+            : absl::StrFormat(
+                  "the engine's experts differed on %d of %d rows x layers, each a near-tie, "
+                  "within %.2g of the score range",
+                  forced.differing_rows(), forced.rows(), forced.worst_gap());
+    parts.push_back(
+        absl::StrFormat("%s max NMSE %.2e < %.0e (%s)", named.name, worst, bound, routing));
   }
   return Pass(absl::StrFormat("%d steps each: %s", kSteps, absl::StrJoin(parts, "; ")));
 }

@@ -302,33 +302,39 @@ void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm
       selection = biased;
     }
     const std::vector<int32_t> top = TopK(selection, k);
-    double sum = 0.0;
-    for (int i = 0; i < k; ++i) {
-      (*chosen)[t * k + i] = top[i];
-      (*weight)[t * k + i] = row[top[i]];
-      sum += row[top[i]];
+    std::copy(top.begin(), top.end(), chosen->begin() + t * k);
+    ChosenWeights(row, top, norm, gating, scale, absl::MakeSpan(*weight).subspan(t * k, k));
+  }
+}
+
+void ChosenWeights(absl::Span<const float> probs, absl::Span<const int32_t> ids, bool norm,
+                   ExpertGating gating, float scale, absl::Span<double> weights) {
+  CheckOrDie(weights.size() == ids.size(), "ChosenWeights: one weight per id");
+  double sum = 0.0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    weights[i] = probs[ids[i]];
+    sum += weights[i];
+  }
+  // LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT: ggml_soft_max of the k logits
+  // (the largest first in rank order; any order here).
+  if (gating == ExpertGating::kSoftmaxWeight) {
+    const double max = *std::max_element(weights.begin(), weights.end());
+    sum = 0.0;
+    for (double& w : weights) {
+      w = std::exp(w - max);
+      sum += w;
     }
-    // LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT: ggml_soft_max of the k logits.
-    if (gating == ExpertGating::kSoftmaxWeight) {
-      const double max = row[top[0]];
-      sum = 0.0;
-      for (int i = 0; i < k; ++i) {
-        double& w = (*weight)[t * k + i];
-        w = std::exp(w - max);
-        sum += w;
-      }
-      for (int i = 0; i < k; ++i) (*weight)[t * k + i] /= sum;
-      sum = 1.0;
-    }
-    // norm_w: the selected weights divided by their sum (ggml_sum_rows, then
-    // ggml_clamp at f16's smallest normal, ggml_div); then w_scale (ggml_scale).
-    if (norm) {
-      sum = std::max(sum, 6.103515625e-5);
-      for (int i = 0; i < k; ++i) (*weight)[t * k + i] /= sum;
-    }
-    if (scale != 1.0f) {
-      for (int i = 0; i < k; ++i) (*weight)[t * k + i] *= scale;
-    }
+    for (double& w : weights) w /= sum;
+    sum = 1.0;
+  }
+  // norm_w: the selected weights divided by their sum (ggml_sum_rows, then
+  // ggml_clamp at f16's smallest normal, ggml_div); then w_scale (ggml_scale).
+  if (norm) {
+    sum = std::max(sum, 6.103515625e-5);
+    for (double& w : weights) w /= sum;
+  }
+  if (scale != 1.0f) {
+    for (double& w : weights) w *= scale;
   }
 }
 
@@ -376,8 +382,8 @@ void MoeFfn(const Model& model, int layer, ExpertProvider& experts, absl::Span<c
                         absl::MakeConstSpan(down_b).subspan(e * n_embd, n_embd)};
   };
   for (int64_t t = 0; t < n_rows; ++t) {
-    experts.Route(layer, absl::MakeSpan(chosen).subspan(t * k, k),
-                  absl::MakeSpan(weight).subspan(t * k, k));
+    experts.Route(layer, absl::MakeConstSpan(probs).subspan(t * n_expert, n_expert),
+                  absl::MakeSpan(chosen).subspan(t * k, k), absl::MakeSpan(weight).subspan(t * k, k));
   }
 
   // Row by row, each selected expert runs on the row; outputs land per (row,

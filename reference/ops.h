@@ -110,10 +110,11 @@ class ExpertProvider {
   virtual void Provide(int layer, absl::Span<const int32_t> experts,
                        absl::Span<ExpertWeights> weights) = 0;
   // Routing replay: called once per (row, layer) after the router and before
-  // Provide, with the row's selection (k ids, rank order) and combine weights; an
-  // override rewrites both. The default keeps the router's choice.
-  virtual void Route(int /*layer*/, absl::Span<int32_t> /*experts*/,
-                     absl::Span<double> /*weights*/) {}
+  // Provide, with the row's gate values (GateProbs' output, n_expert), its
+  // selection (k ids, rank order) and combine weights; an override rewrites
+  // the last two. The default keeps the router's choice.
+  virtual void Route(int /*layer*/, absl::Span<const float> /*probs*/,
+                     absl::Span<int32_t> /*experts*/, absl::Span<double> /*weights*/) {}
   // Whether the views Provide fills stay valid through later calls (until the
   // next Forward), so a batch's experts can run after all its rows are asked;
   // a cache that may evict says no.
@@ -145,6 +146,12 @@ void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm
                    std::vector<int32_t>* chosen, std::vector<double>* weight,
                    ExpertGating gating = ExpertGating::kSoftmax,
                    absl::Span<const float> score_bias = {}, float scale = 1.0f);
+
+// The combine weights SelectExperts gives the experts ids (rank order) of one
+// row of probs: their values (or, with kSoftmaxWeight, their softmax), norm
+// and scale as SelectExperts documents.
+void ChosenWeights(absl::Span<const float> probs, absl::Span<const int32_t> ids, bool norm,
+                   ExpertGating gating, float scale, absl::Span<double> weights);
 
 // The feed-forward block of one MoE layer (llm_graph_context::build_moe_ffn,
 // plus the qwen2moe shared expert) on rows of n_embd that are already
