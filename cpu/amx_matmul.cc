@@ -140,6 +140,7 @@ namespace {
 
 constexpr int kTile = 16;              // rows of a tile, int32 columns of C
 constexpr int kStep = 2 * kTile;       // weight rows and activations per step (2x2 tiles)
+static_assert(kStep == kAmxStepRows, "the header's step");
 constexpr int kBTileBytes = 8 * 64;    // one block of 16 activations, VNNI layout
 constexpr int kSubBlocks = QK_K / 32;  // q4_K sub-blocks (and q8_0-sized blocks) a super-block
 constexpr int kChunks = QK_K / 64;     // q4_K tile products (K = 64) a super-block

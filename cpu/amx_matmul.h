@@ -43,6 +43,10 @@
 
 namespace moegraph {
 
+// Weight rows (and activation rows) a step of the kernels computes, on 2x2
+// tiles: a row range that is not a multiple of it is padded with zero rows.
+inline constexpr int64_t kAmxStepRows = 32;
+
 // Whether this CPU and kernel let the process use AMX int8 tiles: CPUID leaf 7
 // (AMX-TILE, AMX-INT8, and AVX512F for the kernel's f32 epilogue) and Linux's
 // permission for the tile data state, asked once with

@@ -181,7 +181,7 @@ void CpuForward::Quantize(GgmlType w_type, const float* x, int64_t rows, int64_t
   out->rows = rows;
   out->data.resize(out->row_bytes * static_cast<size_t>(rows));
   pool_.Run(rows, [&](int64_t r) {
-    quantize_act_row(out->type, x + r * cols, cols, out->data.data() + r * out->row_bytes);
+    SimdQuantizeActRow(out->type, x + r * cols, cols, out->data.data() + r * out->row_bytes);
   });
 }
 
@@ -196,17 +196,21 @@ void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
   for (size_t j = 0; j < jobs.size(); ++j) {
     const MatJob& job = jobs[j];
     block[j] = RowsPerTask(job.w.rows, pool_.size(), job.n_act);
-    first_task[j + 1] = first_task[j] + (job.w.rows + block[j] - 1) / block[j];
-    if (!amx_ || job.n_act < kAmxMinActs) continue;
-    if (job.w.type == GgmlType::kQ8_0) {
-      PackAmxQ8_0Acts(job.act->row(job.act_begin), job.act->row_bytes, job.n_act, job.w.cols,
-                      &amx_q8_0_[j]);
-      amx[j] = true;
-    } else if (job.w.type == GgmlType::kQ4_K) {
-      PackAmxQ8_KActs(job.act->row(job.act_begin), job.act->row_bytes, job.n_act, job.w.cols,
-                      &amx_q8_K_[j]);
-      amx[j] = true;
+    if (amx_ && job.n_act >= kAmxMinActs) {
+      if (job.w.type == GgmlType::kQ8_0) {
+        PackAmxQ8_0Acts(job.act->row(job.act_begin), job.act->row_bytes, job.n_act, job.w.cols,
+                        &amx_q8_0_[j]);
+        amx[j] = true;
+      } else if (job.w.type == GgmlType::kQ4_K) {
+        PackAmxQ8_KActs(job.act->row(job.act_begin), job.act->row_bytes, job.n_act, job.w.cols,
+                        &amx_q8_K_[j]);
+        amx[j] = true;
+      }
     }
+    // The tiles compute whole steps: a task of 48 rows (an expert's 768 on
+    // two threads) would pad its second step with 16 zero rows.
+    if (amx[j]) block[j] = (block[j] + kAmxStepRows - 1) / kAmxStepRows * kAmxStepRows;
+    first_task[j + 1] = first_task[j] + (job.w.rows + block[j] - 1) / block[j];
   }
   pool_.Run(first_task.back(), [&](int64_t task) {
     const size_t j = static_cast<size_t>(
@@ -400,7 +404,7 @@ void CpuForward::Experts(int il, const std::vector<float>& h, absl::Span<const i
   pool_.Run(static_cast<int64_t>(quantize_tasks.size()), [&](int64_t task) {
     const auto [g, i] = quantize_tasks[task];
     const int64_t row = rows[pairs_of[g][i] / k];
-    quantize_act_row(in[g].type, h.data() + row * n_embd, n_embd,
+    SimdQuantizeActRow(in[g].type, h.data() + row * n_embd, n_embd,
                      in[g].data.data() + i * in[g].row_bytes);
   });
   for (size_t g = 0; g < n_groups; ++g) {
@@ -432,7 +436,7 @@ void CpuForward::Experts(int il, const std::vector<float>& h, absl::Span<const i
     } else {
       Swiglu(gi, ui, gi);
     }
-    quantize_act_row(mid[g].type, gi.data(), ff, mid[g].data.data() + i * mid[g].row_bytes);
+    SimdQuantizeActRow(mid[g].type, gi.data(), ff, mid[g].data.data() + i * mid[g].row_bytes);
   });
   jobs.clear();
   for (size_t g = 0; g < n_groups; ++g) {

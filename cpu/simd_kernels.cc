@@ -272,6 +272,60 @@ void AxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
   });
 }
 
+// A K or V row's elements i.. as f32 lanes: f16 bits widened (exactly), or f32.
+template <bool kF16, class D>
+HWY_INLINE hn::Vec<D> LoadKv(D d, const uint8_t* row, int64_t i) {
+  if constexpr (kF16) {
+    const auto* h = reinterpret_cast<const hwy::float16_t*>(row);
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::float16_t, D>(), h + i));
+  } else {
+    return hn::LoadU(d, reinterpret_cast<const float*>(row) + i);
+  }
+}
+
+// AttendHead for heads of kDim elements, a multiple of 4 vectors: the query and the output stay in registers across the
+// positions, where DotF16 and AxpyF16 reload both for every position. Each
+// score and each output lane takes DotElements' and AxpyElements' operations
+// in their order, so the bits are AttendHead's general loop's.
+template <int kDim, bool kF16, class RowOf>
+void AttendHeadInRegisters(const float* q, const uint8_t* k, const uint8_t* v, const RowOf& row_of,
+                           int64_t n, float scale, float sink, float* scores, float* out) {
+  const hn::ScalableTag<float> df;
+  constexpr int kLanes = static_cast<int>(hn::MaxLanes(df));
+  constexpr int kChunks = kDim / kLanes;
+  static_assert(kChunks % 4 == 0, "DotElements' four accumulators, whole");
+  hn::Vec<decltype(df)> qv[kChunks];
+  for (int c = 0; c < kChunks; ++c) qv[c] = hn::LoadU(df, q + c * kLanes);
+  float max = sink;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* kj = k + row_of(j);
+    auto acc0 = hn::Zero(df), acc1 = hn::Zero(df), acc2 = hn::Zero(df), acc3 = hn::Zero(df);
+    for (int c = 0; c < kChunks; c += 4) {
+      acc0 = hn::MulAdd(qv[c], LoadKv<kF16>(df, kj, c * kLanes), acc0);
+      acc1 = hn::MulAdd(qv[c + 1], LoadKv<kF16>(df, kj, (c + 1) * kLanes), acc1);
+      acc2 = hn::MulAdd(qv[c + 2], LoadKv<kF16>(df, kj, (c + 2) * kLanes), acc2);
+      acc3 = hn::MulAdd(qv[c + 3], LoadKv<kF16>(df, kj, (c + 3) * kLanes), acc3);
+    }
+    scores[j] =
+        scale * hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(acc0, acc1), hn::Add(acc2, acc3))));
+    max = std::max(max, scores[j]);
+  }
+  double sum = sink == -INFINITY ? 0.0 : std::exp(static_cast<double>(sink) - max);
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - max);
+    sum += scores[j];
+  }
+  hn::Vec<decltype(df)> ov[kChunks];
+  for (int c = 0; c < kChunks; ++c) ov[c] = hn::Zero(df);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* vj = v + row_of(j);
+    const auto s = hn::Set(df, scores[j]);
+    for (int c = 0; c < kChunks; ++c) ov[c] = hn::MulAdd(s, LoadKv<kF16>(df, vj, c * kLanes), ov[c]);
+  }
+  const auto inv = hn::Set(df, static_cast<float>(1.0 / sum));
+  for (int c = 0; c < kChunks; ++c) hn::StoreU(hn::Mul(ov[c], inv), df, out + c * kLanes);
+}
+
 void AttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
                 int64_t first, int64_t n, int64_t rows, int head_dim, float scale, float sink,
                 float* scores, float* out) {
@@ -279,6 +333,23 @@ void AttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t strid
     const int64_t p = first + j;
     return static_cast<size_t>(rows > 0 ? p % rows : p) * stride;
   };
+  constexpr int kLanes = static_cast<int>(hn::MaxLanes(hn::ScalableTag<float>()));
+  // Held in registers where a head is at most 8 vectors (AVX-512: 64 and 128;
+  // AVX2: 64).
+  if constexpr (128 / kLanes <= 8 && 128 % (4 * kLanes) == 0) {
+    if (head_dim == 128) {
+      return f16 ? AttendHeadInRegisters<128, true>(q, k, v, row_bytes, n, scale, sink, scores, out)
+                 : AttendHeadInRegisters<128, false>(q, k, v, row_bytes, n, scale, sink, scores,
+                                                     out);
+    }
+  }
+  if constexpr (64 / kLanes <= 8 && 64 % (4 * kLanes) == 0) {
+    if (head_dim == 64) {
+      return f16 ? AttendHeadInRegisters<64, true>(q, k, v, row_bytes, n, scale, sink, scores, out)
+                 : AttendHeadInRegisters<64, false>(q, k, v, row_bytes, n, scale, sink, scores,
+                                                    out);
+    }
+  }
   float max = sink;
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* kj = k + row_bytes(j);
@@ -1247,6 +1318,77 @@ void MatMulRows(const MatMulArgs& m) {
   for (; r < m.row_end; ++r) RowsTimesActs<1>(m, r);
 }
 
+// ---- activation rows quantized (cpu/act_quant.h's quantize_act_row, vectorized) ----
+
+// std::round: to nearest, ties away from zero (exact for |v| < 2^23: v - t and
+// t + 1 are).
+template <class D>
+HWY_INLINE hn::Vec<D> RoundHalfAway(D d, hn::Vec<D> v) {
+  const auto t = hn::Trunc(v);
+  const auto step = hn::CopySign(hn::Set(d, 1.0f), v);
+  return hn::IfThenElse(hn::Ge(hn::Abs(hn::Sub(v, t)), hn::Set(d, 0.5f)), hn::Add(t, step), t);
+}
+
+// quantize_row_q8_0_ref: amax, d = amax / 127, qs = round(x / d) (times 1 / d).
+void QuantizeQ8_0(const float* x, int64_t cols, block_q8_0* y) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t b = 0; b < cols / QK8_0; ++b, x += QK8_0) {
+    auto amax = hn::Zero(df);
+    for (int64_t i = 0; i < QK8_0; i += n) amax = hn::Max(amax, hn::Abs(hn::LoadU(df, x + i)));
+    const float d = hn::GetLane(hn::MaxOfLanes(df, amax)) / 127.0f;
+    const auto id = hn::Set(df, d != 0.0f ? 1.0f / d : 0.0f);
+    for (int64_t i = 0; i < QK8_0; i += n) {
+      const auto q = hn::ConvertTo(di, RoundHalfAway(df, hn::Mul(hn::LoadU(df, x + i), id)));
+      hn::StoreU(hn::DemoteTo(d8, q), d8, y[b].qs + i);
+    }
+    y[b].d = f32_to_f16(d);
+  }
+}
+
+// quantize_row_q8_K_ref: the first element of the largest magnitude sets the
+// scale -127 / max; quants to nearest (ties to even, nearest_int), at most
+// 127; bsums the sums of 16.
+void QuantizeQ8_K(const float* x, int64_t cols, block_q8_K* y) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t b = 0; b < cols / QK_K; ++b, x += QK_K) {
+    auto vmax = hn::Zero(df);
+    for (int64_t i = 0; i < QK_K; i += n) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, x + i)));
+    const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+    if (amax == 0.0f) {
+      std::memset(&y[b], 0, sizeof(y[b]));
+      continue;
+    }
+    int64_t first = 0;
+    while (std::fabs(x[first]) != amax) ++first;
+    const float iscale = -127.0f / x[first];
+    const auto vscale = hn::Set(df, iscale);
+    const auto top = hn::Set(di, 127);
+    for (int64_t g = 0; g < QK_K; g += 16) {
+      auto sum = hn::Zero(di);
+      for (int64_t i = g; i < g + 16; i += n) {
+        const auto q = hn::Min(hn::ConvertTo(di, hn::Round(hn::Mul(vscale, hn::LoadU(df, x + i)))),
+                               top);
+        hn::StoreU(hn::DemoteTo(d8, q), d8, y[b].qs + i);
+        sum = hn::Add(sum, q);
+      }
+      y[b].bsums[g / 16] = static_cast<int16_t>(hn::GetLane(hn::SumOfLanes(di, sum)));
+    }
+    y[b].d = 1.0f / iscale;
+  }
+}
+
+void QuantizeActRow(ActType type, const float* x, int64_t cols, uint8_t* dst) {
+  if (type == ActType::kQ8_0) return QuantizeQ8_0(x, cols, reinterpret_cast<block_q8_0*>(dst));
+  if (type == ActType::kQ8_K) return QuantizeQ8_K(x, cols, reinterpret_cast<block_q8_K*>(dst));
+  quantize_act_row(type, x, cols, dst);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace moegraph
 HWY_AFTER_NAMESPACE();
@@ -1260,8 +1402,12 @@ HWY_EXPORT(DotF16);
 HWY_EXPORT(AxpyF32);
 HWY_EXPORT(AxpyF16);
 HWY_EXPORT(AttendHead);
+HWY_EXPORT(QuantizeActRow);
 
 void SimdMatMulRows(const MatMulArgs& args) { HWY_DYNAMIC_DISPATCH(MatMulRows)(args); }
+void SimdQuantizeActRow(ActType type, const float* x, int64_t cols, uint8_t* dst) {
+  HWY_DYNAMIC_DISPATCH(QuantizeActRow)(type, x, cols, dst);
+}
 float SimdDotF32(const float* a, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(DotF32)(a, b, n);
 }

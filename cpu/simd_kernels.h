@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/act_quant.h"
 #include "loader/ggml_type.h"
 
 namespace moegraph {
@@ -34,6 +35,9 @@ struct MatMulArgs {
   int64_t out_stride = 0;
 };
 void SimdMatMulRows(const MatMulArgs& args);
+
+// quantize_act_row (cpu/act_quant.h) in SIMD: the same bytes for finite x.
+void SimdQuantizeActRow(ActType type, const float* x, int64_t cols, uint8_t* dst);
 
 // Sum of a[i] * b[i]; b as f32 or f16 bits (the KV cache's two forms).
 float SimdDotF32(const float* a, const float* b, int64_t n);

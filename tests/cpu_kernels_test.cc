@@ -335,6 +335,7 @@ TEST_F(SimdTargetsTest, TheX86TargetsGiveGgmlsDotsBitForBit) {
 }
 
 TEST_F(SimdTargetsTest, AttentionHelpersOnEveryTarget) {
+  const std::vector<int64_t> targets = SimdTargets();  // before one is forced
   for (const int64_t n : {1, 7, 64, 100}) {
     const std::vector<float> a = RandomFloats(n, 20), b = RandomFloats(n, 21);
     std::vector<uint16_t> b16(static_cast<size_t>(n));
@@ -344,7 +345,7 @@ TEST_F(SimdTargetsTest, AttentionHelpersOnEveryTarget) {
       want += static_cast<double>(a[i]) * b[i];
       want16 += static_cast<double>(a[i]) * f16_to_f32(b16[i]);
     }
-    for (const int64_t target : SimdTargets()) {
+    for (const int64_t target : targets) {
       SimdForceTarget(target);
       EXPECT_NEAR(SimdDotF32(a.data(), b.data(), n), want, 1e-4) << SimdTargetName(target);
       EXPECT_NEAR(SimdDotF16(a.data(), b16.data(), n), want16, 1e-4) << SimdTargetName(target);
@@ -374,6 +375,7 @@ TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
     v16[i] = f32_to_f16(v[i]);
   }
   const float scale = 0.125f;
+  const std::vector<int64_t> targets = SimdTargets();  // before one is forced
   for (const bool f16 : {false, true}) {
     // Head 1 of each row: elements [kHeadDim, 2 * kHeadDim).
     auto at = [&](const std::vector<float>& f, const std::vector<uint16_t>& h, int64_t j, int d) {
@@ -400,7 +402,7 @@ TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
                             : reinterpret_cast<const uint8_t*>(k.data());
     const uint8_t* vb = f16 ? reinterpret_cast<const uint8_t*>(v16.data())
                             : reinterpret_cast<const uint8_t*>(v.data());
-    for (const int64_t target : SimdTargets()) {
+    for (const int64_t target : targets) {
       SimdForceTarget(target);
       std::vector<float> scores(kPositions), out(kHeadDim, NAN);
       SimdAttendHead(q.data(), kb + kHeadDim * elem, vb + kHeadDim * elem, 2 * kHeadDim * elem, f16,
@@ -429,6 +431,102 @@ TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
                      ring_out.data());
       for (int d = 0; d < kHeadDim; ++d) {
         EXPECT_EQ(ring_out[d], out[d]) << SimdTargetName(target) << " ring " << d;
+      }
+    }
+  }
+}
+
+// Heads of 64 and 128 elements keep the query and the output in registers
+// (AttendHeadInRegisters); every head size gives the bits of the general
+// loop: scores by SimdDotF16/F32, softmax in f64, values by SimdAxpyF16/F32.
+TEST_F(SimdTargetsTest, AttentionHeadsOfEverySizeGiveTheGeneralLoopsBits) {
+  constexpr int64_t kPositions = 37;
+  const std::vector<int64_t> targets = SimdTargets();  // before one is forced
+  for (const int head_dim : {32, 64, 96, 128}) {
+    const std::vector<float> q = RandomFloats(head_dim, 41);
+    const std::vector<float> k = RandomFloats(head_dim * kPositions, 42);
+    const std::vector<float> v = RandomFloats(head_dim * kPositions, 43);
+    std::vector<uint16_t> k16(k.size()), v16(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k16[i] = f32_to_f16(k[i]);
+      v16[i] = f32_to_f16(v[i]);
+    }
+    for (const int64_t target : targets) {
+      SimdForceTarget(target);
+      for (const bool f16 : {false, true}) {
+        for (const float sink : {-INFINITY, 0.5f}) {
+          const float scale = 0.125f;
+          std::vector<float> scores(kPositions);
+          float max = sink;
+          for (int64_t j = 0; j < kPositions; ++j) {
+            scores[j] = scale * (f16 ? SimdDotF16(q.data(), k16.data() + j * head_dim, head_dim)
+                                     : SimdDotF32(q.data(), k.data() + j * head_dim, head_dim));
+            max = std::max(max, scores[j]);
+          }
+          double sum = sink == -INFINITY ? 0.0 : std::exp(static_cast<double>(sink) - max);
+          for (float& s : scores) sum += (s = std::exp(s - max));
+          std::vector<float> want(head_dim, 0.0f);
+          for (int64_t j = 0; j < kPositions; ++j) {
+            if (f16) {
+              SimdAxpyF16(scores[j], v16.data() + j * head_dim, want.data(), head_dim);
+            } else {
+              SimdAxpyF32(scores[j], v.data() + j * head_dim, want.data(), head_dim);
+            }
+          }
+          const float inv = static_cast<float>(1.0 / sum);
+          for (float& w : want) w *= inv;
+
+          const size_t stride = static_cast<size_t>(head_dim) * (f16 ? 2 : 4);
+          const uint8_t* kb = f16 ? reinterpret_cast<const uint8_t*>(k16.data())
+                                  : reinterpret_cast<const uint8_t*>(k.data());
+          const uint8_t* vb = f16 ? reinterpret_cast<const uint8_t*>(v16.data())
+                                  : reinterpret_cast<const uint8_t*>(v.data());
+          std::vector<float> got(head_dim, NAN), scratch(kPositions);
+          SimdAttendHead(q.data(), kb, vb, stride, f16, 0, kPositions, 0, head_dim, scale, sink,
+                         scratch.data(), got.data());
+          for (int d = 0; d < head_dim; ++d) {
+            ASSERT_EQ(got[d], want[d]) << SimdTargetName(target) << " head_dim " << head_dim
+                                       << " f16 " << f16 << " sink " << sink << " element " << d;
+          }
+        }
+      }
+    }
+  }
+}
+
+// SimdQuantizeActRow gives quantize_act_row's bytes on every target: random
+// rows, a zero block, halves exactly between two quants (q8_0 rounds them
+// away from zero, q8_K to even), and the largest magnitude twice with both
+// signs (the first sets q8_K's sign).
+TEST_F(SimdTargetsTest, ActivationRowsQuantizeToTheReferencesBytes) {
+  constexpr int64_t kCols = 4 * QK_K;
+  std::vector<float> x = RandomFloats(kCols, 50);
+  std::fill(x.begin() + QK_K, x.begin() + QK_K + QK8_0, 0.0f);  // q8_0 block 8, in q8_K block 1
+  // Block 9 (q8_0) / block 2 (q8_K, with -127 its max): scale 1, so x itself is x * id.
+  const int64_t tie = 2 * QK_K;
+  std::fill(x.begin() + tie, x.begin() + tie + QK_K, 0.25f);
+  x[tie] = 127.0f;
+  x[tie + 1] = -127.0f;
+  x[tie + 2] = 2.5f;
+  x[tie + 3] = -3.5f;
+  x[tie + 4] = 0.5f;
+  x[tie + 5] = -0.5f;
+  x[tie + 6] = 126.5f;
+  x[tie + 7] = 1.5f;
+  x[3 * QK_K + 5] = -9.0f;  // block 3's largest magnitude, first negative
+  x[3 * QK_K + 9] = 9.0f;
+  const std::vector<int64_t> targets = SimdTargets();  // before one is forced
+  for (const ActType type : {ActType::kQ8_0, ActType::kQ8_K, ActType::kQ8_1, ActType::kF32}) {
+    const size_t bytes = act_row_bytes(type, kCols);
+    std::vector<uint8_t> want(bytes);
+    quantize_act_row(type, x.data(), kCols, want.data());
+    for (const int64_t target : targets) {
+      SimdForceTarget(target);
+      std::vector<uint8_t> got(bytes, 0xAB);
+      SimdQuantizeActRow(type, x.data(), kCols, got.data());
+      for (size_t i = 0; i < bytes; ++i) {
+        ASSERT_EQ(got[i], want[i]) << SimdTargetName(target) << " type " << static_cast<int>(type)
+                                   << " byte " << i;
       }
     }
   }
