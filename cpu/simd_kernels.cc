@@ -1329,6 +1329,16 @@ HWY_INLINE hn::Vec<D> RoundHalfAway(D d, hn::Vec<D> v) {
   return hn::IfThenElse(hn::Ge(hn::Abs(hn::Sub(v, t)), hn::Set(d, 0.5f)), hn::Add(t, step), t);
 }
 
+// The largest magnitude among x[0..count), count a multiple of the lanes.
+template <class D>
+HWY_INLINE float MaxAbs(D df, const float* x, int64_t count) {
+  auto vmax = hn::Zero(df);
+  for (int64_t i = 0; i < count; i += static_cast<int64_t>(hn::Lanes(df))) {
+    vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, x + i)));
+  }
+  return hn::GetLane(hn::MaxOfLanes(df, vmax));
+}
+
 // quantize_row_q8_0_ref: amax, d = amax / 127, qs = round(x / d) (times 1 / d).
 void QuantizeQ8_0(const float* x, int64_t cols, block_q8_0* y) {
   const hn::ScalableTag<float> df;
@@ -1336,9 +1346,7 @@ void QuantizeQ8_0(const float* x, int64_t cols, block_q8_0* y) {
   const hn::Rebind<int8_t, decltype(df)> d8;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t b = 0; b < cols / QK8_0; ++b, x += QK8_0) {
-    auto amax = hn::Zero(df);
-    for (int64_t i = 0; i < QK8_0; i += n) amax = hn::Max(amax, hn::Abs(hn::LoadU(df, x + i)));
-    const float d = hn::GetLane(hn::MaxOfLanes(df, amax)) / 127.0f;
+    const float d = MaxAbs(df, x, QK8_0) / 127.0f;
     const auto id = hn::Set(df, d != 0.0f ? 1.0f / d : 0.0f);
     for (int64_t i = 0; i < QK8_0; i += n) {
       const auto q = hn::ConvertTo(di, RoundHalfAway(df, hn::Mul(hn::LoadU(df, x + i), id)));
@@ -1357,9 +1365,7 @@ void QuantizeQ8_K(const float* x, int64_t cols, block_q8_K* y) {
   const hn::Rebind<int8_t, decltype(df)> d8;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t b = 0; b < cols / QK_K; ++b, x += QK_K) {
-    auto vmax = hn::Zero(df);
-    for (int64_t i = 0; i < QK_K; i += n) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, x + i)));
-    const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+    const float amax = MaxAbs(df, x, QK_K);
     if (amax == 0.0f) {
       std::memset(&y[b], 0, sizeof(y[b]));
       continue;
