@@ -21,6 +21,7 @@ constexpr std::string_view kProtectedFracVar = "MOEGRAPH_PROTECTED_FRAC";
 constexpr std::string_view kSplitPassesVar = "MOEGRAPH_SPLIT_PASSES";
 constexpr std::string_view kPdlVar = "MOEGRAPH_PDL";
 constexpr std::string_view kPrefillVar = "MOEGRAPH_PREFILL";
+constexpr std::string_view kBatchMatMulVar = "MOEGRAPH_BATCH_MATMUL";
 constexpr std::string_view kAmxVar = "MOEGRAPH_AMX";
 
 // kImplied: changed to agree with a door the environment set.
@@ -126,6 +127,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   Door<bool> split_passes{true};
   Door<bool> programmatic_launch{true};
   Door<bool> batched_prefill{true};
+  Door<bool> batch_matmul{true};
   Door<bool> amx{true};
   Door<bool> resident{false};
   if (arm_flag.has_value()) ApplyArm(*arm_flag, graph, moe_cache, residency, resident);
@@ -152,6 +154,10 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   }
   MG_ASSIGN_OR_RETURN(const std::optional<bool> env_pdl, ReadBool(env, kPdlVar));
   if (env_pdl.has_value()) take(programmatic_launch, *env_pdl, kPdlVar, *env_pdl ? "1" : "0");
+  MG_ASSIGN_OR_RETURN(const std::optional<bool> env_batch, ReadBool(env, kBatchMatMulVar));
+  if (env_batch.has_value()) {
+    take(batch_matmul, *env_batch, kBatchMatMulVar, *env_batch ? "1" : "0");
+  }
   MG_ASSIGN_OR_RETURN(const std::optional<bool> env_amx, ReadBool(env, kAmxVar));
   if (env_amx.has_value()) take(amx, *env_amx, kAmxVar, *env_amx ? "1" : "0");
   if (const std::optional<std::string> text = env(kPrefillVar); text.has_value()) {
@@ -231,6 +237,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   d.split_passes = split_passes.value;
   d.programmatic_launch = programmatic_launch.value;
   d.batched_prefill = batched_prefill.value;
+  d.batch_matmul = batch_matmul.value;
   d.amx = amx.value;
   d.resident = resident.value;
   if (!d.moe_cache) {
@@ -260,6 +267,8 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
                       Av(SourceName(programmatic_launch.source))),
       absl::StrFormat("%s=%s (%s)", Av(kPrefillVar), d.batched_prefill ? "batched" : "steps",
                       Av(SourceName(batched_prefill.source))),
+      absl::StrFormat("%s=%d (%s)", Av(kBatchMatMulVar), d.batch_matmul ? 1 : 0,
+                      Av(SourceName(batch_matmul.source))),
       absl::StrFormat("%s=%d (%s)", Av(kAmxVar), d.amx ? 1 : 0, Av(SourceName(amx.source))),
   };
   out.banner = absl::StrCat("doors: arm ", Av(ArmName(out.arm)), "; ", absl::StrJoin(doors, ", "));
@@ -267,8 +276,8 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   out.all_default = notes.empty();
   for (const Source source :
        {graph.source, moe_cache.source, residency.source, policy.source, protected_frac.source,
-        split_passes.source, programmatic_launch.source, batched_prefill.source, amx.source,
-        resident.source}) {
+        split_passes.source, programmatic_launch.source, batched_prefill.source,
+        batch_matmul.source, amx.source, resident.source}) {
     out.all_default = out.all_default && source == Source::kDefault;
   }
   return out;

@@ -9,6 +9,7 @@
 //   MOEGRAPH_PROTECTED_FRAC   slru's protected share of the slots, in [0, 1)
 //   MOEGRAPH_SPLIT_PASSES=0   one expert pass over all ranks after the copies join
 //   MOEGRAPH_PDL=0            kernels launched without programmatic dependent launch
+//   MOEGRAPH_BATCH_MATMUL=0   the CPU backend's prompts in ggml's per-row order
 //   MOEGRAPH_AMX=0            the CPU backend's prompts without AMX tiles
 #pragma once
 
@@ -42,8 +43,11 @@ struct Doors {
   // MOEGRAPH_PREFILL: batched (a prompt in ubatches, capture/engine_prefill.cc)
   // or steps (one T=1 decode step per prompt token, the rollback).
   bool batched_prefill = true;
-  // MOEGRAPH_AMX: the CPU backend's q8_0 and q4_K prompt products on AMX tiles
-  // where the CPU has them (CpuForwardOptions::amx).
+  // MOEGRAPH_BATCH_MATMUL: the CPU backend's q8_0 and q4_K prompt products in
+  // the batch kernels' order (CpuForwardOptions::batch_matmul).
+  bool batch_matmul = true;
+  // MOEGRAPH_AMX: those products on AMX tiles where the CPU has them, else on
+  // AVX-512 VNNI, the same bits (CpuForwardOptions::amx).
   bool amx = true;
   bool resident = false;   // every expert on the device (--arm resident only)
 

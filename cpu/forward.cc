@@ -15,18 +15,22 @@
 #include "cpu/amx_matmul.h"
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
+#include "cpu/vnni_matmul.h"
 #include "kernels/nn_math.h"
 #include "loader/quant.h"
 
 namespace moegraph {
 namespace {
 
-// The fewest activation rows a q8_0 or q4_K product takes to AMX tiles: the
-// tiles compute 32 at a time, so fewer waste most of their work (measured on
-// one thread, tools/bench/bench_amx.cc: 2048 x 2048 q8_0 by 512 rows 160 G
-// multiply-adds/s, the AVX-512 path 19; q4_K 768 x 2048 by 32 rows, an
-// expert's share of a prompt, 5.6x the AVX-512 path).
+// The fewest activation rows a q8_0 or q4_K product takes to the batch
+// kernels, and to AMX tiles among them: the tiles compute 32 at a time, VNNI
+// 16, so fewer waste their work (one thread, tools/bench/bench_amx.cc, q4_K
+// 768 x 2048, an expert's gate or up: by 8 rows AMX 29 G multiply-adds/s,
+// VNNI 39, the per-row path 34; by 32, 114, 90 and 39).
+constexpr int64_t kBatchMinActs = 8;
 constexpr int64_t kAmxMinActs = 16;
+// Weight rows a VNNI pass takes (cpu/vnni_matmul.cc's kRows).
+constexpr int64_t kVnniPassRows = 8;
 
 // Weight rows per task: enough tasks to balance the threads, rows enough to
 // amortize a task.
@@ -75,7 +79,8 @@ class CpuForward final : public Oracle {
         pool_(options.threads > 0 ? options.threads : PhysicalCores()),
         kv_f16_(options.kv_type == KvCacheType::kF16),
         ubatch_(options.ubatch),
-        amx_(options.amx && AmxInt8Available()),
+        amx_(options.batch_matmul && options.amx && AmxInt8Available()),
+        vnni_(options.batch_matmul && AvxVnniAvailable()),
         rings_(model.config, max_ctx, options.ring_slack()) {
     const ModelConfig& cfg = model.config;
     for (const LayerTensors& lt : model.layers) {
@@ -141,7 +146,9 @@ class CpuForward final : public Oracle {
   ThreadPool pool_;
   const bool kv_f16_;
   const int ubatch_;
-  const bool amx_;  // q8_0 and q4_K products of kAmxMinActs rows or more on AMX tiles
+  // q8_0 and q4_K products of kBatchMinActs rows or more on the batch kernels:
+  // AMX tiles from kAmxMinActs rows, VNNI below or without AMX.
+  const bool amx_, vnni_;
   int n_past_ = 0;
   // Per layer: its ring's rows, or 0 where it keeps every position.
   std::vector<int> kv_rows_;
@@ -170,9 +177,9 @@ class CpuForward final : public Oracle {
     std::vector<Acts> in, mid;  // Experts, per expert group
     std::vector<std::vector<float>> gate, up, down;
   } s_;
-  // MatMuls' activations packed for AMX, job by job.
-  std::vector<AmxQ8_0Acts> amx_q8_0_;
-  std::vector<AmxQ8_KActs> amx_q8_K_;
+  // MatMuls' activations packed for the batch kernels, job by job.
+  std::vector<AmxQ8_0Acts> batch_q8_0_;
+  std::vector<AmxQ8_KActs> batch_q8_K_;
 };
 
 void CpuForward::Quantize(GgmlType w_type, const float* x, int64_t rows, int64_t cols, Acts* out) {
@@ -189,27 +196,37 @@ void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
   // Tasks: every job's row blocks, one after the other.
   std::vector<int64_t> first_task(jobs.size() + 1, 0);
   std::vector<int64_t> block(jobs.size());
-  // A job on AMX tiles: its activations packed once here for all its tasks.
-  std::vector<bool> amx(jobs.size(), false);
-  amx_q8_0_.resize(std::max(amx_q8_0_.size(), jobs.size()));
-  amx_q8_K_.resize(std::max(amx_q8_K_.size(), jobs.size()));
+  // A job on the batch kernels: its activations packed once here for all its
+  // tasks, and the kernel it takes.
+  enum class Kernel { kPerRow, kAmx, kVnni };
+  std::vector<Kernel> kernel(jobs.size(), Kernel::kPerRow);
+  batch_q8_0_.resize(std::max(batch_q8_0_.size(), jobs.size()));
+  batch_q8_K_.resize(std::max(batch_q8_K_.size(), jobs.size()));
   for (size_t j = 0; j < jobs.size(); ++j) {
     const MatJob& job = jobs[j];
     block[j] = RowsPerTask(job.w.rows, pool_.size(), job.n_act);
-    if (amx_ && job.n_act >= kAmxMinActs) {
-      if (job.w.type == GgmlType::kQ8_0) {
-        PackAmxQ8_0Acts(job.act->row(job.act_begin), job.act->row_bytes, job.n_act, job.w.cols,
-                        &amx_q8_0_[j]);
-        amx[j] = true;
-      } else if (job.w.type == GgmlType::kQ4_K) {
-        PackAmxQ8_KActs(job.act->row(job.act_begin), job.act->row_bytes, job.n_act, job.w.cols,
-                        &amx_q8_K_[j]);
-        amx[j] = true;
+    const bool batch_type = job.w.type == GgmlType::kQ8_0 || job.w.type == GgmlType::kQ4_K;
+    if (batch_type && job.n_act >= kBatchMinActs) {
+      if (amx_ && job.n_act >= kAmxMinActs) {
+        kernel[j] = Kernel::kAmx;
+      } else if (vnni_) {
+        kernel[j] = Kernel::kVnni;
       }
     }
-    // The tiles compute whole steps: a task of 48 rows (an expert's 768 on
-    // two threads) would pad its second step with 16 zero rows.
-    if (amx[j]) block[j] = (block[j] + kAmxStepRows - 1) / kAmxStepRows * kAmxStepRows;
+    if (kernel[j] != Kernel::kPerRow) {
+      const uint8_t* act = job.act->row(job.act_begin);
+      if (job.w.type == GgmlType::kQ8_0) {
+        PackAmxQ8_0Acts(act, job.act->row_bytes, job.n_act, job.w.cols, &batch_q8_0_[j]);
+      } else {
+        PackAmxQ8_KActs(act, job.act->row_bytes, job.n_act, job.w.cols, &batch_q8_K_[j]);
+      }
+    }
+    // Tasks of whole steps and passes: a task of 48 rows (an expert's 768 on
+    // two threads) would pad its second AMX step with 16 zero rows.
+    const int64_t whole = kernel[j] == Kernel::kAmx    ? kAmxStepRows
+                          : kernel[j] == Kernel::kVnni ? kVnniPassRows
+                                                       : 1;
+    block[j] = (block[j] + whole - 1) / whole * whole;
     first_task[j + 1] = first_task[j] + (job.w.rows + block[j] - 1) / block[j];
   }
   pool_.Run(first_task.back(), [&](int64_t task) {
@@ -228,9 +245,15 @@ void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
     a.n_act = job.n_act;
     a.out = job.out;
     a.out_stride = job.w.rows;
-    if (amx[j] && a.type == GgmlType::kQ8_0) return AmxMatMulQ8_0(a, amx_q8_0_[j]);
-    if (amx[j]) return AmxMatMulQ4_K(a, amx_q8_K_[j]);
-    SimdMatMulRows(a);
+    const bool q8_0 = a.type == GgmlType::kQ8_0;
+    switch (kernel[j]) {
+      case Kernel::kAmx:
+        return q8_0 ? AmxMatMulQ8_0(a, batch_q8_0_[j]) : AmxMatMulQ4_K(a, batch_q8_K_[j]);
+      case Kernel::kVnni:
+        return q8_0 ? VnniMatMulQ8_0(a, batch_q8_0_[j]) : VnniMatMulQ4_K(a, batch_q8_K_[j]);
+      case Kernel::kPerRow:
+        return SimdMatMulRows(a);
+    }
   });
 }
 

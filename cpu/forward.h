@@ -7,8 +7,10 @@
 // rows routed to them.
 //
 // Every output element is computed with the same operations in the same order,
-// whatever the batch size, the thread count or where an expert's weights live,
-// so a batch equals its tokens fed one by one, and 1 thread equals N, bit for bit.
+// whatever the thread count or where an expert's weights live, so 1 thread
+// equals N bit for bit; and whatever the batch size, so a batch equals its
+// tokens fed one by one, where the batch kernels are off (batch_matmul) or
+// the CPU has neither AMX nor AVX-512 VNNI.
 #pragma once
 
 #include <memory>
@@ -30,10 +32,14 @@ struct CpuForwardOptions {
   // the next Forward (the same bits as never having lost them).
   int ubatch = 512;
   bool swa_full = false;
-  // Products of q8_0 and q4_K weights with 16 activation rows or more (prompts) on AMX
-  // int8 tiles where the CPU has them (cpu/amx_matmul.h): their own rounding
-  // order, so a prompt's logits then differ from its tokens fed one by one
-  // in the last bits. MOEGRAPH_AMX=0 turns it off.
+  // Products of q8_0 and q4_K weights with 8 activation rows or more (a
+  // prompt's, an expert's group in it) on the batch kernels where the CPU has
+  // AMX tiles or AVX-512 VNNI (cpu/amx_matmul.h, cpu/vnni_matmul.h): their
+  // own rounding order, so a prompt's logits then differ from its tokens fed
+  // one by one in the last bits. MOEGRAPH_BATCH_MATMUL=0 turns it off.
+  bool batch_matmul = true;
+  // Those of 16 rows or more on AMX tiles where the CPU has them, the rest on
+  // AVX-512 VNNI: the same bits. MOEGRAPH_AMX=0 keeps them all on VNNI.
   bool amx = true;
   // KvLayerRows's ring slack: the ubatch, or none (-1) with swa_full.
   int ring_slack() const { return swa_full ? -1 : ubatch; }

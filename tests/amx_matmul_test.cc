@@ -1,8 +1,9 @@
-// The AMX q8_0 and q4_K matmuls (cpu/amx_matmul.h): each kernel against its
-// scalar reference bit for bit over shapes that exercise every tile padding, a
+// The prompt matmuls, q8_0 and q4_K on AMX tiles (cpu/amx_matmul.h) and on
+// AVX-512 VNNI (cpu/vnni_matmul.h): each kernel against its scalar reference
+// bit for bit over shapes that exercise every tile padding and pass length, a
 // row's result alone against in a batch, the references against an f64 dot
-// (q8_0) and ggml's generic dot (q4_K), and AmxInt8Available() against the
-// CPU's flags.
+// (q8_0) and ggml's generic dot (q4_K), and the availability checks against
+// the CPU's flags.
 #include "cpu/amx_matmul.h"
 
 #include <gtest/gtest.h>
@@ -12,11 +13,13 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cpu/act_quant.h"
+#include "cpu/vnni_matmul.h"
 #include "loader/quant.h"
 
 namespace moegraph {
@@ -185,6 +188,57 @@ TEST(AmxMatMulTest, Q4_KRowInBatchEqualsRowAlone) {
   ExpectRowInBatchEqualsRowAlone(GgmlType::kQ4_K, AmxMatMulQ4_K, 200, 2048);
 }
 
+// The VNNI kernels are held to the same references, over row counts around
+// their 8-row passes and activation counts around their 16-row groups.
+TEST(VnniMatMulTest, KernelMatchesReferenceBitForBit) {
+  if (!AvxVnniAvailable()) GTEST_SKIP() << "this CPU offers no AVX-512 VNNI";
+  const uint64_t calls = VnniMatMulCalls();
+  ExpectKernelMatchesReference(GgmlType::kQ8_0, VnniMatMulQ8_0, AmxMatMulQ8_0Reference,
+                               {32, 64, 2048}, {1, 7, 8, 9, 17, 64, 100},
+                               {1, 7, 15, 16, 17, 33, 512});
+  EXPECT_EQ(VnniMatMulCalls() - calls, 3u * 7 * 7);
+}
+
+TEST(VnniMatMulTest, RowInBatchEqualsRowAlone) {
+  if (!AvxVnniAvailable()) GTEST_SKIP() << "this CPU offers no AVX-512 VNNI";
+  ExpectRowInBatchEqualsRowAlone(GgmlType::kQ8_0, VnniMatMulQ8_0, 512, 2048);
+}
+
+TEST(VnniMatMulTest, Q4_KKernelMatchesReferenceBitForBit) {
+  if (!AvxVnniAvailable()) GTEST_SKIP() << "this CPU offers no AVX-512 VNNI";
+  const uint64_t calls = VnniMatMulCalls();
+  ExpectKernelMatchesReference(GgmlType::kQ4_K, VnniMatMulQ4_K, AmxMatMulQ4_KReference,
+                               {256, 768, 2048}, {1, 7, 8, 9, 17, 100},
+                               {1, 7, 15, 16, 17, 33, 200});
+  EXPECT_EQ(VnniMatMulCalls() - calls, 3u * 6 * 7);
+}
+
+TEST(VnniMatMulTest, Q4_KRowInBatchEqualsRowAlone) {
+  if (!AvxVnniAvailable()) GTEST_SKIP() << "this CPU offers no AVX-512 VNNI";
+  ExpectRowInBatchEqualsRowAlone(GgmlType::kQ4_K, VnniMatMulQ4_K, 200, 2048);
+}
+
+// Extreme quants: every weight and activation -128 or 127 (ggml's quantizers
+// make no -128, a file may hold one), where the +128 bias meets its ends.
+TEST(VnniMatMulTest, ExtremeQuantsMatchTheReference) {
+  if (!AvxVnniAvailable()) GTEST_SKIP() << "this CPU offers no AVX-512 VNNI";
+  Case c = MakeCase(GgmlType::kQ8_0, 0, 9, 17, 64, 0, 3);
+  for (std::vector<uint8_t>* rows : {&c.w, &c.act}) {
+    auto* blocks = reinterpret_cast<block_q8_0*>(rows->data());
+    for (size_t b = 0; b < rows->size() / sizeof(block_q8_0); ++b) {
+      for (int i = 0; i < QK8_0; ++i) {
+        blocks[b].qs[i] = static_cast<int8_t>((b + i) % 3 ? -128 : 127);
+      }
+    }
+  }
+  std::vector<float> want = Sentinel(c.m), got = Sentinel(c.m);
+  c.m.out = want.data();
+  AmxMatMulQ8_0Reference(c.m);
+  c.m.out = got.data();
+  VnniMatMulQ8_0(c.m);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+}
+
 // A weight row's expected dot with an activation row, and the absolute sum
 // of the terms the float result may round across.
 struct Expected {
@@ -256,26 +310,32 @@ TEST(AmxMatMulTest, Q4_KReferenceIsGgmlsDot) {
   ExpectReferenceNear(GgmlType::kQ4_K, AmxMatMulQ4_KReference, &GgmlQ4_KDot);
 }
 
+// The first flags line of /proc/cpuinfo, word by word (empty where unreadable:
+// the tests then fail on the flags they need).
+std::set<std::string> CpuFlags() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line) && line.rfind("flags", 0) != 0) {
+  }
+  std::set<std::string> flags;
+  if (line.rfind("flags", 0) != 0) return flags;
+  std::istringstream words(line.substr(line.find(':') + 1));
+  for (std::string flag; words >> flag;) flags.insert(flag);
+  return flags;
+}
+
 // /proc/cpuinfo's flags say what the CPU and kernel offer. Not skipped without
-// AMX: a false "no" is the failure this guards against.
+// AMX or VNNI: a false "no" is the failure this guards against.
 TEST(AmxMatMulTest, AvailabilityAgreesWithCpuinfo) {
 #if !defined(__linux__) || !defined(__x86_64__)
   GTEST_SKIP() << "reads Linux's x86 /proc/cpuinfo";
 #endif
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  ASSERT_TRUE(cpuinfo) << "cannot read /proc/cpuinfo";
-  std::string line;
-  while (std::getline(cpuinfo, line) && line.rfind("flags", 0) != 0) {
-  }
-  ASSERT_EQ(line.rfind("flags", 0), 0u) << "no flags line in /proc/cpuinfo";
-  std::istringstream words(line.substr(line.find(':') + 1));
-  bool amx_int8 = false, amx_tile = false, avx512f = false;
-  for (std::string flag; words >> flag;) {
-    amx_int8 |= flag == "amx_int8";
-    amx_tile |= flag == "amx_tile";
-    avx512f |= flag == "avx512f";
-  }
-  EXPECT_EQ(AmxInt8Available(), amx_int8 && amx_tile && avx512f);
+  const std::set<std::string> flags = CpuFlags();
+  ASSERT_FALSE(flags.empty()) << "no flags line in /proc/cpuinfo";
+  EXPECT_EQ(AmxInt8Available(),
+            flags.count("amx_int8") && flags.count("amx_tile") && flags.count("avx512f"));
+  EXPECT_EQ(AvxVnniAvailable(),
+            flags.count("avx512f") && flags.count("avx512bw") && flags.count("avx512_vnni"));
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
   EXPECT_TRUE(r.doors.split_passes);
   EXPECT_TRUE(r.doors.programmatic_launch);
   EXPECT_TRUE(r.doors.batched_prefill);
+  EXPECT_TRUE(r.doors.batch_matmul);
   EXPECT_TRUE(r.doors.amx);
   EXPECT_FALSE(r.doors.resident);
   EXPECT_EQ(r.doors.residency, ResidencyMode::kDevice);
@@ -50,7 +51,7 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
         "MOEGRAPH_RESIDENCY=device (default)", "MOEGRAPH_POLICY=hazard (default)",
         "MOEGRAPH_PROTECTED_FRAC=0.80 (default)", "MOEGRAPH_SPLIT_PASSES=1 (default)",
         "MOEGRAPH_PDL=1 (default)", "MOEGRAPH_PREFILL=batched (default)",
-        "MOEGRAPH_AMX=1 (default)"}) {
+        "MOEGRAPH_BATCH_MATMUL=1 (default)", "MOEGRAPH_AMX=1 (default)"}) {
     EXPECT_NE(r.banner.find(door), std::string::npos) << door << "\n" << r.banner;
   }
 }
@@ -113,6 +114,7 @@ TEST(DoorsTest, PolicyFractionPassesAndPdlComeFromTheEnvironment) {
                                                  {"MOEGRAPH_SPLIT_PASSES", "0"},
                                                  {"MOEGRAPH_PDL", "0"},
                                                  {"MOEGRAPH_PREFILL", "steps"},
+                                                 {"MOEGRAPH_BATCH_MATMUL", "0"},
                                                  {"MOEGRAPH_AMX", "0"}});
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kLru);
   EXPECT_DOUBLE_EQ(r.doors.protected_frac, 0.5);
@@ -121,6 +123,8 @@ TEST(DoorsTest, PolicyFractionPassesAndPdlComeFromTheEnvironment) {
   EXPECT_NE(r.banner.find("MOEGRAPH_PDL=0 (env)"), std::string::npos) << r.banner;
   EXPECT_FALSE(r.doors.batched_prefill);
   EXPECT_NE(r.banner.find("MOEGRAPH_PREFILL=steps (env)"), std::string::npos) << r.banner;
+  EXPECT_FALSE(r.doors.batch_matmul);
+  EXPECT_NE(r.banner.find("MOEGRAPH_BATCH_MATMUL=0 (env)"), std::string::npos) << r.banner;
   EXPECT_FALSE(r.doors.amx);
   EXPECT_NE(r.banner.find("MOEGRAPH_AMX=0 (env)"), std::string::npos) << r.banner;
   EXPECT_NE(r.banner.find("MOEGRAPH_POLICY=lru (env)"), std::string::npos) << r.banner;
@@ -142,6 +146,7 @@ TEST(DoorsTest, BadValuesAndContradictionsNameTheVariables) {
                                                                 {"MOEGRAPH_SPLIT_PASSES", "true"},
                                                                 {"MOEGRAPH_PDL", "on"},
                                                                 {"MOEGRAPH_PREFILL", "1"},
+                                                                {"MOEGRAPH_BATCH_MATMUL", "on"},
                                                                 {"MOEGRAPH_AMX", "yes"}};
   for (const auto& [name, value] : bad) {
     absl::StatusOr<ResolvedDoors> r = ResolveDoors(std::nullopt, FakeEnv({{name, value}}));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu/amx_matmul.h"
+#include "cpu/vnni_matmul.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/forward.h"
 #include "cpu/simd_kernels.h"
@@ -70,9 +71,10 @@ std::unique_ptr<LoadedModel> Load(const Case& c) {
   return loaded.ok() ? std::move(*loaded) : nullptr;
 }
 
+// The per-row path (ggml's bits); CpuBatchPromptTest has the batch kernels.
 std::unique_ptr<Oracle> Fast(const Model& model, int threads, KvCacheType kv = KvCacheType::kF16) {
-  absl::StatusOr<std::unique_ptr<Oracle>> f =
-      CreateCpuForward(model, 64, nullptr, {.threads = threads, .kv_type = kv});
+  absl::StatusOr<std::unique_ptr<Oracle>> f = CreateCpuForward(
+      model, 64, nullptr, {.threads = threads, .kv_type = kv, .batch_matmul = false});
   EXPECT_TRUE(f.ok()) << f.status();
   return f.ok() ? std::move(*f) : nullptr;
 }
@@ -158,30 +160,32 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"mixtral_bf16_q8_0_legacy", Arch::kMixtral, GgmlType::kBF16, GgmlType::kQ8_0, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
-// A prompt's q8_0 and q4_K products of 16 activation rows or more run on AMX
-// tiles where the CPU has them, in their own rounding order: the logits are
-// close to the same batch's without AMX (and the same for one thread or two),
-// and with the door off (MOEGRAPH_AMX=0) the batch keeps its tokens'
+// A prompt's q8_0 and q4_K products of 8 activation rows or more run on the
+// batch kernels where the CPU has AMX tiles or AVX-512 VNNI, in their own
+// rounding order: the logits are close to the same batch's without them (and
+// the same for one thread or two); AMX and VNNI give the same bits; and with
+// the door off (MOEGRAPH_BATCH_MATMUL=0) the batch keeps its tokens'
 // one-by-one bits.
-class CpuAmxPromptTest : public ::testing::TestWithParam<GgmlType> {};
+class CpuBatchPromptTest : public ::testing::TestWithParam<GgmlType> {};
 
-TEST_P(CpuAmxPromptTest, AmxPromptsAreCloseAndTheDoorOffKeepsTheBits) {
-  const std::unique_ptr<LoadedModel> m = Load({"amx", Arch::kQwen3Moe, GetParam(), GetParam()});
+TEST_P(CpuBatchPromptTest, BatchKernelsAreCloseAgreeAndTheDoorOffKeepsTheBits) {
+  const std::unique_ptr<LoadedModel> m = Load({"batch", Arch::kQwen3Moe, GetParam(), GetParam()});
   ASSERT_NE(m, nullptr);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 5) % 128);
-  const auto logits = [&](bool amx, int threads, const std::vector<int32_t>& tokens) {
-    absl::StatusOr<std::unique_ptr<Oracle>> f =
-        CreateCpuForward(m->model, 64, nullptr, {.threads = threads, .amx = amx});
+  const auto logits = [&](bool batch, bool amx, int threads, const std::vector<int32_t>& tokens) {
+    absl::StatusOr<std::unique_ptr<Oracle>> f = CreateCpuForward(
+        m->model, 64, nullptr, {.threads = threads, .batch_matmul = batch, .amx = amx});
     EXPECT_TRUE(f.ok()) << f.status();
     return f.ok() ? Logits(**f, tokens) : std::vector<float>();
   };
+  const auto batch_calls = [] { return AmxMatMulCalls() + VnniMatMulCalls(); };
 
-  const uint64_t before_off = AmxMatMulCalls();
-  const std::vector<float> off = logits(false, 2, prompt);
-  EXPECT_EQ(AmxMatMulCalls(), before_off);
+  const uint64_t before_off = batch_calls();
+  const std::vector<float> off = logits(false, true, 2, prompt);
+  EXPECT_EQ(batch_calls(), before_off);
   absl::StatusOr<std::unique_ptr<Oracle>> single =
-      CreateCpuForward(m->model, 64, nullptr, {.threads = 1, .amx = false});
+      CreateCpuForward(m->model, 64, nullptr, {.threads = 1, .batch_matmul = false});
   ASSERT_TRUE(single.ok()) << single.status();
   std::vector<float> one_by_one;
   for (const int32_t t : prompt) {
@@ -190,24 +194,34 @@ TEST_P(CpuAmxPromptTest, AmxPromptsAreCloseAndTheDoorOffKeepsTheBits) {
   }
   EXPECT_EQ(off, one_by_one);
 
-  if (!AmxInt8Available()) {
-    GTEST_SKIP() << "this CPU (or its kernel) offers no AMX int8 tiles: only the door-off half ran";
+  if (!AvxVnniAvailable()) {
+    GTEST_SKIP() << "this CPU offers no AVX-512 VNNI: only the door-off half ran";
   }
-  const uint64_t before_on = AmxMatMulCalls();
-  const std::vector<float> on = logits(true, 2, prompt);
-  EXPECT_GT(AmxMatMulCalls(), before_on);
-  ASSERT_EQ(on.size(), off.size());
-  EXPECT_LT(Nmse(on, off), kMaxNmse);
-  EXPECT_EQ(logits(true, 1, prompt), on);
+  const uint64_t amx_before_vnni = AmxMatMulCalls(), vnni_before = VnniMatMulCalls();
+  const std::vector<float> vnni = logits(true, false, 2, prompt);
+  EXPECT_GT(VnniMatMulCalls(), vnni_before);
+  EXPECT_EQ(AmxMatMulCalls(), amx_before_vnni);
+  ASSERT_EQ(vnni.size(), off.size());
+  EXPECT_LT(Nmse(vnni, off), kMaxNmse);
+  EXPECT_EQ(logits(true, false, 1, prompt), vnni);
+
+  if (!AmxInt8Available()) {
+    GTEST_SKIP() << "this CPU (or its kernel) offers no AMX int8 tiles: the AMX third did not run";
+  }
+  const uint64_t amx_before = AmxMatMulCalls();
+  EXPECT_EQ(logits(true, true, 2, prompt), vnni);
+  EXPECT_GT(AmxMatMulCalls(), amx_before);
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, CpuAmxPromptTest, ::testing::Values(GgmlType::kQ8_0, GgmlType::kQ4_K),
+INSTANTIATE_TEST_SUITE_P(Types, CpuBatchPromptTest,
+                         ::testing::Values(GgmlType::kQ8_0, GgmlType::kQ4_K),
                          [](const ::testing::TestParamInfo<GgmlType>& info) {
                            return ggml_type_name(static_cast<uint32_t>(info.param));
                          });
 
 // The residency pipeline around the fast path: any slot count, the cache off,
-// and the oracle's arithmetic as a switch.
+// and the oracle's arithmetic as a switch. Without the batch kernels, whose
+// bits depend on the batch (fewer slots than experts feed a token at a time).
 TEST(CpuBackendFastTest, SlotsAndTheCacheChangeNothingButAddresses) {
   const std::unique_ptr<LoadedModel> m =
       Load({"q", Arch::kQwen3Moe, GgmlType::kQ8_0, GgmlType::kQ4_K});
@@ -222,6 +236,7 @@ TEST(CpuBackendFastTest, SlotsAndTheCacheChangeNothingButAddresses) {
     options.n_slots = slots;
     options.cache = cache;
     options.fast.threads = 2;
+    options.fast.batch_matmul = false;
     absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
         CpuBackend::Create(m->model, &*store, options);
     ASSERT_TRUE(backend.ok()) << backend.status();

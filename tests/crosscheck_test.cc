@@ -9,6 +9,7 @@
 
 #include "cpu/amx_matmul.h"
 #include "cpu/forward.h"
+#include "cpu/vnni_matmul.h"
 #include "reference/oracle.h"
 
 namespace moegraph {
@@ -45,11 +46,11 @@ Backend OracleBackend(const char* name, double bound, int min_close, CreateOracl
 }
 
 absl::StatusOr<std::unique_ptr<Oracle>> CpuBackend(const Model& model, int max_ctx,
-                                                   KvCacheType kv_type, bool amx = false) {
+                                                   KvCacheType kv_type, bool batch_matmul = false) {
   CpuForwardOptions options;
   options.threads = 1;
   options.kv_type = kv_type;
-  options.amx = amx;
+  options.batch_matmul = batch_matmul;
   return CreateCpuForward(model, max_ctx, nullptr, options);
 }
 
@@ -64,10 +65,11 @@ absl::StatusOr<std::unique_ptr<Oracle>> CpuBackend(const Model& model, int max_c
 // cannot swap them and the argmax is llama.cpp's; the CPU backend is within
 // kClose at 3/4 of the positions. The CPU backend runs one thread, its default
 // KV cache for the probabilities and an f32 one for the greedy tokens, without
-// AMX (ggml's bits). Where the CPU has AMX tiles, "cpu-amx" runs its default:
-// the 64 forced positions' q8_0 products on the tiles, in their own order
-// (cpu/amx_matmul.h), which moved probabilities by up to 8.8e-4 here
-// (2026-12-05): held to the oracle's bound.
+// the batch kernels (ggml's bits). Where the CPU has AMX tiles or AVX-512
+// VNNI, "cpu-batch" runs its default: the 64 forced positions' q8_0 products
+// on them, in their own order (cpu/amx_matmul.h), which moved probabilities
+// by up to 8.8e-4 here (2026-12-05, AMX; VNNI gives the same bits): held to
+// the oracle's bound.
 std::vector<Backend> Backends() {
   auto oracle = [](const Model& m, int ctx) { return Oracle::Create(m, ctx); };
   std::vector<Backend> backends = {
@@ -76,14 +78,14 @@ std::vector<Backend> Backends() {
           "cpu", 4e-4, 48,
           [](const Model& m, int ctx) { return CpuBackend(m, ctx, CpuForwardOptions{}.kv_type); },
           [](const Model& m, int ctx) { return CpuBackend(m, ctx, KvCacheType::kF32); })};
-  if (AmxInt8Available()) {
+  if (AmxInt8Available() || AvxVnniAvailable()) {
     backends.push_back(OracleBackend(
-        "cpu-amx", 4e-3, 0,
+        "cpu-batch", 4e-3, 0,
         [](const Model& m, int ctx) {
-          return CpuBackend(m, ctx, CpuForwardOptions{}.kv_type, CpuForwardOptions{}.amx);
+          return CpuBackend(m, ctx, CpuForwardOptions{}.kv_type, CpuForwardOptions{}.batch_matmul);
         },
         [](const Model& m, int ctx) {
-          return CpuBackend(m, ctx, KvCacheType::kF32, CpuForwardOptions{}.amx);
+          return CpuBackend(m, ctx, KvCacheType::kF32, CpuForwardOptions{}.batch_matmul);
         }));
   }
   return backends;

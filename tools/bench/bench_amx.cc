@@ -1,6 +1,7 @@
 // A prompt batch's quantized matmul on one thread: the AMX int8 tiles
-// (cpu/amx_matmul.h) against the AVX-512 path (SimdMatMulRows, the best
-// target this CPU runs) on the same weights and activation rows: q8_0, 2048 x
+// (cpu/amx_matmul.h) and their AVX-512 VNNI twin (cpu/vnni_matmul.h) against
+// the per-row path (SimdMatMulRows, ggml's order, the best target this CPU
+// runs) on the same weights and activation rows: q8_0, 2048 x
 // 2048 by 512 activations; q4_K, 768 x 2048 by 32 (an expert's gate or up
 // projection for its share of a prompt) and 2048 x 2048 by 512. items/s counts
 // multiply-adds (rows * cols * activations).
@@ -13,6 +14,7 @@
 #include "cpu/act_quant.h"
 #include "cpu/amx_matmul.h"
 #include "cpu/simd_kernels.h"
+#include "cpu/vnni_matmul.h"
 #include "loader/ggml_type.h"
 #include "loader/quantize.h"
 
@@ -79,23 +81,41 @@ void RunAmx(benchmark::State& state, GgmlType type, void (*matmul)(const MatMulA
   Run(state, type, matmul);
 }
 
+void RunVnni(benchmark::State& state, GgmlType type, void (*matmul)(const MatMulArgs&)) {
+  if (!AvxVnniAvailable()) {
+    state.SkipWithError("this CPU offers no AVX-512 VNNI");
+    return;
+  }
+  Run(state, type, matmul);
+}
+
 void RunSimd(benchmark::State& state, GgmlType type) {
   state.SetLabel(SimdTargetLabel());
   Run(state, type, &SimdMatMulRows);
 }
 
 void BM_AmxQ8_0(benchmark::State& state) { RunAmx(state, GgmlType::kQ8_0, &AmxMatMulQ8_0); }
+void BM_VnniQ8_0(benchmark::State& state) { RunVnni(state, GgmlType::kQ8_0, &VnniMatMulQ8_0); }
 void BM_SimdQ8_0(benchmark::State& state) { RunSimd(state, GgmlType::kQ8_0); }
 void BM_AmxQ4_K(benchmark::State& state) { RunAmx(state, GgmlType::kQ4_K, &AmxMatMulQ4_K); }
+void BM_VnniQ4_K(benchmark::State& state) { RunVnni(state, GgmlType::kQ4_K, &VnniMatMulQ4_K); }
 void BM_SimdQ4_K(benchmark::State& state) { RunSimd(state, GgmlType::kQ4_K); }
 
 BENCHMARK(BM_AmxQ8_0)->Args({2048, 2048, 512})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_VnniQ8_0)->Args({2048, 2048, 512})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SimdQ8_0)->Args({2048, 2048, 512})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AmxQ4_K)
+    ->Args({768, 2048, 8})
+    ->Args({768, 2048, 32})
+    ->Args({2048, 2048, 512})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_VnniQ4_K)
+    ->Args({768, 2048, 8})
     ->Args({768, 2048, 32})
     ->Args({2048, 2048, 512})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SimdQ4_K)
+    ->Args({768, 2048, 8})
     ->Args({768, 2048, 32})
     ->Args({2048, 2048, 512})
     ->Unit(benchmark::kMillisecond);

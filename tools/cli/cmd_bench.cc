@@ -130,6 +130,7 @@ class CpuTarget final : public Target {
     CpuBackendOptions options;
     options.max_ctx = ctx;
     options.fast = cpu;
+    options.fast.batch_matmul = doors.batch_matmul;
     options.fast.amx = doors.amx;
     options.n_slots = slots;
     options.resident = arm == Arm::kResident;

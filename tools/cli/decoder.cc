@@ -384,6 +384,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   options.protected_frac = flags.doors.doors.protected_frac;
   options.cache = flags.doors.doors.moe_cache;
   options.fast = flags.cpu;
+  options.fast.batch_matmul = flags.doors.doors.batch_matmul;
   options.fast.amx = flags.doors.doors.amx;
   // Slots copy experts the host already holds: they mean something only as a
   // cache smaller than the experts, so --slots auto is resident too.

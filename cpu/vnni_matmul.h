@@ -1,0 +1,34 @@
+// The prompt matmuls of cpu/amx_matmul.h on AVX-512 VNNI, for CPUs without
+// AMX tiles (Ice Lake, Zen 4 and 5) or with MOEGRAPH_AMX=0: the same
+// activations packed the same way (AmxQ8_0Acts, AmxQ8_KActs) and the same
+// arithmetic, held to AmxMatMulQ8_0Reference and AmxMatMulQ4_KReference bit
+// for bit, so a prompt's logits do not depend on which of the two ran.
+//
+// Sixteen activation rows sit in the lanes of a vector (the packed layout's
+// 16-row groups) and each weight row's four bytes are broadcast against
+// them: vpdpbusd adds 64 products an instruction. It multiplies unsigned by
+// signed bytes, so the activations go in with 128 added (their sign bit
+// flipped) and the weights' sums times 128 come off: exact in int32.
+#pragma once
+
+#include "cpu/amx_matmul.h"
+#include "cpu/simd_kernels.h"
+
+namespace moegraph {
+
+// Whether this CPU and OS run AVX-512 F, BW and VNNI. Cached; thread-safe.
+bool AvxVnniAvailable();
+
+// AmxMatMulQ8_0's and AmxMatMulQ4_K's contracts and bits. Require
+// AvxVnniAvailable().
+void VnniMatMulQ8_0(const MatMulArgs& m, const AmxQ8_0Acts& acts);
+void VnniMatMulQ4_K(const MatMulArgs& m, const AmxQ8_KActs& acts);
+// The same, packing m.act first.
+void VnniMatMulQ8_0(const MatMulArgs& m);
+void VnniMatMulQ4_K(const MatMulArgs& m);
+
+// VnniMatMulQ8_0 and VnniMatMulQ4_K calls in this process: tests check the
+// path ran from its delta.
+uint64_t VnniMatMulCalls();
+
+}  // namespace moegraph
