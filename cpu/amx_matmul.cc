@@ -20,8 +20,8 @@
 // activation halves in tmm0-3. Against a tile product and an int32 multiply
 // per sub-block this takes twice the tile products (K = 64 where the
 // sub-block has 32) but an eighth of the stores and no int32 multiplies in
-// the fold. The min term, sum_j m[j] * bsum[j], is 4 vpmaddwd a row: mins and
-// bsums in int16 pairs.
+// the fold. The min term, sum_j m[j] * bsum[j], is a vpmaddwd and 3 vpdpwssd
+// a row: mins and bsums in int16 pairs.
 #include "cpu/amx_matmul.h"
 
 #include <algorithm>
@@ -123,8 +123,9 @@ bool AmxInt8Available() {
   static const bool available = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    const bool avx512f = (ebx >> 16) & 1, amx_tile = (edx >> 24) & 1, amx_int8 = (edx >> 25) & 1;
-    if (!avx512f || !amx_tile || !amx_int8) return false;
+    const bool avx512f = (ebx >> 16) & 1, avx512_vnni = (ecx >> 11) & 1;
+    const bool amx_tile = (edx >> 24) & 1, amx_int8 = (edx >> 25) & 1;
+    if (!avx512f || !avx512_vnni || !amx_tile || !amx_int8) return false;
     // The tile data state (XSTATE component 18) is off until the process asks;
     // the first tile instruction without this permission is a SIGILL.
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
@@ -135,8 +136,9 @@ bool AmxInt8Available() {
 
 namespace {
 
-#define MOEGRAPH_AMX_TARGET \
-  __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+#define MOEGRAPH_AMX_TARGET                                                                \
+  __attribute__((target(                                                                   \
+      "amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 
 constexpr int kTile = 16;              // rows of a tile, int32 columns of C
 constexpr int kStep = 2 * kTile;       // weight rows and activations per step (2x2 tiles)
@@ -529,11 +531,8 @@ MOEGRAPH_AMX_TARGET inline void FoldSuperBlock(const int32_t (*c)[4][kTile][kTil
     for (int g = 0; g < 2; ++g) {
       const __m512i hi = _mm512_maskz_slli_epi32(0xffff, _mm512_load_si512(c[half][2 + g][i]), 8);
       const __m512i isum = _mm512_add_epi32(hi, _mm512_load_si512(c[half][g][i]));
-      const __m512i msum =
-          _mm512_add_epi32(_mm512_add_epi32(_mm512_madd_epi16(mins[0], bsums[g][0]),
-                                            _mm512_madd_epi16(mins[1], bsums[g][1])),
-                           _mm512_add_epi32(_mm512_madd_epi16(mins[2], bsums[g][2]),
-                                            _mm512_madd_epi16(mins[3], bsums[g][3])));
+      __m512i msum = _mm512_madd_epi16(mins[0], bsums[g][0]);
+      for (int k = 1; k < kSubBlocks / 2; ++k) msum = _mm512_dpwssd_epi32(msum, mins[k], bsums[g][k]);
       float* a = acc[row] + g * kTile;
       // maskz: GCC 12 warns on _mm512_cvtepi32_ps's undefined pass-through.
       __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(wd, ad[g]), _mm512_maskz_cvtepi32_ps(0xffff, isum),

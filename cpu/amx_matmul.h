@@ -48,7 +48,7 @@ namespace moegraph {
 inline constexpr int64_t kAmxStepRows = 32;
 
 // Whether this CPU and kernel let the process use AMX int8 tiles: CPUID leaf 7
-// (AMX-TILE, AMX-INT8, and AVX512F for the kernel's f32 epilogue) and Linux's
+// (AMX-TILE, AMX-INT8, and AVX512F and VNNI for the kernel's epilogue) and Linux's
 // permission for the tile data state, asked once with
 // arch_prctl(ARCH_REQ_XCOMP_PERM). Cached after the first call; thread-safe.
 bool AmxInt8Available();

@@ -348,28 +348,32 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
     }
   }
 
-  // One task per (row, head): softmax(scale q.k) . v over positions 0..pos, or
-  // the window's last n_swa of them, with the head's sink where there is one.
+  // One task per (row, group of heads): softmax(scale q.k) . v over positions
+  // 0..pos, or the window's last n_swa of them, with each head's sink where
+  // there is one. A task takes a whole GQA group (its heads share each K row's
+  // loads) where that leaves 4 tasks a thread, else one head.
   std::vector<float>& attn = s_.attn;
   attn.resize(q.size());
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   const int group = cfg.n_head / cfg.n_head_kv;
+  const int heads = n * cfg.n_head_kv >= 4 * pool_.size() ? group : 1;
+  const int tasks_a_row = cfg.n_head / heads;
   const int window = cfg.swa_layer(il) ? cfg.n_swa : 0;
   const uint8_t* k_all = k_cache_[il].data();
   const uint8_t* v_all = v_cache_[il].data();
-  pool_.Run(n * cfg.n_head, [&](int64_t task) {
-    const int64_t t = task / cfg.n_head;
-    const int hd = static_cast<int>(task % cfg.n_head);
+  pool_.Run(n * tasks_a_row, [&](int64_t task) {
+    const int64_t t = task / tasks_a_row;
+    const int hd = static_cast<int>(task % tasks_a_row) * heads;  // the first head
     const int64_t n_seen = n_past_ + t + 1;
     const int64_t first = window > 0 ? std::max<int64_t>(0, n_seen - window) : 0;
-    const float* qh = q.data() + t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
+    const int64_t at = t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
     const size_t kv_off = static_cast<size_t>(hd / group) * cfg.head_dim * elem;
     thread_local std::vector<float> scores;
-    scores.resize(static_cast<size_t>(n_seen - first));
-    float* oh = attn.data() + t * q_len + static_cast<int64_t>(hd) * cfg.head_dim;
-    const float sink = lv.sinks.empty() ? -INFINITY : lv.sinks[hd];
-    SimdAttendHead(qh, k_all + kv_off, v_all + kv_off, stride, kv_f16_, first, n_seen - first, rows,
-                   cfg.head_dim, kq_scale, sink, scores.data(), oh);
+    scores.resize(static_cast<size_t>(heads * (n_seen - first)));
+    SimdAttendHeads(q.data() + at, heads, k_all + kv_off, v_all + kv_off, stride, kv_f16_, first,
+                    n_seen - first, rows, cfg.head_dim, kq_scale,
+                    lv.sinks.empty() ? nullptr : lv.sinks.data() + hd, scores.data(),
+                    attn.data() + at);
   });
   out->resize(static_cast<size_t>(n * cfg.n_embd));
   MatMul(weight_view(*lt.wo), attn.data(), n, out->data());

@@ -283,76 +283,68 @@ HWY_INLINE hn::Vec<D> LoadKv(D d, const uint8_t* row, int64_t i) {
   }
 }
 
-// AttendHead for heads of kDim elements, a multiple of 4 vectors: the query and the output stay in registers across the
-// positions, where DotF16 and AxpyF16 reload both for every position. Each
-// score and each output lane takes DotElements' and AxpyElements' operations
-// in their order, so the bits are AttendHead's general loop's.
+// AttendHeads for heads of kDim elements, a multiple of 4 vectors: each K row
+// widened once for all the heads (a GQA group shares it), and a head's output
+// kept in registers across the positions, where DotF16 and AxpyF16 reload
+// both for every position. Each score and each output lane takes
+// DotElements' and AxpyElements' operations in their order, so the bits are
+// the general loop's, head by head.
 template <int kDim, bool kF16, class RowOf>
-void AttendHeadInRegisters(const float* q, const uint8_t* k, const uint8_t* v, const RowOf& row_of,
-                           int64_t n, float scale, float sink, float* scores, float* out) {
+void AttendGroupInRegisters(const float* q, int heads, const uint8_t* k, const uint8_t* v,
+                            const RowOf& row_of, int64_t n, float scale, const float* sinks,
+                            float* scores, float* out) {
   const hn::ScalableTag<float> df;
   constexpr int kLanes = static_cast<int>(hn::MaxLanes(df));
   constexpr int kChunks = kDim / kLanes;
   static_assert(kChunks % 4 == 0, "DotElements' four accumulators, whole");
-  hn::Vec<decltype(df)> qv[kChunks];
-  for (int c = 0; c < kChunks; ++c) qv[c] = hn::LoadU(df, q + c * kLanes);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* kj = k + row_of(j);
+    hn::Vec<decltype(df)> kv[kChunks];
+    for (int c = 0; c < kChunks; ++c) kv[c] = LoadKv<kF16>(df, kj, c * kLanes);
+    for (int h = 0; h < heads; ++h) {
+      const float* qh = q + h * kDim;
+      auto acc0 = hn::Zero(df), acc1 = hn::Zero(df), acc2 = hn::Zero(df), acc3 = hn::Zero(df);
+      for (int c = 0; c < kChunks; c += 4) {
+        acc0 = hn::MulAdd(hn::LoadU(df, qh + c * kLanes), kv[c], acc0);
+        acc1 = hn::MulAdd(hn::LoadU(df, qh + (c + 1) * kLanes), kv[c + 1], acc1);
+        acc2 = hn::MulAdd(hn::LoadU(df, qh + (c + 2) * kLanes), kv[c + 2], acc2);
+        acc3 = hn::MulAdd(hn::LoadU(df, qh + (c + 3) * kLanes), kv[c + 3], acc3);
+      }
+      scores[h * n + j] = scale * hn::GetLane(hn::SumOfLanes(
+                                      df, hn::Add(hn::Add(acc0, acc1), hn::Add(acc2, acc3))));
+    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    float* s = scores + h * n;
+    const float sink = sinks == nullptr ? -INFINITY : sinks[h];
+    float max = sink;
+    for (int64_t j = 0; j < n; ++j) max = std::max(max, s[j]);
+    double sum = sink == -INFINITY ? 0.0 : std::exp(static_cast<double>(sink) - max);
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = std::exp(s[j] - max);
+      sum += s[j];
+    }
+    hn::Vec<decltype(df)> ov[kChunks];
+    for (int c = 0; c < kChunks; ++c) ov[c] = hn::Zero(df);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* vj = v + row_of(j);
+      const auto w = hn::Set(df, s[j]);
+      for (int c = 0; c < kChunks; ++c) ov[c] = hn::MulAdd(w, LoadKv<kF16>(df, vj, c * kLanes), ov[c]);
+    }
+    const auto inv = hn::Set(df, static_cast<float>(1.0 / sum));
+    float* oh = out + h * kDim;
+    for (int c = 0; c < kChunks; ++c) hn::StoreU(hn::Mul(ov[c], inv), df, oh + c * kLanes);
+  }
+}
+
+// One head's general loop: DotF16/F32 scores, softmax in f64, AxpyF16/F32.
+template <class RowOf>
+void AttendHeadLoop(const float* q, const uint8_t* k, const uint8_t* v, const RowOf& row_of,
+                    bool f16, int64_t n, int head_dim, float scale, float sink, float* scores,
+                    float* out) {
   float max = sink;
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* kj = k + row_of(j);
-    auto acc0 = hn::Zero(df), acc1 = hn::Zero(df), acc2 = hn::Zero(df), acc3 = hn::Zero(df);
-    for (int c = 0; c < kChunks; c += 4) {
-      acc0 = hn::MulAdd(qv[c], LoadKv<kF16>(df, kj, c * kLanes), acc0);
-      acc1 = hn::MulAdd(qv[c + 1], LoadKv<kF16>(df, kj, (c + 1) * kLanes), acc1);
-      acc2 = hn::MulAdd(qv[c + 2], LoadKv<kF16>(df, kj, (c + 2) * kLanes), acc2);
-      acc3 = hn::MulAdd(qv[c + 3], LoadKv<kF16>(df, kj, (c + 3) * kLanes), acc3);
-    }
-    scores[j] =
-        scale * hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(acc0, acc1), hn::Add(acc2, acc3))));
-    max = std::max(max, scores[j]);
-  }
-  double sum = sink == -INFINITY ? 0.0 : std::exp(static_cast<double>(sink) - max);
-  for (int64_t j = 0; j < n; ++j) {
-    scores[j] = std::exp(scores[j] - max);
-    sum += scores[j];
-  }
-  hn::Vec<decltype(df)> ov[kChunks];
-  for (int c = 0; c < kChunks; ++c) ov[c] = hn::Zero(df);
-  for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* vj = v + row_of(j);
-    const auto s = hn::Set(df, scores[j]);
-    for (int c = 0; c < kChunks; ++c) ov[c] = hn::MulAdd(s, LoadKv<kF16>(df, vj, c * kLanes), ov[c]);
-  }
-  const auto inv = hn::Set(df, static_cast<float>(1.0 / sum));
-  for (int c = 0; c < kChunks; ++c) hn::StoreU(hn::Mul(ov[c], inv), df, out + c * kLanes);
-}
-
-void AttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
-                int64_t first, int64_t n, int64_t rows, int head_dim, float scale, float sink,
-                float* scores, float* out) {
-  auto row_bytes = [&](int64_t j) {
-    const int64_t p = first + j;
-    return static_cast<size_t>(rows > 0 ? p % rows : p) * stride;
-  };
-  constexpr int kLanes = static_cast<int>(hn::MaxLanes(hn::ScalableTag<float>()));
-  // Held in registers where a head is at most 8 vectors (AVX-512: 64 and 128;
-  // AVX2: 64).
-  if constexpr (128 / kLanes <= 8 && 128 % (4 * kLanes) == 0) {
-    if (head_dim == 128) {
-      return f16 ? AttendHeadInRegisters<128, true>(q, k, v, row_bytes, n, scale, sink, scores, out)
-                 : AttendHeadInRegisters<128, false>(q, k, v, row_bytes, n, scale, sink, scores,
-                                                     out);
-    }
-  }
-  if constexpr (64 / kLanes <= 8 && 64 % (4 * kLanes) == 0) {
-    if (head_dim == 64) {
-      return f16 ? AttendHeadInRegisters<64, true>(q, k, v, row_bytes, n, scale, sink, scores, out)
-                 : AttendHeadInRegisters<64, false>(q, k, v, row_bytes, n, scale, sink, scores,
-                                                    out);
-    }
-  }
-  float max = sink;
-  for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* kj = k + row_bytes(j);
     scores[j] = scale * (f16 ? DotF16(q, reinterpret_cast<const uint16_t*>(kj), head_dim)
                              : DotF32(q, reinterpret_cast<const float*>(kj), head_dim));
     max = std::max(max, scores[j]);
@@ -364,7 +356,7 @@ void AttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t strid
   }
   std::fill_n(out, head_dim, 0.0f);
   for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* vj = v + row_bytes(j);
+    const uint8_t* vj = v + row_of(j);
     if (f16) {
       AxpyF16(scores[j], reinterpret_cast<const uint16_t*>(vj), out, head_dim);
     } else {
@@ -373,6 +365,38 @@ void AttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t strid
   }
   const float inv = static_cast<float>(1.0 / sum);
   for (int d = 0; d < head_dim; ++d) out[d] *= inv;
+}
+
+void AttendHeads(const float* q, int heads, const uint8_t* k, const uint8_t* v, size_t stride,
+                 bool f16, int64_t first, int64_t n, int64_t rows, int head_dim, float scale,
+                 const float* sinks, float* scores, float* out) {
+  auto row_bytes = [&](int64_t j) {
+    const int64_t p = first + j;
+    return static_cast<size_t>(rows > 0 ? p % rows : p) * stride;
+  };
+  constexpr int kLanes = static_cast<int>(hn::MaxLanes(hn::ScalableTag<float>()));
+  // In registers where a head is at most 8 vectors (AVX-512: 64 and 128;
+  // AVX2: 64).
+  if constexpr (128 / kLanes <= 8 && 128 % (4 * kLanes) == 0) {
+    if (head_dim == 128) {
+      return f16 ? AttendGroupInRegisters<128, true>(q, heads, k, v, row_bytes, n, scale, sinks,
+                                                     scores, out)
+                 : AttendGroupInRegisters<128, false>(q, heads, k, v, row_bytes, n, scale, sinks,
+                                                      scores, out);
+    }
+  }
+  if constexpr (64 / kLanes <= 8 && 64 % (4 * kLanes) == 0) {
+    if (head_dim == 64) {
+      return f16 ? AttendGroupInRegisters<64, true>(q, heads, k, v, row_bytes, n, scale, sinks,
+                                                    scores, out)
+                 : AttendGroupInRegisters<64, false>(q, heads, k, v, row_bytes, n, scale, sinks,
+                                                     scores, out);
+    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    AttendHeadLoop(q + h * head_dim, k, v, row_bytes, f16, n, head_dim, scale,
+                   sinks == nullptr ? -INFINITY : sinks[h], scores, out + h * head_dim);
+  }
 }
 
 #ifdef MOEGRAPH_X86_TILES
@@ -1407,7 +1431,7 @@ HWY_EXPORT(DotF32);
 HWY_EXPORT(DotF16);
 HWY_EXPORT(AxpyF32);
 HWY_EXPORT(AxpyF16);
-HWY_EXPORT(AttendHead);
+HWY_EXPORT(AttendHeads);
 HWY_EXPORT(QuantizeActRow);
 
 void SimdMatMulRows(const MatMulArgs& args) { HWY_DYNAMIC_DISPATCH(MatMulRows)(args); }
@@ -1427,14 +1451,24 @@ void SimdAxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyF16)(alpha, x, y, n);
 }
 
-void SimdAttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
-                    int64_t first, int64_t n, int64_t rows, int head_dim, float scale, float sink,
-                    float* scores, float* out) {
-  HWY_DYNAMIC_DISPATCH(AttendHead)
-  (q, k, v, stride, f16, first, n, rows, head_dim, scale, sink, scores, out);
+void SimdAttendHeads(const float* q, int heads, const uint8_t* k, const uint8_t* v, size_t stride,
+                     bool f16, int64_t first, int64_t n, int64_t rows, int head_dim, float scale,
+                     const float* sinks, float* scores, float* out) {
+  HWY_DYNAMIC_DISPATCH(AttendHeads)
+  (q, heads, k, v, stride, f16, first, n, rows, head_dim, scale, sinks, scores, out);
 }
 
-std::vector<int64_t> SimdTargets() { return hwy::SupportedAndGeneratedTargets(); }
+// The target SimdForceTarget last forced (0: none).
+int64_t forced_target = 0;
+
+std::vector<int64_t> SimdTargets() {
+  // Highway's list shrinks to the forced target: lift the force to read the
+  // CPU's own, then put it back.
+  hwy::SetSupportedTargetsForTest(0);
+  std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  hwy::SetSupportedTargetsForTest(forced_target);
+  return targets;
+}
 
 std::string SimdTargetName(int64_t target) { return hwy::TargetName(target); }
 
@@ -1455,7 +1489,10 @@ std::string SimdTargetLabel() {
   return name;
 }
 
-void SimdForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+void SimdForceTarget(int64_t target) {
+  forced_target = target;
+  hwy::SetSupportedTargetsForTest(target);
+}
 
 }  // namespace moegraph
 #endif  // HWY_ONCE

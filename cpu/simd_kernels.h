@@ -46,15 +46,18 @@ float SimdDotF16(const float* a, const uint16_t* b, int64_t n);
 void SimdAxpyF32(float alpha, const float* x, float* y, int64_t n);
 void SimdAxpyF16(float alpha, const uint16_t* x, float* y, int64_t n);
 
-// One query head's attention over the n cached positions first..first+n-1:
+// Attention of heads query heads that share their keys and values (a GQA
+// group) over the n cached positions first..first+n-1; for head h (its query
+// and output the head_dim floats at q and out + h * head_dim):
 // scores[j] = scale * q.k_j, then out = sum_j softmax(scores)_j v_j, where k_j
 // and v_j are head_dim elements (f16 bits or f32) at k and v plus row * stride
 // bytes, the row of position first + j (its remainder mod rows in a ring of
-// rows rows; rows 0: no ring); a finite sink (gpt-oss) is one more logit in
-// the softmax with no value. scores holds n floats of scratch.
-void SimdAttendHead(const float* q, const uint8_t* k, const uint8_t* v, size_t stride, bool f16,
-                    int64_t first, int64_t n, int64_t rows, int head_dim, float scale, float sink,
-                    float* scores, float* out);
+// rows rows; rows 0: no ring); a finite sink (gpt-oss; sinks[h], sinks null:
+// none) is one more logit in the softmax with no value. Each head's bits are
+// what it gets alone. scores holds heads * n floats of scratch.
+void SimdAttendHeads(const float* q, int heads, const uint8_t* k, const uint8_t* v, size_t stride,
+                     bool f16, int64_t first, int64_t n, int64_t rows, int head_dim, float scale,
+                     const float* sinks, float* scores, float* out);
 
 // The target the calls above run on ("AVX3", "AVX2", "SCALAR", ...).
 std::string SimdTargetName();
@@ -63,7 +66,8 @@ std::string SimdTargetName();
 // "AVX2", "portable (no SIMD target)".
 std::string SimdTargetLabel();
 
-// The targets this build holds code for that this CPU can run, best first.
+// The targets this build holds code for that this CPU can run, best first,
+// whatever SimdForceTarget forced.
 std::vector<int64_t> SimdTargets();
 std::string SimdTargetName(int64_t target);
 // Restricts the calls above to one target of SimdTargets() (0: back to the best).

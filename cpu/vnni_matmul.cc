@@ -14,7 +14,7 @@
 // one vpmulld by the row's scale folds it into the super-block's isum (the
 // tiles fold the scale into the weight bytes instead; here that would take two
 // broadcasts where one does). The min term is AMX's: mins and bsums as int16
-// pairs, 4 vpmaddwd a row.
+// pairs, a vpmaddwd and 3 vpdpwssd a row.
 //
 // Measured on one Sapphire Rapids thread (tools/bench/bench_amx.cc), see
 // docs/BENCHMARKS.md.
@@ -248,11 +248,10 @@ MOEGRAPH_VNNI_TARGET void Q4_KPass(const MatMulArgs& m, const AmxQ8_KActs& acts,
       for (int i = 0; i < R; ++i) {
         const size_t at = static_cast<size_t>(i * nb + b);
         const uint32_t* mins = s.mins.data() + at * kSubBlocks / 2;
-        const __m512i msum = _mm512_add_epi32(
-            _mm512_add_epi32(_mm512_madd_epi16(_mm512_set1_epi32(mins[0]), bsums[0]),
-                             _mm512_madd_epi16(_mm512_set1_epi32(mins[1]), bsums[1])),
-            _mm512_add_epi32(_mm512_madd_epi16(_mm512_set1_epi32(mins[2]), bsums[2]),
-                             _mm512_madd_epi16(_mm512_set1_epi32(mins[3]), bsums[3])));
+        __m512i msum = _mm512_madd_epi16(_mm512_set1_epi32(mins[0]), bsums[0]);
+        for (int k = 1; k < kSubBlocks / 2; ++k) {
+          msum = _mm512_dpwssd_epi32(msum, _mm512_set1_epi32(mins[k]), bsums[k]);
+        }
         // maskz: GCC 12 warns on _mm512_cvtepi32_ps's undefined pass-through.
         acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(s.d[at]), ad),
                                  _mm512_maskz_cvtepi32_ps(0xffff, isum[i]), acc[i]);

@@ -332,8 +332,8 @@ TEST(AmxMatMulTest, AvailabilityAgreesWithCpuinfo) {
 #endif
   const std::set<std::string> flags = CpuFlags();
   ASSERT_FALSE(flags.empty()) << "no flags line in /proc/cpuinfo";
-  EXPECT_EQ(AmxInt8Available(),
-            flags.count("amx_int8") && flags.count("amx_tile") && flags.count("avx512f"));
+  EXPECT_EQ(AmxInt8Available(), flags.count("amx_int8") && flags.count("amx_tile") &&
+                                    flags.count("avx512f") && flags.count("avx512_vnni"));
   EXPECT_EQ(AvxVnniAvailable(),
             flags.count("avx512f") && flags.count("avx512bw") && flags.count("avx512_vnni"));
 }

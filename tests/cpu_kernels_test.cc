@@ -163,6 +163,17 @@ TEST(ActQuantTest, ScalarDotsEqualTheDequantizedDot) {
 
 // 6 activation rows: one tile of 4 (the x86 kernels unpack a weight block once
 // for 4 rows) and 2 rows alone; each must equal its row computed alone.
+// Forcing a target narrows the calls, not the list of targets the CPU runs.
+TEST_F(SimdTargetsTest, TheListStaysWholeWhileATargetIsForced) {
+  const std::vector<int64_t> all = SimdTargets();
+  ASSERT_FALSE(all.empty());
+  SimdForceTarget(all.back());
+  EXPECT_EQ(SimdTargets(), all);
+  EXPECT_EQ(SimdTargetName(), SimdTargetName(all.back()));
+  SimdForceTarget(0);
+  EXPECT_EQ(SimdTargetName(), SimdTargetName(all.front()));
+}
+
 TEST_F(SimdTargetsTest, EveryTargetEqualsTheScalarDotsUpToRounding) {
   constexpr int64_t kRows = 8, kCols = 768, kAct = 6;
   const std::vector<int64_t> targets = SimdTargets();
@@ -278,7 +289,7 @@ constexpr GgmlDots kGgmlDots[] = {
 // same floats (moegraph's quantizers are ggml's byte for byte: quant_test).
 TEST_F(SimdTargetsTest, TheX86TargetsGiveGgmlsDotsBitForBit) {
   constexpr int kRows = 2, kAct = 5;
-  const std::vector<int64_t> targets = SimdTargets();  // before any is forced
+  const std::vector<int64_t> targets = SimdTargets();
   bool saw_x86 = false;
   for (const GgmlDots& g : kGgmlDots) {
     GgmlType type;
@@ -335,7 +346,7 @@ TEST_F(SimdTargetsTest, TheX86TargetsGiveGgmlsDotsBitForBit) {
 }
 
 TEST_F(SimdTargetsTest, AttentionHelpersOnEveryTarget) {
-  const std::vector<int64_t> targets = SimdTargets();  // before one is forced
+  const std::vector<int64_t> targets = SimdTargets();
   for (const int64_t n : {1, 7, 64, 100}) {
     const std::vector<float> a = RandomFloats(n, 20), b = RandomFloats(n, 21);
     std::vector<uint16_t> b16(static_cast<size_t>(n));
@@ -375,7 +386,7 @@ TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
     v16[i] = f32_to_f16(v[i]);
   }
   const float scale = 0.125f;
-  const std::vector<int64_t> targets = SimdTargets();  // before one is forced
+  const std::vector<int64_t> targets = SimdTargets();
   for (const bool f16 : {false, true}) {
     // Head 1 of each row: elements [kHeadDim, 2 * kHeadDim).
     auto at = [&](const std::vector<float>& f, const std::vector<uint16_t>& h, int64_t j, int d) {
@@ -405,13 +416,13 @@ TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
     for (const int64_t target : targets) {
       SimdForceTarget(target);
       std::vector<float> scores(kPositions), out(kHeadDim, NAN);
-      SimdAttendHead(q.data(), kb + kHeadDim * elem, vb + kHeadDim * elem, 2 * kHeadDim * elem, f16,
-                     0, kPositions, 0, kHeadDim, scale, -INFINITY, scores.data(), out.data());
+      SimdAttendHeads(q.data(), 1, kb + kHeadDim * elem, vb + kHeadDim * elem, 2 * kHeadDim * elem,
+                      f16, 0, kPositions, 0, kHeadDim, scale, nullptr, scores.data(), out.data());
       for (int d = 0; d < kHeadDim; ++d) {
         EXPECT_NEAR(out[d], want[d], 1e-5) << SimdTargetName(target) << " f16 " << f16 << " " << d;
       }
-      SimdAttendHead(q.data(), kb + kHeadDim * elem, vb + kHeadDim * elem, 2 * kHeadDim * elem, f16,
-                     0, kPositions, 0, kHeadDim, scale, sink, scores.data(), out.data());
+      SimdAttendHeads(q.data(), 1, kb + kHeadDim * elem, vb + kHeadDim * elem, 2 * kHeadDim * elem,
+                      f16, 0, kPositions, 0, kHeadDim, scale, &sink, scores.data(), out.data());
       for (int d = 0; d < kHeadDim; ++d) {
         EXPECT_NEAR(out[d], want[d] * sink_scale, 1e-5) << SimdTargetName(target) << " sink " << d;
       }
@@ -426,9 +437,9 @@ TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
         std::memcpy(v_ring.data() + at_row, vb + j * row, row);
       }
       std::vector<float> ring_out(kHeadDim, NAN);
-      SimdAttendHead(q.data(), k_ring.data() + kHeadDim * elem, v_ring.data() + kHeadDim * elem,
-                     row, f16, kFirst, kPositions, kRows, kHeadDim, scale, sink, scores.data(),
-                     ring_out.data());
+      SimdAttendHeads(q.data(), 1, k_ring.data() + kHeadDim * elem, v_ring.data() + kHeadDim * elem,
+                      row, f16, kFirst, kPositions, kRows, kHeadDim, scale, &sink, scores.data(),
+                      ring_out.data());
       for (int d = 0; d < kHeadDim; ++d) {
         EXPECT_EQ(ring_out[d], out[d]) << SimdTargetName(target) << " ring " << d;
       }
@@ -436,14 +447,14 @@ TEST_F(SimdTargetsTest, AttendHeadIsSoftmaxWeightedValuesOnEveryTarget) {
   }
 }
 
-// Heads of 64 and 128 elements keep the query and the output in registers
-// (AttendHeadInRegisters); every head size gives the bits of the general
-// loop: scores by SimdDotF16/F32, softmax in f64, values by SimdAxpyF16/F32.
+// Heads of 64 and 128 elements keep the output in registers and a GQA group
+// shares each K row's loads (AttendGroupInRegisters); every head size, alone
+// or in a group of 3, gives each head the bits of the general loop: scores by
+// SimdDotF16/F32, softmax in f64, values by SimdAxpyF16/F32.
 TEST_F(SimdTargetsTest, AttentionHeadsOfEverySizeGiveTheGeneralLoopsBits) {
   constexpr int64_t kPositions = 37;
-  const std::vector<int64_t> targets = SimdTargets();  // before one is forced
+  const std::vector<int64_t> targets = SimdTargets();
   for (const int head_dim : {32, 64, 96, 128}) {
-    const std::vector<float> q = RandomFloats(head_dim, 41);
     const std::vector<float> k = RandomFloats(head_dim * kPositions, 42);
     const std::vector<float> v = RandomFloats(head_dim * kPositions, 43);
     std::vector<uint16_t> k16(k.size()), v16(v.size());
@@ -451,42 +462,53 @@ TEST_F(SimdTargetsTest, AttentionHeadsOfEverySizeGiveTheGeneralLoopsBits) {
       k16[i] = f32_to_f16(k[i]);
       v16[i] = f32_to_f16(v[i]);
     }
-    for (const int64_t target : targets) {
-      SimdForceTarget(target);
-      for (const bool f16 : {false, true}) {
-        for (const float sink : {-INFINITY, 0.5f}) {
-          const float scale = 0.125f;
-          std::vector<float> scores(kPositions);
-          float max = sink;
-          for (int64_t j = 0; j < kPositions; ++j) {
-            scores[j] = scale * (f16 ? SimdDotF16(q.data(), k16.data() + j * head_dim, head_dim)
-                                     : SimdDotF32(q.data(), k.data() + j * head_dim, head_dim));
-            max = std::max(max, scores[j]);
-          }
-          double sum = sink == -INFINITY ? 0.0 : std::exp(static_cast<double>(sink) - max);
-          for (float& s : scores) sum += (s = std::exp(s - max));
-          std::vector<float> want(head_dim, 0.0f);
-          for (int64_t j = 0; j < kPositions; ++j) {
-            if (f16) {
-              SimdAxpyF16(scores[j], v16.data() + j * head_dim, want.data(), head_dim);
-            } else {
-              SimdAxpyF32(scores[j], v.data() + j * head_dim, want.data(), head_dim);
+    for (const int heads : {1, 3}) {
+      const std::vector<float> q = RandomFloats(heads * head_dim, 41 + heads);
+      for (const int64_t target : targets) {
+        SimdForceTarget(target);
+        for (const bool f16 : {false, true}) {
+          for (const bool with_sinks : {false, true}) {
+            const std::vector<float> sinks = {0.5f, -0.25f, 1.0f};
+            const float scale = 0.125f;
+            std::vector<float> want(heads * head_dim, 0.0f);
+            for (int h = 0; h < heads; ++h) {
+              const float* qh = q.data() + h * head_dim;
+              const float sink = with_sinks ? sinks[h] : -INFINITY;
+              std::vector<float> scores(kPositions);
+              float max = sink;
+              for (int64_t j = 0; j < kPositions; ++j) {
+                scores[j] = scale * (f16 ? SimdDotF16(qh, k16.data() + j * head_dim, head_dim)
+                                         : SimdDotF32(qh, k.data() + j * head_dim, head_dim));
+                max = std::max(max, scores[j]);
+              }
+              double sum = sink == -INFINITY ? 0.0 : std::exp(static_cast<double>(sink) - max);
+              for (float& s : scores) sum += (s = std::exp(s - max));
+              float* wh = want.data() + h * head_dim;
+              for (int64_t j = 0; j < kPositions; ++j) {
+                if (f16) {
+                  SimdAxpyF16(scores[j], v16.data() + j * head_dim, wh, head_dim);
+                } else {
+                  SimdAxpyF32(scores[j], v.data() + j * head_dim, wh, head_dim);
+                }
+              }
+              const float inv = static_cast<float>(1.0 / sum);
+              for (int d = 0; d < head_dim; ++d) wh[d] *= inv;
             }
-          }
-          const float inv = static_cast<float>(1.0 / sum);
-          for (float& w : want) w *= inv;
 
-          const size_t stride = static_cast<size_t>(head_dim) * (f16 ? 2 : 4);
-          const uint8_t* kb = f16 ? reinterpret_cast<const uint8_t*>(k16.data())
-                                  : reinterpret_cast<const uint8_t*>(k.data());
-          const uint8_t* vb = f16 ? reinterpret_cast<const uint8_t*>(v16.data())
-                                  : reinterpret_cast<const uint8_t*>(v.data());
-          std::vector<float> got(head_dim, NAN), scratch(kPositions);
-          SimdAttendHead(q.data(), kb, vb, stride, f16, 0, kPositions, 0, head_dim, scale, sink,
-                         scratch.data(), got.data());
-          for (int d = 0; d < head_dim; ++d) {
-            ASSERT_EQ(got[d], want[d]) << SimdTargetName(target) << " head_dim " << head_dim
-                                       << " f16 " << f16 << " sink " << sink << " element " << d;
+            const size_t stride = static_cast<size_t>(head_dim) * (f16 ? 2 : 4);
+            const uint8_t* kb = f16 ? reinterpret_cast<const uint8_t*>(k16.data())
+                                    : reinterpret_cast<const uint8_t*>(k.data());
+            const uint8_t* vb = f16 ? reinterpret_cast<const uint8_t*>(v16.data())
+                                    : reinterpret_cast<const uint8_t*>(v.data());
+            std::vector<float> got(heads * head_dim, NAN), scratch(heads * kPositions);
+            SimdAttendHeads(q.data(), heads, kb, vb, stride, f16, 0, kPositions, 0, head_dim,
+                            scale, with_sinks ? sinks.data() : nullptr, scratch.data(),
+                            got.data());
+            for (int i = 0; i < heads * head_dim; ++i) {
+              ASSERT_EQ(got[i], want[i])
+                  << SimdTargetName(target) << " head_dim " << head_dim << " heads " << heads
+                  << " f16 " << f16 << " sinks " << with_sinks << " element " << i;
+            }
           }
         }
       }
@@ -515,7 +537,7 @@ TEST_F(SimdTargetsTest, ActivationRowsQuantizeToTheReferencesBytes) {
   x[tie + 7] = 1.5f;
   x[3 * QK_K + 5] = -9.0f;  // block 3's largest magnitude, first negative
   x[3 * QK_K + 9] = 9.0f;
-  const std::vector<int64_t> targets = SimdTargets();  // before one is forced
+  const std::vector<int64_t> targets = SimdTargets();
   for (const ActType type : {ActType::kQ8_0, ActType::kQ8_K, ActType::kQ8_1, ActType::kF32}) {
     const size_t bytes = act_row_bytes(type, kCols);
     std::vector<uint8_t> want(bytes);

@@ -5,12 +5,21 @@
 // decodes (the first of them is the prompt token's, as llama-bench's tg times n
 // decodes). Each test runs once untimed first (as `moegraph bench` does) and the
 // sequence's KV cache is cleared before every run. Model loading is not timed.
+// Given moegraph's 64 greedy tokens (a file of ids), llama.cpp then runs forced
+// along them (the prompt [10], then each of ours in turn, one batch) and keeps
+// its logits after each: where ours is its argmax, and how far below its best
+// logit ours is elsewhere, which tells a near-tie (random weights have many)
+// from a wrong token.
 // Prints one JSON line: {"pp512": t/s, "tg64": t/s, "tokens": [64 ids],
-// "threads": threads llama.cpp used, "flash_attention": the context's setting}.
-// Usage: node cpu-speed.mjs FILE.gguf THREADS
+// "threads": threads llama.cpp used, "flash_attention": the context's setting,
+// "forced": {"positions", "argmax": positions where ours is llama.cpp's argmax,
+// "widest_gap": the largest best-minus-ours logit gap, "median_top2_gap": the
+// median gap between llama.cpp's own best two logits, for scale} or null}.
+// Usage: node cpu-speed.mjs FILE.gguf THREADS [OUR_TOKENS_FILE]
+import {readFileSync} from "node:fs";
 import {getLlama} from "node-llama-cpp";
 
-const [, , modelPath, threadsArg] = process.argv;
+const [, , modelPath, threadsArg, oursPath] = process.argv;
 const threads = Number(threadsArg);
 if (!modelPath || !Number.isInteger(threads) || threads < 1) {
   console.error("usage: node cpu-speed.mjs FILE.gguf THREADS");
@@ -56,11 +65,36 @@ const ppTime = await pp();
 const usedThreads = context.currentThreads;
 await tg();  // warm-up
 const {time: tgTime, tokens} = await tg();
+
+async function forcedAlong(ours) {
+  await sequence.clearHistory();
+  const out = await sequence.controlledEvaluate(
+      [10, ...ours.slice(0, -1)].map((token) => [token, {generateNext: {logits: true}}]));
+  let argmax = 0, widest = 0;
+  const top2 = [];
+  ours.forEach((token, i) => {
+    const logits = out[i].next.logits;
+    let best = -Infinity, second = -Infinity;
+    for (const l of logits.values()) {
+      if (l > best) [best, second] = [l, best];
+      else if (l > second) second = l;
+    }
+    const gap = best - logits.get(token);  // NaN where ours is not in the vocabulary
+    if (gap === 0) ++argmax;
+    widest = Math.max(widest, gap);
+    top2.push(best - second);
+  });
+  top2.sort((a, b) => a - b);
+  return {positions: ours.length, argmax, widest_gap: widest, median_top2_gap: top2[top2.length >> 1]};
+}
+const forced =
+    oursPath ? await forcedAlong(readFileSync(oursPath, "utf8").trim().split(/\s+/).map(Number)) : null;
 process.stdout.write(JSON.stringify({
   pp512: promptTokens / ppTime,
   tg64: tokens.length / tgTime,
   tokens,
   threads: usedThreads,
   flash_attention: context.flashAttention,
+  forced,
 }) + "\n");
 process.exit(0);

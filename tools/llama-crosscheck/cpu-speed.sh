@@ -10,7 +10,10 @@
 # model loading untimed. Repetitions interleave (moegraph, llama.cpp, moegraph,
 # llama.cpp, ...; REPS of each, default 2) and the table gives their means.
 # "tokens equal" compares `moegraph run --tokens 10 -n 64` with llama.cpp's 64
-# greedy tokens after the same prompt. Both run at -t 1 and -t 2.
+# greedy tokens after the same prompt, and where they part, says what llama.cpp
+# makes of ours forced along them (cpu-speed.mjs): at how many positions ours
+# is its argmax, and the widest gap from its best logit to ours beside the
+# median gap between its own best two. Both run at -t 1 and -t 2.
 # Fixtures: by default Qwen3-MoE ones (q8_0 dense, q4_K experts, 32000-token
 # vocabulary): small (8 layers, 32 experts top-4, embd 1024, ff 512: 305 MiB)
 # and large (12 layers, 48 experts top-8, embd 2048, ff 768: about 1.7 GiB; its
@@ -134,7 +137,7 @@ while read -r -u 3 name _ file; do
         2> "$work/bench.err" || { cat "$work/bench.err" >&2; exit 1; }
       echo "cpu-speed: $name: llama.cpp, threads $t, repetition $rep/$reps" >&2
       peak_rss_to "$work/ll-$name-t$t-r$rep.rss" node "$here/cpu-speed.mjs" "$file" "$t" \
-        > "$work/ll-$name-t$t-r$rep.json"
+        "$work/mg-$name-t$t.tokens" > "$work/ll-$name-t$t-r$rep.json"
     done
   done
 done 3< "$work/fixtures.txt"
@@ -177,7 +180,14 @@ REPS=$reps LOAD=$load THREADS="${threads_list[*]}" node -e '
         const a = ours.split(" "), b = theirs[0].split(" ");
         let i = 0;
         while (i < a.length && i < b.length && a[i] === b[i]) ++i;
-        equal = `NO (from token ${i + 1} of ${b.length})`;
+        equal = `NO (from token ${i + 1} of ${b.length}`;
+        const f = ll[0].forced;
+        if (f) {
+          equal += `; llama.cpp forced along ours: ours its argmax at ${f.argmax} of ` +
+                   `${f.positions}, at most ${f.widest_gap.toPrecision(2)} below its best logit, ` +
+                   `its best two ${f.median_top2_gap.toPrecision(2)} apart (median)`;
+        }
+        equal += ")";
       }
       if (theirs.some((s) => s !== theirs[0])) equal += " (llama.cpp varied between repetitions)";
       const memory = `${human(rss(`mg-${name}-t${t}`) * 1024)} | ${human(rss(`ll-${name}-t${t}`) * 1024)}`;
