@@ -32,6 +32,10 @@ constexpr int64_t kAmxMinActs = 16;
 // Weight rows a VNNI pass takes (cpu/vnni_matmul.cc's kRows).
 constexpr int64_t kVnniPassRows = 8;
 
+// Row-wise work (norms, the experts' outputs and combine) below this many
+// elements runs on the calling thread: decode's rows.
+constexpr int64_t kPoolElements = 1 << 16;
+
 // Weight rows per task: enough tasks to balance the threads, rows enough to
 // amortize a task.
 int64_t RowsPerTask(int64_t rows, int threads, int64_t n_act) {
@@ -130,6 +134,13 @@ class CpuForward final : public Oracle {
                          std::initializer_list<std::pair<WeightView, float*>> products);
   void AttentionBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
   void Rope(float* x, int n_head, int64_t n);
+  // fn(r) for each of rows rows (of any work), in the pool where they hold at
+  // least kPoolElements elements in all (else the dispatch costs more than it
+  // saves).
+  void EachRow(int64_t rows, int64_t elements, absl::FunctionRef<void(int64_t)> fn);
+  // RmsNorm of x's rows (weight's width each) into out, row by row.
+  void NormRows(absl::Span<const float> x, absl::Span<const float> weight, float eps,
+                absl::Span<float> out);
   void MoeBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
   // down(silu(gate h) * up h) for the dense FFN of a leading layer or a shared expert.
   void GatedFfn(const GgufTensor& gate, const GgufTensor& up, const GgufTensor& down,
@@ -213,14 +224,6 @@ void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
         kernel[j] = Kernel::kVnni;
       }
     }
-    if (kernel[j] != Kernel::kPerRow) {
-      const uint8_t* act = job.act->row(job.act_begin);
-      if (job.w.type == GgmlType::kQ8_0) {
-        PackAmxQ8_0Acts(act, job.act->row_bytes, job.n_act, job.w.cols, &batch_q8_0_[j]);
-      } else {
-        PackAmxQ8_KActs(act, job.act->row_bytes, job.n_act, job.w.cols, &batch_q8_K_[j]);
-      }
-    }
     // Tasks of whole steps and passes: a task of 48 rows (an expert's 768 on
     // two threads) would pad its second AMX step with 16 zero rows.
     const int64_t whole = kernel[j] == Kernel::kAmx    ? kAmxStepRows
@@ -228,6 +231,22 @@ void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
                                                        : 1;
     block[j] = (block[j] + whole - 1) / whole * whole;
     first_task[j + 1] = first_task[j] + (job.w.rows + block[j] - 1) / block[j];
+  }
+  // The batch jobs' activations packed, a job a task (a prompt's experts are
+  // many jobs); decode has none.
+  const bool any_batch =
+      std::any_of(kernel.begin(), kernel.end(), [](Kernel k) { return k != Kernel::kPerRow; });
+  if (any_batch) {
+    pool_.Run(static_cast<int64_t>(jobs.size()), [&](int64_t j) {
+      if (kernel[j] == Kernel::kPerRow) return;
+      const MatJob& job = jobs[j];
+      const uint8_t* act = job.act->row(job.act_begin);
+      if (job.w.type == GgmlType::kQ8_0) {
+        PackAmxQ8_0Acts(act, job.act->row_bytes, job.n_act, job.w.cols, &batch_q8_0_[j]);
+      } else {
+        PackAmxQ8_KActs(act, job.act->row_bytes, job.n_act, job.w.cols, &batch_q8_K_[j]);
+      }
+    });
   }
   pool_.Run(first_task.back(), [&](int64_t task) {
     const size_t j = static_cast<size_t>(
@@ -254,6 +273,22 @@ void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
       case Kernel::kPerRow:
         return SimdMatMulRows(a);
     }
+  });
+}
+
+void CpuForward::EachRow(int64_t rows, int64_t elements, absl::FunctionRef<void(int64_t)> fn) {
+  if (elements < kPoolElements || pool_.size() == 1) {
+    for (int64_t r = 0; r < rows; ++r) fn(r);
+    return;
+  }
+  pool_.Run(rows, fn);
+}
+
+void CpuForward::NormRows(absl::Span<const float> x, absl::Span<const float> weight, float eps,
+                          absl::Span<float> out) {
+  const size_t width = weight.size();
+  EachRow(static_cast<int64_t>(x.size() / width), static_cast<int64_t>(x.size()), [&](int64_t r) {
+    RmsNorm(x.subspan(r * width, width), weight, eps, out.subspan(r * width, width));
   });
 }
 
@@ -321,8 +356,8 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
   if (!lv.bq.empty()) AddBias(lv.bq, absl::MakeSpan(q));
   if (!lv.bk.empty()) AddBias(lv.bk, absl::MakeSpan(k));
   if (!lv.bv.empty()) AddBias(lv.bv, absl::MakeSpan(v));
-  if (!lv.q_norm.empty()) RmsNorm(q, lv.q_norm, cfg.rms_eps, absl::MakeSpan(q));
-  if (!lv.k_norm.empty()) RmsNorm(k, lv.k_norm, cfg.rms_eps, absl::MakeSpan(k));
+  if (!lv.q_norm.empty()) NormRows(q, lv.q_norm, cfg.rms_eps, absl::MakeSpan(q));
+  if (!lv.k_norm.empty()) NormRows(k, lv.k_norm, cfg.rms_eps, absl::MakeSpan(k));
   Rope(q.data(), cfg.n_head, n);
   Rope(k.data(), cfg.n_head_kv, n);
 
@@ -471,7 +506,7 @@ void CpuForward::Experts(int il, const std::vector<float>& h, absl::Span<const i
   }
   MatMuls(jobs);
   expert_out->resize(static_cast<size_t>(n_pairs * n_embd));
-  for (size_t g = 0; g < n_groups; ++g) {
+  EachRow(static_cast<int64_t>(n_groups), n_pairs * n_embd, [&](int64_t g) {
     for (size_t i = 0; i < pairs_of[g].size(); ++i) {
       float* y = expert_out->data() + pairs_of[g][i] * n_embd;
       std::copy_n(down[g].data() + i * n_embd, n_embd, y);
@@ -480,7 +515,7 @@ void CpuForward::Experts(int il, const std::vector<float>& h, absl::Span<const i
                 {y, static_cast<size_t>(n_embd)});
       }
     }
-  }
+  });
 }
 
 void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out) {
@@ -542,7 +577,7 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
   }
 
   out->resize(static_cast<size_t>(n * n_embd));
-  for (int64_t t = 0; t < n; ++t) {
+  EachRow(n, n * n_embd, [&](int64_t t) {
     const double shared_scale = shared.empty()         ? 0.0
                                 : shared_logit.empty() ? 1.0
                                                        : Sigmoid(shared_logit[t]);
@@ -552,7 +587,7 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
       if (!shared.empty()) acc += shared_scale * shared[t * n_embd + i];
       (*out)[t * n_embd + i] = static_cast<float>(acc);
     }
-  }
+  });
 }
 
 void CpuForward::GatedFfn(const GgufTensor& gate, const GgufTensor& up, const GgufTensor& down,
@@ -645,10 +680,10 @@ void CpuForward::RunUbatch(absl::Span<const int32_t> tokens, int64_t logit_rows,
   std::vector<float>& block_out = s_.block_out;
   h.resize(x.size());
   for (int il = 0; il < cfg.n_layer; ++il) {
-    RmsNorm(x, layers_[il].attn_norm, cfg.rms_eps, absl::MakeSpan(h));
+    NormRows(x, layers_[il].attn_norm, cfg.rms_eps, absl::MakeSpan(h));
     AttentionBlock(il, h, n, &block_out);
     AddInPlace(block_out, absl::MakeSpan(x));
-    RmsNorm(x, layers_[il].ffn_norm, cfg.rms_eps, absl::MakeSpan(h));
+    NormRows(x, layers_[il].ffn_norm, cfg.rms_eps, absl::MakeSpan(h));
     if (cfg.moe_layer(il)) {
       MoeBlock(il, h, n, &block_out);
     } else {

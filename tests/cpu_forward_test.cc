@@ -219,6 +219,27 @@ INSTANTIATE_TEST_SUITE_P(Types, CpuBatchPromptTest,
                            return ggml_type_name(static_cast<uint32_t>(info.param));
                          });
 
+// A prompt long enough that the norms and the experts' combine go row by row
+// through the pool (kPoolElements) and the batch jobs' activations are packed
+// there: one thread still equals two, batch kernels on or off.
+TEST(CpuLongPromptTest, OneThreadEqualsTwo) {
+  const std::unique_ptr<LoadedModel> m =
+      Load({"long", Arch::kQwen3Moe, GgmlType::kQ8_0, GgmlType::kQ4_K});
+  ASSERT_NE(m, nullptr);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 288; ++i) prompt.push_back((i * 53 + 7) % 128);  // 288 x 256 elements
+  for (const bool batch : {false, true}) {
+    std::vector<std::vector<float>> logits;
+    for (const int threads : {1, 2}) {
+      absl::StatusOr<std::unique_ptr<Oracle>> f = CreateCpuForward(
+          m->model, 320, nullptr, {.threads = threads, .batch_matmul = batch});
+      ASSERT_TRUE(f.ok()) << f.status();
+      logits.push_back(Logits(**f, prompt));
+    }
+    EXPECT_EQ(logits[0], logits[1]) << "batch kernels " << batch;
+  }
+}
+
 // The residency pipeline around the fast path: any slot count, the cache off,
 // and the oracle's arithmetic as a switch. Without the batch kernels, whose
 // bits depend on the batch (fewer slots than experts feed a token at a time).
