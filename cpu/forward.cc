@@ -25,8 +25,9 @@ namespace {
 // The fewest activation rows a q8_0 or q4_K product takes to the batch
 // kernels, and to AMX tiles among them: the tiles compute 32 at a time, VNNI
 // 16, so fewer waste their work (one thread, tools/bench/bench_amx.cc, q4_K
-// 768 x 2048, an expert's gate or up: by 8 rows AMX 29 G multiply-adds/s,
-// VNNI 39, the per-row path 34; by 32, 114, 90 and 39).
+// 768 x 2048, an expert's gate or up, G multiply-adds/s in two runs: by 8
+// rows AMX 28-29, VNNI 37-39, the per-row path 34-42, about even; by 32,
+// 98-114, 87-90 and 39).
 constexpr int64_t kBatchMinActs = 8;
 constexpr int64_t kAmxMinActs = 16;
 // Weight rows a VNNI pass takes (cpu/vnni_matmul.cc's kRows).
