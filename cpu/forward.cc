@@ -30,8 +30,6 @@ namespace {
 // 98-114, 87-90 and 39).
 constexpr int64_t kBatchMinActs = 8;
 constexpr int64_t kAmxMinActs = 16;
-// Weight rows a VNNI pass takes (cpu/vnni_matmul.cc's kRows).
-constexpr int64_t kVnniPassRows = 8;
 
 // Row-wise work (norms, the experts' outputs and combine) below this many
 // elements runs on the calling thread: decode's rows.

@@ -41,7 +41,7 @@ std::atomic<uint64_t> vnni_calls{0};
 constexpr int kLanes = 16;                 // activation rows a group (a vector's int32 lanes)
 constexpr int kGroupBlockBytes = 8 * 64;   // one 32-element block of a group
 constexpr int kSubBlocks = QK_K / 32;      // q4_K sub-blocks a super-block
-constexpr int kRows = 8;                   // weight rows a pass
+constexpr int kRows = kVnniPassRows;       // weight rows a pass
 
 template <typename Block>
 const Block* Row(const uint8_t* base, size_t row_bytes, int64_t i) {

@@ -1,8 +1,9 @@
 // The prompt matmuls of cpu/amx_matmul.h on AVX-512 VNNI, for CPUs without
-// AMX tiles (Ice Lake, Zen 4 and 5) or with MOEGRAPH_AMX=0: the same
-// activations packed the same way (AmxQ8_0Acts, AmxQ8_KActs) and the same
-// arithmetic, held to AmxMatMulQ8_0Reference and AmxMatMulQ4_KReference bit
-// for bit, so a prompt's logits do not depend on which of the two ran.
+// AMX tiles (Intel from Cascade Lake, AMD from Zen 4), with MOEGRAPH_AMX=0,
+// and for products of 8 to 15 activation rows: the same activations packed
+// the same way (AmxQ8_0Acts, AmxQ8_KActs) and the same arithmetic, held to
+// AmxMatMulQ8_0Reference and AmxMatMulQ4_KReference bit for bit, so a
+// prompt's logits do not depend on which of the two ran.
 //
 // Sixteen activation rows sit in the lanes of a vector (the packed layout's
 // 16-row groups) and each weight row's four bytes are broadcast against
@@ -11,10 +12,16 @@
 // flipped) and the weights' sums times 128 come off: exact in int32.
 #pragma once
 
+#include <cstdint>
+
 #include "cpu/amx_matmul.h"
 #include "cpu/simd_kernels.h"
 
 namespace moegraph {
+
+// Weight rows a pass of the kernels computes at once (row ranges of any
+// length run; a multiple of it takes no single-row passes).
+inline constexpr int64_t kVnniPassRows = 8;
 
 // Whether this CPU and OS run AVX-512 F, BW and VNNI. Cached; thread-safe.
 bool AvxVnniAvailable();

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <ostream>
 #include <random>
 #include <set>
 #include <sstream>
@@ -162,66 +163,53 @@ void ExpectRowInBatchEqualsRowAlone(GgmlType type, MatMul kernel, int64_t n_act,
   }
 }
 
-TEST(AmxMatMulTest, KernelMatchesReferenceBitForBit) {
-  if (!AmxInt8Available()) GTEST_SKIP() << "this CPU or kernel offers no AMX int8 tiles";
-  ExpectKernelMatchesReference(GgmlType::kQ8_0, AmxMatMulQ8_0, AmxMatMulQ8_0Reference,
-                               {32, 64, 2048}, {1, 15, 16, 17, 33, 64, 100},
-                               {1, 7, 16, 31, 64, 512});
+// A batch kernel under test: AMX tiles or AVX-512 VNNI, one contract.
+struct BatchKernel {
+  const char* name;  // a test name's part
+  const char* what;  // the skip's words
+  bool (*available)();
+  MatMul q8_0, q4_K;
+  uint64_t (*calls)();
+};
+void PrintTo(const BatchKernel& k, std::ostream* os) { *os << k.name; }
+
+class BatchKernelTest : public ::testing::TestWithParam<BatchKernel> {
+ protected:
+  void SetUp() override {
+    if (!GetParam().available()) {
+      GTEST_SKIP() << "this CPU (or its kernel) offers no " << GetParam().what;
+    }
+  }
+};
+
+// Row counts around VNNI's 8-row passes and AMX's 32-row steps, activation
+// counts around both kernels' 16-row groups and AMX's 32-row steps.
+TEST_P(BatchKernelTest, Q8_0MatchesTheReferenceBitForBit) {
+  const uint64_t calls = GetParam().calls();
+  ExpectKernelMatchesReference(GgmlType::kQ8_0, GetParam().q8_0, AmxMatMulQ8_0Reference,
+                               {32, 64, 2048}, {1, 7, 9, 15, 17, 33, 100},
+                               {1, 7, 16, 17, 31, 64, 512});
+  EXPECT_EQ(GetParam().calls() - calls, 3u * 7 * 7);
 }
 
-TEST(AmxMatMulTest, RowInBatchEqualsRowAlone) {
-  if (!AmxInt8Available()) GTEST_SKIP() << "this CPU or kernel offers no AMX int8 tiles";
-  ExpectRowInBatchEqualsRowAlone(GgmlType::kQ8_0, AmxMatMulQ8_0, 512, 2048);
+TEST_P(BatchKernelTest, Q8_0RowInBatchEqualsRowAlone) {
+  ExpectRowInBatchEqualsRowAlone(GgmlType::kQ8_0, GetParam().q8_0, 512, 2048);
 }
 
-TEST(AmxMatMulTest, Q4_KKernelMatchesReferenceBitForBit) {
-  if (!AmxInt8Available()) GTEST_SKIP() << "this CPU or kernel offers no AMX int8 tiles";
-  const uint64_t calls = AmxMatMulCalls();
-  ExpectKernelMatchesReference(GgmlType::kQ4_K, AmxMatMulQ4_K, AmxMatMulQ4_KReference,
-                               {256, 768, 2048}, {1, 15, 16, 17, 33, 100},
-                               {1, 7, 16, 31, 64, 200});
-  EXPECT_EQ(AmxMatMulCalls() - calls, 3u * 6 * 6);
+TEST_P(BatchKernelTest, Q4_KMatchesTheReferenceBitForBit) {
+  const uint64_t calls = GetParam().calls();
+  ExpectKernelMatchesReference(GgmlType::kQ4_K, GetParam().q4_K, AmxMatMulQ4_KReference,
+                               {256, 768, 2048}, {1, 7, 9, 15, 17, 100}, {1, 7, 16, 17, 31, 200});
+  EXPECT_EQ(GetParam().calls() - calls, 3u * 6 * 6);
 }
 
-TEST(AmxMatMulTest, Q4_KRowInBatchEqualsRowAlone) {
-  if (!AmxInt8Available()) GTEST_SKIP() << "this CPU or kernel offers no AMX int8 tiles";
-  ExpectRowInBatchEqualsRowAlone(GgmlType::kQ4_K, AmxMatMulQ4_K, 200, 2048);
-}
-
-// The VNNI kernels are held to the same references, over row counts around
-// their 8-row passes and activation counts around their 16-row groups.
-TEST(VnniMatMulTest, KernelMatchesReferenceBitForBit) {
-  if (!AvxVnniAvailable()) GTEST_SKIP() << "this CPU offers no AVX-512 VNNI";
-  const uint64_t calls = VnniMatMulCalls();
-  ExpectKernelMatchesReference(GgmlType::kQ8_0, VnniMatMulQ8_0, AmxMatMulQ8_0Reference,
-                               {32, 64, 2048}, {1, 7, 8, 9, 17, 64, 100},
-                               {1, 7, 15, 16, 17, 33, 512});
-  EXPECT_EQ(VnniMatMulCalls() - calls, 3u * 7 * 7);
-}
-
-TEST(VnniMatMulTest, RowInBatchEqualsRowAlone) {
-  if (!AvxVnniAvailable()) GTEST_SKIP() << "this CPU offers no AVX-512 VNNI";
-  ExpectRowInBatchEqualsRowAlone(GgmlType::kQ8_0, VnniMatMulQ8_0, 512, 2048);
-}
-
-TEST(VnniMatMulTest, Q4_KKernelMatchesReferenceBitForBit) {
-  if (!AvxVnniAvailable()) GTEST_SKIP() << "this CPU offers no AVX-512 VNNI";
-  const uint64_t calls = VnniMatMulCalls();
-  ExpectKernelMatchesReference(GgmlType::kQ4_K, VnniMatMulQ4_K, AmxMatMulQ4_KReference,
-                               {256, 768, 2048}, {1, 7, 8, 9, 17, 100},
-                               {1, 7, 15, 16, 17, 33, 200});
-  EXPECT_EQ(VnniMatMulCalls() - calls, 3u * 6 * 7);
-}
-
-TEST(VnniMatMulTest, Q4_KRowInBatchEqualsRowAlone) {
-  if (!AvxVnniAvailable()) GTEST_SKIP() << "this CPU offers no AVX-512 VNNI";
-  ExpectRowInBatchEqualsRowAlone(GgmlType::kQ4_K, VnniMatMulQ4_K, 200, 2048);
+TEST_P(BatchKernelTest, Q4_KRowInBatchEqualsRowAlone) {
+  ExpectRowInBatchEqualsRowAlone(GgmlType::kQ4_K, GetParam().q4_K, 200, 2048);
 }
 
 // Extreme quants: every weight and activation -128 or 127 (ggml's quantizers
-// make no -128, a file may hold one), where the +128 bias meets its ends.
-TEST(VnniMatMulTest, ExtremeQuantsMatchTheReference) {
-  if (!AvxVnniAvailable()) GTEST_SKIP() << "this CPU offers no AVX-512 VNNI";
+// make no -128, a file may hold one), where VNNI's +128 bias meets its ends.
+TEST_P(BatchKernelTest, ExtremeQuantsMatchTheReference) {
   Case c = MakeCase(GgmlType::kQ8_0, 0, 9, 17, 64, 0, 3);
   for (std::vector<uint8_t>* rows : {&c.w, &c.act}) {
     auto* blocks = reinterpret_cast<block_q8_0*>(rows->data());
@@ -235,9 +223,17 @@ TEST(VnniMatMulTest, ExtremeQuantsMatchTheReference) {
   c.m.out = want.data();
   AmxMatMulQ8_0Reference(c.m);
   c.m.out = got.data();
-  VnniMatMulQ8_0(c.m);
+  GetParam().q8_0(c.m);
   EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, BatchKernelTest,
+    ::testing::Values(BatchKernel{"amx", "AMX int8 tiles", &AmxInt8Available, &AmxMatMulQ8_0,
+                                  &AmxMatMulQ4_K, &AmxMatMulCalls},
+                      BatchKernel{"vnni", "AVX-512 VNNI", &AvxVnniAvailable, &VnniMatMulQ8_0,
+                                  &VnniMatMulQ4_K, &VnniMatMulCalls}),
+    [](const ::testing::TestParamInfo<BatchKernel>& info) { return std::string(info.param.name); });
 
 // A weight row's expected dot with an activation row, and the absolute sum
 // of the terms the float result may round across.
