@@ -9,12 +9,14 @@
 // along them (the prompt [10], then each of ours in turn, one batch) and keeps
 // its logits after each: where ours is its argmax, and how far below its best
 // logit ours is elsewhere, which tells a near-tie (random weights have many)
-// from a wrong token.
+// from a wrong token; the same along llama.cpp's own greedy tokens is the
+// control: how far its forced batch strays from its own decode.
 // Prints one JSON line: {"pp512": t/s, "tg64": t/s, "tokens": [64 ids],
 // "threads": threads llama.cpp used, "flash_attention": the context's setting,
 // "forced": {"positions", "argmax": positions where ours is llama.cpp's argmax,
 // "widest_gap": the largest best-minus-ours logit gap, "median_top2_gap": the
-// median gap between llama.cpp's own best two logits, for scale} or null}.
+// median gap between llama.cpp's own best two logits, for scale} or null,
+// "forced_self": the same along llama.cpp's own tokens}.
 // Usage: node cpu-speed.mjs FILE.gguf THREADS [OUR_TOKENS_FILE]
 import {readFileSync} from "node:fs";
 import {getLlama} from "node-llama-cpp";
@@ -89,6 +91,7 @@ async function forcedAlong(ours) {
 }
 const forced =
     oursPath ? await forcedAlong(readFileSync(oursPath, "utf8").trim().split(/\s+/).map(Number)) : null;
+const forcedSelf = await forcedAlong(tokens);
 process.stdout.write(JSON.stringify({
   pp512: promptTokens / ppTime,
   tg64: tokens.length / tgTime,
@@ -96,5 +99,6 @@ process.stdout.write(JSON.stringify({
   threads: usedThreads,
   flash_attention: context.flashAttention,
   forced,
+  forced_self: forcedSelf,
 }) + "\n");
 process.exit(0);

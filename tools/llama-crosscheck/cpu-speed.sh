@@ -13,7 +13,8 @@
 # greedy tokens after the same prompt, and where they part, says what llama.cpp
 # makes of ours forced along them (cpu-speed.mjs): at how many positions ours
 # is its argmax, and the widest gap from its best logit to ours beside the
-# median gap between its own best two. Both run at -t 1 and -t 2.
+# median gap between its own best two, and the same along its own tokens (how
+# far its forced batch strays from its own decode). Both run at -t 1 and -t 2.
 # Fixtures: by default Qwen3-MoE ones (q8_0 dense, q4_K experts, 32000-token
 # vocabulary): small (8 layers, 32 experts top-4, embd 1024, ff 512: 305 MiB)
 # and large (12 layers, 48 experts top-8, embd 2048, ff 768: about 1.7 GiB; its
@@ -186,6 +187,9 @@ REPS=$reps LOAD=$load THREADS="${threads_list[*]}" node -e '
           equal += `; llama.cpp forced along ours: ours its argmax at ${f.argmax} of ` +
                    `${f.positions}, at most ${f.widest_gap.toPrecision(2)} below its best logit, ` +
                    `its best two ${f.median_top2_gap.toPrecision(2)} apart (median)`;
+          const g = ll[0].forced_self;
+          equal += `; along its own: its argmax at ${g.argmax} of ${g.positions}, at most ` +
+                   `${g.widest_gap.toPrecision(2)} below`;
         }
         equal += ")";
       }
