@@ -76,11 +76,12 @@ namespace {
 #define MOEGRAPH_VNNI_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 
-// The group's block of 16 activation rows, sign bits flipped (a + 128 as u8).
+// The group's block of 16 activation rows, sign bits flipped (a + 128 as u8);
+// unaligned loads: the packed vectors are std::vector storage.
 MOEGRAPH_VNNI_TARGET inline void LoadBiasedBlock(const uint8_t* block, __m512i (&a)[8]) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int k = 0; k < 8; ++k) {
-    a[k] = _mm512_xor_si512(_mm512_load_si512(block + 64 * k), flip);
+    a[k] = _mm512_xor_si512(_mm512_loadu_si512(block + 64 * k), flip);
   }
 }
 
