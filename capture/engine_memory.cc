@@ -34,6 +34,14 @@ std::vector<int32_t> SplitSlots(int64_t n_slots, const std::vector<SizeClass>& c
   return split;
 }
 
+// The step's tickets: its gate/up pairs are the experts' (k ranks), the shared
+// expert's and a leading dense layer's.
+int32_t StepTickets(const ModelConfig& cfg) {
+  const int32_t pair_rows =
+      std::max({cfg.n_ff_exp * cfg.n_expert_used, cfg.n_ff_shexp, cfg.n_ff_dense});
+  return step_tickets(cfg.n_embd, cfg.n_head, cfg.n_head_kv, pair_rows);
+}
+
 DeviceBlockLayout ToDeviceLayout(const ExpertBlockLayout& layout, const ModelConfig& cfg) {
   DeviceBlockLayout out;
   for (size_t p = 0; p < 3; ++p) {
@@ -393,7 +401,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_missed = s.Add(n_layer * kk), o_evicted = s.Add(n_layer * kk * 4);
   const size_t o_cursor = s.Add(8);
   const size_t o_tickets =
-      s.Add(static_cast<size_t>(step_tickets(cfg.n_embd, cfg.n_head, cfg.n_head_kv)) * 4);
+      s.Add(static_cast<size_t>(StepTickets(cfg)) * 4);
   // q8_1 blocks of a vector of n, or none (kNone).
   constexpr size_t kNone = SIZE_MAX;
   auto add_q8_1 = [&s](size_t n) {
@@ -566,7 +574,7 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
                                cfg.n_ff_shexp + cfg.n_ff_dense) /
                               QK8_1 * sizeof(block_q8_1);
   const uint64_t ticket_bytes =
-      static_cast<uint64_t>(step_tickets(cfg.n_embd, cfg.n_head, cfg.n_head_kv)) * 4;
+      static_cast<uint64_t>(StepTickets(cfg)) * 4;
   return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer + q8_1_bytes +
          ticket_bytes + sample_scratch_bytes(cfg.n_vocab) +
          attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 71 * 256;

@@ -164,7 +164,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     return [=, this] {
       return launch_expert_gate_up(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank,
                                    e->missed, top_k, pass, biases, glu_act, h, h_q, act, act_q,
-                                   counters, ms);
+                                   counters, tickets, ms);
     };
   };
   auto down = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
@@ -307,7 +307,8 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       return down_combine(ExpertPass::kAll);
     case StepOp::kShexpGateUp:
       return [=, this] {
-        return launch_matvec_swiglu(w->shexp_gate, w->shexp_up, h, h_q, shexp_act, shexp_act_q, ms);
+        return launch_matvec_swiglu(w->shexp_gate, w->shexp_up, h, h_q, shexp_act, shexp_act_q,
+                                    tickets, ms);
       };
     case StepOp::kShexpDown:
       return [=, this] {
@@ -318,7 +319,8 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
           [=, this] { return launch_matvec(w->shexp_gate_inp, h, h_q, nullptr, shexp_logit, ms); };
     case StepOp::kDenseGateUp:
       return [=, this] {
-        return launch_matvec_swiglu(w->ffn_gate, w->ffn_up, h, h_q, dense_act, dense_act_q, ms);
+        return launch_matvec_swiglu(w->ffn_gate, w->ffn_up, h, h_q, dense_act, dense_act_q, tickets,
+                                    ms);
       };
     case StepOp::kDenseDown:
       return [=, this] {

@@ -196,10 +196,11 @@ cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_
                           cudaStream_t stream);
 
 // out = silu(gate x) * (up x), gate and up of one type and shape, and with out_q
-// (rows a multiple of 32) out's q8_1 blocks.
+// (rows a multiple of 32) out's q8_1 blocks. tickets: rows / 32 (null where
+// launch_matvec_swiglu's blocks hold 32 rows each: matvec_geometry).
 cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& up, const float* x,
                                  const block_q8_1* xq, float* out, block_q8_1* out_q,
-                                 cudaStream_t stream);
+                                 unsigned int* tickets, cudaStream_t stream);
 
 // What a head's softmax sees besides the causal keys: with window > 0 only the
 // keys at p0 > p - window (gpt-oss's sliding window, llama_hparams::is_masked_swa);
@@ -378,14 +379,15 @@ struct ExpertBiases {
 // to gate_r x and up_r x first) for each rank r of the pass, weights
 // found through slot_of_rank (gate and up of one type; x and xq as
 // launch_matvec reads them), and with act_q (n_ff a multiple of 32) act's q8_1
-// blocks, [r][n_ff / 32]. Full grid: blocks of other passes exit. Counts
-// pass_a_experts (kHits, and kAll: the single pass of an unsplit walk) or
-// pass_b_experts (kMisses), once per expert computed.
+// blocks, [r][n_ff / 32] (tickets: k * n_ff / 32). Full grid: blocks of other
+// passes exit. Counts pass_a_experts (kHits, and kAll: the single pass of an
+// unsplit walk) or pass_b_experts (kMisses), once per expert computed.
 cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
                                   const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
                                   ExpertPass pass, const ExpertBiases& biases, GluAct glu_act,
                                   const float* x, const block_q8_1* xq, float* act,
-                                  block_q8_1* act_q, DeviceCounters* counters, cudaStream_t stream);
+                                  block_q8_1* act_q, DeviceCounters* counters,
+                                  unsigned int* tickets, cudaStream_t stream);
 // expert_out[r][n_embd] = down_r act[r] (+ its bias) for each rank r of the
 // pass (act_q: its q8_1 blocks, for a quantized down).
 cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
@@ -416,8 +418,10 @@ cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLa
                                        const CombineEpilogue& combine, unsigned int* tickets,
                                        cudaStream_t stream);
 
-// Tickets every launcher above needs, for a model of n_embd, n_head and n_head_kv.
-int32_t step_tickets(int32_t n_embd, int32_t n_head, int32_t n_head_kv);
+// Tickets every launcher above needs, for a model of n_embd, n_head and
+// n_head_kv whose gate/up pairs have at most pair_rows rows over all ranks
+// (n_ff of an expert times k, a dense or shared expert's n_ff).
+int32_t step_tickets(int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t pair_rows);
 
 // ---- tokens ----
 

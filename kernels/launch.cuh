@@ -18,14 +18,6 @@
 
 #include "kernels/kernels.h"
 
-// A device function kept out of line: an epilogue that runs in one block of a
-// launch, whose registers must not count against the kernel's main loop.
-#if defined(__CUDACC__)
-#define MG_NOINLINE __noinline__
-#else
-#define MG_NOINLINE
-#endif
-
 namespace moegraph {
 
 // Waits until the grids this one depends on have finished and their writes are

@@ -93,28 +93,22 @@ MG_HD inline float router_sigmoid(float logit) {
 // times scale (expert_weights_scale).
 MG_HD inline void topk_weights(const float* values, const int32_t* chosen, int32_t k,
                                RouterGating gating, bool norm_topk, float scale, float* weights) {
-  double w[kMaxTopK];
+  // Each weight is computed again where it is written instead of kept in an
+  // array: an array indexed by a run-time k lives in a kernel's local memory.
+  const bool softmax = gating == RouterGating::kSoftmaxWeight;
+  const double max = values[chosen[0]];
+  auto weight = [&](int32_t r) -> double {
+    const double v = values[chosen[r]];
+    return softmax ? exp(v - max) : v;
+  };
   double sum = 0.0;
+  for (int32_t r = 0; r < k; ++r) sum += weight(r);
+  // The softmax over the k is already normalised: its sum is then 1.
+  const double norm = fmax(softmax ? 1.0 : sum, 6.103515625e-5);
   for (int32_t r = 0; r < k; ++r) {
-    w[r] = values[chosen[r]];
-    sum += w[r];
-  }
-  if (gating == RouterGating::kSoftmaxWeight) {
-    const double max = w[0];
-    sum = 0.0;
-    for (int32_t r = 0; r < k; ++r) {
-      w[r] = exp(w[r] - max);
-      sum += w[r];
-    }
-    for (int32_t r = 0; r < k; ++r) w[r] /= sum;
-    sum = 1.0;
-  }
-  if (norm_topk) {
-    sum = fmax(sum, 6.103515625e-5);
-    for (int32_t r = 0; r < k; ++r) w[r] /= sum;
-  }
-  for (int32_t r = 0; r < k; ++r) {
-    weights[r] = static_cast<float>(scale != 1.0f ? w[r] * scale : w[r]);
+    double w = softmax ? weight(r) / sum : weight(r);
+    if (norm_topk) w /= norm;
+    weights[r] = static_cast<float>(scale != 1.0f ? w * scale : w);
   }
 }
 

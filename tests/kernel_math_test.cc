@@ -181,24 +181,56 @@ TEST(MmvqMathTest, ElementDotsMatchDequantizeThenDot) {
   }
 }
 
-TEST(MmvqMathTest, RowGroupsCoverTheRowWithinAWarp) {
+// The matvec's geometry: ggml's (a whole block of 4 warps on one row) where a
+// row has the units for it, the fewest threads that take a row in one trip
+// otherwise, rows sharing the block; every shape a power of two.
+TEST(MmvqMathTest, GeometryPutsTheBlockOnOneRowWhereTheRowFillsIt) {
   for (GgmlType type : kTypes) {
     for (int64_t cols : {int64_t{256}, int64_t{512}, int64_t{2048}, int64_t{8192}}) {
-      const int g = row_group(type, cols);
-      EXPECT_GE(g, 2);
-      EXPECT_LE(g, kMaxRowGroup);
-      EXPECT_EQ(g & (g - 1), 0) << g;
-      if (mmvq_type(type)) {
-        EXPECT_GE(g, mmvq_traits(type).qi / mmvq_traits(type).vdr);
-      }
-      // Either the units fit the group or the group is a whole warp.
-      EXPECT_TRUE(row_units(type, cols) <= g || g == kMaxRowGroup) << cols;
+      if (!grouped_matvec_supports(type, cols)) continue;
+      const MatvecGeometry g = matvec_geometry(type, cols);
+      EXPECT_GE(g.threads_per_row, kMinThreadsPerRow);
+      EXPECT_LE(g.threads_per_row, kMatvecThreads);
+      EXPECT_EQ(g.threads_per_row & (g.threads_per_row - 1), 0) << g.threads_per_row;
+      EXPECT_EQ(g.threads_per_row * g.rows_per_block, kMatvecThreads);
+      const int64_t trips = (row_units(type, cols) + kTripUnits - 1) / kTripUnits;
+      // One trip a thread, or the whole block on the row.
+      EXPECT_TRUE(trips <= g.threads_per_row || g.threads_per_row == kMatvecThreads) << cols;
+      // Not more threads than the trips need (but the fewest allowed).
+      EXPECT_TRUE(g.threads_per_row == kMinThreadsPerRow || 2 * trips > g.threads_per_row)
+          << cols;
     }
   }
-  EXPECT_EQ(row_group(GgmlType::kQ4_K, 256), 16);  // one super-block: 16 word groups
-  EXPECT_EQ(row_group(GgmlType::kQ8_0, 64), 8);    // 2 blocks x 4
-  EXPECT_EQ(row_group(GgmlType::kF32, 64), 16);    // 16 chunks of 4
-  EXPECT_EQ(row_group(GgmlType::kQ6_K, 256), 32);
+  // Qwen3-30B-A3B's shapes: q8_0 q/k/v and q6_K lm_head (2048 wide), attn_out
+  // (4096 wide): mul_mat_vec_q's block on one row; a q4_K expert's gate/up
+  // (2048 wide) two rows a block, its down (768 wide) four.
+  EXPECT_EQ(matvec_geometry(GgmlType::kQ8_0, 2048).rows_per_block, 1);
+  EXPECT_EQ(matvec_geometry(GgmlType::kQ6_K, 2048).rows_per_block, 1);
+  EXPECT_EQ(matvec_geometry(GgmlType::kQ4_K, 4096).rows_per_block, 1);
+  EXPECT_EQ(matvec_geometry(GgmlType::kQ4_K, 2048).rows_per_block, 2);
+  EXPECT_EQ(matvec_geometry(GgmlType::kQ4_K, 768).rows_per_block, 4);
+  EXPECT_EQ(matvec_geometry(GgmlType::kF32, 2048).rows_per_block, 1);  // the router
+  // A tiny fixture's rows: 32 rows a block, four threads each.
+  EXPECT_EQ(matvec_geometry(GgmlType::kQ8_0, 64).rows_per_block, kMaxRowsPerBlock);
+}
+
+// The device's weight loads (aligned words joined by funnel shifts, 16-bit
+// and 8-bit fields out of their aligned word) give the host's bytes at every
+// alignment; run here on a buffer padded to whole words.
+TEST(MmvqMathTest, AlignedLoadsGiveTheFieldsAtEveryAlignment) {
+  alignas(16) uint8_t bytes[64];
+  for (int i = 0; i < 64; ++i) bytes[i] = static_cast<uint8_t>(37 * i + 11);
+  for (int at = 0; at < 40; ++at) {
+    int words[3];
+    words_from_aligned_loads<3>(bytes + at, words);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(static_cast<uint32_t>(words[i]), host_word(bytes + at + 4 * i)) << at << " " << i;
+    }
+    EXPECT_EQ(u8_from_aligned_load(bytes + at), bytes[at]) << at;
+    if (at % 2 == 0) {
+      EXPECT_EQ(u16_from_aligned_load(bytes + at), bytes[at] | (bytes[at + 1] << 8)) << at;
+    }
+  }
 }
 
 TEST(MmvqMathTest, TheGroupedMatvecTakesWholeBlocksOfItsTypes) {

@@ -278,7 +278,9 @@ TEST_F(KernelsGpuTest, MatvecMatchesReferenceForEveryType) {
   }
 }
 
-// silu(gate x) * (up x) in one launch, and the q8_1 blocks of that.
+// silu(gate x) * (up x) in one launch, and the q8_1 blocks of that (made by
+// the last block of each 32 rows where a block holds fewer: its tickets are
+// left at zero).
 TEST_F(KernelsGpuTest, MatvecSwigluPairsGateAndUpAndQuantizesTheProduct) {
   std::mt19937 rng(31);
   for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kF16}) {
@@ -295,14 +297,23 @@ TEST_F(KernelsGpuTest, MatvecSwigluPairsGateAndUpAndQuantizesTheProduct) {
     DeviceArray<uint8_t> d_gate(gate), d_up(up);
     DeviceArray<float> d_x(x), d_out(rows);
     DeviceArray<block_q8_1> d_xq(xq), d_q(rows / QK8_1);
+    const std::vector<unsigned int> zero_tickets(rows / QK8_1, 0);
+    DeviceArray<unsigned int> d_tickets(zero_tickets);
+    ASSERT_LT(matvec_geometry(type, cols).rows_per_block, kMaxRowsPerBlock);
     ASSERT_EQ(launch_matvec_swiglu(DeviceView(d_gate.get(), type, rows, cols),
                                    DeviceView(d_up.get(), type, rows, cols), d_x.get(), d_xq.get(),
-                                   d_out.get(), d_q.get(), stream_),
+                                   d_out.get(), d_q.get(), d_tickets.get(), stream_),
               cudaSuccess);
     Sync();
     const std::vector<float> out = d_out.Download();
     EXPECT_LT(Nmse(out, expected), 1e-10);
     EXPECT_TRUE(SameBlocks(d_q.Download(), Q8_1(out)));
+    EXPECT_EQ(d_tickets.Download(), zero_tickets);
+    // Without tickets the q8_1 output is refused where blocks hold fewer than 32 rows.
+    EXPECT_EQ(launch_matvec_swiglu(DeviceView(d_gate.get(), type, rows, cols),
+                                   DeviceView(d_up.get(), type, rows, cols), d_x.get(), d_xq.get(),
+                                   d_out.get(), d_q.get(), nullptr, stream_),
+              cudaErrorInvalidValue);
   }
 }
 
@@ -1297,14 +1308,14 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     const std::vector<float> norm_weight = Gaussian(rng, n_embd);
     DeviceArray<float> d_norm_weight(norm_weight), d_h_split(n_embd), d_h_all(n_embd);
     DeviceArray<block_q8_1> d_h_q_split(n_embd / QK8_1), d_h_q_all(n_embd / QK8_1);
-    const std::vector<unsigned int> zero_tickets(step_tickets(n_embd, 1, 1), 0);
+    const std::vector<unsigned int> zero_tickets(step_tickets(n_embd, 1, 1, k * n_ff), 0);
     DeviceArray<unsigned int> d_tickets(zero_tickets);
 
     // Pass A alone computes the hits and leaves the misses' outputs alone.
     auto gate_up = [&](ExpertPass pass, DeviceArray<float>& act, DeviceArray<block_q8_1>& act_q) {
       return launch_expert_gate_up(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
                                    pass, biases, glu_act, d_x.get(), d_xq.get(), act.get(),
-                                   act_q.get(), d_counters.get(), stream_);
+                                   act_q.get(), d_counters.get(), d_tickets.get(), stream_);
     };
     auto down = [&](ExpertPass pass, DeviceArray<float>& act, DeviceArray<block_q8_1>& act_q,
                     DeviceArray<float>& out) {

@@ -18,6 +18,7 @@
 #define __global__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __launch_bounds__(...)
+#define __grid_constant__
 // Shared memory: a static in one section, which the emulator fills with its
 // poison pattern before each block. Blocks run one at a time, so a static is the
 // running block's own.
