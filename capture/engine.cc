@@ -140,7 +140,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
         "--slots %d must be auto (0) or at least --top-k %d", options.n_slots, cfg.n_expert_used));
   }
   MG_RETURN_IF_ERROR(CheckSampling(options.sampling));
-  // The attention kernel holds a head's q in shared memory.
+  // The attention kernel holds a group's q in shared memory.
   if (cfg.head_dim > 256) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: the CUDA attention takes a head_dim of at most 256 (this model's is %d)",

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,9 @@ std::vector<int32_t> SplitSlots(int64_t n_slots, const std::vector<SizeClass>& c
   for (size_t c = 0; given < n_slots; ++c, ++given) ++split[c];
   return split;
 }
+
+// The dimensions of a head RoPE turns (n_rot 0: all of them).
+int32_t RotatedDims(const ModelConfig& cfg) { return cfg.n_rot > 0 ? cfg.n_rot : cfg.head_dim; }
 
 // The step's tickets: its gate/up pairs are the experts' (k ranks), the shared
 // expert's and a leading dense layer's.
@@ -400,8 +404,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_keys = s.Add(n_layer * kk * 4), o_sor = s.Add(n_layer * kk * 4);
   const size_t o_missed = s.Add(n_layer * kk), o_evicted = s.Add(n_layer * kk * 4);
   const size_t o_cursor = s.Add(8);
-  const size_t o_tickets =
-      s.Add(static_cast<size_t>(StepTickets(cfg)) * 4);
+  const size_t o_tickets = s.Add(static_cast<size_t>(StepTickets(cfg)) * 4);
   // q8_1 blocks of a vector of n, or none (kNone).
   constexpr size_t kNone = SIZE_MAX;
   auto add_q8_1 = [&s](size_t n) {
@@ -464,6 +467,16 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t partial_floats = attention_partial_floats(cfg.n_head, cfg.head_dim, options.max_ctx);
   MG_ASSIGN_OR_RETURN(partial_buffer, CudaBuffer::Device(partial_floats * f, "attention partials"));
   partial = partial_buffer.as<float>();
+
+  // RoPE's cosines and sines for every position a step reaches, made here once.
+  const int32_t n_rot = RotatedDims(cfg);
+  std::vector<double> cos_sin(rope_table_doubles(n_rot, options.max_ctx));
+  fill_rope_table(n_rot, cfg.rope_freq_base, YarnOf(cfg.rope_scaling, cfg.n_rot, cfg.rope_freq_base),
+                  options.max_ctx, cos_sin.data());
+  MG_ASSIGN_OR_RETURN(rope_buffer,
+                      CudaBuffer::Device(cos_sin.size() * sizeof(double), "the RoPE table"));
+  MG_RETURN_IF_ERROR(Upload(rope_buffer.as<void>(), cos_sin.data(),
+                            cos_sin.size() * sizeof(double), "the RoPE table"));
 
   rings = KvRingPositions(cfg, options.max_ctx, RingSlack());
   for (size_t l = 0; l < n_layer; ++l) {
@@ -573,11 +586,11 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
   const uint64_t q8_1_bytes = (static_cast<uint64_t>(cfg.n_embd) + q_len + kk * cfg.n_ff_exp +
                                cfg.n_ff_shexp + cfg.n_ff_dense) /
                               QK8_1 * sizeof(block_q8_1);
-  const uint64_t ticket_bytes =
-      static_cast<uint64_t>(StepTickets(cfg)) * 4;
+  const uint64_t ticket_bytes = static_cast<uint64_t>(StepTickets(cfg)) * 4;
+  const uint64_t rope_bytes = rope_table_doubles(RotatedDims(cfg), max_ctx) * sizeof(double);
   return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer + q8_1_bytes +
          ticket_bytes + sample_scratch_bytes(cfg.n_vocab) +
-         attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + 71 * 256;
+         attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + rope_bytes + 72 * 256;
 }
 
 }  // namespace moegraph

@@ -87,8 +87,7 @@ QkvRope CudaEngine::Impl::Rope(int layer, const int32_t* pos, float* q_out) cons
   rope.n_head_kv = cfg.n_head_kv;
   rope.head_dim = cfg.head_dim;
   rope.n_rot = cfg.n_rot;
-  rope.freq_base = cfg.rope_freq_base;
-  rope.yarn = YarnOf(cfg.rope_scaling, cfg.n_rot, cfg.rope_freq_base);
+  rope.cos_sin = rope_buffer.as<double>();
   rope.rope_type = cfg.rope_type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
   rope.use_norm = cfg.qk_norm || cfg.qk_norm_full;
   rope.norm.q_weight = w.q_norm;

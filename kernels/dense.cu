@@ -6,10 +6,13 @@
 // ops whose output a quantized matvec reads (the norms, the attention merge)
 // write its q8_1 blocks too: a warp's lanes hold one block's 32 values.
 //
-// Attention runs one block per (head, split of kAttnSplit positions); the grid
-// is sized by max_ctx at capture and splits past the live length (*pos + 1, read
-// on the device) exit at once. The last split of a head to finish merges the
-// head's splits (kernels/epilogue.cuh).
+// Attention runs one block per (column of query heads, split of kAttnSplit
+// positions): a column is the query heads that share a KV head (GQA's group;
+// more than kMaxGroupHeads of them take several columns), so each split of K
+// and V is read once for all of them. The grid is sized by max_ctx at capture
+// and splits past the live length (*pos + 1, read on the device) exit at once.
+// The last split of a column to finish merges its heads' splits
+// (kernels/epilogue.cuh).
 #include "kernels/epilogue.cuh"
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
@@ -25,11 +28,22 @@ constexpr int kThreads = 256;
 constexpr int kAttnSplit = 128;  // positions per attention block
 constexpr int kAttnThreads = 128;
 constexpr int kMaxHeadDim = 256;
+constexpr int kMaxGroupHeads = 8;   // query heads per attention block
+constexpr int kKeyPositions = 2;    // keys a lane loads before it uses them
+constexpr int kValuePositions = 8;  // value rows a thread loads before it uses them
+constexpr int kMergeAhead = 8;      // splits whose partials the merge loads before it uses them
+// A thread's elements of the [heads][head_dim] output of a split.
+constexpr int kOutPerThread = kMaxGroupHeads * kMaxHeadDim / kAttnThreads;
 constexpr int32_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y (attention splits)
 
 int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
 int32_t attention_splits(int32_t max_ctx) { return ceil_div(max_ctx, kAttnSplit); }
+
+// Attention's block columns (HeadGroup): ceil(group / kMaxGroupHeads) per KV head.
+int32_t attention_columns(int32_t n_head, int32_t n_head_kv) {
+  return n_head_kv * ceil_div(n_head / n_head_kv, kMaxGroupHeads);
+}
 
 // The keys a query at position length - 1 sees, [first, length), in splits
 // first / kAttnSplit .. (length - 1) / kAttnSplit; split s covers [begin, begin
@@ -87,210 +101,356 @@ __global__ void embed_kernel(const uint8_t* __restrict__ table, GgmlType type, i
   run_norm_epilogue(norm, out, static_cast<int32_t>(n_blocks * block_elems), &shared);
 }
 
-// The score of one key against q_head by a group of g lanes (g a power of two
-// dividing 32, head_dim a multiple of 8 g): f16 keys read 8 at a time (16-byte
-// loads), q_head as float4 pairs.
-__device__ __forceinline__ float key_dot_f16x8(const float* q_head, const uint16_t* key,
-                                               int32_t head_dim, int t, int g) {
-  float dot = 0.0f;
-  for (int32_t d = 8 * t; d < head_dim; d += 8 * g) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(key + d);
-    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-    const float4 qa = *reinterpret_cast<const float4*>(q_head + d);
-    const float4 qb = *reinterpret_cast<const float4*>(q_head + d + 4);
-    const float qs[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+// How attend_split reads a cache of T: in chunks of kElems elements, each one
+// load (f16: 16 bytes, 8 halves; f32: one float); a lane of the key phase reads
+// up to kKeyChunks chunks of a key, a thread of the value phase up to
+// kValueChunks chunks of a value row.
+template <typename T>
+struct KvChunk;
+
+template <>
+struct KvChunk<uint16_t> {
+  static constexpr int kElems = 8;
+  static constexpr int kKeyChunks = 4;
+  static constexpr int kValueChunks = 1;
+  using Raw = uint4;
+  __device__ static Raw load(const uint16_t* p) { return *reinterpret_cast<const uint4*>(p); }
+  __device__ static void widen(Raw raw, float* out) {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const uint16_t h = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
-      dot += qs[i] * f16_to_f32(h);
+      out[i] = f16_to_f32(static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2))));
     }
   }
-  return group_sum(dot, g);
-}
+  // q's 8 floats of a chunk (16-byte aligned in shared memory).
+  __device__ static void load_q(const float* q, float* out) {
+    const float4 a = reinterpret_cast<const float4*>(q)[0];
+    const float4 b = reinterpret_cast<const float4*>(q)[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  }
+};
+
+template <>
+struct KvChunk<float> {
+  static constexpr int kElems = 1;
+  static constexpr int kKeyChunks = 8;
+  static constexpr int kValueChunks = 2;
+  using Raw = float;
+  __device__ static Raw load(const float* p) { return *p; }
+  __device__ static void widen(Raw raw, float* out) { out[0] = raw; }
+  __device__ static void load_q(const float* q, float* out) { out[0] = *q; }
+};
+
+// The query heads of attention block column x: the n_head / n_head_kv heads
+// that read one KV head (GQA's group), cut into as few blocks of at most
+// kMaxGroupHeads heads as they need, as evenly as they go (attention_columns
+// on the host counts them): heads [first, first + count) of KV head kv.
+struct HeadGroup {
+  int32_t kv, first, count;
+  __device__ HeadGroup(int32_t x, int32_t n_head, int32_t n_head_kv) {
+    const int32_t group = n_head / n_head_kv;
+    const int32_t blocks = (group + kMaxGroupHeads - 1) / kMaxGroupHeads;
+    const int32_t per_block = (group + blocks - 1) / blocks;
+    kv = x / blocks;
+    first = kv * group + x % blocks * per_block;
+    count = min(per_block, (kv + 1) * group - first);
+  }
+};
 
 // A block's shared memory for one split (declared by the kernel: see
 // kernels/epilogue.cuh).
 template <typename T>
 struct SplitShared {
-  float4 q_head4[kMaxHeadDim / 4];  // the head's q, 16-byte aligned for key_dot_f16x8
-  float weights[kAttnSplit];
-  // The f16 values' per-group sums: at most 8 floats per thread.
-  float value_sums[sizeof(T) == 2 ? 8 * kAttnThreads : 1];
-  float scratch[32];
+  float4 q4[kMaxGroupHeads * kMaxHeadDim / 4];  // the heads' q, [head][head_dim]
+  float4 weights4[kAttnSplit * kMaxGroupHeads / 4];  // scores, then weights: [position][head]
+  // The value phase's sums, [group][head][head_dim]: groups * head_dim is at most
+  // 8 * kAttnThreads for f16 (8 dimensions a thread), 2 * kAttnThreads for f32.
+  float value_sums[kMaxGroupHeads * kAttnThreads * KvChunk<T>::kElems * KvChunk<T>::kValueChunks];
+  float head_max[kMaxGroupHeads], head_sum[kMaxGroupHeads];
 };
+static_assert(kMaxGroupHeads == 8, "the value phase reads a position's weights as two float4");
 
-// The softmax partial of the head's q (sh->q_head4, written and published by
-// the caller) against cache rows [begin, begin + count) of one KV head: the
-// weighted values into acc_out[d] by the thread d % blockDim.x, the max and
-// the sum returned on every thread. Decode and prefill both run it, so a
-// prompt row's attention has the decode step's bits.
+// The softmax partials of n_q query heads (sh->q4, written and published by the
+// caller) against cache rows [begin, begin + count) of the KV head they share,
+// each key and value read once for all of them: head h's max and sum into
+// sh->head_max[h] and sh->head_sum[h], its weighted values into acc: element i
+// of [n_q][head_dim] in acc[k] of thread i % kAttnThreads, k = i / kAttnThreads.
+// Every sum has one order, whatever n_q and whichever lanes run first. Decode
+// and prefill both run it, so a prompt row's attention has the decode step's
+// bits.
 template <typename T>
-__device__ SoftmaxPartial attend_split(const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                                       int64_t kv_len, int64_t kv_offset, int32_t head_dim,
-                                       int32_t begin, int32_t count, int32_t kv_rows, float scale,
-                                       SplitShared<T>* sh, float* acc_out) {
-  const float* q_head = reinterpret_cast<const float*>(sh->q_head4);
-  float* weights = sh->weights;
+__device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                             int64_t kv_len, int64_t kv_offset, int32_t head_dim, int32_t n_q,
+                             int32_t begin, int32_t count, int32_t kv_rows, float scale,
+                             SplitShared<T>* sh, float (&acc)[kOutPerThread]) {
+  using Kv = KvChunk<T>;
+  constexpr int E = Kv::kElems;
+  constexpr int n_warps = kAttnThreads / 32;
   const int lane = threadIdx.x % 32;
-  const int n_warps = blockDim.x / 32;
-  if constexpr (sizeof(T) == 2) {
-    // f16 keys: a group of g lanes per position (the greatest power of two
-    // up to head_dim / 8, so groups tile the warp), 16-byte loads.
-    int g = 1;
-    while (2 * g <= min(32, head_dim / 8)) g *= 2;
-    const int per_warp = 32 / g;
-    for (int32_t t0 = threadIdx.x / 32 * per_warp; t0 < count; t0 += n_warps * per_warp) {
-      const int32_t t = t0 + lane / g;
+  const int warp = threadIdx.x / 32;
+  const float* q = reinterpret_cast<const float*>(sh->q4);
+  float* weights = reinterpret_cast<float*>(sh->weights4);
+  const int32_t n_chunks = head_dim / E;
+
+  // Scores: a key by g lanes (the least power of two whose kKeyChunks chunks
+  // each cover it), lane `part` reading chunks part, part + g, ...; each lane
+  // loads kKeyPositions keys before it uses them, widens each element once and
+  // dots it with every head's q; each dot's lanes are summed by butterfly.
+  int g = 1;
+  while (g * Kv::kKeyChunks < n_chunks) g *= 2;
+  const int per_warp = 32 / g;
+  const int part = lane % g;
+  const int32_t stride = n_warps * per_warp;  // positions between a lane's keys
+  for (int32_t base = 0; base < count; base += kKeyPositions * stride) {
+    typename Kv::Raw raw[kKeyPositions][Kv::kKeyChunks] = {};
+    int32_t t[kKeyPositions];
+#pragma unroll
+    for (int u = 0; u < kKeyPositions; ++u) {
+      t[u] = base + u * stride + warp * per_warp + lane / g;
       // Lanes past the split's end read its last key and drop the score.
-      const uint16_t* key =
-          k_cache + kv_cache_row(begin + min(t, count - 1), kv_rows) * kv_len + kv_offset;
-      const float dot = key_dot_f16x8(q_head, key, head_dim, lane % g, g);
-      if (lane % g == 0 && t < count) weights[t] = dot * scale;
+      const T* key =
+          k_cache + kv_cache_row(begin + min(t[u], count - 1), kv_rows) * kv_len + kv_offset;
+#pragma unroll
+      for (int j = 0; j < Kv::kKeyChunks; ++j) {
+        const int32_t c = j * g + part;
+        if (c < n_chunks) raw[u][j] = Kv::load(key + c * E);
+      }
     }
-  } else {
-    // A warp per position, lanes over head_dim.
-    for (int32_t t = threadIdx.x / 32; t < count; t += n_warps) {
-      const float* key = k_cache + kv_cache_row(begin + t, kv_rows) * kv_len + kv_offset;
-      float dot = 0.0f;
-      for (int32_t d = lane; d < head_dim; d += 32) dot += q_head[d] * key[d];
-      dot = warp_sum(dot);
-      if (lane == 0) weights[t] = dot * scale;
-    }
-  }
-  __syncthreads();
-
-  float local_max = -INFINITY;
-  for (int32_t t = threadIdx.x; t < count; t += blockDim.x)
-    local_max = fmaxf(local_max, weights[t]);
-  const float max_score = block_max(local_max, sh->scratch);
-  float local_sum = 0.0f;
-  for (int32_t t = threadIdx.x; t < count; t += blockDim.x) {
-    weights[t] = expf(weights[t] - max_score);
-    local_sum += weights[t];
-  }
-  const float sum = block_sum(local_sum, sh->scratch);  // its barriers publish weights[]
-
-  if constexpr (sizeof(T) == 2) {
-    // f16 values: head_dim / 8 lanes own 8 dimensions each (16-byte loads), the
-    // block's other groups of that many lanes take every groups-th position;
-    // the groups' sums are added in group order.
-    const int32_t lanes = head_dim / 8;
-    const int32_t groups = static_cast<int32_t>(blockDim.x) / lanes;
-    const int32_t group = static_cast<int32_t>(threadIdx.x) / lanes;
-    const int32_t d0 = 8 * (static_cast<int32_t>(threadIdx.x) % lanes);
-    if (group < groups) {
-      float acc[8] = {};
-      const uint16_t* value = v_cache + kv_offset + d0;
-      for (int32_t t = group; t < count; t += groups) {
-        const uint4 packed =
-            *reinterpret_cast<const uint4*>(value + kv_cache_row(begin + t, kv_rows) * kv_len);
-        const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-        for (int i = 0; i < 8; ++i) {
-          acc[i] += weights[t] * f16_to_f32(static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2))));
+    float dot[kMaxGroupHeads][kKeyPositions] = {};
+#pragma unroll
+    for (int j = 0; j < Kv::kKeyChunks; ++j) {
+      const int32_t c = j * g + part;
+      if (c >= n_chunks) break;
+      float k[kKeyPositions][E];
+#pragma unroll
+      for (int u = 0; u < kKeyPositions; ++u) Kv::widen(raw[u][j], k[u]);
+#pragma unroll
+      for (int h = 0; h < kMaxGroupHeads; ++h) {
+        if (h >= n_q) break;
+        float qc[E];
+        Kv::load_q(q + h * head_dim + c * E, qc);
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+#pragma unroll
+          for (int u = 0; u < kKeyPositions; ++u) dot[h][u] += qc[e] * k[u][e];
         }
       }
-      for (int i = 0; i < 8; ++i) sh->value_sums[group * head_dim + d0 + i] = acc[i];
     }
-    __syncthreads();
-    for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-      float acc = 0.0f;
-      for (int32_t g = 0; g < groups; ++g) acc += sh->value_sums[g * head_dim + d];
-      acc_out[d] = acc;
-    }
-  } else {
-    // f32 values: a thread per dimension, positions in order (coalesced rows).
-    for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-      const float* value = v_cache + kv_offset + d;
-      float acc = 0.0f;
-      for (int32_t t = 0; t < count; ++t) {
-        acc += weights[t] * value[kv_cache_row(begin + t, kv_rows) * kv_len];
+#pragma unroll
+    for (int h = 0; h < kMaxGroupHeads; ++h) {
+      if (h >= n_q) break;
+#pragma unroll
+      for (int u = 0; u < kKeyPositions; ++u) {
+        const float score = group_sum(dot[h][u], g);
+        if (part == 0 && t[u] < count) weights[t[u] * kMaxGroupHeads + h] = score * scale;
       }
-      acc_out[d] = acc;
     }
   }
+  __syncthreads();
+
+  // Softmax: a warp per head.
+  for (int32_t h = warp; h < n_q; h += n_warps) {
+    float local_max = -INFINITY;
+    for (int32_t t = lane; t < count; t += 32)
+      local_max = fmaxf(local_max, weights[t * kMaxGroupHeads + h]);
+    const float max_score = warp_max(local_max);
+    float local_sum = 0.0f;
+    for (int32_t t = lane; t < count; t += 32) {
+      const float w = expf(weights[t * kMaxGroupHeads + h] - max_score);
+      weights[t * kMaxGroupHeads + h] = w;
+      local_sum += w;
+    }
+    const float sum = warp_sum(local_sum);
+    if (lane == 0) {
+      sh->head_max[h] = max_score;
+      sh->head_sum[h] = sum;
+    }
+  }
+  __syncthreads();
+
+  // Values: a row by `lanes` threads, thread `part` of them reading chunks
+  // part, part + lanes, ...; the block's groups of them take every groups-th
+  // position, each loading kValuePositions rows before it uses them, widening
+  // each element once for every head. The groups' sums are added in group order.
+  const int32_t lanes = min(n_chunks, kAttnThreads);
+  const int32_t groups = kAttnThreads / lanes;
+  const int32_t group = static_cast<int32_t>(threadIdx.x) / lanes;
+  const int32_t value_part = static_cast<int32_t>(threadIdx.x) % lanes;
+  const int32_t n = n_q * head_dim;
+  if (group < groups) {
+    float values[kMaxGroupHeads][Kv::kValueChunks * E] = {};
+    for (int32_t t0 = group; t0 < count; t0 += kValuePositions * groups) {
+      typename Kv::Raw raw[kValuePositions][Kv::kValueChunks] = {};
+#pragma unroll
+      for (int u = 0; u < kValuePositions; ++u) {
+        const int32_t t = t0 + u * groups;
+        if (t >= count) break;
+        const T* row = v_cache + kv_cache_row(begin + t, kv_rows) * kv_len + kv_offset;
+#pragma unroll
+        for (int j = 0; j < Kv::kValueChunks; ++j) {
+          const int32_t c = value_part + j * lanes;
+          if (c < n_chunks) raw[u][j] = Kv::load(row + c * E);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kValuePositions; ++u) {
+        const int32_t t = t0 + u * groups;
+        if (t >= count) break;
+        const float4 lo = sh->weights4[2 * t];
+        const float4 hi = sh->weights4[2 * t + 1];
+        const float w[kMaxGroupHeads] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int j = 0; j < Kv::kValueChunks; ++j) {
+          if (value_part + j * lanes >= n_chunks) break;
+          float v[E];
+          Kv::widen(raw[u][j], v);
+#pragma unroll
+          for (int h = 0; h < kMaxGroupHeads; ++h) {
+            if (h >= n_q) break;
+#pragma unroll
+            for (int e = 0; e < E; ++e) values[h][j * E + e] += w[h] * v[e];
+          }
+        }
+      }
+    }
+    float* sums = sh->value_sums + group * n;
+#pragma unroll
+    for (int h = 0; h < kMaxGroupHeads; ++h) {
+      if (h >= n_q) break;
+#pragma unroll
+      for (int j = 0; j < Kv::kValueChunks; ++j) {
+        const int32_t c = value_part + j * lanes;
+        if (c >= n_chunks) break;
+#pragma unroll
+        for (int e = 0; e < E; ++e) sums[h * head_dim + c * E + e] = values[h][j * E + e];
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < kOutPerThread; ++k) {
+    const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttnThreads;
+    float sum = 0.0f;
+    if (i < n) {
+      for (int32_t gr = 0; gr < groups; ++gr) sum += sh->value_sums[gr * n + i];
+    }
+    acc[k] = sum;
+  }
   __syncthreads();  // weights and value_sums are free for the next split
-  return {max_score, sum};
 }
 
-// The head's q into sh->q_head4, published to the block.
+// The n floats of a block's heads' q into sh->q4, published to the block.
 template <typename T>
-__device__ void load_q_head(const float* __restrict__ q, int32_t head_dim, SplitShared<T>* sh) {
-  float* q_head = reinterpret_cast<float*>(sh->q_head4);
-  for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) q_head[d] = q[d];
+__device__ void load_q_heads(const float* __restrict__ q, int32_t n, SplitShared<T>* sh) {
+  float* dst = reinterpret_cast<float*>(sh->q4);
+  for (int32_t i = threadIdx.x; i < n; i += kAttnThreads) dst[i] = q[i];
   __syncthreads();
 }
 
-// Partial of (head, split): [head_dim] acc, then max, then sum.
+// A split's weighted value x into a head's running value, by the scales its
+// softmax_merge gave (decode's merge and the prefill both, in split order).
+__device__ __forceinline__ float merged_value(float value, float x, float scale_state,
+                                              float scale_split) {
+  return value * scale_state + x * scale_split;
+}
+
+// Partials of (query head, split), each [head_dim] weighted values, then max,
+// then sum; the last split of a block column to finish merges its heads.
 template <typename T>
-__global__ void attention_split_kernel(const float* __restrict__ q, const T* __restrict__ k_cache,
-                                       const T* __restrict__ v_cache,
-                                       const int32_t* __restrict__ pos, int32_t n_head,
-                                       int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
-                                       float scale, AttentionMask mask, float* __restrict__ partial,
-                                       unsigned int* __restrict__ tickets,
-                                       float* __restrict__ merged_out,
-                                       block_q8_1* __restrict__ out_q) {
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_split_kernel(const float* __restrict__ q, const T* __restrict__ k_cache,
+                           const T* __restrict__ v_cache, const int32_t* __restrict__ pos,
+                           int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
+                           float scale, AttentionMask mask, float* __restrict__ partial,
+                           unsigned int* __restrict__ tickets, float* __restrict__ merged_out,
+                           block_q8_1* __restrict__ out_q) {
   wait_for_prior_grids();
   __shared__ SplitShared<T> sh;
   __shared__ EpilogueShared shared;
-  const int32_t head = blockIdx.x;
+  const HeadGroup heads(blockIdx.x, n_head, n_head_kv);
   const int32_t split = blockIdx.y;
-  float* out = partial + (static_cast<int64_t>(head) * gridDim.y + split) * (head_dim + 2);
   const LiveKeys keys(min(*pos + 1, max_ctx), mask.window);
   // The merge reads only the splits that ran.
   if (split < keys.first_split() || split >= keys.end_split()) return;
-  const int32_t begin = keys.begin(split);
-  const int32_t count = keys.count(split);
+  const int32_t n = heads.count * head_dim;
   const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
-  const int64_t kv_offset = static_cast<int64_t>(head / (n_head / n_head_kv)) * head_dim;
-  load_q_head(q + static_cast<int64_t>(head) * head_dim, head_dim, &sh);
-  const SoftmaxPartial p = attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim, begin, count,
-                                        mask.kv_rows, scale, &sh, out);
-  if (threadIdx.x == 0) {
-    out[head_dim] = p.max;
-    out[head_dim + 1] = p.sum;
+  const int64_t kv_offset = static_cast<int64_t>(heads.kv) * head_dim;
+  const int64_t first_at = static_cast<int64_t>(heads.first) * head_dim;
+  // Head heads.first + h's partial of split s.
+  auto record = [&](int32_t h, int32_t s) {
+    return partial + (static_cast<int64_t>(heads.first + h) * gridDim.y + s) * (head_dim + 2);
+  };
+  load_q_heads(q + first_at, n, &sh);
+  float acc[kOutPerThread];
+  attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim, heads.count, keys.begin(split),
+               keys.count(split), mask.kv_rows, scale, &sh, acc);
+#pragma unroll
+  for (int k = 0; k < kOutPerThread; ++k) {
+    const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttnThreads;
+    if (i < n) record(i / head_dim, split)[i % head_dim] = acc[k];
+  }
+  if (static_cast<int32_t>(threadIdx.x) < heads.count) {
+    float* out = record(threadIdx.x, split);
+    out[head_dim] = sh.head_max[threadIdx.x];
+    out[head_dim + 1] = sh.head_sum[threadIdx.x];
   }
   const int lane = threadIdx.x % 32;
 
-  // The head's last split merges the splits that ran, in order: a lane per
-  // dimension, so when head_dim is a multiple of 32 a warp's lanes hold one
-  // q8_1 block.
+  // The column's last split merges the splits that ran, in order, loading
+  // kMergeAhead splits' partials before it uses them: a lane per element of
+  // [count][head_dim], so when head_dim is a multiple of 32 a warp's lanes hold
+  // one q8_1 block.
   const int32_t live = keys.end_split() - keys.first_split();
-  if (!last_block_done(tickets + head, live, &shared)) return;
-  const float* head_partial = partial + static_cast<int64_t>(head) * gridDim.y * (head_dim + 2);
-  for (int32_t base = threadIdx.x / 32 * 32; base < head_dim; base += blockDim.x) {
-    const int32_t d = base + lane;
-    if (d < head_dim) {
-      SoftmaxPartial state = initial_softmax(mask.sinks, head);
-      float acc = 0.0f;
-      for (int32_t s = keys.first_split(); s < keys.end_split(); ++s) {
-        const float* p = head_partial + static_cast<int64_t>(s) * (head_dim + 2);
-        float scale_state, scale_split;
-        state = softmax_merge(state, {__ldcg(p + head_dim), __ldcg(p + head_dim + 1)},
-                              &scale_state, &scale_split);
-        acc = acc * scale_state + __ldcg(p + d) * scale_split;
+  if (!last_block_done(tickets + blockIdx.x, live, &shared)) return;
+  for (int32_t base = threadIdx.x / 32 * 32; base < n; base += kAttnThreads) {
+    const int32_t i = base + lane;
+    if (i < n) {
+      const int32_t h = i / head_dim;
+      const int32_t d = i % head_dim;
+      SoftmaxPartial state = initial_softmax(mask.sinks, heads.first + h);
+      float value = 0.0f;
+      for (int32_t s0 = keys.first_split(); s0 < keys.end_split(); s0 += kMergeAhead) {
+        float maxes[kMergeAhead] = {}, sums[kMergeAhead] = {}, xs[kMergeAhead] = {};
+#pragma unroll
+        for (int u = 0; u < kMergeAhead; ++u) {
+          if (s0 + u >= keys.end_split()) break;
+          const float* p = record(h, s0 + u);
+          maxes[u] = __ldcg(p + head_dim);
+          sums[u] = __ldcg(p + head_dim + 1);
+          xs[u] = __ldcg(p + d);
+        }
+#pragma unroll
+        for (int u = 0; u < kMergeAhead; ++u) {
+          if (s0 + u >= keys.end_split()) break;
+          float scale_state, scale_split;
+          state = softmax_merge(state, {maxes[u], sums[u]}, &scale_state, &scale_split);
+          value = merged_value(value, xs[u], scale_state, scale_split);
+        }
       }
-      merged_out[static_cast<int64_t>(head) * head_dim + d] = acc / state.sum;
+      merged_out[first_at + i] = value / state.sum;
     }
     if (out_q != nullptr && head_dim % QK8_1 == 0) {
-      const int32_t i = head * head_dim + d;
-      warp_quantize_q8_1(merged_out[i], out_q + i / QK8_1);
+      const int64_t at = first_at + i;
+      warp_quantize_q8_1(merged_out[at], out_q + at / QK8_1);
     }
   }
-  // Heads narrower than a q8_1 block: the last head merged quantizes them all.
+  // Heads narrower than a q8_1 block: the last column merged quantizes them all.
   if (out_q == nullptr || head_dim % QK8_1 == 0 ||
       !last_block_done(tickets + gridDim.x, gridDim.x, &shared)) {
     return;
   }
-  const int32_t n = gridDim.x * head_dim;
-  for (int32_t base = threadIdx.x / 32 * 32; base < n; base += blockDim.x) {
+  const int32_t n_out = n_head * head_dim;
+  for (int32_t base = threadIdx.x / 32 * 32; base < n_out; base += kAttnThreads) {
     const int32_t i = base + lane;
     warp_quantize_q8_1(__ldcg(merged_out + i), out_q + i / QK8_1);
   }
 }
 
 // Row `row` of a ubatch at position *pos0 + row against the cache rows 0..pos,
-// split by split as the decode step's attention and merged in the same order,
-// so each row's output has the decode step's bits at its position.
+// a block per (column of heads, row), split by split as the decode step's
+// attention and merged in the same order, so each row's output has the decode
+// step's bits at its position.
 template <typename T>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_prefill_kernel(const float* __restrict__ q, const T* __restrict__ k_cache,
@@ -299,31 +459,42 @@ __global__ void __launch_bounds__(kAttnThreads)
                              AttentionMask mask, float* __restrict__ out) {
   wait_for_prior_grids();
   __shared__ SplitShared<T> sh;
-  __shared__ float split_acc[kMaxHeadDim];
-  const int32_t head = blockIdx.x;
+  // Each head's merged state and the scales of its last merge, by thread h.
+  __shared__ SoftmaxPartial state[kMaxGroupHeads];
+  __shared__ float scale_state[kMaxGroupHeads], scale_split[kMaxGroupHeads];
+  const HeadGroup heads(blockIdx.x, n_head, n_head_kv);
   const int64_t row = blockIdx.y;
   const LiveKeys keys(*pos0 + static_cast<int32_t>(row) + 1, mask.window);
+  const int32_t n = heads.count * head_dim;
   const int64_t kv_len = static_cast<int64_t>(n_head_kv) * head_dim;
-  const int64_t kv_offset = static_cast<int64_t>(head / (n_head / n_head_kv)) * head_dim;
-  const int64_t at = (row * n_head + head) * head_dim;
-  load_q_head(q + at, head_dim, &sh);
-  constexpr int kDimsPerThread = kMaxHeadDim / kAttnThreads;
-  float acc[kDimsPerThread] = {};
-  SoftmaxPartial state = initial_softmax(mask.sinks, head);
+  const int64_t kv_offset = static_cast<int64_t>(heads.kv) * head_dim;
+  const int64_t at = (row * n_head + heads.first) * head_dim;
+  const int32_t h_own = threadIdx.x;
+  if (h_own < heads.count) state[h_own] = initial_softmax(mask.sinks, heads.first + h_own);
+  load_q_heads(q + at, n, &sh);  // its barrier publishes state too
+  float acc[kOutPerThread] = {};
   for (int32_t s = keys.first_split(); s < keys.end_split(); ++s) {
-    const SoftmaxPartial p =
-        attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim, keys.begin(s), keys.count(s),
-                     mask.kv_rows, scale, &sh, split_acc);
-    float scale_state, scale_split;
-    state = softmax_merge(state, p, &scale_state, &scale_split);
-    for (int i = 0; i < kDimsPerThread; ++i) {
-      const int32_t d = static_cast<int32_t>(threadIdx.x) + i * kAttnThreads;
-      if (d < head_dim) acc[i] = acc[i] * scale_state + split_acc[d] * scale_split;
+    float split_acc[kOutPerThread];
+    attend_split(k_cache, v_cache, kv_len, kv_offset, head_dim, heads.count, keys.begin(s),
+                 keys.count(s), mask.kv_rows, scale, &sh, split_acc);
+    if (h_own < heads.count) {
+      state[h_own] = softmax_merge(state[h_own], {sh.head_max[h_own], sh.head_sum[h_own]},
+                                   &scale_state[h_own], &scale_split[h_own]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kOutPerThread; ++k) {
+      const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttnThreads;
+      if (i < n) {
+        const int32_t h = i / head_dim;
+        acc[k] = merged_value(acc[k], split_acc[k], scale_state[h], scale_split[h]);
+      }
     }
   }
-  for (int i = 0; i < kDimsPerThread; ++i) {
-    const int32_t d = static_cast<int32_t>(threadIdx.x) + i * kAttnThreads;
-    if (d < head_dim) out[at + d] = acc[i] / state.sum;
+#pragma unroll
+  for (int k = 0; k < kOutPerThread; ++k) {
+    const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttnThreads;
+    if (i < n) out[at + i] = acc[k] / state[i / head_dim].sum;
   }
 }
 
@@ -372,7 +543,7 @@ cudaError_t launch_attention_decode(const float* q, const void* k_cache, const v
   }
   const int32_t n_splits = attention_splits(max_ctx);
   if (n_splits > kMaxGridY) return cudaErrorInvalidValue;
-  const dim3 grid(n_head, n_splits);
+  const dim3 grid(attention_columns(n_head, n_head_kv), n_splits);
   if (kv_f16) {
     return launch_kernel<attention_split_kernel<uint16_t>>(
         grid, kAttnThreads, stream, q, static_cast<const uint16_t*>(k_cache),
@@ -397,7 +568,7 @@ cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const 
                   reinterpret_cast<uintptr_t>(v_cache) % 16 != 0))) {
     return cudaErrorInvalidValue;
   }
-  const dim3 grid(n_head, tokens);
+  const dim3 grid(attention_columns(n_head, n_head_kv), tokens);
   if (kv_f16) {
     return launch_kernel<attention_prefill_kernel<uint16_t>>(
         grid, kAttnThreads, stream, q, static_cast<const uint16_t*>(k_cache),

@@ -6,7 +6,8 @@
 // block finished last (the emulator runs blocks in a random order to prove it).
 // This is how the step fuses an op with the one after it without a launch (the
 // RMSNorm after a residual add, top-k after the router, a head's QK-norm, RoPE
-// and KV append after q/k, a head's attention merge after its splits).
+// and KV append after q/k, the attention merge of a KV head's query heads after
+// their splits).
 #pragma once
 
 #include <math.h>
@@ -86,13 +87,14 @@ inline bool norm_epilogue_ok(const NormEpilogue& norm, int64_t n) {
 }
 
 // One head by the whole block, a thread per pair: src (read through L2) times
-// scale * weight when weight is set (the QK-norm), rotated at position p into
+// scale * weight when weight is set (the QK-norm), rotated by the cosines and
+// sines of its position (cos_sin: that position's row of fill_rope_table) into
 // dst, or as f16 into dst_f16 (the other null).
 // Only the first n_rot dimensions turn (pairs of them as rope_type pairs a head of
 // n_rot); the rest are copied, as ggml's rope with n_dims < ne0.
 __device__ inline void rope_head(const float* src, float scale, const float* __restrict__ weight,
-                                 int32_t head_dim, int32_t n_rot, int32_t p, float freq_base,
-                                 const RopeYarn& yarn, int32_t rope_type, float* __restrict__ dst,
+                                 int32_t head_dim, int32_t n_rot, const double* cos_sin,
+                                 int32_t rope_type, float* __restrict__ dst,
                                  uint16_t* __restrict__ dst_f16) {
   auto store = [&](int32_t d, float v) {
     if (dst_f16 != nullptr) {
@@ -109,9 +111,7 @@ __device__ inline void rope_head(const float* src, float scale, const float* __r
       x0 = x0 * scale * weight[a];
       x1 = x1 * scale * weight[b];
     }
-    double c, sn;
-    rope_cos_sin(p, i, n_rot, freq_base, yarn, &c, &sn);
-    rope_rotate_cs(&x0, &x1, c, sn);
+    rope_rotate_cs(&x0, &x1, cos_sin[2 * i], cos_sin[2 * i + 1]);
     store(a, x0);
     store(b, x1);
   }
@@ -140,8 +140,8 @@ __device__ inline void rope_qk_head(const QkvRope& rope, int j, const float* src
                              : static_cast<float*>(rope.k_cache) + k_at;
   uint16_t* dst_f16 = j == 1 && rope.kv_f16 ? static_cast<uint16_t*>(rope.k_cache) + k_at : nullptr;
   const int32_t n_rot = rope.n_rot > 0 ? rope.n_rot : d;
-  rope_head(src + head, scale, weight, d, n_rot, p, rope.freq_base, rope.yarn, rope.rope_type, dst,
-            dst_f16);
+  const double* cos_sin = rope.cos_sin + 2 * static_cast<int64_t>(p) * (n_rot / 2);
+  rope_head(src + head, scale, weight, d, n_rot, cos_sin, rope.rope_type, dst, dst_f16);
 }
 
 // The router's top-k by warp 0 of the block (the other warps return): softmax

@@ -140,8 +140,9 @@ struct QkNorm {
 
 // What launch_qkv does per head once its rows are done: QK-norm (use_norm),
 // RoPE at position *pos on the first n_rot dimensions of each head (0: all;
-// rope_type 0 NORM, adjacent pairs; 1 NEOX, halves of n_rot; as ggml; scaled
-// by yarn, kernels/nn_math.h, whose default scales nothing), q into
+// rope_type 0 NORM, adjacent pairs; 1 NEOX, halves of n_rot; as ggml) by the
+// cosines and sines of cos_sin (fill_rope_table's, kernels/nn_math.h, for
+// every position the launches reach: the engine's max context), q into
 // q_out ([n_head][head_dim]), k into row *pos of k_cache, v's rows straight
 // into row *pos of v_cache (caches [max_ctx][n_head_kv * head_dim], f16 when
 // kv_f16, else f32; a ring of kv_rows rows where kv_rows > 0, row *pos mod
@@ -150,8 +151,7 @@ struct QkvRope {
   const int32_t* pos = nullptr;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
   int32_t n_rot = 0;
-  float freq_base = 0.0f;
-  RopeYarn yarn;
+  const double* cos_sin = nullptr;
   int32_t rope_type = 0;
   bool use_norm = false;
   QkNorm norm;
@@ -216,14 +216,18 @@ struct AttentionMask {
 };
 
 // Split-K decode attention over positions 0..*pos of the caches (f16 when
-// kv_f16, else f32; launch_qkv's layout), as mask restricts it, with a grid
-// fixed for max_ctx (n_head x n_splits; splits outside the live keys exit
-// early); the last split of each head to finish merges the head's splits that
-// ran, the sink first. partial:
-// attention_partial_floats(...) floats of scratch; tickets: n_head + 1. Head h
-// reads KV head h / (n_head / n_head_kv); head_dim <= 256. With out_q (n_head *
-// head_dim a multiple of 32), out's q8_1 blocks too: written by each head's
-// merge when head_dim is a multiple of 32, else by the last head merged.
+// kv_f16, else f32; launch_qkv's layout), as mask restricts it. Head h reads
+// KV head h / (n_head / n_head_kv); a block serves the query heads of one KV
+// head (at most 8 of them: a larger group takes ceil(group / 8) blocks of
+// heads, as even as they go) over one split of 128 positions, so it reads
+// that split's keys and values once for all of them. The grid is fixed for
+// max_ctx (n_head_kv * ceil(group / 8) columns x ceil(max_ctx / 128) splits;
+// splits outside the live keys exit early); the last split of each column to
+// finish merges its heads' splits that ran, the sink first. partial:
+// attention_partial_floats(...) floats of scratch; tickets: one per column and
+// one more (n_head + 1 always suffices). head_dim <= 256. With out_q (n_head *
+// head_dim a multiple of 32), out's q8_1 blocks too: written by each column's
+// merge when head_dim is a multiple of 32, else by the last column merged.
 size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx);
 cudaError_t launch_attention_decode(const float* q, const void* k_cache, const void* v_cache,
                                     bool kv_f16, const int32_t* pos, int32_t n_head,
@@ -234,9 +238,11 @@ cudaError_t launch_attention_decode(const float* q, const void* k_cache, const v
 
 // Causal attention of a prompt's ubatch (issue 20): row t of q (n_head x
 // head_dim, at position *pos0 + t) against cache rows 0..*pos0 + t (as mask
-// restricts them), whose rows of the ubatch are already written. Each row is computed split by
-// split and merged as launch_attention_decode does, so it has the decode step's bits at its
-// position. tokens <= 65535; the caches and head_dim as for decode.
+// restricts them), whose rows of the ubatch are already written. A block per
+// (column of heads, row), as launch_attention_decode's columns; each row is
+// computed split by split and merged as launch_attention_decode does, so it has
+// the decode step's bits at its position. tokens <= 65535; the caches and
+// head_dim as for decode.
 cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const void* v_cache,
                                      bool kv_f16, const int32_t* pos0, int32_t tokens,
                                      int32_t n_head, int32_t n_head_kv, int32_t head_dim,

@@ -360,7 +360,7 @@ struct MatvecLaunch {
 // The kernel of the launch's weight type, over ranks blocks of y.
 cudaError_t launch_grouped(GgmlType type, const MatvecLaunch& l, int32_t ranks,
                            cudaStream_t stream) {
-  const dim3 grid(ceil_div(l.args.rows, l.args.geometry.rows_per_block), ranks);
+  const dim3 grid(matvec_row_blocks(type, l.args.rows, l.args.cols), ranks);
   const MatvecWeights& w = l.weights;
   const MatvecArgs& a = l.args;
   switch (type) {
@@ -550,7 +550,7 @@ cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const Dev
   QkvArgs a;
   if (rope != nullptr) {
     const int32_t d = rope->head_dim;
-    if (rope->pos == nullptr || rope->n_head <= 0 || rope->n_head_kv <= 0 || d <= 0 || d % 2 != 0 ||
+    if (rope->pos == nullptr || rope->cos_sin == nullptr || rope->n_head <= 0 || rope->n_head_kv <= 0 || d <= 0 || d % 2 != 0 ||
         wq.rows != rope->n_head * d || wk.rows != rope->n_head_kv * d || wv.rows != wk.rows ||
         rope->q_out == nullptr || rope->q_out == q || rope->k_cache == nullptr ||
         rope->v_cache == nullptr || rope->kv_rows < 0 ||
@@ -574,8 +574,7 @@ cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const Dev
     a.job[j].bias[0] = bias[j];
     a.job[j].out = out[j];
     a.type[j] = w[j]->type;
-    a.first_block[j + 1] =
-        a.first_block[j] + ceil_div(w[j]->rows, a.job[j].geometry.rows_per_block);
+    a.first_block[j + 1] = a.first_block[j] + matvec_row_blocks(w[j]->type, w[j]->rows, w[j]->cols);
   }
   return launch_kernel<qkv_kernel>(a.first_block[3], kMatvecThreads, stream, weights, a);
 }

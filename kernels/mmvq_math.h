@@ -698,6 +698,13 @@ MG_HD_INLINE MatvecGeometry matvec_geometry(GgmlType type, int64_t cols) {
   return {threads, kMatvecThreads / threads};
 }
 
+// Blocks a matrix of rows takes along x (times its ranks along y): what every
+// matvec launcher grids by.
+MG_HD_INLINE int32_t matvec_row_blocks(GgmlType type, int64_t rows, int64_t cols) {
+  const int per_block = matvec_geometry(type, cols).rows_per_block;
+  return static_cast<int32_t>((rows + per_block - 1) / per_block);
+}
+
 // Whether the matvec reads rows of cols of type: a q type (cols a multiple of
 // its block; the activations in q8_1) or an element type (cols a multiple of
 // its 16-byte chunk; f32 activations).

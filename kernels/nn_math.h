@@ -5,6 +5,7 @@
 
 #include <math.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "loader/host_device.h"
@@ -105,6 +106,23 @@ MG_HD inline void rope_cos_sin(int32_t pos, int32_t i, int32_t n_rot, float freq
   }
   *c = cos(theta) * y.mscale;
   *s = sin(theta) * y.mscale;
+}
+
+// RoPE's cosines and sines for positions [0, positions), made once at load on
+// the host so a step's kernels read them instead of computing f64 sin/cos
+// (whose argument reduction keeps a stack frame): (c, s) of pair i at position
+// p at out[2 (p n_rot / 2 + i)], as rope_cos_sin makes them.
+inline size_t rope_table_doubles(int32_t n_rot, int32_t positions) {
+  return static_cast<size_t>(positions) * static_cast<size_t>(n_rot / 2) * 2;
+}
+inline void fill_rope_table(int32_t n_rot, float freq_base, const RopeYarn& yarn,
+                            int32_t positions, double* out) {
+  for (int32_t p = 0; p < positions; ++p) {
+    for (int32_t i = 0; i < n_rot / 2; ++i) {
+      double* at = out + 2 * (static_cast<size_t>(p) * (n_rot / 2) + i);
+      rope_cos_sin(p, i, n_rot, freq_base, yarn, at, at + 1);
+    }
+  }
 }
 
 // The gated activation of an FFN's gate and up values: silu(gate) * up, or

@@ -258,6 +258,7 @@ cudaError_t launch_combine_rows(const float* expert_out, const float* weights, i
 cudaError_t launch_rope_append_rows(const float* q, const float* k, const float* v, int32_t tokens,
                                     const QkvRope& rope, cudaStream_t stream) {
   if (q == nullptr || k == nullptr || v == nullptr || tokens <= 0 || rope.pos == nullptr ||
+      rope.cos_sin == nullptr ||
       rope.q_out == nullptr || rope.k_cache == nullptr || rope.v_cache == nullptr ||
       rope.kv_rows < 0 || (rope.kv_rows > 0 && rope.kv_rows < tokens) || rope.n_head <= 0 ||
       rope.n_head_kv <= 0 || rope.head_dim <= 0 || rope.head_dim % 2 != 0 ||

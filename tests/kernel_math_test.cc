@@ -214,6 +214,34 @@ TEST(MmvqMathTest, GeometryPutsTheBlockOnOneRowWhereTheRowFillsIt) {
   EXPECT_EQ(matvec_geometry(GgmlType::kQ8_0, 64).rows_per_block, kMaxRowsPerBlock);
 }
 
+// Qwen3-30B-A3B's weight-streaming launches as the launchers grid them
+// (matvec_row_blocks x ranks), at its shape (2048 wide, 32 q and 4 kv heads of
+// 128, 128 experts of 768, top-8, vocabulary 151,936) and the device check's
+// types (q8_0 dense, q4_K experts, f32 router): each puts at least 4 blocks on
+// every SM of an H100 (132), where the kernels before issue 40 had 64-192 in
+// all; the router is the exception, its 128 rows (1 MB) one block each.
+TEST(MmvqMathTest, Qwen3LaunchesPutFourBlocksOnEverySm) {
+  constexpr int64_t kFourPerSm = 4 * 132;
+  const int64_t embd = 2048, q_rows = 32 * 128, kv_rows = 4 * 128, ff = 768, k = 8;
+  struct Launch {
+    const char* name;
+    int64_t blocks;
+  };
+  const Launch launches[] = {
+      {"qkv", matvec_row_blocks(GgmlType::kQ8_0, q_rows, embd) +
+                  2 * matvec_row_blocks(GgmlType::kQ8_0, kv_rows, embd)},
+      {"attn_out", matvec_row_blocks(GgmlType::kQ8_0, embd, q_rows)},
+      {"gate_up", k * matvec_row_blocks(GgmlType::kQ4_K, ff, embd)},
+      {"down", k * matvec_row_blocks(GgmlType::kQ4_K, embd, ff)},
+      {"lm_head", matvec_row_blocks(GgmlType::kQ8_0, 151936, embd)},
+  };
+  for (const Launch& l : launches) EXPECT_GE(l.blocks, kFourPerSm) << l.name;
+  EXPECT_EQ(launches[0].blocks, 5120);
+  EXPECT_EQ(launches[2].blocks, 3072);
+  EXPECT_EQ(launches[3].blocks, 4096);
+  EXPECT_EQ(matvec_row_blocks(GgmlType::kF32, 128, embd), 128);  // the router
+}
+
 // The device's weight loads (aligned words joined by funnel shifts, 16-bit
 // and 8-bit fields out of their aligned word) give the host's bytes at every
 // alignment; run here on a buffer padded to whole words.

@@ -526,11 +526,6 @@ def cut_module(text, keep):
 
 # --- the weight-stream check ------------------------------------------------------------------
 
-# The one stack frame allowed, named with its reason and its size: qkv_kernel's
-# RoPE computes its angle's sin/cos in f64, whose argument reduction (CUDA's
-# __internal_trig_reduction_slowpathd) keeps 40 bytes on the stack. It goes when
-# RoPE comes from tables made at load (issue 40); a larger frame still fails.
-KNOWN_STACK = {"qkv_kernel": (40, "RoPE's f64 sin/cos argument reduction (issue 40: RoPE tables)")}
 
 def weight_row(label, window, props, ours):
     """A table row and its failures for one kernel instance."""
@@ -550,10 +545,7 @@ def weight_row(label, window, props, ours):
         props = {}
     stack = props.get("stack")
     spills = (props.get("spill_stores"), props.get("spill_loads"))
-    known = next((v for k, v in KNOWN_STACK.items() if ours and k in label), None)
-    if stack and known is not None and stack <= known[0]:
-        print(f"{label}: {stack}-byte stack frame allowed: {known[1]}")
-    elif stack:
+    if stack:
         problems.append(f"{stack}-byte stack frame")
     if any(spills):
         problems.append(f"spills {spills[0]}/{spills[1]} bytes")

@@ -161,6 +161,18 @@ std::vector<float> GroupedMatvec(GgmlType type, const uint8_t* w, int64_t rows, 
 // (q4_0 at 7x2048 measured 6.1e-4 on one seed; 300 rows stay under 5e-4).
 double F32Bound(GgmlType type) { return mmvq_type(type) ? 1e-3 : 1e-7; }
 
+// RoPE's table (fill_rope_table) of positions + 1 rows with only row `pos`
+// made, the others NaN: a kernel reading any other row writes NaNs.
+std::vector<double> RopeTableRow(int32_t n_rot, float freq_base, const RopeYarn& yarn,
+                                 int32_t pos) {
+  std::vector<double> table(rope_table_doubles(n_rot, pos + 1), std::nan(""));
+  for (int32_t i = 0; i < n_rot / 2; ++i) {
+    double* at = table.data() + 2 * (static_cast<size_t>(pos) * (n_rot / 2) + i);
+    rope_cos_sin(pos, i, n_rot, freq_base, yarn, at, at + 1);
+  }
+  return table;
+}
+
 using KernelsGpuTest = testing_util::CudaStreamTest;
 
 TEST_F(KernelsGpuTest, EmbedEqualsDequantizedRowBitForBit) {
@@ -458,12 +470,13 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
           DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos});
           const std::vector<unsigned int> zero_tickets(n_head + n_head_kv, 0);
           DeviceArray<unsigned int> d_tickets(zero_tickets);
+          DeviceArray<double> d_cos_sin(RopeTableRow(head_dim, 1e6f, RopeYarn{}, pos));
           QkvRope rope;
           rope.pos = d_pos.get();
           rope.n_head = n_head;
           rope.n_head_kv = n_head_kv;
           rope.head_dim = head_dim;
-          rope.freq_base = 1e6f;
+          rope.cos_sin = d_cos_sin.get();
           rope.rope_type = rope_type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
           rope.use_norm = norm_mode != Norm::kNone;
           rope.norm.q_weight = d_q_weight.get();
@@ -566,19 +579,31 @@ struct RandomKvCache {
   std::unique_ptr<DeviceArray<uint16_t>> k_f16, v_f16;
 };
 
+// An attention test's shape: head_dim, query heads, KV heads.
+struct AttentionHeads {
+  int32_t head_dim, n_head, n_head_kv;
+};
+
 // f32 and f16 caches (the reference reads the f16 values widened back), every
 // length's splits and merge; on 64-wide heads also gpt-oss's masks: a window of
 // 100 (from length 200 its first split starts mid-split and the one before it
 // does not run) with sinks, and a window of 5 alone.
 TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
   std::mt19937 rng(6);
-  // 16: heads narrower than a q8_1 block, quantized by the last head merged;
+  // 16: heads narrower than a q8_1 block, quantized by the last column merged;
   // 24: f16 values in 3-lane groups, 128 threads not a multiple of them; 256:
-  // the widest head, a full warp of 8-dimension lanes per group.
-  for (int32_t head_dim : {64, 16, 24, 256}) {
+  // the widest head, a full warp of 8-dimension lanes per group, and 8 of them
+  // in one block (every element a thread holds). GQA groups of 4 (one block a
+  // KV head), 8 (the most one block serves), 9 (two blocks of 5 and 4 heads),
+  // 1 (no sharing).
+  for (const AttentionHeads& hc : std::vector<AttentionHeads>{
+           {64, 8, 2}, {64, 16, 2}, {64, 9, 1}, {64, 3, 3}, {16, 8, 2}, {24, 4, 2}, {256, 8, 2},
+           {256, 8, 1}}) {
     for (bool kv_f16 : {false, true}) {
-      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + (kv_f16 ? " f16" : " f32"));
-      const int32_t n_head = head_dim == 24 ? 4 : 8, n_head_kv = 2, max_ctx = 300;
+      const int32_t head_dim = hc.head_dim, n_head = hc.n_head, n_head_kv = hc.n_head_kv;
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " heads " + std::to_string(n_head) +
+                   "/" + std::to_string(n_head_kv) + (kv_f16 ? " f16" : " f32"));
+      const int32_t max_ctx = 300;
       const int32_t kv_len = n_head_kv * head_dim;
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
       const RandomKvCache cache(rng, max_ctx * kv_len, kv_f16);
@@ -597,7 +622,8 @@ TEST_F(KernelsGpuTest, AttentionMatchesReferenceAtEveryLength) {
         bool sinks;
       };
       std::vector<MaskCase> masks = {{0, false}};
-      if (head_dim == 64) masks.insert(masks.end(), {{100, true}, {5, false}});
+      if (head_dim == 64 && n_head == 8) masks.insert(masks.end(), {{100, true}, {5, false}});
+      if (head_dim == 64 && n_head == 9) masks.push_back({100, true});
       for (const MaskCase& m : masks) {
         AttentionMask mask;
         mask.window = m.window;
@@ -661,14 +687,16 @@ TEST_F(KernelsGpuTest, PrefillRowsAreNormedRotatedAndAppendedAsTheReference) {
       rope.n_head = n_head;
       rope.n_head_kv = n_head_kv;
       rope.head_dim = head_dim;
-      rope.freq_base = 1e6f;
       RopeScaling scaling;
       if (norm_mode == Norm::kPerHead) {
         scaling.freq_scale = 1.0f / 32.0f;
         scaling.ext_factor = 1.0f;
         scaling.n_ctx_orig = 4096;
       }
-      rope.yarn = YarnOf(scaling, head_dim, 1e6f);
+      std::vector<double> cos_sin(rope_table_doubles(head_dim, max_ctx));
+      fill_rope_table(head_dim, 1e6f, YarnOf(scaling, head_dim, 1e6f), max_ctx, cos_sin.data());
+      DeviceArray<double> d_cos_sin(cos_sin);
+      rope.cos_sin = d_cos_sin.get();
       rope.rope_type = kRopeNeox;
       rope.use_norm = norm_mode != Norm::kNone;
       rope.norm.q_weight = d_q_weight.get();
@@ -746,20 +774,24 @@ TEST_F(KernelsGpuTest, PrefillRowsAreNormedRotatedAndAppendedAsTheReference) {
 // A prompt's ubatch of 9 rows at positions 124..132 (across a split boundary):
 // each row has the decode step's bits at its position, on f32 and f16 caches,
 // and the reference's values; 64-wide heads with gpt-oss's window (7: each
-// row's keys start inside split 0) and sinks.
+// row's keys start inside split 0) and sinks, in GQA groups of 2 and of 9 (two
+// blocks of heads a KV head).
 TEST_F(KernelsGpuTest, PrefillAttentionRowsHaveTheDecodeStepsBits) {
   std::mt19937 rng(7);
-  for (int32_t head_dim : {64, 24}) {
+  for (const AttentionHeads& hc :
+       std::vector<AttentionHeads>{{64, 4, 2}, {64, 18, 2}, {24, 4, 2}}) {
     for (bool kv_f16 : {false, true}) {
-      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + (kv_f16 ? " f16" : " f32"));
-      const std::vector<float> sinks = Gaussian(rng, 4, 2.0f);
+      const int32_t head_dim = hc.head_dim, n_head = hc.n_head, n_head_kv = hc.n_head_kv;
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " heads " + std::to_string(n_head) +
+                   "/" + std::to_string(n_head_kv) + (kv_f16 ? " f16" : " f32"));
+      const std::vector<float> sinks = Gaussian(rng, n_head, 2.0f);
       DeviceArray<float> d_sinks(sinks);
       AttentionMask mask;
       if (head_dim == 64) {
         mask.window = 7;
         mask.sinks = d_sinks.get();
       }
-      const int32_t n_head = 4, n_head_kv = 2, max_ctx = 300, tokens = 9, pos0 = 124;
+      const int32_t max_ctx = 300, tokens = 9, pos0 = 124;
       const int32_t q_len = n_head * head_dim, kv_len = n_head_kv * head_dim;
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
       const RandomKvCache cache(rng, max_ctx * kv_len, kv_f16);
@@ -1645,15 +1677,20 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
     return launch_qkv(wq, wkv, wkv, d_x.get(), nullptr, nullptr, nullptr, nullptr, d_x.get(),
                       d_x.get(), d_x.get(), &r, qkv_tickets, stream_);
   };
+  DeviceArray<double> d_cos_sin(rope_table_doubles(64, 1));
   QkvRope rope;
   rope.pos = d_i.get();
   rope.n_head = 2;
   rope.n_head_kv = 1;
+  rope.cos_sin = d_cos_sin.get();
   rope.q_out = d_x.get() + 256;
   rope.k_cache = rope.v_cache = d_x.get();
   EXPECT_EQ(qkv(63, rope, tickets), cudaErrorInvalidValue);
   EXPECT_EQ(qkv(64, rope, nullptr), cudaErrorInvalidValue);
   QkvRope bad = rope;
+  bad.cos_sin = nullptr;  // RoPE's table
+  EXPECT_EQ(qkv(64, bad, tickets), cudaErrorInvalidValue);
+  bad = rope;
   bad.use_norm = true;
   EXPECT_EQ(qkv(64, bad, tickets), cudaErrorInvalidValue);
   bad = rope;
