@@ -199,13 +199,15 @@ MG_HD_INLINE uint32_t funnel_right(uint32_t lo, uint32_t hi, uint32_t shift) {
 }
 
 // The aligned 32-bit word holding byte p. On the device a global load cached
-// in L2 only (ld.global.cg): a weight word is read once a token, and L1 keeps
-// the activations.
+// in L1 too (ld.global.ca): the words of a 2-byte-aligned type overlap from
+// one unit to the next, and the L1 serves the second read (through L2 only,
+// ld.global.cg, gpusim had the q8_0 matvec at 0.56 of ggml's bandwidth, L2
+// latency doubled by the repeated reads; cached, 1.03).
 MG_HD_INLINE uint32_t aligned_word(const uint8_t* p) {
   const uint32_t* word =
       reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
 #if defined(__CUDA_ARCH__)
-  return __ldcg(word);
+  return __ldca(word);
 #else
   return *word;
 #endif
@@ -238,7 +240,7 @@ template <int N, bool kAligned>
 MG_HD_INLINE void load_words(const uint8_t* p, int (&out)[N]) {
 #if defined(__CUDA_ARCH__)
   if constexpr (kAligned) {
-    for (int i = 0; i < N; ++i) out[i] = __ldcg(reinterpret_cast<const int*>(p) + i);
+    for (int i = 0; i < N; ++i) out[i] = __ldca(reinterpret_cast<const int*>(p) + i);
   } else {
     words_from_aligned_loads<N>(p, out);
   }

@@ -21,7 +21,12 @@
 #include "mmvq_kernel.cuh"
 #include "tools/gpusim-matvec/problem.h"
 
-// ggml.c's, which GGML_ASSERT calls (host side, never reached here).
+// ggml.c's symbols that the copied host code names: GGML_ASSERT's abort and
+// ggml_cuda_should_use_mmvq's ggml_is_quantized (never called here).
+extern "C" bool ggml_is_quantized(enum ggml_type) {
+  std::fprintf(stderr, "ggml_is_quantized: not part of this harness\n");
+  std::abort();
+}
 extern "C" void ggml_abort(const char* file, int line, const char* fmt, ...) {
   std::fprintf(stderr, "ggml_abort at %s:%d: ", file, line);
   va_list ap;
@@ -59,7 +64,7 @@ void Launch(const gpusim_matvec::Problem& p, const void* vx, const void* gate, c
   if (kFusion) fusion.gate = gate;
   // ggml_cuda_mul_mat_vec_q's strides for src0 [rows][cols], src1 one column,
   // dst one column: in blocks of src0, q8_1 blocks of src1, floats of dst.
-  const uint32_t s01 = static_cast<uint32_t>(p.row_bytes / ggml_type_size_bytes(type));
+  const uint32_t s01 = p.cols / ggml_cuda_type_traits<type>::qk;  // rows packed
   const uint32_t s11 = p.cols / QK8_1;
   const uint32_t s1 = p.rows;
   const uint3 nchannels_y_fd = make_uint3(0, 0, 0);  // no ids
