@@ -40,6 +40,10 @@ for a in "$@"; do
 done
 [ ${#CASES[@]} -gt 0 ] || CASES=(q8_0 q4_K q4_K_pair)
 mkdir -p "$B/logs"
+if [ "$TABLE_ONLY" = 0 ] && [ ! -x "${GPUSIM:-}/run.sh" ]; then
+  echo "run.sh: no gpusim at '${GPUSIM:-}' (set GPUSIM to the folder holding gpusim's run.sh)" >&2
+  exit 2
+fi
 
 # ---- build ----
 
