@@ -37,15 +37,6 @@ extern "C" void ggml_abort(const char* file, int line, const char* fmt, ...) {
   std::abort();
 }
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
-
 namespace {
 
 template <ggml_type type, bool kFusion>

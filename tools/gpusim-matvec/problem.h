@@ -11,6 +11,16 @@
 #include <string>
 #include <vector>
 
+// A CUDA call that must succeed (the harnesses; they include <cstdio> and <cstdlib>).
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
 namespace gpusim_matvec {
 
 struct Problem {
