@@ -124,7 +124,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   Door<ResidencyMode> residency{ResidencyMode::kDevice};
   Door<ResidencyPolicy> policy{kDefaultResidencyPolicy};
   Door<double> protected_frac{kDefaultProtectedFrac};
-  Door<bool> split_passes{true};
+  Door<bool> split_passes{false};
   Door<bool> programmatic_launch{true};
   Door<bool> batched_prefill{true};
   Door<bool> batch_matmul{true};

@@ -318,7 +318,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   banner = absl::StrFormat("backend cuda: %s (%.1f GiB), arm %s, %s%s, steps per launch %d",
                            prop.name, total_bytes / 1073741824.0, Av(ArmName(arm)),
                            DescribePolicy(d.policy, d.protected_frac),
-                           d.split_passes ? "" : ", one expert pass", options.steps_per_launch);
+                           d.split_passes ? ", split expert passes" : "", options.steps_per_launch);
   MG_RETURN_IF_ERROR(PlanPools(free_bytes, dense, kv_bytes, scratch));
   MG_RETURN_IF_ERROR(UploadDense());
   MG_RETURN_IF_ERROR(AllocatePools());

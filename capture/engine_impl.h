@@ -373,6 +373,7 @@ struct CudaEngine::Impl {
   DeviceCounters* counters = nullptr;
   float* partial = nullptr;
   unsigned int* tickets = nullptr;  // the epilogues' counters (kernels/kernels.h), zeroed
+  unsigned int* copy_tickets = nullptr;  // the stage copy's, [k], zeroed
   std::vector<LayerExperts> layer_experts;
   // Routing replay and record: the trace ([n_steps][n_layer][k] ids, -1 for a
   // missing row; f32 weights or none), the record buffer and their step cursor.

@@ -404,7 +404,8 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_keys = s.Add(n_layer * kk * 4), o_sor = s.Add(n_layer * kk * 4);
   const size_t o_missed = s.Add(n_layer * kk), o_evicted = s.Add(n_layer * kk * 4);
   const size_t o_cursor = s.Add(8);
-  const size_t o_tickets = s.Add(static_cast<size_t>(StepTickets(cfg)) * 4);
+  // The epilogues' tickets, then the stage copy's (k).
+  const size_t o_tickets = s.Add((static_cast<size_t>(StepTickets(cfg)) + kk) * 4);
   // q8_1 blocks of a vector of n, or none (kNone).
   constexpr size_t kNone = SIZE_MAX;
   auto add_q8_1 = [&s](size_t n) {
@@ -448,6 +449,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   counters = reinterpret_cast<DeviceCounters*>(at(o_counters));
   routing_cursor = reinterpret_cast<int64_t*>(at(o_cursor));
   tickets = reinterpret_cast<unsigned int*>(at(o_tickets));
+  copy_tickets = tickets + StepTickets(cfg);
   auto q8_1_at = [&at](size_t offset) {
     return offset == kNone ? nullptr : reinterpret_cast<block_q8_1*>(at(offset));
   };
@@ -586,7 +588,7 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
   const uint64_t q8_1_bytes = (static_cast<uint64_t>(cfg.n_embd) + q_len + kk * cfg.n_ff_exp +
                                cfg.n_ff_shexp + cfg.n_ff_dense) /
                               QK8_1 * sizeof(block_q8_1);
-  const uint64_t ticket_bytes = static_cast<uint64_t>(StepTickets(cfg)) * 4;
+  const uint64_t ticket_bytes = (static_cast<uint64_t>(StepTickets(cfg)) + kk) * 4;
   const uint64_t rope_bytes = rope_table_doubles(RotatedDims(cfg), max_ctx) * sizeof(double);
   return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer + q8_1_bytes +
          ticket_bytes + sample_scratch_bytes(cfg.n_vocab) +

@@ -15,6 +15,7 @@
 #include "loader/check.h"
 #include "loader/status_util.h"
 #include "reference/ops.h"
+#include "residency/policy.h"
 
 namespace moegraph {
 
@@ -158,18 +159,29 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       l + 1 < cfg.n_layer ? layers[static_cast<size_t>(l) + 1].attn_norm : output_norm;
 
   const ExpertBiases biases = l >= 0 && cfg.moe_layer(l) ? Biases(l, e->selection) : ExpertBiases{};
+  // The resident arm's slots follow from the selection (no slot decision).
+  ExpertRanks ranks;
+  if (l >= 0 && cfg.moe_layer(l)) {
+    ranks.k = top_k;
+    if (slot_mode == SlotMode::kResident) {
+      ranks.slot_of_rank = e->selection;
+      ranks.first_slot = residency_key(e->local_layer, 0, cfg.n_expert);
+    } else {
+      ranks.slot_of_rank = e->slot_of_rank;
+      ranks.missed = e->missed;
+    }
+  }
   const GluAct glu_act = ExpertGlu();
   auto gate_up = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
     return [=, this] {
-      return launch_expert_gate_up(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank,
-                                   e->missed, top_k, pass, biases, glu_act, h, h_q, act, act_q,
-                                   counters, tickets, ms);
+      return launch_expert_gate_up(pool->slots.as<uint8_t>(), pool->layout, ranks, pass, biases,
+                                   glu_act, h, h_q, act, act_q, counters, tickets, ms);
     };
   };
   auto down = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
     return [=, this] {
-      return launch_expert_down(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank, e->missed,
-                                top_k, pass, biases, act, act_q, expert_out, ms);
+      return launch_expert_down(pool->slots.as<uint8_t>(), pool->layout, ranks, pass, biases, act,
+                                act_q, expert_out, ms);
     };
   };
   // The last down pass ends the layer: the combine into x, then the next
@@ -182,9 +194,8 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     combine.residual = x;
     combine.norm = Norm(next_norm);
     return [=, this] {
-      return launch_expert_down_combine(pool->slots.as<uint8_t>(), pool->layout, e->slot_of_rank,
-                                        e->missed, top_k, pass, biases, act, act_q, expert_out,
-                                        combine, tickets, ms);
+      return launch_expert_down_combine(pool->slots.as<uint8_t>(), pool->layout, ranks, pass,
+                                        biases, act, act_q, expert_out, combine, tickets, ms);
     };
   };
 
@@ -248,11 +259,6 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
                                      pool->rank_cache.as<uint64_t>(), counters, ms);
       };
     }
-    case StepOp::kResidentSlots:
-      return [=, this] {
-        return launch_resident_slots(e->local_layer, cfg.n_expert, e->selection, top_k,
-                                     e->slot_of_rank, e->missed, ms);
-      };
     case StepOp::kStageAllSlots:
       return [=] { return launch_stage_all_slots(top_k, e->slot_of_rank, e->missed, ms); };
     case StepOp::kHostReadSelection:
@@ -281,11 +287,14 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       return [=, this] { return cudaEventRecord(fork_events[static_cast<size_t>(l)], ms); };
     case StepOp::kForkWait:
       return [=, this] { return cudaStreamWaitEvent(cs, fork_events[static_cast<size_t>(l)], 0); };
-    case StepOp::kStageCopy:
+    case StepOp::kStageCopy: {
+      cudaStream_t stream = entry.stream == WalkStream::kCopy ? cs : ms;
       return [=, this] {
         return launch_stage_copy(e->host_blocks, pool->layout, e->selection, e->slot_of_rank,
-                                 e->missed, top_k, pool->slots.as<uint8_t>(), counters, cs);
+                                 e->missed, top_k, pool->slots.as<uint8_t>(), copy_tickets,
+                                 counters, stream);
       };
+    }
     case StepOp::kHostStageCopy:
       return [=, this] { return HostStageCopy(l); };
     case StepOp::kJoinRecord:
@@ -304,6 +313,10 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       return gate_up(ExpertPass::kAll);
     case StepOp::kDownAll:
       return down_combine(ExpertPass::kAll);
+    case StepOp::kGateUpReady:
+      return gate_up(ExpertPass::kReady);
+    case StepOp::kDownReady:
+      return down_combine(ExpertPass::kReady);
     case StepOp::kShexpGateUp:
       return [=, this] {
         return launch_matvec_swiglu(w->shexp_gate, w->shexp_up, h, h_q, shexp_act, shexp_act_q,

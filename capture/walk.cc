@@ -23,7 +23,6 @@ constexpr OpInfo kOps[] = {
     {StepOp::kRouter, "router", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kTraceRouting, "trace_routing", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kResidencyStep, "residency_step", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kResidentSlots, "resident_slots", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kStageAllSlots, "stage_all_slots", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kHostReadSelection, "host_read_selection", EntryKind::kMemcpyD2H, WalkStream::kMain},
     {StepOp::kHostWaitSelection, "host_wait_selection", EntryKind::kHostSync, WalkStream::kMain},
@@ -41,6 +40,8 @@ constexpr OpInfo kOps[] = {
     {StepOp::kDownMisses, "down_misses", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kGateUpAll, "gate_up_all", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kDownAll, "down_all", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kGateUpReady, "gate_up_ready", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kDownReady, "down_ready", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpGateUp, "shexp_gate_up", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpDown, "shexp_down", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpLogit, "shexp_logit", EntryKind::kKernel, WalkStream::kMain},
@@ -65,11 +66,13 @@ class WalkWriter {
  public:
   WalkWriter(StepWalk& walk, const WalkBinder& bind) : walk_(walk), bind_(bind) {}
 
-  void Add(StepOp op, int step, int layer = -1) {
+  void Add(StepOp op, int step, int layer = -1) { Add(op, StepOpStream(op), step, layer); }
+
+  void Add(StepOp op, WalkStream stream, int step, int layer) {
     WalkEntry entry;
     entry.op = op;
     entry.kind = StepOpKind(op);
-    entry.stream = StepOpStream(op);
+    entry.stream = stream;
     entry.step = step;
     entry.layer = layer;
     if (bind_) entry.enqueue = bind_(entry);
@@ -96,8 +99,8 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
   w.Add(StepOp::kRouter, step, layer);
   if (c.trace_routing) w.Add(StepOp::kTraceRouting, step, layer);
   if (c.slot_mode == SlotMode::kResident) {
-    // Nothing to copy, so nothing to overlap: one pass over every rank.
-    w.Add(StepOp::kResidentSlots, step, layer);
+    // Nothing to copy, so nothing to overlap: one pass over every rank, each
+    // found in the slot its key names (no slot decision).
     AddSharedExpert(c, w, step, layer);
     w.Add(StepOp::kGateUpAll, step, layer);
     w.Add(StepOp::kDownAll, step, layer);
@@ -110,6 +113,13 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
     } else {
       w.Add(c.slot_mode == SlotMode::kStageAll ? StepOp::kStageAllSlots : StepOp::kResidencyStep,
             step, layer);
+    }
+    if (OnePassWaitsForCopies(c)) {
+      AddSharedExpert(c, w, step, layer);
+      w.Add(StepOp::kStageCopy, WalkStream::kMain, step, layer);
+      w.Add(StepOp::kGateUpReady, step, layer);
+      w.Add(StepOp::kDownReady, step, layer);
+      return;
     }
     w.Add(StepOp::kForkRecord, step, layer);
     w.Add(StepOp::kForkWait, step, layer);
@@ -130,6 +140,11 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
 }
 
 }  // namespace
+
+bool OnePassWaitsForCopies(const WalkConfig& config) {
+  return !config.split_passes &&
+         (config.slot_mode == SlotMode::kDevicePolicy || config.slot_mode == SlotMode::kStageAll);
+}
 
 std::string_view StepOpName(StepOp op) { return Info(op).name; }
 EntryKind StepOpKind(StepOp op) { return Info(op).kind; }

@@ -4,9 +4,18 @@
 // Nothing in an entry depends on the token: every per-step value lives in device
 // memory, so the list (and the graph captured from it) is never patched.
 //
-// Per MoE layer (device residency, split passes):
-//   main: qkv attention attn_out router residency_step fork_record
-//   copy:                                   fork_wait stage_copy join_record
+// Per MoE layer (device residency, the default one pass):
+//   main: qkv attention attn_out router residency_step [shexp_*] stage_copy
+//         gate_up_ready down_ready
+// The stage copy runs on the main stream just before the pass: the pass's
+// blocks start while it copies (programmatic launch: the copy's blocks are
+// all running before any of the pass's starts, so a block waiting for a
+// miss cannot keep the copy from the SMs), hit ranks at once, a missed rank's
+// blocks once its flag says its expert is in its slot (kernels/copy_ready.cuh).
+// With split passes (MOEGRAPH_SPLIT_PASSES=1, and the host arm) the misses
+// copy on the copy stream between a fork and a join:
+//   main: ... residency_step fork_record
+//   copy:                    fork_wait stage_copy join_record
 //   main: gate_up_hits down_hits [shexp_*] join_wait gate_up_misses down_misses
 // What used to be launches of their own are epilogues of the op before them
 // (kernels/epilogue.cuh): embed runs the first attn_norm; qkv each head's
@@ -18,8 +27,10 @@
 // routing_step_end before end_step.)
 // A leading dense layer (glm4moe) has dense_gate_up dense_down after attn_out
 // instead, the down adding into the residual and running the next attn_norm.
-// Arms change only the slot decision (resident_slots, stage_all_slots, or the
-// host arm's readback, host step and host copies) and which passes run.
+// Arms change only the slot decision (none on the resident arm, whose passes
+// find each expert in the slot its key names; stage_all_slots; or the host
+// arm's readback, host step and host copies) and which passes run (the
+// host arm's copies join before its one pass, gate_up_all down_all).
 // Steps end with lm_head [record_logits] sample end_step; after the
 // last of S steps the token leaves through one device-to-host copy.
 #pragma once
@@ -55,7 +66,6 @@ enum class StepOp {
   kTraceRouting,  // routing replay: the trace's selection over the router's
   // The slot decision, one per arm.
   kResidencyStep,
-  kResidentSlots,
   kStageAllSlots,
   kHostReadSelection,  // host arm: selection to pinned host memory
   kHostWaitSelection,  // host arm: the per-layer sync
@@ -75,6 +85,8 @@ enum class StepOp {
   kDownMisses,
   kGateUpAll,
   kDownAll,
+  kGateUpReady,  // every rank, right after the stage copy on the main stream
+  kDownReady,
   // The shared expert, overlapping the copies; its logit for qwen2moe's gate.
   kShexpGateUp,
   kShexpDown,
@@ -99,7 +111,7 @@ int StepOpLaunches(StepOp op);
 // How the slots of a step's selection are decided.
 enum class SlotMode {
   kDevicePolicy,  // residency_step on the device (graph and eager arms)
-  kResident,      // every expert resident: resident_slots, no copies
+  kResident,      // every expert resident in the slot its key names, no copies
   kStageAll,      // stage-every-token: k scratch slots, every expert copied
   kHostPolicy,    // host arm: readback, host ResidencyCache, cudaMemcpyAsync
 };
@@ -108,8 +120,10 @@ struct WalkConfig {
   int n_layer = 0;
   int steps = 1;  // S: consecutive steps in one walk (one host wait per walk)
   SlotMode slot_mode = SlotMode::kDevicePolicy;
-  // Hits before the join, misses after it; false: one pass after the join.
-  bool split_passes = true;
+  // Hits before the join, misses after it (the copy on the copy stream);
+  // false: one pass, missed ranks waiting for their copy (the host arm: one
+  // pass after the join).
+  bool split_passes = false;
   // Kernels launched with programmatic dependent launch (MOEGRAPH_PDL, sm_90+).
   bool programmatic_launch = false;
   bool shared_expert = false;        // qwen2moe, glm4moe
@@ -122,6 +136,11 @@ struct WalkConfig {
   // record_logits after each lm_head.
   bool record_logits = false;
 };
+
+// Whether the cached arms' expert pass is the one pass after the stage copy on
+// the main stream (kGateUpReady, kDownReady): the device arms without split
+// passes. The host arm copies with cudaMemcpyAsync, which sets no flags.
+bool OnePassWaitsForCopies(const WalkConfig& config);
 
 // One launch. `enqueue` is supplied by the engine; a walk built without a binder
 // (for tests of its shape) has none.

@@ -390,8 +390,18 @@ std::string KernelNameFromSignature(const char* signature) {
   std::string name = text.substr(at + key.size());
   name = name.substr(0, name.find_first_of(";]"));
   if (!name.empty() && name[0] == '&') name.erase(0, 1);
-  const size_t scope = name.rfind("::");
-  return scope == std::string::npos ? name : name.substr(scope + 2);
+  // Every qualifier goes, in the template's argument too:
+  // "{anonymous}::grouped_matvec_kernel<moegraph::GgmlType::kQ4_K>" is
+  // "grouped_matvec_kernel<kQ4_K>".
+  std::string out;
+  for (const char c : name) {
+    out.push_back(c);
+    if (out.size() >= 2 && out.compare(out.size() - 2, 2, "::") == 0) {
+      const size_t start = out.find_last_of("<, ", out.size() - 3);
+      out.erase(start == std::string::npos ? 0 : start + 1);
+    }
+  }
+  return out;
 }
 
 }  // namespace moegraph_emu

@@ -507,7 +507,34 @@ cudaError_t EnqueueKernel(std::shared_ptr<const KernelLaunch> launch, cudaStream
       block.y > 1024 || block.z > 64 || threads > 1024) {
     return Return(cudaErrorInvalidConfiguration);
   }
-  return Return(d.Submit(s, std::move(launch)));
+  const char* name = launch->name();
+  const cudaError_t err = d.Submit(s, std::move(launch));
+  if (err == cudaSuccess && d.recorded_launches != nullptr) {
+    d.recorded_launches->push_back({name, grid, block});
+  }
+  return Return(err);
+}
+
+LaunchRecorder::LaunchRecorder() {
+  Device& d = Device::Get();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  if (d.recorded_launches != nullptr) {
+    std::fputs("moegraph-emu: a LaunchRecorder while another records\n", stderr);
+    std::abort();
+  }
+  d.recorded_launches = &launches_;
+}
+
+LaunchRecorder::~LaunchRecorder() {
+  Device& d = Device::Get();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  d.recorded_launches = nullptr;
+}
+
+std::vector<RecordedLaunch> LaunchRecorder::launches() const {
+  Device& d = Device::Get();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  return launches_;
 }
 
 }  // namespace moegraph_emu

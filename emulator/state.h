@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda_runtime.h"
+#include "emulator/testing.h"
 
 namespace moegraph_emu {
 
@@ -196,6 +197,8 @@ class Device {
   std::vector<std::shared_ptr<Capture>> captures;  // active
   std::map<CUgraph_st*, std::unique_ptr<CUgraph_st>> graphs;
   std::map<CUgraphExec_st*, std::unique_ptr<CUgraphExec_st>> execs;
+  // The open LaunchRecorder's launches (emulator/testing.h), or null.
+  std::vector<RecordedLaunch>* recorded_launches = nullptr;
 
   // ---- called with the mutex held ----
 

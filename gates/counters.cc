@@ -19,6 +19,7 @@ constexpr std::array<std::string_view, kCounterCount> kNames = {
     "device.bytes_staged",
     "device.pass_a_experts",
     "device.pass_b_experts",
+    "device.copy_waits",
     "device.steps",
     "host.graph_launches",
     "host.captures",
@@ -82,6 +83,7 @@ CounterSnapshot SnapshotOf(const EngineCounters& engine, const DeviceCounters& d
   s.values.Set(Counter::kDeviceBytesStaged, device.bytes_staged);
   s.values.Set(Counter::kPassAExperts, device.pass_a_experts);
   s.values.Set(Counter::kPassBExperts, device.pass_b_experts);
+  s.values.Set(Counter::kCopyWaits, device.copy_waits);
   s.values.Set(Counter::kDeviceSteps, device.steps);
   SetHost(host_begin, s.values);
   SetHost(host_end, s.host_end);

@@ -31,6 +31,7 @@ enum class Counter : uint8_t {
   kDeviceBytesStaged,
   kPassAExperts,
   kPassBExperts,
+  kCopyWaits,
   kDeviceSteps,
   // Incremented by the CUDA engine's host code (HostCounters).
   kGraphLaunches,

@@ -444,7 +444,7 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   MG_ASSIGN_OR_RETURN(const Doors defaults, DoorsFromEnv({}));
   MG_ASSIGN_OR_RETURN(const Doors eager, DoorsFromEnv({{"MOEGRAPH_GRAPH", "0"}}));
   MG_ASSIGN_OR_RETURN(const Doors host, DoorsFromEnv({{"MOEGRAPH_RESIDENCY", "host"}}));
-  MG_ASSIGN_OR_RETURN(const Doors single, DoorsFromEnv({{"MOEGRAPH_SPLIT_PASSES", "0"}}));
+  MG_ASSIGN_OR_RETURN(const Doors split, DoorsFromEnv({{"MOEGRAPH_SPLIT_PASSES", "1"}}));
   MG_ASSIGN_OR_RETURN(const Doors no_pdl, DoorsFromEnv({{"MOEGRAPH_PDL", "0"}}));
   MG_ASSIGN_OR_RETURN(const Doors prefill_steps, DoorsFromEnv({{"MOEGRAPH_PREFILL", "steps"}}));
 
@@ -467,6 +467,8 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kPassBExperts, "default"));
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kPassBExperts, d[Counter::kDeviceMisses], "default"));
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kPassAExperts, d[Counter::kDeviceHits], "default"));
+  // The one pass: every miss waited for its copy's flag.
+  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kCopyWaits, d[Counter::kDeviceMisses], "default"));
   MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kProgrammaticLaunches, "default"));
 
   // MOEGRAPH_PREFILL=steps: the prompt as T=1 steps in the decode graph.
@@ -505,14 +507,16 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
                                 h[Counter::kH2dMemcpys], 2 * steps * n_moe));
   }
 
-  // MOEGRAPH_SPLIT_PASSES=0: every expert in the one pass after the join.
-  MG_ASSIGN_OR_RETURN(const ArmRun single_run,
-                      RunArm(context, model, SpecOf(context, single, max_ctx), work));
-  const CounterValues& s = single_run.delta;
-  MG_RETURN_IF_ERROR(ExpectFlat(s, Counter::kPassBExperts, "MOEGRAPH_SPLIT_PASSES=0"));
-  MG_RETURN_IF_ERROR(ExpectMoved(s, Counter::kDeviceMisses, "MOEGRAPH_SPLIT_PASSES=0"));
-  MG_RETURN_IF_ERROR(ExpectEq(s, Counter::kPassAExperts, steps * SelectedPerStep(model),
-                              "MOEGRAPH_SPLIT_PASSES=0"));
+  // MOEGRAPH_SPLIT_PASSES=1: the misses in a pass of their own after the
+  // join, so no pass waits for a flag.
+  MG_ASSIGN_OR_RETURN(const ArmRun split_run,
+                      RunArm(context, model, SpecOf(context, split, max_ctx), work));
+  const CounterValues& s = split_run.delta;
+  const std::string split_arm = "MOEGRAPH_SPLIT_PASSES=1";
+  MG_RETURN_IF_ERROR(ExpectFlat(s, Counter::kCopyWaits, split_arm));
+  MG_RETURN_IF_ERROR(ExpectMoved(s, Counter::kPassBExperts, split_arm));
+  MG_RETURN_IF_ERROR(ExpectEq(s, Counter::kPassBExperts, s[Counter::kDeviceMisses], split_arm));
+  MG_RETURN_IF_ERROR(ExpectEq(s, Counter::kPassAExperts, s[Counter::kDeviceHits], split_arm));
 
   // MOEGRAPH_PDL=0: the same walk launched without the attribute.
   MG_ASSIGN_OR_RETURN(const ArmRun no_pdl_run,
@@ -526,11 +530,12 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   return Pass(absl::StrFormat(
       "MOEGRAPH_GRAPH=0: %d eager steps, 0 launches (default: %d launches, 0 eager); "
       "MOEGRAPH_RESIDENCY=host: %d syncs, %d copy calls, residency kernel flat (default: %d "
-      "syncs); MOEGRAPH_SPLIT_PASSES=0: pass B flat (default: %d); "
+      "syncs); MOEGRAPH_SPLIT_PASSES=1: 0 copy waits, pass B %d (default: %d waits); "
       "MOEGRAPH_PDL=0: 0 programmatic launches (default: %d); MOEGRAPH_PREFILL=steps: %d prompt "
       "steps, 0 prefill tokens (default: 0, %d)",
       eager_run.delta[Counter::kEagerSteps], d[Counter::kGraphLaunches], h[Counter::kHostSyncs],
-      h[Counter::kH2dMemcpys], d[Counter::kHostSyncs], d[Counter::kPassBExperts],
+      h[Counter::kH2dMemcpys], d[Counter::kHostSyncs], s[Counter::kPassBExperts],
+      d[Counter::kCopyWaits],
       d[Counter::kProgrammaticLaunches], steps_run.delta[Counter::kPromptSteps],
       d[Counter::kPrefillTokens]));
 }

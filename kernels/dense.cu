@@ -6,9 +6,9 @@
 // ops whose output a quantized matvec reads (the norms, the attention merge)
 // write its q8_1 blocks too: a warp's lanes hold one block's 32 values.
 //
-// Attention runs one block per (column of query heads, split of kAttnSplit
+// Attention runs one block per (column of query heads, split of kAttentionSplitPositions
 // positions): a column is the query heads that share a KV head (GQA's group;
-// more than kMaxGroupHeads of them take several columns), so each split of K
+// more than kAttentionGroupHeads of them take several columns), so each split of K
 // and V is read once for all of them. The grid is sized by max_ctx at capture
 // and splits past the live length (*pos + 1, read on the device) exit at once.
 // The last split of a column to finish merges its heads' splits
@@ -16,6 +16,7 @@
 #include "kernels/epilogue.cuh"
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
+#include "kernels/launch_geometry.h"
 #include "kernels/nn_math.h"
 #include "kernels/q8_1.cuh"
 #include "kernels/reduce.cuh"
@@ -24,38 +25,38 @@
 namespace moegraph {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kAttnSplit = 128;  // positions per attention block
-constexpr int kAttnThreads = 128;
 constexpr int kMaxHeadDim = 256;
-constexpr int kMaxGroupHeads = 8;   // query heads per attention block
 constexpr int kKeyPositions = 2;    // keys a lane loads before it uses them
 constexpr int kValuePositions = 8;  // value rows a thread loads before it uses them
 constexpr int kMergeAhead = 8;      // splits whose partials the merge loads before it uses them
 // A thread's elements of the [heads][head_dim] output of a split.
-constexpr int kOutPerThread = kMaxGroupHeads * kMaxHeadDim / kAttnThreads;
+constexpr int kOutPerThread = kAttentionGroupHeads * kMaxHeadDim / kAttentionThreads;
 constexpr int32_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y (attention splits)
 
 int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
-int32_t attention_splits(int32_t max_ctx) { return ceil_div(max_ctx, kAttnSplit); }
+int32_t attention_splits(int32_t max_ctx) { return ceil_div(max_ctx, kAttentionSplitPositions); }
 
-// Attention's block columns (HeadGroup): ceil(group / kMaxGroupHeads) per KV head.
+// Attention's block columns (HeadGroup): ceil(group / kAttentionGroupHeads) per KV head.
 int32_t attention_columns(int32_t n_head, int32_t n_head_kv) {
-  return n_head_kv * ceil_div(n_head / n_head_kv, kMaxGroupHeads);
+  return n_head_kv * ceil_div(n_head / n_head_kv, kAttentionGroupHeads);
 }
 
 // The keys a query at position length - 1 sees, [first, length), in splits
-// first / kAttnSplit .. (length - 1) / kAttnSplit; split s covers [begin, begin
-// + count). Decode and prefill both cut them so.
+// first / kAttentionSplitPositions .. (length - 1) / kAttentionSplitPositions;
+// split s covers [begin, begin + count). Decode and prefill both cut them so.
 struct LiveKeys {
   int32_t first, length;
   __device__ LiveKeys(int32_t len, int32_t window)
       : first(window > 0 ? max(0, len - window) : 0), length(len) {}
-  __device__ int32_t first_split() const { return first / kAttnSplit; }
-  __device__ int32_t end_split() const { return (length + kAttnSplit - 1) / kAttnSplit; }
-  __device__ int32_t begin(int32_t s) const { return max(s * kAttnSplit, first); }
-  __device__ int32_t count(int32_t s) const { return min((s + 1) * kAttnSplit, length) - begin(s); }
+  __device__ int32_t first_split() const { return first / kAttentionSplitPositions; }
+  __device__ int32_t end_split() const {
+    return (length + kAttentionSplitPositions - 1) / kAttentionSplitPositions;
+  }
+  __device__ int32_t begin(int32_t s) const { return max(s * kAttentionSplitPositions, first); }
+  __device__ int32_t count(int32_t s) const {
+    return min((s + 1) * kAttentionSplitPositions, length) - begin(s);
+  }
 };
 
 // The merge's starting state: the sink's logit, exp(0) = 1 of denominator and
@@ -144,13 +145,13 @@ struct KvChunk<float> {
 
 // The query heads of attention block column x: the n_head / n_head_kv heads
 // that read one KV head (GQA's group), cut into as few blocks of at most
-// kMaxGroupHeads heads as they need, as evenly as they go (attention_columns
+// kAttentionGroupHeads heads as they need, as evenly as they go (attention_columns
 // on the host counts them): heads [first, first + count) of KV head kv.
 struct HeadGroup {
   int32_t kv, first, count;
   __device__ HeadGroup(int32_t x, int32_t n_head, int32_t n_head_kv) {
     const int32_t group = n_head / n_head_kv;
-    const int32_t blocks = (group + kMaxGroupHeads - 1) / kMaxGroupHeads;
+    const int32_t blocks = (group + kAttentionGroupHeads - 1) / kAttentionGroupHeads;
     const int32_t per_block = (group + blocks - 1) / blocks;
     kv = x / blocks;
     first = kv * group + x % blocks * per_block;
@@ -162,20 +163,23 @@ struct HeadGroup {
 // kernels/epilogue.cuh).
 template <typename T>
 struct SplitShared {
-  float4 q4[kMaxGroupHeads * kMaxHeadDim / 4];  // the heads' q, [head][head_dim]
-  float4 weights4[kAttnSplit * kMaxGroupHeads / 4];  // scores, then weights: [position][head]
+  float4 q4[kAttentionGroupHeads * kMaxHeadDim / 4];  // the heads' q, [head][head_dim]
+  // Scores, then weights: [position][head].
+  float4 weights4[kAttentionSplitPositions * kAttentionGroupHeads / 4];
   // The value phase's sums, [group][head][head_dim]: groups * head_dim is at most
-  // 8 * kAttnThreads for f16 (8 dimensions a thread), 2 * kAttnThreads for f32.
-  float value_sums[kMaxGroupHeads * kAttnThreads * KvChunk<T>::kElems * KvChunk<T>::kValueChunks];
-  float head_max[kMaxGroupHeads], head_sum[kMaxGroupHeads];
+  // 8 * kAttentionThreads for f16 (8 dimensions a thread), 2 * kAttentionThreads for f32.
+  float value_sums[kAttentionGroupHeads * kAttentionThreads * KvChunk<T>::kElems *
+                   KvChunk<T>::kValueChunks];
+  float head_max[kAttentionGroupHeads], head_sum[kAttentionGroupHeads];
 };
-static_assert(kMaxGroupHeads == 8, "the value phase reads a position's weights as two float4");
+static_assert(kAttentionGroupHeads == 8,
+              "the value phase reads a position's weights as two float4");
 
 // The softmax partials of n_q query heads (sh->q4, written and published by the
 // caller) against cache rows [begin, begin + count) of the KV head they share,
 // each key and value read once for all of them: head h's max and sum into
 // sh->head_max[h] and sh->head_sum[h], its weighted values into acc: element i
-// of [n_q][head_dim] in acc[k] of thread i % kAttnThreads, k = i / kAttnThreads.
+// of [n_q][head_dim] in acc[k] of thread i % kAttentionThreads, k = i / kAttentionThreads.
 // Every sum has one order, whatever n_q and whichever lanes run first. Decode
 // and prefill both run it, so a prompt row's attention has the decode step's
 // bits.
@@ -186,7 +190,7 @@ __device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict_
                              SplitShared<T>* sh, float (&acc)[kOutPerThread]) {
   using Kv = KvChunk<T>;
   constexpr int E = Kv::kElems;
-  constexpr int n_warps = kAttnThreads / 32;
+  constexpr int n_warps = kAttentionThreads / 32;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const float* q = reinterpret_cast<const float*>(sh->q4);
@@ -217,7 +221,7 @@ __device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict_
         if (c < n_chunks) raw[u][j] = Kv::load(key + c * E);
       }
     }
-    float dot[kMaxGroupHeads][kKeyPositions] = {};
+    float dot[kAttentionGroupHeads][kKeyPositions] = {};
 #pragma unroll
     for (int j = 0; j < Kv::kKeyChunks; ++j) {
       const int32_t c = j * g + part;
@@ -226,7 +230,7 @@ __device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict_
 #pragma unroll
       for (int u = 0; u < kKeyPositions; ++u) Kv::widen(raw[u][j], k[u]);
 #pragma unroll
-      for (int h = 0; h < kMaxGroupHeads; ++h) {
+      for (int h = 0; h < kAttentionGroupHeads; ++h) {
         if (h >= n_q) break;
         float qc[E];
         Kv::load_q(q + h * head_dim + c * E, qc);
@@ -238,12 +242,12 @@ __device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict_
       }
     }
 #pragma unroll
-    for (int h = 0; h < kMaxGroupHeads; ++h) {
+    for (int h = 0; h < kAttentionGroupHeads; ++h) {
       if (h >= n_q) break;
 #pragma unroll
       for (int u = 0; u < kKeyPositions; ++u) {
         const float score = group_sum(dot[h][u], g);
-        if (part == 0 && t[u] < count) weights[t[u] * kMaxGroupHeads + h] = score * scale;
+        if (part == 0 && t[u] < count) weights[t[u] * kAttentionGroupHeads + h] = score * scale;
       }
     }
   }
@@ -253,12 +257,12 @@ __device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict_
   for (int32_t h = warp; h < n_q; h += n_warps) {
     float local_max = -INFINITY;
     for (int32_t t = lane; t < count; t += 32)
-      local_max = fmaxf(local_max, weights[t * kMaxGroupHeads + h]);
+      local_max = fmaxf(local_max, weights[t * kAttentionGroupHeads + h]);
     const float max_score = warp_max(local_max);
     float local_sum = 0.0f;
     for (int32_t t = lane; t < count; t += 32) {
-      const float w = expf(weights[t * kMaxGroupHeads + h] - max_score);
-      weights[t * kMaxGroupHeads + h] = w;
+      const float w = expf(weights[t * kAttentionGroupHeads + h] - max_score);
+      weights[t * kAttentionGroupHeads + h] = w;
       local_sum += w;
     }
     const float sum = warp_sum(local_sum);
@@ -273,13 +277,13 @@ __device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict_
   // part, part + lanes, ...; the block's groups of them take every groups-th
   // position, each loading kValuePositions rows before it uses them, widening
   // each element once for every head. The groups' sums are added in group order.
-  const int32_t lanes = min(n_chunks, kAttnThreads);
-  const int32_t groups = kAttnThreads / lanes;
+  const int32_t lanes = min(n_chunks, kAttentionThreads);
+  const int32_t groups = kAttentionThreads / lanes;
   const int32_t group = static_cast<int32_t>(threadIdx.x) / lanes;
   const int32_t value_part = static_cast<int32_t>(threadIdx.x) % lanes;
   const int32_t n = n_q * head_dim;
   if (group < groups) {
-    float values[kMaxGroupHeads][Kv::kValueChunks * E] = {};
+    float values[kAttentionGroupHeads][Kv::kValueChunks * E] = {};
     for (int32_t t0 = group; t0 < count; t0 += kValuePositions * groups) {
       typename Kv::Raw raw[kValuePositions][Kv::kValueChunks] = {};
 #pragma unroll
@@ -299,14 +303,14 @@ __device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict_
         if (t >= count) break;
         const float4 lo = sh->weights4[2 * t];
         const float4 hi = sh->weights4[2 * t + 1];
-        const float w[kMaxGroupHeads] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        const float w[kAttentionGroupHeads] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
         for (int j = 0; j < Kv::kValueChunks; ++j) {
           if (value_part + j * lanes >= n_chunks) break;
           float v[E];
           Kv::widen(raw[u][j], v);
 #pragma unroll
-          for (int h = 0; h < kMaxGroupHeads; ++h) {
+          for (int h = 0; h < kAttentionGroupHeads; ++h) {
             if (h >= n_q) break;
 #pragma unroll
             for (int e = 0; e < E; ++e) values[h][j * E + e] += w[h] * v[e];
@@ -316,7 +320,7 @@ __device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict_
     }
     float* sums = sh->value_sums + group * n;
 #pragma unroll
-    for (int h = 0; h < kMaxGroupHeads; ++h) {
+    for (int h = 0; h < kAttentionGroupHeads; ++h) {
       if (h >= n_q) break;
 #pragma unroll
       for (int j = 0; j < Kv::kValueChunks; ++j) {
@@ -330,7 +334,7 @@ __device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict_
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < kOutPerThread; ++k) {
-    const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttnThreads;
+    const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttentionThreads;
     float sum = 0.0f;
     if (i < n) {
       for (int32_t gr = 0; gr < groups; ++gr) sum += sh->value_sums[gr * n + i];
@@ -344,7 +348,7 @@ __device__ void attend_split(const T* __restrict__ k_cache, const T* __restrict_
 template <typename T>
 __device__ void load_q_heads(const float* __restrict__ q, int32_t n, SplitShared<T>* sh) {
   float* dst = reinterpret_cast<float*>(sh->q4);
-  for (int32_t i = threadIdx.x; i < n; i += kAttnThreads) dst[i] = q[i];
+  for (int32_t i = threadIdx.x; i < n; i += kAttentionThreads) dst[i] = q[i];
   __syncthreads();
 }
 
@@ -358,7 +362,7 @@ __device__ __forceinline__ float merged_value(float value, float x, float scale_
 // Partials of (query head, split), each [head_dim] weighted values, then max,
 // then sum; the last split of a block column to finish merges its heads.
 template <typename T>
-__global__ void __launch_bounds__(kAttnThreads)
+__global__ void __launch_bounds__(kAttentionThreads)
     attention_split_kernel(const float* __restrict__ q, const T* __restrict__ k_cache,
                            const T* __restrict__ v_cache, const int32_t* __restrict__ pos,
                            int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t max_ctx,
@@ -387,7 +391,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                keys.count(split), mask.kv_rows, scale, &sh, acc);
 #pragma unroll
   for (int k = 0; k < kOutPerThread; ++k) {
-    const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttnThreads;
+    const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttentionThreads;
     if (i < n) record(i / head_dim, split)[i % head_dim] = acc[k];
   }
   if (static_cast<int32_t>(threadIdx.x) < heads.count) {
@@ -403,7 +407,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   // one q8_1 block.
   const int32_t live = keys.end_split() - keys.first_split();
   if (!last_block_done(tickets + blockIdx.x, live, &shared)) return;
-  for (int32_t base = threadIdx.x / 32 * 32; base < n; base += kAttnThreads) {
+  for (int32_t base = threadIdx.x / 32 * 32; base < n; base += kAttentionThreads) {
     const int32_t i = base + lane;
     if (i < n) {
       const int32_t h = i / head_dim;
@@ -441,7 +445,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     return;
   }
   const int32_t n_out = n_head * head_dim;
-  for (int32_t base = threadIdx.x / 32 * 32; base < n_out; base += kAttnThreads) {
+  for (int32_t base = threadIdx.x / 32 * 32; base < n_out; base += kAttentionThreads) {
     const int32_t i = base + lane;
     warp_quantize_q8_1(__ldcg(merged_out + i), out_q + i / QK8_1);
   }
@@ -452,7 +456,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 // attention and merged in the same order, so each row's output has the decode
 // step's bits at its position.
 template <typename T>
-__global__ void __launch_bounds__(kAttnThreads)
+__global__ void __launch_bounds__(kAttentionThreads)
     attention_prefill_kernel(const float* __restrict__ q, const T* __restrict__ k_cache,
                              const T* __restrict__ v_cache, const int32_t* __restrict__ pos0,
                              int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale,
@@ -460,8 +464,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   wait_for_prior_grids();
   __shared__ SplitShared<T> sh;
   // Each head's merged state and the scales of its last merge, by thread h.
-  __shared__ SoftmaxPartial state[kMaxGroupHeads];
-  __shared__ float scale_state[kMaxGroupHeads], scale_split[kMaxGroupHeads];
+  __shared__ SoftmaxPartial state[kAttentionGroupHeads];
+  __shared__ float scale_state[kAttentionGroupHeads], scale_split[kAttentionGroupHeads];
   const HeadGroup heads(blockIdx.x, n_head, n_head_kv);
   const int64_t row = blockIdx.y;
   const LiveKeys keys(*pos0 + static_cast<int32_t>(row) + 1, mask.window);
@@ -484,7 +488,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < kOutPerThread; ++k) {
-      const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttnThreads;
+      const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttentionThreads;
       if (i < n) {
         const int32_t h = i / head_dim;
         acc[k] = merged_value(acc[k], split_acc[k], scale_state[h], scale_split[h]);
@@ -493,7 +497,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 #pragma unroll
   for (int k = 0; k < kOutPerThread; ++k) {
-    const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttnThreads;
+    const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttentionThreads;
     if (i < n) out[at + i] = acc[k] / state[i / head_dim].sum;
   }
 }
@@ -506,9 +510,10 @@ cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float*
     return cudaErrorInvalidValue;
   }
   const int32_t n_blocks = static_cast<int32_t>(table.cols / quant_block_elems(table.type));
-  return launch_kernel<embed_kernel>(1, kThreads, stream, static_cast<const uint8_t*>(table.data),
-                                     table.type, table.rows, table.row_bytes, n_blocks, token, out,
-                                     norm);
+  const LaunchGeometry g = embed_launch_geometry();
+  return launch_kernel<embed_kernel>(g.grid, g.block, stream,
+                                     static_cast<const uint8_t*>(table.data), table.type,
+                                     table.rows, table.row_bytes, n_blocks, token, out, norm);
 }
 
 cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, int32_t n_tokens,
@@ -517,7 +522,7 @@ cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, 
     return cudaErrorInvalidValue;
   }
   const int32_t n_blocks = static_cast<int32_t>(table.cols / quant_block_elems(table.type));
-  return launch_kernel<embed_kernel>(n_tokens, kThreads, stream,
+  return launch_kernel<embed_kernel>(n_tokens, kEmbedThreads, stream,
                                      static_cast<const uint8_t*>(table.data), table.type,
                                      table.rows, table.row_bytes, n_blocks, tokens, out,
                                      NormEpilogue{});
@@ -541,17 +546,16 @@ cudaError_t launch_attention_decode(const float* q, const void* k_cache, const v
                   reinterpret_cast<uintptr_t>(v_cache) % 16 != 0))) {
     return cudaErrorInvalidValue;
   }
-  const int32_t n_splits = attention_splits(max_ctx);
-  if (n_splits > kMaxGridY) return cudaErrorInvalidValue;
-  const dim3 grid(attention_columns(n_head, n_head_kv), n_splits);
+  const LaunchGeometry g = attention_decode_launch_geometry(n_head, n_head_kv, max_ctx);
+  if (g.grid.y > kMaxGridY) return cudaErrorInvalidValue;
   if (kv_f16) {
     return launch_kernel<attention_split_kernel<uint16_t>>(
-        grid, kAttnThreads, stream, q, static_cast<const uint16_t*>(k_cache),
+        g.grid, g.block, stream, q, static_cast<const uint16_t*>(k_cache),
         static_cast<const uint16_t*>(v_cache), pos, n_head, n_head_kv, head_dim, max_ctx, scale,
         mask, partial, tickets, out, out_q);
   }
   return launch_kernel<attention_split_kernel<float>>(
-      grid, kAttnThreads, stream, q, static_cast<const float*>(k_cache),
+      g.grid, g.block, stream, q, static_cast<const float*>(k_cache),
       static_cast<const float*>(v_cache), pos, n_head, n_head_kv, head_dim, max_ctx, scale, mask,
       partial, tickets, out, out_q);
 }
@@ -571,11 +575,11 @@ cudaError_t launch_attention_prefill(const float* q, const void* k_cache, const 
   const dim3 grid(attention_columns(n_head, n_head_kv), tokens);
   if (kv_f16) {
     return launch_kernel<attention_prefill_kernel<uint16_t>>(
-        grid, kAttnThreads, stream, q, static_cast<const uint16_t*>(k_cache),
+        grid, kAttentionThreads, stream, q, static_cast<const uint16_t*>(k_cache),
         static_cast<const uint16_t*>(v_cache), pos0, n_head, n_head_kv, head_dim, scale, mask, out);
   }
   return launch_kernel<attention_prefill_kernel<float>>(
-      grid, kAttnThreads, stream, q, static_cast<const float*>(k_cache),
+      grid, kAttentionThreads, stream, q, static_cast<const float*>(k_cache),
       static_cast<const float*>(v_cache), pos0, n_head, n_head_kv, head_dim, scale, mask, out);
 }
 

@@ -51,6 +51,7 @@ struct DeviceCounters {
   unsigned long long bytes_staged;
   unsigned long long pass_a_experts;
   unsigned long long pass_b_experts;
+  unsigned long long copy_waits;  // missed ranks the kReady pass waited for
   unsigned long long steps;
 };
 
@@ -356,21 +357,33 @@ cudaError_t launch_hazard_step(const HazardState& state, const HazardPool& pool,
                                uint64_t* rank_cache, DeviceCounters* counters,
                                cudaStream_t stream);
 
-// Arms without a policy: resident (slot = layer * n_expert + expert, never
-// missed) and stage-every-token (slot = scratch slot r, always missed).
-cudaError_t launch_resident_slots(int32_t layer, int32_t n_expert, const int32_t* experts,
-                                  int32_t k, int32_t* slot_of_rank, uint8_t* missed,
-                                  cudaStream_t stream);
+// The stage-every-token arm's slots (no policy): slot_of_rank[r] = scratch
+// slot r, always missed. (The resident arm has no slot decision: ExpertRanks.)
 cudaError_t launch_stage_all_slots(int32_t k, int32_t* slot_of_rank, uint8_t* missed,
                                    cudaStream_t stream);
 
 // SM-driven copy of every missed expert's block from mapped pinned host memory
 // (host_blocks: the device pointer of the layer's blocks, [n_expert][block_bytes])
-// into its slot, 16-byte accesses. Counts bytes_staged.
+// into its slot, 16-byte accesses; each missed rank's flag goes to kRankCopied
+// (kernels/moe_math.h) once its block is all there, for the kReady pass.
+// tickets: k, zero (left zero). Counts bytes_staged.
 cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayout& layout,
-                              const int32_t* experts, const int32_t* slot_of_rank,
-                              const uint8_t* missed, int32_t k, uint8_t* slots,
+                              const int32_t* experts, const int32_t* slot_of_rank, uint8_t* missed,
+                              int32_t k, uint8_t* slots, unsigned int* tickets,
                               DeviceCounters* counters, cudaStream_t stream);
+
+// Where an expert pass finds the k ranks' experts: rank r's block is slot
+// first_slot + slot_of_rank[r], with its miss flag missed[r]
+// (kernels/moe_math.h): a cached arm's slot decision, first_slot 0. The
+// resident arm, whose pool holds every expert of the layer in the slot its key
+// names, has no decision and no flags: slot_of_rank is the layer's selection,
+// first_slot the key of its expert 0, missed null (every rank a hit).
+struct ExpertRanks {
+  int32_t k = 0;
+  const int32_t* slot_of_rank = nullptr;
+  const uint8_t* missed = nullptr;
+  int32_t first_slot = 0;
+};
 
 // gpt-oss's expert biases, each null or [n_expert][n_ff] (down: [n_expert][n_embd]),
 // rank r adding row experts[r] (the layer's selection): all null, or experts set.
@@ -383,22 +396,23 @@ struct ExpertBiases {
 
 // act[r][n_ff] = glu(act, gate_r x, up_r x) (kernels/nn_math.h; biases added
 // to gate_r x and up_r x first) for each rank r of the pass, weights
-// found through slot_of_rank (gate and up of one type; x and xq as
+// found through ranks (gate and up of one type; x and xq as
 // launch_matvec reads them), and with act_q (n_ff a multiple of 32) act's q8_1
 // blocks, [r][n_ff / 32] (tickets: k * n_ff / 32). Full grid: blocks of other
-// passes exit. Counts pass_a_experts (kHits, and kAll: the single pass of an
-// unsplit walk) or pass_b_experts (kMisses), once per expert computed.
+// passes exit. kReady: launched right after launch_stage_copy, its blocks start
+// while the copy runs and a missed rank's wait for its flag (also in the down
+// passes). Counts each expert computed once: pass_b_experts when it was
+// computed after its copy (kMisses, a missed rank of kReady, which also counts
+// copy_waits), else pass_a_experts.
 cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
-                                  const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                                  ExpertPass pass, const ExpertBiases& biases, GluAct glu_act,
+                                  const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases, GluAct glu_act,
                                   const float* x, const block_q8_1* xq, float* act,
                                   block_q8_1* act_q, DeviceCounters* counters,
                                   unsigned int* tickets, cudaStream_t stream);
 // expert_out[r][n_embd] = down_r act[r] (+ its bias) for each rank r of the
 // pass (act_q: its q8_1 blocks, for a quantized down).
 cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
-                               const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                               ExpertPass pass, const ExpertBiases& biases, const float* act,
+                               const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases, const float* act,
                                const block_q8_1* act_q, float* expert_out, cudaStream_t stream);
 
 // The end of the FFN, run by the last down pass: residual += sum over r in rank
@@ -418,8 +432,7 @@ struct CombineEpilogue {
 // on which pass computed each rank), and the last of those runs the norm.
 // tickets: n_embd / 32 (rounded up) + 1.
 cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLayout& layout,
-                                       const int32_t* slot_of_rank, const uint8_t* missed,
-                                       int32_t k, ExpertPass pass, const ExpertBiases& biases,
+                                       const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases,
                                        const float* act, const block_q8_1* act_q, float* expert_out,
                                        const CombineEpilogue& combine, unsigned int* tickets,
                                        cudaStream_t stream);

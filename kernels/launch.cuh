@@ -32,6 +32,17 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 #endif
 }
 
+// wait_for_prior_grids, except that a kernel which overlaps the one before it
+// (the expert pass after the stage copy: kernels/copy_ready.cuh) lets the next
+// kernel start without waiting itself. What it reads of earlier kernels is
+// ready: the kernel before it started its blocks only after its own wait.
+__device__ __forceinline__ void wait_for_prior_grids_unless(bool overlaps_prior) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (!overlaps_prior) asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 template <auto Kernel, typename... Args>
 inline cudaError_t launch_kernel(dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
   uint64_t* const programmatic = programmatic_launch_counter();

@@ -24,9 +24,11 @@
 // runs the next norm. q, k and v are one launch whose blocks each take one
 // matrix's rows (a block-uniform switch on its type, outside the loops), the
 // last block of each head running its QK-norm, RoPE and KV append.
+#include "kernels/copy_ready.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
+#include "kernels/launch_geometry.h"
 #include "kernels/mmvq_math.h"
 #include "kernels/nn_math.h"
 #include "kernels/q8_1.cuh"
@@ -47,7 +49,7 @@ size_t packed_row_bytes(GgmlType type, int64_t cols) {
 }
 
 // A launch's weights: fixed (dense: w[0], and w[1] for a pair) or, with slots
-// set, found per rank: slots + slot_of_rank[r] * block_bytes + offset[p].
+// set, found per rank: slots + (its slot: MatvecArgs) * block_bytes + offset[p].
 struct MatvecWeights {
   const uint8_t* w[2] = {nullptr, nullptr};
   const uint8_t* slots = nullptr;
@@ -58,9 +60,15 @@ struct MatvecArgs {
   size_t row_bytes[2] = {0, 0};
   size_t block_bytes = 0;
   size_t offset[2] = {0, 0};
+  // Rank r's slot: first_slot + slot_of_rank[r], its flag missed[r] (kRank*,
+  // kernels/moe_math.h; null: a hit).
   const int32_t* slot_of_rank = nullptr;
   const uint8_t* missed = nullptr;
+  int32_t first_slot = 0;
   ExpertPass pass = ExpertPass::kAll;  // with slots: the ranks computed
+  // The launch right after the stage copy: its blocks start without waiting
+  // for it (a missed rank's wait for its flag is the only order it needs).
+  bool overlaps_copy = false;
   int32_t rows = 0, cols = 0;
   MatvecGeometry geometry;
   bool pair = false;  // out = glu(w[0] x, w[1] x)
@@ -83,7 +91,7 @@ struct MatvecArgs {
   block_q8_1* out_q = nullptr;
   unsigned int* out_q_tickets = nullptr;
   int64_t out_stride = 0;
-  unsigned long long* count = nullptr;  // once per rank computed
+  DeviceCounters* counters = nullptr;  // the experts computed, once per rank
   // Epilogues, with tickets set: the norm of out (ranks 1), the router's
   // top-k over out (experts set), or the combine of the ranks' outputs into
   // combine.residual and its norm.
@@ -125,11 +133,12 @@ __device__ void quantize_out_group(const MatvecArgs& a, int32_t row0, EpilogueSh
 }
 
 // Rows [rows_per_block bx, + rows_per_block) of rank blockIdx.y by the whole
-// block, M matrices (a pair: 2), into out (or out_f16).
+// block, M matrices (a pair: 2), into out (or out_f16); flag: the rank's miss
+// flag (kRank*), for the count of the rank's first block.
 template <GgmlType T, int M>
 __device__ __forceinline__ void matvec_block(const MatvecWeights& weights, const MatvecArgs& a,
-                                             int32_t bx, float* out_base, uint16_t* out_f16,
-                                             MatvecShared* shared) {
+                                             int32_t bx, uint8_t flag, float* out_base,
+                                             uint16_t* out_f16, MatvecShared* shared) {
   const int32_t r = blockIdx.y;
   const int threads = a.geometry.threads_per_row;
   const int rows_per_block = a.geometry.rows_per_block;
@@ -140,11 +149,17 @@ __device__ __forceinline__ void matvec_block(const MatvecWeights& weights, const
   const bool live = row < a.rows;
   const uint8_t* base[2] = {weights.w[0], weights.w[1]};
   if (weights.slots != nullptr) {
-    const uint8_t* block = weights.slots + static_cast<size_t>(a.slot_of_rank[r]) * a.block_bytes;
+    const uint8_t* block =
+        weights.slots + static_cast<size_t>(a.first_slot + a.slot_of_rank[r]) * a.block_bytes;
     base[0] = block + a.offset[0];
     base[1] = block + a.offset[1];
+    if (a.counters != nullptr && bx == 0 && threadIdx.x == 0) {
+      atomicAdd(rank_computed_after_copy(a.pass, flag) ? &a.counters->pass_b_experts
+                                                       : &a.counters->pass_a_experts,
+                1ull);
+      if (rank_waits_for_copy(a.pass, flag)) atomicAdd(&a.counters->copy_waits, 1ull);
+    }
   }
-  if (a.count != nullptr && bx == 0 && threadIdx.x == 0) atomicAdd(a.count, 1ull);
   // Only the input the type reads is there; the other may be null.
   const float* x = a.x != nullptr ? a.x + r * a.x_stride : nullptr;
   const block_q8_1* xq = a.xq != nullptr ? a.xq + r * a.x_stride / QK8_1 : nullptr;
@@ -246,13 +261,18 @@ template <GgmlType T>
 __global__ void __launch_bounds__(kMatvecThreads)
     grouped_matvec_kernel(const __grid_constant__ MatvecWeights weights,
                           const __grid_constant__ MatvecArgs a) {
-  wait_for_prior_grids();
+  wait_for_prior_grids_unless(a.overlaps_copy);
   __shared__ MatvecShared shared;
-  if (weights.slots == nullptr || rank_in_pass(a.pass, a.missed[blockIdx.y])) {
+  // The rank's flag, read once (the resident arm's and dense launches': a hit).
+  const uint8_t flag = a.missed != nullptr ? a.missed[blockIdx.y] : kRankHit;
+  if (rank_in_pass(a.pass, flag)) {
+    // Here, not in matvec_block: there the poll loop cost q3_K's instance a
+    // spill (ptxas: 8-byte frame), as the count did iq4_nl's here.
+    if (rank_waits_for_copy(a.pass, flag)) wait_for_rank_copy(a.missed + blockIdx.y);
     if (a.pair) {
-      matvec_block<T, 2>(weights, a, blockIdx.x, a.out, a.out_f16, &shared);
+      matvec_block<T, 2>(weights, a, blockIdx.x, flag, a.out, a.out_f16, &shared);
     } else {
-      matvec_block<T, 1>(weights, a, blockIdx.x, a.out, a.out_f16, &shared);
+      matvec_block<T, 1>(weights, a, blockIdx.x, flag, a.out, a.out_f16, &shared);
     }
   }
   if (a.tickets != nullptr) matvec_epilogue(a, &shared.epilogue);
@@ -318,7 +338,7 @@ __device__ __forceinline__ void qkv_job(const QkvWeights& w, const QkvArgs& a, i
       out = static_cast<float*>(a.rope.v_cache) + row;
     }
   }
-  matvec_block<T, 1>(weights, job, bx, out, out_f16, shared);
+  matvec_block<T, 1>(weights, job, bx, kRankHit, out, out_f16, shared);
   if (a.tickets != nullptr && j < 2) qkv_rope_epilogue(a, j, bx, &shared->epilogue);
 }
 
@@ -360,42 +380,42 @@ struct MatvecLaunch {
 // The kernel of the launch's weight type, over ranks blocks of y.
 cudaError_t launch_grouped(GgmlType type, const MatvecLaunch& l, int32_t ranks,
                            cudaStream_t stream) {
-  const dim3 grid(matvec_row_blocks(type, l.args.rows, l.args.cols), ranks);
+  const LaunchGeometry g = matvec_launch_geometry(type, l.args.rows, l.args.cols, ranks);
   const MatvecWeights& w = l.weights;
   const MatvecArgs& a = l.args;
   switch (type) {
     case GgmlType::kQ8_0:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ8_0>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ8_0>>(g.grid, g.block, stream, w, a);
     case GgmlType::kQ4_0:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ4_0>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ4_0>>(g.grid, g.block, stream, w, a);
     case GgmlType::kQ4_K:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ4_K>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ4_K>>(g.grid, g.block, stream, w, a);
     case GgmlType::kQ5_K:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ5_K>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ5_K>>(g.grid, g.block, stream, w, a);
     case GgmlType::kQ6_K:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ6_K>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ6_K>>(g.grid, g.block, stream, w, a);
     case GgmlType::kQ4_1:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ4_1>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ4_1>>(g.grid, g.block, stream, w, a);
     case GgmlType::kQ5_0:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ5_0>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ5_0>>(g.grid, g.block, stream, w, a);
     case GgmlType::kQ5_1:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ5_1>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ5_1>>(g.grid, g.block, stream, w, a);
     case GgmlType::kQ2_K:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ2_K>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ2_K>>(g.grid, g.block, stream, w, a);
     case GgmlType::kQ3_K:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ3_K>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kQ3_K>>(g.grid, g.block, stream, w, a);
     case GgmlType::kIQ4_NL:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kIQ4_NL>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kIQ4_NL>>(g.grid, g.block, stream, w, a);
     case GgmlType::kIQ4_XS:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kIQ4_XS>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kIQ4_XS>>(g.grid, g.block, stream, w, a);
     case GgmlType::kMXFP4:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kMXFP4>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kMXFP4>>(g.grid, g.block, stream, w, a);
     case GgmlType::kF32:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kF32>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kF32>>(g.grid, g.block, stream, w, a);
     case GgmlType::kF16:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kF16>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kF16>>(g.grid, g.block, stream, w, a);
     case GgmlType::kBF16:
-      return launch_kernel<grouped_matvec_kernel<GgmlType::kBF16>>(grid, kMatvecThreads, stream, w, a);
+      return launch_kernel<grouped_matvec_kernel<GgmlType::kBF16>>(g.grid, g.block, stream, w, a);
     default:
       return cudaErrorInvalidValue;
   }
@@ -442,22 +462,22 @@ MatvecLaunch Dense(const DeviceMatrix& w, const float* x, const block_q8_1* xq) 
 
 // An expert pass over the ranks of pass: weights through the slot table.
 MatvecLaunch Experts(const uint8_t* slots, const DeviceBlockLayout& layout,
-                     const int32_t* slot_of_rank, const uint8_t* missed, ExpertPass pass) {
+                     const ExpertRanks& ranks, ExpertPass pass) {
   MatvecLaunch l;
   l.weights.slots = slots;
   l.args.block_bytes = layout.block_bytes;
-  l.args.slot_of_rank = slot_of_rank;
-  l.args.missed = missed;
+  l.args.slot_of_rank = ranks.slot_of_rank;
+  l.args.missed = ranks.missed;
+  l.args.first_slot = ranks.first_slot;
   l.args.pass = pass;
   return l;
 }
 
 // The down projection of the ranks of pass.
-MatvecLaunch Down(const uint8_t* slots, const DeviceBlockLayout& layout,
-                  const int32_t* slot_of_rank, const uint8_t* missed, ExpertPass pass,
-                  const ExpertBiases& biases, const float* act, const block_q8_1* act_q,
-                  float* expert_out) {
-  MatvecLaunch l = Experts(slots, layout, slot_of_rank, missed, pass);
+MatvecLaunch Down(const uint8_t* slots, const DeviceBlockLayout& layout, const ExpertRanks& ranks,
+                  ExpertPass pass, const ExpertBiases& biases, const float* act,
+                  const block_q8_1* act_q, float* expert_out) {
+  MatvecLaunch l = Experts(slots, layout, ranks, pass);
   MatvecArgs& a = l.args;
   a.bias[0] = biases.down;
   a.experts = biases.experts;
@@ -472,6 +492,13 @@ MatvecLaunch Down(const uint8_t* slots, const DeviceBlockLayout& layout,
   a.out = expert_out;
   a.out_stride = layout.n_embd;
   return l;
+}
+
+// The ranks' slots: a slot decision's, or the resident arm's (only its one
+// pass over every rank: nothing is missed).
+bool ranks_ok(const ExpertRanks& r, ExpertPass pass) {
+  return r.k > 0 && r.k <= kMaxTopK && r.slot_of_rank != nullptr && r.first_slot >= 0 &&
+         (r.missed != nullptr || pass == ExpertPass::kAll);
 }
 
 // Biases, where set, come with the ranks' expert ids.
@@ -614,18 +641,17 @@ cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& u
 }
 
 cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
-                                  const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                                  ExpertPass pass, const ExpertBiases& biases, GluAct glu_act,
+                                  const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases, GluAct glu_act,
                                   const float* x, const block_q8_1* xq, float* act,
                                   block_q8_1* act_q, DeviceCounters* counters,
                                   unsigned int* tickets, cudaStream_t stream) {
   if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases) ||
-      layout.type[0] != layout.type[1] || slot_of_rank == nullptr || missed == nullptr || k <= 0 ||
-      k > kMaxTopK || !input_ok(layout.type[0], x, xq) || act == nullptr || counters == nullptr ||
+      layout.type[0] != layout.type[1] || !ranks_ok(ranks, pass) ||
+      !input_ok(layout.type[0], x, xq) || act == nullptr || counters == nullptr ||
       !pair_output_ok(layout.type[0], layout.n_embd, layout.n_ff, act_q, tickets)) {
     return cudaErrorInvalidValue;
   }
-  MatvecLaunch l = Experts(slots, layout, slot_of_rank, missed, pass);
+  MatvecLaunch l = Experts(slots, layout, ranks, pass);
   MatvecArgs& a = l.args;
   a.offset[0] = layout.offset[0];
   a.offset[1] = layout.offset[1];
@@ -645,43 +671,38 @@ cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout&
   a.out_q = act_q;
   a.out_q_tickets = tickets;
   a.out_stride = layout.n_ff;
-  // kAll is the single pass of the unsplit walk, so it counts as pass A.
-  a.count = pass == ExpertPass::kMisses ? &counters->pass_b_experts : &counters->pass_a_experts;
-  return launch_grouped(layout.type[0], l, k, stream);
+  a.overlaps_copy = pass == ExpertPass::kReady;
+  a.counters = counters;
+  return launch_grouped(layout.type[0], l, ranks.k, stream);
 }
 
 cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
-                               const int32_t* slot_of_rank, const uint8_t* missed, int32_t k,
-                               ExpertPass pass, const ExpertBiases& biases, const float* act,
+                               const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases, const float* act,
                                const block_q8_1* act_q, float* expert_out, cudaStream_t stream) {
   if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases) ||
-      slot_of_rank == nullptr || missed == nullptr || k <= 0 || k > kMaxTopK ||
-      !input_ok(layout.type[2], act, act_q) || expert_out == nullptr) {
+      !ranks_ok(ranks, pass) || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return launch_grouped(
-      layout.type[2],
-      Down(slots, layout, slot_of_rank, missed, pass, biases, act, act_q, expert_out), k, stream);
+  return launch_grouped(layout.type[2],
+                        Down(slots, layout, ranks, pass, biases, act, act_q, expert_out), ranks.k,
+                        stream);
 }
 
 cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLayout& layout,
-                                       const int32_t* slot_of_rank, const uint8_t* missed,
-                                       int32_t k, ExpertPass pass, const ExpertBiases& biases,
+                                       const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases,
                                        const float* act, const block_q8_1* act_q, float* expert_out,
                                        const CombineEpilogue& combine, unsigned int* tickets,
                                        cudaStream_t stream) {
   if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases) ||
-      slot_of_rank == nullptr || missed == nullptr || k <= 0 || k > kMaxTopK ||
-      !input_ok(layout.type[2], act, act_q) || expert_out == nullptr ||
+      !ranks_ok(ranks, pass) || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr ||
       combine.weights == nullptr || combine.residual == nullptr ||
       !norm_epilogue_ok(combine.norm, layout.n_embd) || tickets == nullptr) {
     return cudaErrorInvalidValue;
   }
-  MatvecLaunch l =
-      Down(slots, layout, slot_of_rank, missed, pass, biases, act, act_q, expert_out);
+  MatvecLaunch l = Down(slots, layout, ranks, pass, biases, act, act_q, expert_out);
   l.args.tickets = tickets;
   l.args.combine = combine;
-  return launch_grouped(layout.type[2], l, k, stream);
+  return launch_grouped(layout.type[2], l, ranks.k, stream);
 }
 
 int32_t step_tickets(int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t pair_rows) {

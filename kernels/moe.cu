@@ -1,5 +1,5 @@
-// MoE kernels: routing replay from a trace, the residency steps, slot
-// assignment for the arms without a policy and the stage copy of missed experts
+// MoE kernels: routing replay from a trace, the residency steps, the
+// stage-every-token arm's slots and the stage copy of missed experts
 // (the router with its top-k and the expert passes with the combine are
 // kernels/matvec.cu). Decisions come from kernels/moe_math.h,
 // residency/policy.h and residency/hazard_policy.h; this file holds the
@@ -8,20 +8,17 @@
 // Grids never depend on per-step values: the expert passes and the stage copy
 // launch a block row per rank (blockIdx.y = r) and a block whose rank is not in
 // its pass returns at once, so one captured graph serves every hit/miss pattern.
+#include "kernels/copy_ready.cuh"
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
+#include "kernels/launch_geometry.h"
 #include "kernels/moe_math.h"
 #include "kernels/reduce.cuh"
 
 namespace moegraph {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kResidencyThreads = 256;
-// The hazard step's victim pass reads several dependent arrays per slot: more
-// warps hide more of that latency.
-constexpr int kHazardThreads = 1024;
-constexpr int kStageCtasPerExpert = 32;  // enough loads in flight to fill PCIe
+// Threads and blocks: kernels/launch_geometry.h.
 constexpr int kStageUnroll = 4;
 
 
@@ -116,7 +113,7 @@ __device__ void admit_misses(int32_t slot_begin, int32_t n_slots, int32_t k,
 // One block. Thread 0 runs every state change in residency_step's order; the
 // block finds the slot argmins (demotion on a promotion overflow, victim per
 // miss) between barriers, so the result equals the sequential step exactly.
-__global__ void __launch_bounds__(kResidencyThreads)
+__global__ void __launch_bounds__(kResidencyStepThreads)
     residency_step_kernel(ResidencyState s, ResidencyPool pool, int32_t layer,
                           const int32_t* __restrict__ experts, int32_t k,
                           int32_t* __restrict__ selected_keys, int32_t* __restrict__ slot_of_rank,
@@ -177,7 +174,7 @@ __global__ void __launch_bounds__(kResidencyThreads)
 // One block. A thread per expert observes the visit, the table rebuild runs in
 // its phases (a thread per index), a thread per rank finds the hits, then each
 // miss in rank order takes the block's argmin of hazard_victim_rank.
-__global__ void __launch_bounds__(kHazardThreads)
+__global__ void __launch_bounds__(kHazardStepThreads)
     hazard_step_kernel(HazardState s, HazardPool pool, int32_t layer,
                        const int32_t* __restrict__ experts, int32_t k,
                        int32_t* __restrict__ selected_keys, int32_t* __restrict__ slot_of_rank,
@@ -233,17 +230,6 @@ __global__ void __launch_bounds__(kHazardThreads)
   if (tid == 0) count_policy_step(outcome, counters);
 }
 
-__global__ void resident_slots_kernel(int32_t layer, int32_t n_expert,
-                                      const int32_t* __restrict__ experts, int32_t k,
-                                      int32_t* __restrict__ slot_of_rank,
-                                      uint8_t* __restrict__ missed) {
-  wait_for_prior_grids();
-  const int32_t r = threadIdx.x;
-  if (r >= k) return;
-  slot_of_rank[r] = residency_key(layer, experts[r], n_expert);
-  missed[r] = 0;
-}
-
 __global__ void stage_all_slots_kernel(int32_t k, int32_t* __restrict__ slot_of_rank,
                                        uint8_t* __restrict__ missed) {
   wait_for_prior_grids();
@@ -253,16 +239,18 @@ __global__ void stage_all_slots_kernel(int32_t k, int32_t* __restrict__ slot_of_
   missed[r] = 1;
 }
 
-// Grid (kStageCtasPerExpert, k): the CTAs of rank r stride over the block's
+// Grid (kStageCopyBlocksPerExpert, k): the CTAs of rank r stride over the block's
 // 16-byte chunks, kStageUnroll loads in flight per thread before the stores.
+// The last CTA of a rank to finish (its ticket) marks the rank copied.
 __global__ void stage_copy_kernel(const uint4* __restrict__ host_blocks, size_t block_bytes,
                                   const int32_t* __restrict__ experts,
-                                  const int32_t* __restrict__ slot_of_rank,
-                                  const uint8_t* __restrict__ missed, uint4* __restrict__ slots,
+                                  const int32_t* __restrict__ slot_of_rank, uint8_t* missed,
+                                  uint4* __restrict__ slots, unsigned int* __restrict__ tickets,
                                   DeviceCounters* counters) {
   wait_for_prior_grids();
+  __shared__ bool last;
   const int32_t r = blockIdx.y;
-  if (!missed[r]) return;
+  if (missed[r] == kRankHit) return;
   const size_t n_chunks = block_bytes / 16;
   const uint4* src = host_blocks + static_cast<size_t>(experts[r]) * n_chunks;
   uint4* dst = slots + static_cast<size_t>(slot_of_rank[r]) * n_chunks;
@@ -281,8 +269,16 @@ __global__ void stage_copy_kernel(const uint4* __restrict__ host_blocks, size_t 
       if (i < n_chunks) dst[i] = chunk[u];
     }
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    atomicAdd(&counters->bytes_staged, static_cast<unsigned long long>(block_bytes));
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(&tickets[r], 1u) == gridDim.x - 1;
+    if (last) {
+      tickets[r] = 0;
+      __threadfence();  // every CTA's copy, seen through the tickets, before the flag
+      mark_rank_copied(missed + r);
+      atomicAdd(&counters->bytes_staged, static_cast<unsigned long long>(block_bytes));
+    }
   }
 }
 
@@ -295,7 +291,8 @@ cudaError_t launch_trace_routing(const int32_t* ids, const float* trace_weights,
       k > kMaxTopK || cursor == nullptr || experts == nullptr || weights == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<trace_routing_kernel>(1, kMaxTopK, stream, ids, trace_weights, n_steps,
+  const LaunchGeometry g = rank_threads_launch_geometry();
+  return launch_kernel<trace_routing_kernel>(g.grid, g.block, stream, ids, trace_weights, n_steps,
                                              n_layer, layer, k, cursor, experts, weights);
 }
 
@@ -305,7 +302,8 @@ cudaError_t launch_routing_step_end(const int32_t* selection, int32_t n, int32_t
       (record == nullptr && record_steps > 0)) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<routing_step_end_kernel>(1, kThreads, stream, selection, n, record,
+  const LaunchGeometry g = routing_step_end_launch_geometry();
+  return launch_kernel<routing_step_end_kernel>(g.grid, g.block, stream, selection, n, record,
                                                 record_steps, cursor);
 }
 
@@ -322,7 +320,8 @@ cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPo
       rank_cache == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<residency_step_kernel>(1, kResidencyThreads, stream, state, pool, layer,
+  const LaunchGeometry g = residency_step_launch_geometry();
+  return launch_kernel<residency_step_kernel>(g.grid, g.block, stream, state, pool, layer,
                                               experts, k, selected_keys, slot_of_rank, missed,
                                               evicted_keys, rank_cache, counters);
 }
@@ -342,20 +341,10 @@ cudaError_t launch_hazard_step(const HazardState& state, const HazardPool& pool,
       evicted_keys == nullptr || rank_cache == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<hazard_step_kernel>(1, kHazardThreads, stream, state, pool, layer, experts,
+  const LaunchGeometry g = hazard_step_launch_geometry();
+  return launch_kernel<hazard_step_kernel>(g.grid, g.block, stream, state, pool, layer, experts,
                                            k, selected_keys, slot_of_rank, missed, evicted_keys,
                                            rank_cache, counters);
-}
-
-cudaError_t launch_resident_slots(int32_t layer, int32_t n_expert, const int32_t* experts,
-                                  int32_t k, int32_t* slot_of_rank, uint8_t* missed,
-                                  cudaStream_t stream) {
-  if (layer < 0 || n_expert <= 0 || experts == nullptr || k <= 0 || k > kMaxTopK ||
-      slot_of_rank == nullptr || missed == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  return launch_kernel<resident_slots_kernel>(1, kMaxTopK, stream, layer, n_expert, experts, k,
-                                              slot_of_rank, missed);
 }
 
 cudaError_t launch_stage_all_slots(int32_t k, int32_t* slot_of_rank, uint8_t* missed,
@@ -363,23 +352,26 @@ cudaError_t launch_stage_all_slots(int32_t k, int32_t* slot_of_rank, uint8_t* mi
   if (k <= 0 || k > kMaxTopK || slot_of_rank == nullptr || missed == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<stage_all_slots_kernel>(1, kMaxTopK, stream, k, slot_of_rank, missed);
+  const LaunchGeometry g = rank_threads_launch_geometry();
+  return launch_kernel<stage_all_slots_kernel>(g.grid, g.block, stream, k, slot_of_rank, missed);
 }
 
 cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayout& layout,
-                              const int32_t* experts, const int32_t* slot_of_rank,
-                              const uint8_t* missed, int32_t k, uint8_t* slots,
+                              const int32_t* experts, const int32_t* slot_of_rank, uint8_t* missed,
+                              int32_t k, uint8_t* slots, unsigned int* tickets,
                               DeviceCounters* counters, cudaStream_t stream) {
   if (host_blocks == nullptr || layout.block_bytes == 0 || layout.block_bytes % 16 != 0 ||
       reinterpret_cast<uintptr_t>(host_blocks) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(slots) % 16 != 0 || experts == nullptr ||
       slot_of_rank == nullptr || missed == nullptr || k <= 0 || k > kMaxTopK || slots == nullptr ||
-      counters == nullptr) {
+      tickets == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }
+  const LaunchGeometry g = stage_copy_launch_geometry(k);
   return launch_kernel<stage_copy_kernel>(
-      dim3(kStageCtasPerExpert, k), kThreads, stream, reinterpret_cast<const uint4*>(host_blocks),
-      layout.block_bytes, experts, slot_of_rank, missed, reinterpret_cast<uint4*>(slots), counters);
+      g.grid, g.block, stream, reinterpret_cast<const uint4*>(host_blocks),
+      layout.block_bytes, experts, slot_of_rank, missed, reinterpret_cast<uint4*>(slots), tickets,
+      counters);
 }
 
 }  // namespace moegraph

@@ -17,20 +17,40 @@ namespace moegraph {
 inline constexpr int32_t kMaxTopK = 64;
 inline constexpr int32_t kMaxRouterExperts = 1024;
 
-// Which experts an expert pass computes.
-enum class ExpertPass : int32_t { kHits = 0, kMisses = 1, kAll = 2 };
+// A rank's miss flag through the step: the slot decision writes 0 (hit) or 1
+// (missed, its copy not done), and the stage copy's last block of the rank
+// writes 2 once the whole expert is in its slot. Nonzero: missed this step.
+inline constexpr uint8_t kRankHit = 0;
+inline constexpr uint8_t kRankStaging = 1;
+inline constexpr uint8_t kRankCopied = 2;
 
-// Whether the pass computes a rank whose expert was (missed = 1) or was not
-// (missed = 0) staged this step.
+// Which experts an expert pass computes: kHits before the copies join, kMisses
+// after; kAll every rank after the join (or with nothing to copy); kReady every
+// rank at once, a missed rank's blocks first waiting for its copy (the one pass
+// of the cached arms: a layer with one miss does not pay a pass).
+enum class ExpertPass : int32_t { kHits = 0, kMisses = 1, kAll = 2, kReady = 3 };
+
+// Whether the pass computes a rank whose miss flag is missed (kRank*).
 MG_HD inline bool rank_in_pass(ExpertPass pass, uint8_t missed) {
   switch (pass) {
     case ExpertPass::kHits:
-      return missed == 0;
+      return missed == kRankHit;
     case ExpertPass::kMisses:
-      return missed != 0;
+      return missed != kRankHit;
     default:
       return true;
   }
+}
+
+// Whether the rank's blocks wait for its copy before reading the slot.
+MG_HD inline bool rank_waits_for_copy(ExpertPass pass, uint8_t missed) {
+  return pass == ExpertPass::kReady && missed != kRankHit;
+}
+
+// Whether a rank's expert counts as computed after its copy (pass_b_experts)
+// rather than without one (pass_a_experts).
+MG_HD inline bool rank_computed_after_copy(ExpertPass pass, uint8_t missed) {
+  return pass == ExpertPass::kMisses || rank_waits_for_copy(pass, missed);
 }
 
 // ---- router ----

@@ -2,7 +2,7 @@
 // that lets a captured graph run a whole generation from device memory.
 //
 // Sampling computes sample_token's steps (kernels/sample_math.h) in one launch
-// of blocks of 1024 threads, each over kSampleChunk tokens. Every block finds
+// of blocks of 1024 threads, each over kSampleBlockLogits tokens. Every block finds
 // its argmax and, when top-k keeps at most kSampleCandidates tokens, its own
 // top-k: the tokens whose order key is at least its k-th largest, in index
 // order. The global k-th largest key is at least every block's, so these hold
@@ -17,6 +17,7 @@
 #include "kernels/epilogue.cuh"
 #include "kernels/kernels.h"
 #include "kernels/launch.cuh"
+#include "kernels/launch_geometry.h"
 #include "kernels/reduce.cuh"
 #include "kernels/sample_math.h"
 
@@ -24,10 +25,10 @@ namespace moegraph {
 namespace {
 
 constexpr int kTokenThreads = kSampleRuns;
-constexpr int32_t kSampleChunk = 4 * kTokenThreads;  // tokens per block, 4 per thread
-constexpr int32_t kSampleCandidates = 256;           // per block, the largest top-k it holds
+constexpr int32_t kSampleCandidates = 256;  // per block, the largest top-k it holds
 
-int32_t sample_blocks(int32_t n) { return (n + kSampleChunk - 1) / kSampleChunk; }
+// Blocks of kSampleBlockLogits tokens, 4 a thread (launch_geometry.h).
+int32_t sample_blocks(int32_t n) { return sample_launch_geometry(n).grid.x; }
 
 // The scratch of one launch over B blocks (sample_scratch_bytes).
 struct SampleScratch {
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__(kTokenThreads)
   const int32_t block = blockIdx.x;
   const int32_t t = static_cast<int32_t>(threadIdx.x);
   // This thread's 4 tokens of the block's chunk, in index order.
-  const int32_t first = block * kSampleChunk + 4 * t;
+  const int32_t first = block * kSampleBlockLogits + 4 * t;
   float v[4];
   for (int i = 0; i < 4; ++i) v[i] = first + i < n ? logits[first + i] : NAN;
 
@@ -356,12 +357,13 @@ size_t sample_scratch_bytes(int32_t n) {
 cudaError_t launch_sample(const float* logits, int32_t n, const SamplingParams* params,
                           const int32_t* step, void* scratch, unsigned int* tickets,
                           int32_t* token_out, cudaStream_t stream) {
-  if (logits == nullptr || n <= 0 || n > kSampleChunk * kTokenThreads || params == nullptr ||
+  if (logits == nullptr || n <= 0 || n > kSampleBlockLogits * kTokenThreads || params == nullptr ||
       step == nullptr || scratch == nullptr || reinterpret_cast<uintptr_t>(scratch) % 16 != 0 ||
       tickets == nullptr || token_out == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<sample_kernel>(sample_blocks(n), kTokenThreads, stream, logits, n, params,
+  const LaunchGeometry g = sample_launch_geometry(n);
+  return launch_kernel<sample_kernel>(g.grid, g.block, stream, logits, n, params,
                                       step, scratch, tickets, token_out);
 }
 
@@ -370,8 +372,8 @@ cudaError_t launch_record_logits(const float* logits, int32_t n, const int32_t* 
   if (logits == nullptr || n <= 0 || step == nullptr || record_steps <= 0 || record == nullptr) {
     return cudaErrorInvalidValue;
   }
-  constexpr int kThreads = 256;
-  return launch_kernel<record_logits_kernel>((n + kThreads - 1) / kThreads, kThreads, stream,
+  const LaunchGeometry g = record_logits_launch_geometry(n);
+  return launch_kernel<record_logits_kernel>(g.grid, g.block, stream,
                                              logits, n, step, record_steps, record);
 }
 
@@ -382,8 +384,9 @@ cudaError_t launch_begin_step(const int32_t* prompt, const int32_t* n_prompt,
       token == nullptr || pos == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<begin_step_kernel>(1, 1, stream, prompt, n_prompt, sampled, step, token,
-                                          pos);
+  const LaunchGeometry g = step_counter_launch_geometry();
+  return launch_kernel<begin_step_kernel>(g.grid, g.block, stream, prompt, n_prompt, sampled, step,
+                                          token, pos);
 }
 
 cudaError_t launch_end_step(const int32_t* sampled, int32_t* step, int32_t* out_tokens,
@@ -391,7 +394,9 @@ cudaError_t launch_end_step(const int32_t* sampled, int32_t* step, int32_t* out_
   if (sampled == nullptr || step == nullptr || out_tokens == nullptr || counters == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<end_step_kernel>(1, 1, stream, sampled, step, out_tokens, counters);
+  const LaunchGeometry g = step_counter_launch_geometry();
+  return launch_kernel<end_step_kernel>(g.grid, g.block, stream, sampled, step, out_tokens,
+                                        counters);
 }
 
 }  // namespace moegraph

@@ -37,7 +37,7 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
   EXPECT_EQ(r.arm, Arm::kGraph);
   EXPECT_TRUE(r.doors.graph);
   EXPECT_TRUE(r.doors.moe_cache);
-  EXPECT_TRUE(r.doors.split_passes);
+  EXPECT_FALSE(r.doors.split_passes);
   EXPECT_TRUE(r.doors.programmatic_launch);
   EXPECT_TRUE(r.doors.batched_prefill);
   EXPECT_TRUE(r.doors.batch_matmul);
@@ -49,7 +49,7 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
   for (const char* door :
        {"MOEGRAPH_GRAPH=1 (default)", "MOEGRAPH_MOE_CACHE=1 (default)",
         "MOEGRAPH_RESIDENCY=device (default)", "MOEGRAPH_POLICY=hazard (default)",
-        "MOEGRAPH_PROTECTED_FRAC=0.80 (default)", "MOEGRAPH_SPLIT_PASSES=1 (default)",
+        "MOEGRAPH_PROTECTED_FRAC=0.80 (default)", "MOEGRAPH_SPLIT_PASSES=0 (default)",
         "MOEGRAPH_PDL=1 (default)", "MOEGRAPH_PREFILL=batched (default)",
         "MOEGRAPH_BATCH_MATMUL=1 (default)", "MOEGRAPH_AMX=1 (default)"}) {
     EXPECT_NE(r.banner.find(door), std::string::npos) << door << "\n" << r.banner;
@@ -111,14 +111,14 @@ TEST(DoorsTest, AVariableSetInTheEnvironmentWinsOverTheArmAndTheBannerSaysSo) {
 TEST(DoorsTest, PolicyFractionPassesAndPdlComeFromTheEnvironment) {
   const ResolvedDoors r = Resolve(std::nullopt, {{"MOEGRAPH_POLICY", "lru"},
                                                  {"MOEGRAPH_PROTECTED_FRAC", "0.5"},
-                                                 {"MOEGRAPH_SPLIT_PASSES", "0"},
+                                                 {"MOEGRAPH_SPLIT_PASSES", "1"},
                                                  {"MOEGRAPH_PDL", "0"},
                                                  {"MOEGRAPH_PREFILL", "steps"},
                                                  {"MOEGRAPH_BATCH_MATMUL", "0"},
                                                  {"MOEGRAPH_AMX", "0"}});
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kLru);
   EXPECT_DOUBLE_EQ(r.doors.protected_frac, 0.5);
-  EXPECT_FALSE(r.doors.split_passes);
+  EXPECT_TRUE(r.doors.split_passes);
   EXPECT_FALSE(r.doors.programmatic_launch);
   EXPECT_NE(r.banner.find("MOEGRAPH_PDL=0 (env)"), std::string::npos) << r.banner;
   EXPECT_FALSE(r.doors.batched_prefill);
@@ -210,11 +210,12 @@ TEST(WalkTest, ALayerOfTheDevicePolicyArmRunsInTheDesignsOrder) {
   WalkConfig c = Config(SlotMode::kDevicePolicy);
   const StepWalk walk = BuildWalk(c);
   using O = StepOp;
-  const std::vector<StepOp> want = {O::kQkv,           O::kAttention,  O::kAttnOut,  O::kRouter,
-                                    O::kResidencyStep, O::kForkRecord, O::kForkWait, O::kStageCopy,
-                                    O::kJoinRecord,    O::kGateUpHits, O::kDownHits, O::kJoinWait,
-                                    O::kGateUpMisses,  O::kDownMisses};
+  const std::vector<StepOp> want = {O::kQkv,           O::kAttention, O::kAttnOut,
+                                    O::kRouter,        O::kResidencyStep, O::kStageCopy,
+                                    O::kGateUpReady,   O::kDownReady};
   for (int layer = 0; layer < c.n_layer; ++layer) EXPECT_EQ(OpsOf(walk, 0, layer), want);
+  // The copy runs on the main stream, right before the pass that waits for it.
+  for (const WalkEntry& e : walk.entries) EXPECT_EQ(e.stream, WalkStream::kMain) << EntryLabel(e);
   EXPECT_EQ(OpsOf(walk, 0, -1), (std::vector<StepOp>{O::kBeginStep, O::kEmbed, O::kLmHead,
                                                      O::kSample, O::kEndStep, O::kTokenCopy}));
   // Layers follow each other: the step starts with begin_step/embed and ends with the token.
@@ -226,26 +227,38 @@ TEST(WalkTest, ALayerOfTheDevicePolicyArmRunsInTheDesignsOrder) {
     EXPECT_GE(e.layer, last_layer);
     last_layer = e.layer;
   }
+  // Split passes: the copy on the copy stream, hits before the join.
+  c.split_passes = true;
+  EXPECT_EQ(OpsOf(BuildWalk(c), 0, 1),
+            (std::vector<StepOp>{O::kQkv, O::kAttention, O::kAttnOut, O::kRouter,
+                                 O::kResidencyStep, O::kForkRecord, O::kForkWait, O::kStageCopy,
+                                 O::kJoinRecord, O::kGateUpHits, O::kDownHits, O::kJoinWait,
+                                 O::kGateUpMisses, O::kDownMisses}));
 }
 
-TEST(WalkTest, SharedExpertOverlapsTheCopiesAndSinglePassWaitsForThem) {
+TEST(WalkTest, SharedExpertRunsBeforeTheCopyOrOverlapsItWhenSplit) {
   WalkConfig c = Config(SlotMode::kDevicePolicy, 1);
   c.shared_expert = true;
   c.shared_expert_gated = true;
-  c.split_passes = false;
   using O = StepOp;
+  // The one pass must follow the copy directly (it starts without waiting for
+  // the kernel before it), so the shared expert runs before the copy.
   EXPECT_EQ(OpsOf(BuildWalk(c), 0, 0),
             (std::vector<StepOp>{O::kQkv, O::kAttention, O::kAttnOut, O::kRouter, O::kResidencyStep,
-                                 O::kForkRecord, O::kForkWait, O::kStageCopy, O::kJoinRecord,
-                                 O::kShexpGateUp, O::kShexpDown, O::kShexpLogit, O::kJoinWait,
-                                 O::kGateUpAll, O::kDownAll}));
+                                 O::kShexpGateUp, O::kShexpDown, O::kShexpLogit, O::kStageCopy,
+                                 O::kGateUpReady, O::kDownReady}));
   // glm4moe's shared expert has no gate: no logit.
   c.shared_expert_gated = false;
   EXPECT_EQ(OpsOf(BuildWalk(c), 0, 0),
             (std::vector<StepOp>{O::kQkv, O::kAttention, O::kAttnOut, O::kRouter, O::kResidencyStep,
+                                 O::kShexpGateUp, O::kShexpDown, O::kStageCopy, O::kGateUpReady,
+                                 O::kDownReady}));
+  c.split_passes = true;
+  EXPECT_EQ(OpsOf(BuildWalk(c), 0, 0),
+            (std::vector<StepOp>{O::kQkv, O::kAttention, O::kAttnOut, O::kRouter, O::kResidencyStep,
                                  O::kForkRecord, O::kForkWait, O::kStageCopy, O::kJoinRecord,
-                                 O::kShexpGateUp, O::kShexpDown, O::kJoinWait, O::kGateUpAll,
-                                 O::kDownAll}));
+                                 O::kGateUpHits, O::kDownHits, O::kShexpGateUp, O::kShexpDown,
+                                 O::kJoinWait, O::kGateUpMisses, O::kDownMisses}));
 }
 
 // glm4moe's leading dense layers: attention, then the dense FFN's two launches,
@@ -268,25 +281,32 @@ TEST(WalkTest, ArmsChangeOnlyTheSlotDecisionAndThePasses) {
   using O = StepOp;
   const std::vector<StepOp> resident = OpsOf(BuildWalk(Config(SlotMode::kResident)), 0, 1);
   const std::vector<StepOp> resident_tail(resident.end() - 3, resident.end());
-  EXPECT_EQ(resident_tail, (std::vector<StepOp>{O::kResidentSlots, O::kGateUpAll, O::kDownAll}));
+  EXPECT_EQ(resident_tail, (std::vector<StepOp>{O::kRouter, O::kGateUpAll, O::kDownAll}));
   for (StepOp op : resident) {
     EXPECT_NE(StepOpStream(op), WalkStream::kCopy) << StepOpName(op);
     EXPECT_NE(StepOpKind(op), EntryKind::kEventRecord) << StepOpName(op);
   }
 
   const std::vector<StepOp> stage = OpsOf(BuildWalk(Config(SlotMode::kStageAll)), 0, 1);
-  const std::vector<StepOp> stage_tail(stage.end() - 8, stage.end());
-  EXPECT_EQ(stage_tail,
-            (std::vector<StepOp>{O::kStageAllSlots, O::kForkRecord, O::kForkWait, O::kStageCopy,
-                                 O::kJoinRecord, O::kJoinWait, O::kGateUpAll, O::kDownAll}));
+  const std::vector<StepOp> stage_tail(stage.end() - 4, stage.end());
+  EXPECT_EQ(stage_tail, (std::vector<StepOp>{O::kStageAllSlots, O::kStageCopy, O::kGateUpReady,
+                                             O::kDownReady}));
 
-  const std::vector<StepOp> host = OpsOf(BuildWalk(Config(SlotMode::kHostPolicy)), 0, 1);
-  const std::vector<StepOp> host_tail(host.end() - 13, host.end());
+  // The host arm's copies set no flags: its one pass runs after the join.
+  WalkConfig host_config = Config(SlotMode::kHostPolicy);
+  const std::vector<StepOp> host = OpsOf(BuildWalk(host_config), 0, 1);
+  const std::vector<StepOp> host_tail(host.end() - 11, host.end());
   EXPECT_EQ(host_tail,
             (std::vector<StepOp>{O::kHostReadSelection, O::kHostWaitSelection, O::kHostPolicyStep,
                                  O::kHostWriteSlots, O::kForkRecord, O::kForkWait,
-                                 O::kHostStageCopy, O::kJoinRecord, O::kGateUpHits, O::kDownHits,
-                                 O::kJoinWait, O::kGateUpMisses, O::kDownMisses}));
+                                 O::kHostStageCopy, O::kJoinRecord, O::kJoinWait, O::kGateUpAll,
+                                 O::kDownAll}));
+  host_config.split_passes = true;
+  const std::vector<StepOp> host_split = OpsOf(BuildWalk(host_config), 0, 1);
+  const std::vector<StepOp> host_split_tail(host_split.end() - 6, host_split.end());
+  EXPECT_EQ(host_split_tail,
+            (std::vector<StepOp>{O::kJoinRecord, O::kGateUpHits, O::kDownHits, O::kJoinWait,
+                                 O::kGateUpMisses, O::kDownMisses}));
 }
 
 // The node count a captured graph has per layer, per arm (qwen3moe's shape):
@@ -294,15 +314,22 @@ TEST(WalkTest, ArmsChangeOnlyTheSlotDecisionAndThePasses) {
 // combine are epilogues of the ops before them, and q/k/v one launch (24 on the
 // device arm at first, 20 before the epilogues).
 TEST(WalkTest, KernelLaunchesPerLayerOfEachArm) {
-  const std::pair<SlotMode, int> want[] = {{SlotMode::kDevicePolicy, 10},
-                                           {SlotMode::kResident, 7},
-                                           {SlotMode::kStageAll, 8},
-                                           {SlotMode::kHostPolicy, 8}};
-  for (const auto& [mode, kernels] : want) {
-    const WalkConfig c = Config(mode);
+  struct Want {
+    SlotMode mode;
+    bool split;
+    int kernels;
+  };
+  // The host arm's copies are cudaMemcpyAsync calls, not kernels.
+  for (const Want& want :
+       {Want{SlotMode::kDevicePolicy, false, 8}, Want{SlotMode::kResident, false, 6},
+        Want{SlotMode::kStageAll, false, 8}, Want{SlotMode::kHostPolicy, false, 6},
+        Want{SlotMode::kDevicePolicy, true, 10}, Want{SlotMode::kHostPolicy, true, 8}}) {
+    WalkConfig c = Config(want.mode);
+    c.split_passes = want.split;
     const StepWalk walk = BuildWalk(c);
     for (int layer = 0; layer < c.n_layer; ++layer) {
-      EXPECT_EQ(KernelsInLayer(walk, layer), kernels) << "mode " << static_cast<int>(mode);
+      EXPECT_EQ(KernelsInLayer(walk, layer), want.kernels)
+          << "mode " << static_cast<int>(want.mode) << " split " << want.split;
     }
   }
 }
@@ -359,6 +386,19 @@ TEST(WalkTest, EveryForkJoinsBeforeAnyReadOfTheStagedSlots) {
             at[e.op] = static_cast<int>(i);
             if (e.stream == WalkStream::kCopy) copy_ops.push_back(e.op);
           }
+          const StepOp decision = mode == SlotMode::kDevicePolicy ? StepOp::kResidencyStep
+                                  : mode == SlotMode::kStageAll   ? StepOp::kStageAllSlots
+                                                                  : StepOp::kHostWriteSlots;
+          if (OnePassWaitsForCopies(c)) {
+            // No fork: the decision, the copy, then right after it the pass
+            // whose missed ranks wait for their flags.
+            EXPECT_TRUE(copy_ops.empty());
+            EXPECT_EQ(at.count(StepOp::kForkRecord) + at.count(StepOp::kJoinWait), 0u);
+            EXPECT_LT(at[decision], at[StepOp::kStageCopy]);
+            EXPECT_EQ(at[StepOp::kGateUpReady], at[StepOp::kStageCopy] + 1);
+            EXPECT_EQ(at[StepOp::kDownReady], at[StepOp::kGateUpReady] + 1);
+            continue;
+          }
           // The copy stream does exactly wait, copy, record.
           const StepOp copy_op =
               mode == SlotMode::kHostPolicy ? StepOp::kHostStageCopy : StepOp::kStageCopy;
@@ -368,9 +408,6 @@ TEST(WalkTest, EveryForkJoinsBeforeAnyReadOfTheStagedSlots) {
           EXPECT_LT(at[StepOp::kForkRecord], at[StepOp::kForkWait]);
           EXPECT_LT(at[StepOp::kJoinRecord], at[StepOp::kJoinWait]);
           // The slot decision precedes the fork; passes that read staged slots follow the join.
-          const StepOp decision = mode == SlotMode::kDevicePolicy ? StepOp::kResidencyStep
-                                  : mode == SlotMode::kStageAll   ? StepOp::kStageAllSlots
-                                                                  : StepOp::kHostWriteSlots;
           EXPECT_LT(at[decision], at[StepOp::kForkRecord]);
           for (StepOp reads_staged :
                {StepOp::kGateUpMisses, StepOp::kDownMisses, StepOp::kGateUpAll, StepOp::kDownAll}) {
@@ -440,6 +477,7 @@ TEST(WalkTest, RecordingLogitsAddsOneKernelBetweenEachLmHeadAndItsArgmax) {
 
 TEST(WalkTest, TheBinderMakesEachCallableAndRunWalkStopsAtTheFirstError) {
   WalkConfig c = Config(SlotMode::kDevicePolicy, 2, 2);
+  c.split_passes = true;
   std::vector<std::string> ran;
   int bound = 0;
   const StepWalk walk = BuildWalk(c, [&](const WalkEntry& e) -> std::function<cudaError_t()> {

@@ -1,10 +1,13 @@
 // `moegraph inspect` as a user runs it: the binary in a subprocess on files
-// written by GgufWriter, valid, truncated and corrupted.
+// written by GgufWriter, valid, truncated and corrupted; --walk on a fixture.
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "capture/walk_shape.h"
 #include "gtest/gtest.h"
 #include "loader/fixture.h"
 #include "loader/gguf.h"
@@ -158,6 +161,57 @@ TEST_F(CliInspectTest, CorruptedBytesNeverCrash) {
       EXPECT_EQ(r.exit_code, 1);
       EXPECT_NE(r.err.find(" at byte "), std::string::npos) << r.err;
     }
+  }
+}
+
+// --walk prints the library's table (capture/walk_shape.h) for the flags given,
+// and refuses a bad value by its flag before any weight is read.
+TEST_F(CliInspectTest, WalkPrintsTheStepsLaunchesForItsFlags) {
+  FixtureSpec spec;
+  spec.arch = Arch::kQwen2Moe;
+  spec.n_embd = 256;
+  spec.n_ff_exp = 256;
+  spec.dense_type = GgmlType::kQ8_0;
+  spec.expert_type = GgmlType::kQ4_K;
+  const std::string path = (dir_ / "qwen2.gguf").string();
+  ASSERT_TRUE(WriteFixture(spec, path).ok());
+  absl::StatusOr<std::unique_ptr<testing_util::LoadedModel>> loaded =
+      testing_util::LoadFixture(spec);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  WalkShapeOptions options;
+  options.arm = Arm::kResident;
+  options.max_ctx = 1000;
+  options.kv_type = KvCacheType::kF32;
+  absl::StatusOr<WalkShape> shape = ShapeWalk((*loaded)->model, options);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  ProcessResult r =
+      Inspect({"inspect", "--walk", "-m", path, "--arm", "resident", "-c", "1000", "-ctk", "f32"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("arm resident"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n| layer | kernel | grid | block | weight bytes |\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(FormatWalkShape(*shape)), std::string::npos) << r.out;
+  // Without flags: the graph arm at the default context, another table.
+  options = WalkShapeOptions();
+  shape = ShapeWalk((*loaded)->model, options);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  r = Inspect({"inspect", "--walk", path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(FormatWalkShape(*shape)), std::string::npos) << r.out;
+
+  for (const auto& [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--arm", "host"}, "--arm host"},
+           {{"--arm", "fast"}, "--arm"},
+           {{"--slots", "1"}, "--slots 1"},
+           {{"--slots", "many"}, "--slots 'many'"},
+           {{"--ctx", "-5"}, "--ctx -5"},
+           {{"--kv-type", "q4"}, "--kv-type 'q4'"}}) {
+    std::vector<std::string> args = {"inspect", "--walk", path};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const ProcessResult bad = Inspect(args);
+    EXPECT_EQ(bad.exit_code, 1) << flags[0];
+    EXPECT_EQ(bad.out, "");
+    EXPECT_NE(bad.err.find(named), std::string::npos) << bad.err;
   }
 }
 

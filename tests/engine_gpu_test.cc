@@ -393,21 +393,21 @@ TEST_F(EngineArmsTest, TheLogitsRecordHoldsTheLogitsThatPickedEachToken) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(EngineArmsTest, OneExpertPassGivesTheSameBits) {
-  std::unique_ptr<CudaEngine> split = MakeEngine(model(), Arm::kGraph, 5);
+TEST_F(EngineArmsTest, SplitExpertPassesGiveTheSameBits) {
+  std::unique_ptr<CudaEngine> single = MakeEngine(model(), Arm::kGraph, 5);
   CudaEngineOptions options;
   options.max_ctx = 64;
   options.n_slots = 5;
-  options.doors.split_passes = false;
-  absl::StatusOr<std::unique_ptr<CudaEngine>> single = CudaEngine::Create(model(), options);
-  ASSERT_TRUE(single.ok()) << single.status();
-  ASSERT_NE(split, nullptr);
-  absl::StatusOr<std::vector<int32_t>> a = split->Generate(kPrompt, 8);
-  absl::StatusOr<std::vector<int32_t>> b = (*single)->Generate(kPrompt, 8);
+  options.doors.split_passes = true;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> split = CudaEngine::Create(model(), options);
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_NE(single, nullptr);
+  absl::StatusOr<std::vector<int32_t>> a = (*split)->Generate(kPrompt, 8);
+  absl::StatusOr<std::vector<int32_t>> b = single->Generate(kPrompt, 8);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(*a, *b);
-  absl::StatusOr<std::vector<float>> la = split->LastLogits();
-  absl::StatusOr<std::vector<float>> lb = (*single)->LastLogits();
+  absl::StatusOr<std::vector<float>> la = (*split)->LastLogits();
+  absl::StatusOr<std::vector<float>> lb = single->LastLogits();
   ASSERT_TRUE(la.ok() && lb.ok());
   EXPECT_TRUE(BitEqual(*la, *lb));
 }

@@ -561,12 +561,23 @@ TEST(MoeMathTest, RouterDecisionEqualsTheOraclesForEveryGating) {
 }
 
 TEST(MoeMathTest, PassPredicateSplitsRanksIntoHitsAndMisses) {
-  for (uint8_t missed : {uint8_t{0}, uint8_t{1}}) {
-    EXPECT_EQ(rank_in_pass(ExpertPass::kHits, missed), missed == 0);
-    EXPECT_EQ(rank_in_pass(ExpertPass::kMisses, missed), missed == 1);
+  for (uint8_t missed : {kRankHit, kRankStaging, kRankCopied}) {
+    const bool hit = missed == kRankHit;
+    EXPECT_EQ(rank_in_pass(ExpertPass::kHits, missed), hit);
+    EXPECT_EQ(rank_in_pass(ExpertPass::kMisses, missed), !hit);
     EXPECT_TRUE(rank_in_pass(ExpertPass::kAll, missed));
+    EXPECT_TRUE(rank_in_pass(ExpertPass::kReady, missed));
     // Every rank is computed by exactly one of the two split passes.
     EXPECT_NE(rank_in_pass(ExpertPass::kHits, missed), rank_in_pass(ExpertPass::kMisses, missed));
+    // Only the one pass waits, and only for a missed rank; what it computes
+    // after a copy counts where the split's misses pass does.
+    EXPECT_EQ(rank_waits_for_copy(ExpertPass::kReady, missed), !hit);
+    for (ExpertPass pass : {ExpertPass::kHits, ExpertPass::kMisses, ExpertPass::kAll}) {
+      EXPECT_FALSE(rank_waits_for_copy(pass, missed));
+    }
+    EXPECT_EQ(rank_computed_after_copy(ExpertPass::kReady, missed),
+              rank_computed_after_copy(hit ? ExpertPass::kHits : ExpertPass::kMisses, missed));
+    EXPECT_FALSE(rank_computed_after_copy(ExpertPass::kAll, missed));
   }
 }
 

@@ -1218,17 +1218,10 @@ TEST_F(KernelsGpuTest, HazardStepEqualsHostStepBitForBit) {
   }
 }
 
-TEST_F(KernelsGpuTest, ResidentAndStageAllSlots) {
-  const std::vector<int32_t> experts = {7, 2, 30};
+TEST_F(KernelsGpuTest, StageAllSlots) {
   const int32_t k = 3;
-  DeviceArray<int32_t> d_experts(experts), d_slots(k);
+  DeviceArray<int32_t> d_slots(k);
   DeviceArray<uint8_t> d_missed(std::vector<uint8_t>{9, 9, 9});
-  ASSERT_EQ(
-      launch_resident_slots(2, 32, d_experts.get(), k, d_slots.get(), d_missed.get(), stream_),
-      cudaSuccess);
-  Sync();
-  EXPECT_EQ(d_slots.Download(), (std::vector<int32_t>{71, 66, 94}));
-  EXPECT_EQ(d_missed.Download(), (std::vector<uint8_t>{0, 0, 0}));
   ASSERT_EQ(launch_stage_all_slots(k, d_slots.get(), d_missed.get(), stream_), cudaSuccess);
   Sync();
   EXPECT_EQ(d_slots.Download(), (std::vector<int32_t>{0, 1, 2}));
@@ -1254,11 +1247,16 @@ TEST_F(KernelsGpuTest, StageCopyCopiesExactlyTheMissedBlocks) {
   DeviceArray<int32_t> d_experts(std::vector<int32_t>{4, 1, 5});
   DeviceArray<int32_t> d_slot_of_rank(std::vector<int32_t>{2, 0, 4});
   DeviceArray<uint8_t> d_missed(std::vector<uint8_t>{1, 0, 1});
+  DeviceArray<unsigned int> d_tickets(std::vector<unsigned int>(k, 0));
   DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
   ASSERT_EQ(launch_stage_copy(device_view, layout, d_experts.get(), d_slot_of_rank.get(),
-                              d_missed.get(), k, d_slots.get(), d_counters.get(), stream_),
+                              d_missed.get(), k, d_slots.get(), d_tickets.get(), d_counters.get(),
+                              stream_),
             cudaSuccess);
   Sync();
+  // The missed ranks marked copied for the kReady pass, the tickets left zero.
+  EXPECT_EQ(d_missed.Download(), (std::vector<uint8_t>{kRankCopied, kRankHit, kRankCopied}));
+  EXPECT_EQ(d_tickets.Download(), std::vector<unsigned int>(k, 0));
   std::vector<uint8_t> expected = sentinel;
   std::memcpy(expected.data() + 2 * layout.block_bytes, host_blocks + 4 * layout.block_bytes,
               layout.block_bytes);
@@ -1306,7 +1304,7 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
         std::copy(w.begin(), w.end(), slots.begin() + s * layout.block_bytes + layout.offset[p]);
       }
     }
-    const std::vector<int32_t> slot_of_rank = {3, 0, 5, 1};
+    const std::vector<int32_t> slot_of_rank = {3, 1, 5, 2};
     const std::vector<uint8_t> missed = {0, 1, 1, 0};
     // The ranks' expert ids index the bias arrays of 8 experts; biases of sd 4
     // push gate and up past swiglu_oai's clamp at 7.
@@ -1332,27 +1330,34 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     DeviceArray<float> d_logit(std::vector<float>{0.7f});
     DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
     const std::vector<float> unwritten(k * n_embd, -12345.0f);
-    DeviceArray<float> d_act_split(k * n_ff), d_act_all(k * n_ff);
-    DeviceArray<float> d_out_split(unwritten), d_out_all(k * n_embd);
+    DeviceArray<float> d_act_split(k * n_ff), d_act_all(k * n_ff), d_act_ready(k * n_ff);
+    DeviceArray<float> d_out_split(unwritten), d_out_all(k * n_embd), d_out_ready(k * n_embd);
+    DeviceArray<block_q8_1> d_act_q_ready(k * n_ff / QK8_1);
     // The combine adds into the residual stream.
     const std::vector<float> residual = Gaussian(rng, n_embd);
-    DeviceArray<float> d_sum_split(residual), d_sum_all(residual);
+    DeviceArray<float> d_sum_split(residual), d_sum_all(residual), d_sum_ready(residual);
     const std::vector<float> norm_weight = Gaussian(rng, n_embd);
-    DeviceArray<float> d_norm_weight(norm_weight), d_h_split(n_embd), d_h_all(n_embd);
-    DeviceArray<block_q8_1> d_h_q_split(n_embd / QK8_1), d_h_q_all(n_embd / QK8_1);
+    DeviceArray<float> d_norm_weight(norm_weight), d_h_split(n_embd), d_h_all(n_embd),
+        d_h_ready(n_embd);
+    DeviceArray<block_q8_1> d_h_q_split(n_embd / QK8_1), d_h_q_all(n_embd / QK8_1),
+        d_h_q_ready(n_embd / QK8_1);
     const std::vector<unsigned int> zero_tickets(step_tickets(n_embd, 1, 1, k * n_ff), 0);
     DeviceArray<unsigned int> d_tickets(zero_tickets);
 
     // Pass A alone computes the hits and leaves the misses' outputs alone.
+    ExpertRanks ranks;  // the slot decision's
+    ranks.k = k;
+    ranks.slot_of_rank = d_slot_of_rank.get();
+    ranks.missed = d_missed.get();
     auto gate_up = [&](ExpertPass pass, DeviceArray<float>& act, DeviceArray<block_q8_1>& act_q) {
-      return launch_expert_gate_up(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
-                                   pass, biases, glu_act, d_x.get(), d_xq.get(), act.get(),
-                                   act_q.get(), d_counters.get(), d_tickets.get(), stream_);
+      return launch_expert_gate_up(d_slots.get(), layout, ranks, pass, biases, glu_act, d_x.get(),
+                                   d_xq.get(), act.get(), act_q.get(), d_counters.get(),
+                                   d_tickets.get(), stream_);
     };
     auto down = [&](ExpertPass pass, DeviceArray<float>& act, DeviceArray<block_q8_1>& act_q,
                     DeviceArray<float>& out) {
-      return launch_expert_down(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(), k,
-                                pass, biases, act.get(), act_q.get(), out.get(), stream_);
+      return launch_expert_down(d_slots.get(), layout, ranks, pass, biases, act.get(), act_q.get(),
+                                out.get(), stream_);
     };
     ASSERT_EQ(gate_up(ExpertPass::kHits, d_act_split, d_act_q_split), cudaSuccess);
     ASSERT_EQ(down(ExpertPass::kHits, d_act_split, d_act_q_split, d_out_split), cudaSuccess);
@@ -1374,9 +1379,8 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
       combine.norm.eps = 1e-6f;
       combine.norm.out = h.get();
       combine.norm.out_q = h_q.get();
-      return launch_expert_down_combine(d_slots.get(), layout, d_slot_of_rank.get(), d_missed.get(),
-                                        k, pass, biases, act.get(), act_q.get(), out.get(), combine,
-                                        d_tickets.get(), stream_);
+      return launch_expert_down_combine(d_slots.get(), layout, ranks, pass, biases, act.get(),
+                                        act_q.get(), out.get(), combine, d_tickets.get(), stream_);
     };
     ASSERT_EQ(gate_up(ExpertPass::kMisses, d_act_split, d_act_q_split), cudaSuccess);
     ASSERT_EQ(down_combine(ExpertPass::kMisses, d_act_split, d_act_q_split, d_out_split,
@@ -1387,7 +1391,42 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
                            d_h_q_all),
               cudaSuccess);
     Sync();
+    const DeviceCounters before_ready = d_counters.Download()[0];
+    // The one pass of the cached arms, once the stage copy has marked the
+    // misses copied (the emulator traps on a rank still staging).
+    std::vector<uint8_t> copied = missed;
+    for (uint8_t& m : copied) m = m != kRankHit ? kRankCopied : kRankHit;
+    d_missed.Upload(copied);
+    ASSERT_EQ(gate_up(ExpertPass::kReady, d_act_ready, d_act_q_ready), cudaSuccess);
+    ASSERT_EQ(down_combine(ExpertPass::kReady, d_act_ready, d_act_q_ready, d_out_ready,
+                           d_sum_ready, d_h_ready, d_h_q_ready),
+              cudaSuccess);
+    Sync();
     EXPECT_EQ(d_tickets.Download(), zero_tickets);
+    EXPECT_EQ(d_out_ready.Download(), d_out_all.Download());
+    EXPECT_EQ(d_sum_ready.Download(), d_sum_all.Download());
+    EXPECT_EQ(d_h_ready.Download(), d_h_all.Download());
+    const DeviceCounters after_ready = d_counters.Download()[0];
+    EXPECT_EQ(after_ready.pass_a_experts - before_ready.pass_a_experts, 2u);  // the hits
+    EXPECT_EQ(after_ready.pass_b_experts - before_ready.pass_b_experts, 2u);  // the misses
+    EXPECT_EQ(after_ready.copy_waits - before_ready.copy_waits, 2u);
+    EXPECT_EQ(before_ready.copy_waits, 0u);  // no other pass waits
+
+    // The resident arm's ranks: slot first_slot + selection[r], no flags.
+    const DeviceArray<int32_t> d_resident_selection(std::vector<int32_t>{2, 0, 4, 1});
+    ranks.slot_of_rank = d_resident_selection.get();
+    ranks.missed = nullptr;
+    ranks.first_slot = 1;
+    EXPECT_EQ(gate_up(ExpertPass::kReady, d_act_ready, d_act_q_ready), cudaErrorInvalidValue);
+    d_sum_ready.Upload(residual);
+    ASSERT_EQ(gate_up(ExpertPass::kAll, d_act_ready, d_act_q_ready), cudaSuccess);
+    ASSERT_EQ(down_combine(ExpertPass::kAll, d_act_ready, d_act_q_ready, d_out_ready, d_sum_ready,
+                           d_h_ready, d_h_q_ready),
+              cudaSuccess);
+    Sync();
+    EXPECT_EQ(d_tickets.Download(), zero_tickets);
+    EXPECT_EQ(d_out_ready.Download(), d_out_all.Download());
+    EXPECT_EQ(d_sum_ready.Download(), d_sum_all.Download());
 
     const std::vector<float> out_split = d_out_split.Download();
     const std::vector<float> sum_split = d_sum_split.Download();
@@ -1400,9 +1439,8 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     std::vector<float> h_expected(n_embd);
     RmsNorm(sum_split, norm_weight, 1e-6f, absl::MakeSpan(h_expected));
     EXPECT_LT(Nmse(h_split, h_expected), 1e-7);
-    const DeviceCounters counters = d_counters.Download()[0];
-    EXPECT_EQ(counters.pass_a_experts, 2u + 4u);  // two hits, then the kAll pass
-    EXPECT_EQ(counters.pass_b_experts, 2u);
+    EXPECT_EQ(before_ready.pass_a_experts, 2u + 4u);  // two hits, then the kAll pass
+    EXPECT_EQ(before_ready.pass_b_experts, 2u);
 
     // Each rank's output against the host's run of the grouped matvec (the
     // gate/up product quantized to q8_1 as the kernel does), and against the

@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -189,6 +191,13 @@ inline void __threadfence() {}
 template <typename T>
 inline T __ldcg(const T* address) {
   return *address;
+}
+
+// A kernel that traps ends the process: in the emulator a trap is a test's
+// failure, never something to recover from.
+[[noreturn]] inline void __trap() {
+  std::fputs("emulator: a kernel called __trap()\n", stderr);
+  std::abort();
 }
 
 // Host arithmetic, rounded as the CPU rounds (the emulated tree compiles with

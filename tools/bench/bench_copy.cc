@@ -53,6 +53,7 @@ class CopyBuffers {
     cudaFree(slots_);
     cudaFree(ranks_);
     cudaFree(missed_);
+    cudaFree(tickets_);
     cudaFree(counters_);
     if (host_ != nullptr) cudaFreeHost(host_);
   }
@@ -76,6 +77,8 @@ class CopyBuffers {
         !ok(cudaMalloc(reinterpret_cast<void**>(&ranks_), 2 * k * sizeof(int32_t)),
             "cudaMalloc of the ranks") ||
         !ok(cudaMalloc(reinterpret_cast<void**>(&missed_), k), "cudaMalloc of the miss flags") ||
+        !ok(cudaMalloc(reinterpret_cast<void**>(&tickets_), k * sizeof(unsigned int)),
+            "cudaMalloc of the copy's tickets") ||
         !ok(cudaMalloc(reinterpret_cast<void**>(&counters_), sizeof(DeviceCounters)),
             "cudaMalloc of the counters") ||
         !ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate") ||
@@ -99,6 +102,8 @@ class CopyBuffers {
             "uploading the ranks") ||
         !ok(cudaMemcpyAsync(missed_, missed.data(), missed.size(), cudaMemcpyHostToDevice, stream_),
             "uploading the miss flags") ||
+        !ok(cudaMemsetAsync(tickets_, 0, k * sizeof(unsigned int), stream_),
+            "clearing the copy's tickets") ||
         !ok(cudaMemsetAsync(counters_, 0, sizeof(DeviceCounters), stream_),
             "clearing the counters") ||
         !ok(cudaMemsetAsync(slots_, 0, bytes_, stream_), "clearing the slots")) {
@@ -109,7 +114,7 @@ class CopyBuffers {
 
   cudaError_t StageCopy() {
     return launch_stage_copy(host_mapped_, layout_, ranks_, ranks_ + k_, missed_, k_, slots_,
-                             counters_, stream_);
+                             tickets_, counters_, stream_);
   }
 
   cudaError_t MemcpyAsync() {
@@ -164,6 +169,7 @@ class CopyBuffers {
   uint8_t* slots_ = nullptr;
   int32_t* ranks_ = nullptr;  // experts[k], then slot_of_rank[k]
   uint8_t* missed_ = nullptr;
+  unsigned int* tickets_ = nullptr;  // the stage copy's, [k]
   DeviceCounters* counters_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr;

@@ -1,25 +1,35 @@
-// moegraph inspect FILE: what a GGUF file holds, without loading any weights.
+// moegraph inspect FILE: what a GGUF file holds, or with --walk the launches of
+// one decode step at its shape, without loading any weights.
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "capture/doors.h"
+#include "capture/walk_shape.h"
 #include "loader/ggml_type.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
 #include "loader/status_util.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/decoder.h"
+
+ABSL_FLAG(bool, walk, false, "inspect: the launches of one decode step at the file's shape");
+ABSL_DECLARE_FLAG(std::string, arm);
 
 namespace moegraph {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr size_t kMaxShownString = 60;
+// --walk's --ctx when not given: chat's and serve's context.
+constexpr int32_t kWalkDefaultCtx = 4096;
 
 // File text is escaped so a crafted name cannot drive the terminal.
 std::string Escaped(std::string_view s) { return absl::CHexEscape(Av(s)); }
@@ -268,19 +278,54 @@ std::string FormatInspect(const GgufFile& file) {
   return out;
 }
 
+// --walk: the step's launches (capture/walk_shape.h) for --arm, --slots, --ctx
+// and --kv-type, each refused by name before anything but the header is read.
+absl::StatusOr<std::string> FormatWalk(const GgufFile& file) {
+  WalkShapeOptions options;
+  if (const std::string arm = absl::GetFlag(FLAGS_arm); !arm.empty()) {
+    MG_ASSIGN_OR_RETURN(options.arm, ParseArm(arm));
+  }
+  MG_ASSIGN_OR_RETURN(options.slots, ReadSlots());
+  options.max_ctx = FlagOr(FLAGS_ctx, kWalkDefaultCtx);
+  MG_ASSIGN_OR_RETURN(options.kv_type, ReadKvType());
+  MG_ASSIGN_OR_RETURN(const Model model, LoadModel(file));
+  MG_ASSIGN_OR_RETURN(const WalkShape shape, ShapeWalk(model, options));
+  const std::string arm =
+      options.arm == Arm::kResident
+          ? "resident (every expert in its own slot)"
+          : absl::StrCat("graph (", Av(PolicyName(Doors{}.policy)), " policy, ",
+                         Doors{}.split_passes ? "split expert passes" : "one expert pass",
+                         ", slots ",
+                         options.slots == 0 ? "auto" : absl::StrCat(options.slots), ")");
+  return absl::StrCat("walk of ", file.path(), ": one decode step, arm ", arm, ", --ctx ",
+                      options.max_ctx, ", ",
+                      options.kv_type == KvCacheType::kF16 ? "f16" : "f32",
+                      " KV cache; kernels in walk order, grids as the launchers compute them\n\n",
+                      FormatWalkShape(shape));
+}
+
 }  // namespace
 
 int RunInspect(const std::vector<std::string>& args) {
   // The file as its argument, or as -m like every other command's model.
   const std::string flag = absl::GetFlag(FLAGS_m);
   if (args.size() + (flag.empty() ? 0 : 1) != 1) {
-    std::fprintf(stderr, "usage: moegraph inspect FILE (or -m FILE)\n");
+    std::fprintf(stderr, "usage: moegraph inspect FILE (or -m FILE) [--walk [flags]]\n");
     return 2;
   }
   absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(flag.empty() ? args[0] : flag);
   if (!file.ok()) {
     std::fprintf(stderr, "moegraph inspect: %s\n", std::string(file.status().message()).c_str());
     return 1;
+  }
+  if (absl::GetFlag(FLAGS_walk)) {
+    const absl::StatusOr<std::string> walk = FormatWalk(**file);
+    if (!walk.ok()) {
+      std::fprintf(stderr, "moegraph inspect: %s\n", std::string(walk.status().message()).c_str());
+      return 1;
+    }
+    std::fwrite(walk->data(), 1, walk->size(), stdout);
+    return 0;
   }
   const std::string text = FormatInspect(**file);
   std::fwrite(text.data(), 1, text.size(), stdout);

@@ -97,10 +97,23 @@ std::vector<FlagDoc> Join(std::vector<std::vector<FlagDoc>> parts) {
 std::vector<CommandSpec> MakeCommands() {
   std::vector<CommandSpec> c;
   c.push_back({"inspect",
-               "FILE | -m FILE",
-               "architecture, hyper-parameters and tensor table of a GGUF file",
+               "FILE | -m FILE [--walk [--arm resident|graph] [--slots N] [--ctx N] [--kv-type T]]",
+               "architecture, hyper-parameters and tensor table of a GGUF file, or with --walk "
+               "the launches of one decode step at its shape",
                RunInspect,
-               {{"m", "FILE", "the file, as the argument FILE"}}});
+               {{"m", "FILE", "the file, as the argument FILE"},
+                {"walk", "",
+                 "instead: one decode step's kernel launches as the CUDA engine would make them "
+                 "(grid, block, weight bytes per token; no device, no weights read), then the "
+                 "kernel nodes per layer (default: false)"},
+                {"arm", "resident|graph",
+                 "--walk: every expert resident, or the design's device policy with the doors at "
+                 "their defaults (default: graph)"},
+                {"slots", "N|auto",
+                 "--walk, graph arm: the slot count, at least top-k (default: auto)"},
+                {"ctx", "N",
+                 "--walk: KV cache positions, which size the attention's grid (default: 4096)"},
+                {"kv_type", "f16|f32", "--walk: the KV cache's element type (default: f16)"}}});
   c.push_back(
       {"make-fixture",
        "-o FILE.gguf [flags]",

@@ -86,18 +86,6 @@ absl::StatusOr<SamplingParams> ReadSampling() {
   return p;
 }
 
-// --slots N | auto (the default); 0 means auto.
-absl::StatusOr<int32_t> ReadSlots() {
-  const std::string text = absl::GetFlag(FLAGS_slots);
-  if (text.empty() || text == "auto") return 0;
-  int32_t n = 0;
-  if (!absl::SimpleAtoi(text, &n) || n < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--slots '%s' is not a positive slot count or auto", text));
-  }
-  return n;
-}
-
 // A \r-rewritten line on stderr while `what` loads (the model file, the
 // experts), only on a terminal.
 LoadProgressFn TerminalProgress(const std::string& what) {
@@ -153,6 +141,17 @@ std::string Banner(const CpuBackend& backend, const ExpertStore* store,
 }
 
 }  // namespace
+
+absl::StatusOr<int32_t> ReadSlots() {
+  const std::string text = absl::GetFlag(FLAGS_slots);
+  if (text.empty() || text == "auto") return 0;
+  int32_t n = 0;
+  if (!absl::SimpleAtoi(text, &n) || n < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--slots '%s' is not a positive slot count or auto", text));
+  }
+  return n;
+}
 
 std::string StartupLines(const DecoderFlags& flags) {
   std::string lines;

@@ -60,6 +60,9 @@ absl::StatusOr<int> ParseThreads(absl::string_view text);
 // -ub: at least 1, else an error naming the flag.
 absl::StatusOr<int32_t> ReadUbatch();
 
+// --slots N | auto (the default, 0), else an error naming the flag.
+absl::StatusOr<int32_t> ReadSlots();
+
 // --kv-type: f16 or f32, else an error naming the flag.
 absl::StatusOr<KvCacheType> ReadKvType();
 

@@ -1,0 +1,316 @@
+#include "capture/walk_shape.h"
+
+#include <iterator>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "kernels/launch_geometry.h"
+#include "kernels/mmvq_math.h"
+#include "kernels/moe_math.h"
+#include "loader/check.h"
+#include "loader/status_util.h"
+
+namespace moegraph {
+namespace {
+
+// A weight matrix as the header gives it; for an expert, one expert's slice.
+struct Matrix {
+  std::string name;  // the tensor's, for errors
+  GgmlType type = GgmlType::kF32;
+  int64_t rows = 0, cols = 0;
+  uint64_t bytes = 0;
+};
+
+Matrix Of(const std::string& name, const WeightView& v) {
+  return {name, v.type, v.rows, v.cols, static_cast<uint64_t>(v.rows) * v.row_bytes};
+}
+Matrix Of(const GgufTensor* t) { return Of(t->name, weight_view(*t)); }
+
+std::string TypeName(GgmlType type) { return ggml_type_name(static_cast<uint32_t>(type)); }
+
+// What launch_matvec (and the rest of kernels/matvec.cu) refuses, named.
+absl::Status MatvecTakes(const Matrix& m) {
+  if (grouped_matvec_supports(m.type, m.cols)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: the CUDA matvec does not take %s rows of %d", m.name, TypeName(m.type), m.cols));
+}
+
+// The one expert of layer's projection, merged or legacy storage alike.
+Matrix Expert(const Model& model, int layer, ExpertProj proj) {
+  const LayerTensors& l = model.layers[static_cast<size_t>(layer)];
+  const GgufTensor* merged = proj == ExpertProj::kGate ? l.gate_exps
+                             : proj == ExpertProj::kUp ? l.up_exps
+                                                       : l.down_exps;
+  const auto& legacy = proj == ExpertProj::kGate ? l.gate_legacy
+                        : proj == ExpertProj::kUp ? l.up_legacy
+                                                  : l.down_legacy;
+  return Of(merged != nullptr ? merged->name : legacy[0]->name, model.expert(layer, proj, 0));
+}
+
+class Shaper {
+ public:
+  Shaper(const Model& model, const WalkShapeOptions& options)
+      : model_(model), c_(model.config), options_(options) {}
+
+  absl::StatusOr<WalkLaunch> Launch(const WalkEntry& e) const {
+    const LayerTensors* l =
+        e.layer >= 0 ? &model_.layers[static_cast<size_t>(e.layer)] : nullptr;
+    const int32_t k = c_.n_expert_used;
+    switch (e.op) {
+      case StepOp::kBeginStep:
+        return Plain(e, "begin_step_kernel", step_counter_launch_geometry());
+      case StepOp::kEndStep:
+        return Plain(e, "end_step_kernel", step_counter_launch_geometry());
+      case StepOp::kEmbed: {
+        // One row of the table per token.
+        WalkLaunch launch = Plain(e, "embed_kernel", embed_launch_geometry());
+        launch.weight_bytes = weight_view(*model_.token_embd).row_bytes;
+        return launch;
+      }
+      case StepOp::kQkv:
+        return Qkv(e, *l);
+      case StepOp::kAttention: {
+        WalkLaunch launch =
+            Plain(e, "attention_split_kernel",
+                  attention_decode_launch_geometry(c_.n_head, c_.n_head_kv, options_.max_ctx));
+        launch.instance = options_.kv_type == KvCacheType::kF16 ? "f16" : "f32";
+        return launch;
+      }
+      case StepOp::kAttnOut:
+        return Matvec(e, Of(l->wo));
+      case StepOp::kRouter:
+        return Matvec(e, Of(l->router));
+      case StepOp::kTraceRouting:
+        return Plain(e, "trace_routing_kernel", rank_threads_launch_geometry());
+      case StepOp::kResidencyStep:
+        return Doors{}.policy == ResidencyPolicy::kHazard
+                   ? Plain(e, "hazard_step_kernel", hazard_step_launch_geometry())
+                   : Plain(e, "residency_step_kernel", residency_step_launch_geometry());
+      case StepOp::kStageAllSlots:
+        return Plain(e, "stage_all_slots_kernel", rank_threads_launch_geometry());
+      // Copies from host memory over PCIe: no weight bytes from device memory.
+      case StepOp::kStageCopy:
+        return Plain(e, "stage_copy_kernel", stage_copy_launch_geometry(k));
+      // Each pass's grid covers all k ranks; a block whose rank is in another
+      // pass exits, so a split pass reads at most the k experts counted here.
+      case StepOp::kGateUpHits:
+      case StepOp::kGateUpMisses:
+      case StepOp::kGateUpAll:
+      case StepOp::kGateUpReady:
+        return Pair(e, Expert(model_, e.layer, ExpertProj::kGate),
+                    Expert(model_, e.layer, ExpertProj::kUp), k);
+      case StepOp::kDownHits:
+      case StepOp::kDownMisses:
+      case StepOp::kDownAll:
+      case StepOp::kDownReady:
+        return Matvec(e, Expert(model_, e.layer, ExpertProj::kDown), k);
+      case StepOp::kShexpGateUp:
+        return Pair(e, Of(l->shexp_gate), Of(l->shexp_up), 1);
+      case StepOp::kShexpDown:
+        return Matvec(e, Of(l->shexp_down));
+      case StepOp::kShexpLogit:
+        return Matvec(e, Of(l->shexp_gate_inp));
+      case StepOp::kDenseGateUp:
+        return Pair(e, Of(l->ffn_gate), Of(l->ffn_up), 1);
+      case StepOp::kDenseDown:
+        return Matvec(e, Of(l->ffn_down));
+      case StepOp::kLmHead:
+        return Matvec(e, Of(model_.output));
+      case StepOp::kRecordLogits:
+        return Plain(e, "record_logits_kernel", record_logits_launch_geometry(c_.n_vocab));
+      case StepOp::kSample:
+        return Plain(e, "sample_kernel", sample_launch_geometry(c_.n_vocab));
+      case StepOp::kRoutingStepEnd:
+        return Plain(e, "routing_step_end_kernel", routing_step_end_launch_geometry());
+      // Not kernels (ShapeWalk passes only kernel entries).
+      case StepOp::kHostReadSelection:
+      case StepOp::kHostWaitSelection:
+      case StepOp::kHostPolicyStep:
+      case StepOp::kHostWriteSlots:
+      case StepOp::kForkRecord:
+      case StepOp::kForkWait:
+      case StepOp::kHostStageCopy:
+      case StepOp::kJoinRecord:
+      case StepOp::kJoinWait:
+      case StepOp::kTokenCopy:
+        break;
+    }
+    MG_CHECK(false, "ShapeWalk: a kernel op without a shape");
+    return absl::InternalError("unreachable");
+  }
+
+ private:
+  static WalkLaunch Plain(const WalkEntry& e, const char* kernel, const LaunchGeometry& g) {
+    WalkLaunch launch;
+    launch.layer = e.layer;
+    launch.op = e.op;
+    launch.kernel = kernel;
+    launch.grid = g.grid;
+    launch.block = g.block;
+    return launch;
+  }
+
+  // ranks copies of m (the experts of a pass), one grouped_matvec_kernel.
+  static absl::StatusOr<WalkLaunch> Matvec(const WalkEntry& e, const Matrix& m,
+                                           int32_t ranks = 1) {
+    MG_RETURN_IF_ERROR(MatvecTakes(m));
+    WalkLaunch launch = Plain(e, "grouped_matvec_kernel",
+                              matvec_launch_geometry(m.type, m.rows, m.cols, ranks));
+    launch.instance = TypeName(m.type);
+    launch.weight_bytes = m.bytes * static_cast<uint64_t>(ranks);
+    return launch;
+  }
+
+  // A gate/up pair: one launch on gate's geometry, both matrices read.
+  static absl::StatusOr<WalkLaunch> Pair(const WalkEntry& e, const Matrix& gate, const Matrix& up,
+                                         int32_t ranks) {
+    if (gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s (%s, %d x %d) and %s (%s, %d x %d): the CUDA gate/up pair takes one type and shape",
+          gate.name, TypeName(gate.type), gate.rows, gate.cols, up.name, TypeName(up.type), up.rows,
+          up.cols));
+    }
+    MG_ASSIGN_OR_RETURN(WalkLaunch launch, Matvec(e, gate, ranks));
+    launch.weight_bytes += up.bytes * static_cast<uint64_t>(ranks);
+    return launch;
+  }
+
+  static absl::StatusOr<WalkLaunch> Qkv(const WalkEntry& e, const LayerTensors& l) {
+    const Matrix m[3] = {Of(l.wq), Of(l.wk), Of(l.wv)};
+    GgmlType types[3];
+    int64_t rows[3];
+    std::vector<std::string> names;
+    uint64_t bytes = 0;
+    for (int j = 0; j < 3; ++j) {
+      MG_RETURN_IF_ERROR(MatvecTakes(m[j]));
+      // mxfp4 is left out of qkv_kernel's switch (qkv_supports_type).
+      if (m[j].type == GgmlType::kMXFP4 || m[j].cols != m[0].cols) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: qkv_kernel does not take %s rows of %d", m[j].name, TypeName(m[j].type),
+            m[j].cols));
+      }
+      types[j] = m[j].type;
+      rows[j] = m[j].rows;
+      names.push_back(TypeName(m[j].type));
+      bytes += m[j].bytes;
+    }
+    WalkLaunch launch = Plain(e, "qkv_kernel", qkv_launch_geometry(types, rows, m[0].cols));
+    launch.instance = absl::StrJoin(names, ", ");
+    launch.weight_bytes = bytes;
+    return launch;
+  }
+
+  const Model& model_;
+  const ModelConfig& c_;
+  const WalkShapeOptions& options_;
+};
+
+// What the engine refuses of the options, by flag, before it allocates.
+absl::Status CheckOptions(const ModelConfig& c, const WalkShapeOptions& o) {
+  if (o.arm != Arm::kResident && o.arm != Arm::kGraph) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--arm ", Av(ArmName(o.arm)), ": inspect --walk shows the resident and graph arms"));
+  }
+  if (o.slots < 0 || (o.slots > 0 && o.slots < c.n_expert_used)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--slots %d must be auto (0) or at least the model's top-k %d", o.slots, c.n_expert_used));
+  }
+  if (o.arm == Arm::kResident && o.slots != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--slots %d: the resident arm holds every expert (%d), no slot count",
+                        o.slots, c.n_moe_layer() * c.n_expert));
+  }
+  if (o.max_ctx < 1 ||
+      attention_decode_launch_geometry(c.n_head, c.n_head_kv, o.max_ctx).grid.y > 65535) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--ctx %d: the attention takes 1 to %d positions", o.max_ctx,
+        65535 * kAttentionSplitPositions));
+  }
+  if (c.head_dim > 256 || c.n_head % c.n_head_kv != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the CUDA attention takes a head_dim of at most 256 and whole GQA groups (this model: "
+        "%d, %d heads over %d)",
+        c.head_dim, c.n_head, c.n_head_kv));
+  }
+  if (o.kv_type == KvCacheType::kF16 && c.head_dim % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--kv-type f16: the CUDA attention reads an f16 cache in 8-element loads and this "
+        "model's head_dim is %d",
+        c.head_dim));
+  }
+  if (c.n_expert > kMaxRouterExperts || c.n_expert_used > kMaxTopK) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the CUDA router takes at most %d experts and top-%d (this model: %d, top-%d)",
+        kMaxRouterExperts, kMaxTopK, c.n_expert, c.n_expert_used));
+  }
+  return absl::OkStatus();
+}
+
+std::string Dims(const dim3& d) { return absl::StrCat(d.x, ",", d.y, ",", d.z); }
+
+}  // namespace
+
+std::string KernelLabel(const WalkLaunch& launch) {
+  if (launch.instance.empty()) return launch.kernel;
+  // qkv_kernel is no template: its types are a switch per block.
+  if (launch.op == StepOp::kQkv) return absl::StrCat(launch.kernel, " (", launch.instance, ")");
+  return absl::StrCat(launch.kernel, "<", launch.instance, ">");
+}
+
+absl::StatusOr<WalkShape> ShapeWalk(const Model& model, const WalkShapeOptions& options) {
+  const ModelConfig& c = model.config;
+  MG_RETURN_IF_ERROR(CheckOptions(c, options));
+  // The walk CudaEngine::Impl::MakeWalkConfig makes for one step of the arm.
+  const Doors doors;
+  WalkConfig config;
+  config.n_layer = c.n_layer;
+  config.slot_mode = options.arm == Arm::kResident ? SlotMode::kResident : SlotMode::kDevicePolicy;
+  config.split_passes = doors.split_passes;
+  config.programmatic_launch = doors.programmatic_launch;
+  config.shared_expert = c.n_ff_shexp > 0;
+  config.shared_expert_gated = c.shexp_gated;
+  config.n_dense_lead = c.n_layer_dense_lead;
+
+  WalkShape shape;
+  shape.walk = BuildWalk(config);
+  const Shaper shaper(model, options);
+  for (const WalkEntry& entry : shape.walk.entries) {
+    if (entry.kind != EntryKind::kKernel) continue;
+    MG_ASSIGN_OR_RETURN(WalkLaunch launch, shaper.Launch(entry));
+    shape.launches.push_back(std::move(launch));
+  }
+  return shape;
+}
+
+std::string FormatWalkShape(const WalkShape& shape) {
+  std::string out =
+      "| layer | kernel | grid | block | weight bytes |\n| --- | --- | --- | --- | ---: |\n";
+  uint64_t bytes = 0;
+  std::map<int, int> nodes;  // per layer
+  for (const WalkLaunch& l : shape.launches) {
+    absl::StrAppend(&out, "| ", l.layer < 0 ? "-" : absl::StrCat(l.layer), " | ", KernelLabel(l),
+                    " | ", Dims(l.grid), " | ", Dims(l.block), " | ", l.weight_bytes, " |\n");
+    bytes += l.weight_bytes;
+    if (l.layer >= 0) ++nodes[l.layer];
+  }
+  // Runs of layers with the same count, one line each.
+  absl::StrAppend(&out, "\nkernel nodes per layer:\n");
+  for (auto it = nodes.begin(); it != nodes.end();) {
+    auto end = it;
+    while (std::next(end) != nodes.end() && std::next(end)->second == it->second) ++end;
+    const std::string layers = it == end ? absl::StrCat("layer ", it->first)
+                                         : absl::StrCat("layers ", it->first, "-", end->first);
+    absl::StrAppend(&out, "  ", layers, ": ", it->second, "\n");
+    it = std::next(end);
+  }
+  absl::StrAppendFormat(&out, "step: %d kernel launches, %d weight bytes (%.2f MiB)\n",
+                        shape.launches.size(), bytes, bytes / (1024.0 * 1024.0));
+  return out;
+}
+
+}  // namespace moegraph

@@ -1,0 +1,108 @@
+// The grid and block of every decode-step launcher, one function each: the
+// launchers in kernels/*.cu launch with them and `moegraph inspect --walk`
+// (capture/walk_shape.h) prints them, so both give the same numbers (launch_qkv
+// sums matvec_row_blocks into its jobs' first blocks, as qkv_launch_geometry
+// does). tests/walk_shape_test.cc holds the emulated engine's launches to
+// walk_shape.h's rows. Light: .cu and .cc files include it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/mmvq_math.h"
+#include "kernels/moe_math.h"
+#include "kernels/sample_math.h"
+#include "loader/ggml_type.h"
+
+namespace moegraph {
+
+struct LaunchGeometry {
+  dim3 grid;
+  dim3 block;
+};
+
+// launch_embed: one block, a thread per ggml block of the row (strided).
+inline constexpr int kEmbedThreads = 256;
+// launch_attention_decode: a block per (column of at most kAttentionGroupHeads
+// query heads of one KV head, split of kAttentionSplitPositions positions).
+inline constexpr int kAttentionThreads = 128;
+inline constexpr int kAttentionSplitPositions = 128;
+inline constexpr int kAttentionGroupHeads = 8;
+// launch_residency_step and launch_hazard_step: one block each (the hazard
+// step's victim pass reads several dependent arrays per slot: more warps hide
+// more of that latency).
+inline constexpr int kResidencyStepThreads = 256;
+inline constexpr int kHazardStepThreads = 1024;
+// launch_stage_copy: kStageCopyBlocksPerExpert blocks per rank, enough loads
+// in flight to fill PCIe.
+inline constexpr int kStageCopyBlocksPerExpert = 32;
+inline constexpr int kStageCopyThreads = 256;
+// launch_routing_step_end and launch_record_logits.
+inline constexpr int kRoutingStepEndThreads = 256;
+inline constexpr int kRecordLogitsThreads = 256;
+// launch_sample: blocks of kSampleRuns threads, 4 logits a thread.
+inline constexpr int kSampleBlockLogits = 4 * kSampleRuns;
+
+inline int32_t ceil_blocks(int64_t n, int64_t per_block) {
+  return static_cast<int32_t>((n + per_block - 1) / per_block);
+}
+
+// Every grouped_matvec_kernel launch (launch_matvec, _residual, _swiglu,
+// launch_router, the expert passes): the matrix's row blocks x ranks.
+inline LaunchGeometry matvec_launch_geometry(GgmlType type, int64_t rows, int64_t cols,
+                                             int32_t ranks) {
+  return {dim3(static_cast<unsigned>(matvec_row_blocks(type, rows, cols)),
+               static_cast<unsigned>(ranks)),
+          dim3(kMatvecThreads)};
+}
+
+// launch_qkv: q's, k's and v's row blocks one after another along x.
+inline LaunchGeometry qkv_launch_geometry(const GgmlType (&type)[3], const int64_t (&rows)[3],
+                                          int64_t cols) {
+  int64_t blocks = 0;
+  for (int j = 0; j < 3; ++j) blocks += matvec_row_blocks(type[j], rows[j], cols);
+  return {dim3(static_cast<unsigned>(blocks)), dim3(kMatvecThreads)};
+}
+
+inline LaunchGeometry embed_launch_geometry() { return {dim3(1), dim3(kEmbedThreads)}; }
+
+// Columns x splits, fixed by max_ctx (splits past the live keys exit at once).
+inline LaunchGeometry attention_decode_launch_geometry(int32_t n_head, int32_t n_head_kv,
+                                                       int32_t max_ctx) {
+  const int32_t columns = n_head_kv * ceil_blocks(n_head / n_head_kv, kAttentionGroupHeads);
+  return {dim3(static_cast<unsigned>(columns),
+               static_cast<unsigned>(ceil_blocks(max_ctx, kAttentionSplitPositions))),
+          dim3(kAttentionThreads)};
+}
+
+inline LaunchGeometry residency_step_launch_geometry() {
+  return {dim3(1), dim3(kResidencyStepThreads)};
+}
+inline LaunchGeometry hazard_step_launch_geometry() { return {dim3(1), dim3(kHazardStepThreads)}; }
+
+// launch_stage_all_slots and launch_trace_routing: a thread per rank, as many
+// as any k.
+inline LaunchGeometry rank_threads_launch_geometry() { return {dim3(1), dim3(kMaxTopK)}; }
+
+inline LaunchGeometry stage_copy_launch_geometry(int32_t k) {
+  return {dim3(kStageCopyBlocksPerExpert, static_cast<unsigned>(k)), dim3(kStageCopyThreads)};
+}
+
+inline LaunchGeometry routing_step_end_launch_geometry() {
+  return {dim3(1), dim3(kRoutingStepEndThreads)};
+}
+
+inline LaunchGeometry record_logits_launch_geometry(int32_t n) {
+  return {dim3(static_cast<unsigned>(ceil_blocks(n, kRecordLogitsThreads))),
+          dim3(kRecordLogitsThreads)};
+}
+
+inline LaunchGeometry sample_launch_geometry(int32_t n) {
+  return {dim3(static_cast<unsigned>(ceil_blocks(n, kSampleBlockLogits))), dim3(kSampleRuns)};
+}
+
+// launch_begin_step and launch_end_step: one thread.
+inline LaunchGeometry step_counter_launch_geometry() { return {dim3(1), dim3(1)}; }
+
+}  // namespace moegraph
