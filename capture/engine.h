@@ -73,8 +73,8 @@ struct CudaEngineOptions {
   // step; steps_per_launch must be 1). For the table-equality gate.
   bool record_routing = false;
   // Routing replay (moegraph bench --routing-trace): the trace goes to device
-  // memory once and trace_routing (kernels/kernels.h) puts its row over each
-  // layer's selection, no readback; steps past its end wrap around. Null: the
+  // memory once and each router's epilogue puts its row over the layer's
+  // selection (RoutingReplay, kernels/moe_math.h), no readback, no launch; steps past its end wrap around. Null: the
   // router decides. Checked with CheckRoutingTrace; must outlive the engine.
   const RoutingTrace* routing_trace = nullptr;
   // > 0: every step's selection is written on the device into a buffer of this

@@ -380,6 +380,7 @@ struct CudaEngine::Impl {
   CudaBuffer trace_ids, trace_weights, routing_record;
   CudaBuffer logits_record;  // [max_ctx][n_vocab] with record_logits
   int64_t* routing_cursor = nullptr;
+  int64_t* replay_step = nullptr;  // the cursor mod the trace's steps (RoutingReplay)
 
   // Pinned host memory: the token copy and the host arm's per-layer staging.
   CudaBuffer token_host;

@@ -403,7 +403,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_sel = s.Add(n_layer * kk * 4), o_w = s.Add(n_layer * kk * f);
   const size_t o_keys = s.Add(n_layer * kk * 4), o_sor = s.Add(n_layer * kk * 4);
   const size_t o_missed = s.Add(n_layer * kk), o_evicted = s.Add(n_layer * kk * 4);
-  const size_t o_cursor = s.Add(8);
+  const size_t o_cursor = s.Add(16);  // the routing cursor, then the replay's step
   // The epilogues' tickets, then the stage copy's (k).
   const size_t o_tickets = s.Add((static_cast<size_t>(StepTickets(cfg)) + kk) * 4);
   // q8_1 blocks of a vector of n, or none (kNone).
@@ -448,6 +448,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   sample_scratch = at(o_sample);
   counters = reinterpret_cast<DeviceCounters*>(at(o_counters));
   routing_cursor = reinterpret_cast<int64_t*>(at(o_cursor));
+  replay_step = routing_cursor + 1;
   tickets = reinterpret_cast<unsigned int*>(at(o_tickets));
   copy_tickets = tickets + StepTickets(cfg);
   auto q8_1_at = [&at](size_t offset) {

@@ -29,8 +29,7 @@ WalkConfig CudaEngine::Impl::MakeWalkConfig(int steps) const {
   c.shared_expert = cfg.n_ff_shexp > 0;
   c.shared_expert_gated = cfg.shexp_gated;
   c.n_dense_lead = cfg.n_layer_dense_lead;
-  c.trace_routing = options.routing_trace != nullptr;
-  c.routing_step_end = c.trace_routing || options.routing_record_steps > 0;
+  c.routing_step_end = options.routing_trace != nullptr || options.routing_record_steps > 0;
   c.record_logits = options.record_logits;
   return c;
 }
@@ -141,6 +140,14 @@ RouterEpilogue CudaEngine::Impl::Router(int layer, int32_t* experts, float* weig
   router.scale = cfg.expert_weights_scale;
   router.experts = experts;
   router.weights = weights;
+  if (options.routing_trace != nullptr) {
+    router.replay.ids = trace_ids.as<int32_t>();
+    router.replay.weights = trace_weights.as<float>();
+    router.replay.uniform_weight = 1.0f / static_cast<float>(cfg.n_expert_used);
+    router.replay.n_layer = cfg.n_layer;
+    router.replay.layer = layer;
+    router.replay.step = replay_step;
+  }
   return router;
 }
 
@@ -235,12 +242,6 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
         return launch_router(w->router, h, h_q, router_logits, router, tickets, ms);
       };
     }
-    case StepOp::kTraceRouting:
-      return [=, this, n_steps = options.routing_trace->n_steps] {
-        return launch_trace_routing(trace_ids.as<int32_t>(), trace_weights.as<float>(), n_steps,
-                                    cfg.n_layer, l, top_k, routing_cursor, e->selection,
-                                    e->weights, ms);
-      };
     case StepOp::kResidencyStep: {
       const size_t pool_index =
           static_cast<size_t>(pool->pool_of_local_layer[static_cast<size_t>(e->local_layer)]);
@@ -353,9 +354,11 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       };
     case StepOp::kRoutingStepEnd:
       return [=, this] {
-        return launch_routing_step_end(layer_experts[0].selection, cfg.n_layer * top_k,
-                                       routing_record.as<int32_t>(), options.routing_record_steps,
-                                       routing_cursor, ms);
+        return launch_routing_step_end(
+            layer_experts[0].selection, cfg.n_layer * top_k, routing_record.as<int32_t>(),
+            options.routing_record_steps, routing_cursor,
+            options.routing_trace != nullptr ? options.routing_trace->n_steps : 0,
+            options.routing_trace != nullptr ? replay_step : nullptr, ms);
       };
     case StepOp::kEndStep:
       return [=, this] { return launch_end_step(sampled, step, out_tokens, counters, ms); };

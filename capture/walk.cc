@@ -21,7 +21,6 @@ constexpr OpInfo kOps[] = {
     {StepOp::kAttention, "attention", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kAttnOut, "attn_out", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRouter, "router", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kTraceRouting, "trace_routing", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kResidencyStep, "residency_step", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kStageAllSlots, "stage_all_slots", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kHostReadSelection, "host_read_selection", EntryKind::kMemcpyD2H, WalkStream::kMain},
@@ -97,7 +96,6 @@ void AddSharedExpert(const WalkConfig& c, WalkWriter& w, int step, int layer) {
 
 void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
   w.Add(StepOp::kRouter, step, layer);
-  if (c.trace_routing) w.Add(StepOp::kTraceRouting, step, layer);
   if (c.slot_mode == SlotMode::kResident) {
     // Nothing to copy, so nothing to overlap: one pass over every rank, each
     // found in the slot its key names (no slot decision).

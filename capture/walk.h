@@ -23,8 +23,8 @@
 // the residual stream and runs ffn_norm; router its top-k; the last down pass
 // (down_misses, or down_all) combines the ranks into the residual stream and
 // runs the next layer's attn_norm (after the last layer, output_norm).
-// (Routing replay adds trace_routing after router; replay or record adds
-// routing_step_end before end_step.)
+// (Routing replay or record adds routing_step_end before end_step; the
+// replay itself is the router's epilogue.)
 // A leading dense layer (glm4moe) has dense_gate_up dense_down after attn_out
 // instead, the down adding into the residual and running the next attn_norm.
 // Arms change only the slot decision (none on the resident arm, whose passes
@@ -63,7 +63,6 @@ enum class StepOp {
   kAttention,
   kAttnOut,
   kRouter,
-  kTraceRouting,  // routing replay: the trace's selection over the router's
   // The slot decision, one per arm.
   kResidencyStep,
   kStageAllSlots,
@@ -129,9 +128,8 @@ struct WalkConfig {
   bool shared_expert = false;        // qwen2moe, glm4moe
   bool shared_expert_gated = false;  // qwen2moe: shexp_logit
   int n_dense_lead = 0;              // glm4moe: leading layers with a dense FFN
-  // Routing replay and record (moegraph bench): trace_routing after each
-  // router; routing_step_end before each end_step.
-  bool trace_routing = false;
+  // Routing replay and record (moegraph bench): routing_step_end before each
+  // end_step.
   bool routing_step_end = false;
   // record_logits after each lm_head.
   bool record_logits = false;

@@ -85,8 +85,6 @@ class Shaper {
         return Matvec(e, Of(l->wo));
       case StepOp::kRouter:
         return Matvec(e, Of(l->router));
-      case StepOp::kTraceRouting:
-        return Plain(e, "trace_routing_kernel", rank_threads_launch_geometry());
       case StepOp::kResidencyStep:
         return Doors{}.policy == ResidencyPolicy::kHazard
                    ? Plain(e, "hazard_step_kernel", hazard_step_launch_geometry())

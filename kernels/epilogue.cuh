@@ -195,6 +195,13 @@ __device__ inline void warp_router_topk(float* logits, int32_t n_expert, const R
     topk_weights(probs, shared->chosen, r.k, r.gating, r.norm_topk, r.scale, weights);
     for (int32_t t = 0; t < r.k; ++t) experts[t] = shared->chosen[t];
   }
+  if (r.replay.ids != nullptr) {
+    __syncwarp();  // lane 0's choice written before a lane replaces its rank
+#pragma unroll
+    for (int32_t i = 0; i < kMaxTopK / 32; ++i) {
+      if (lane + 32 * i < r.k) replay_rank(r.replay, r.k, lane + 32 * i, experts, weights);
+    }
+  }
 }
 
 // The norm an op's last block runs on the op's output (NormEpilogue, kernels.h).

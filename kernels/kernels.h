@@ -188,6 +188,7 @@ struct RouterEpilogue {
   float scale = 1.0f;
   int32_t* experts = nullptr;
   float* weights = nullptr;
+  RoutingReplay replay;  // with ids set, the trace's choice over the router's
 };
 
 // logits[rows] = W x, then its top-k (rows = n_expert <= kMaxRouterExperts,
@@ -314,22 +315,13 @@ cudaError_t launch_rope_append_rows(const float* q, const float* k, const float*
 
 // ---- MoE ----
 
-// Routing replay (moegraph bench --routing-trace): the selection of `layer` at
-// trace step *cursor mod n_steps comes from a trace in device memory instead of
-// the router, with no readback: experts[r] = ids[(step * n_layer + layer) * k + r]
-// and weights[r] = trace_weights[same index] (the trace's f16 router weights,
-// widened to f32 when uploaded), or 1/k each when trace_weights is null. A row the
-// trace lacks (its first id < 0) keeps what the router chose. Launched after
-// the router, so the router's cost stays in the step.
-cudaError_t launch_trace_routing(const int32_t* ids, const float* trace_weights, int64_t n_steps,
-                                 int32_t n_layer, int32_t layer, int32_t k, const int64_t* cursor,
-                                 int32_t* experts, float* weights, cudaStream_t stream);
-
 // End of a step's routing: while *cursor < record_steps, record[*cursor * n ..
 // + n) = selection[0 .. n) (every layer's k ids; record null: nothing written);
-// then ++*cursor, the step the next launch_trace_routing reads.
+// then ++*cursor and, with replay_step set, *replay_step = *cursor mod
+// replay_steps: the trace step the next routers' replay reads (RoutingReplay).
 cudaError_t launch_routing_step_end(const int32_t* selection, int32_t n, int32_t* record,
-                                    int64_t record_steps, int64_t* cursor, cudaStream_t stream);
+                                    int64_t record_steps, int64_t* cursor, int64_t replay_steps,
+                                    int64_t* replay_step, cudaStream_t stream);
 
 // residency_step of residency/policy.h for one layer, in one block: thread 0
 // makes every state change in the policy's order, and the block finds each

@@ -36,7 +36,8 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 // (the expert pass after the stage copy: kernels/copy_ready.cuh) lets the next
 // kernel start without waiting itself. What it reads of earlier kernels is
 // ready: the kernel before it started its blocks only after its own wait.
-__device__ __forceinline__ void wait_for_prior_grids_unless(bool overlaps_prior) {
+__device__ __forceinline__ void wait_for_prior_grids_unless(
+    [[maybe_unused]] bool overlaps_prior) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (!overlaps_prior) asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

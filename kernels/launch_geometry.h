@@ -81,7 +81,7 @@ inline LaunchGeometry residency_step_launch_geometry() {
 }
 inline LaunchGeometry hazard_step_launch_geometry() { return {dim3(1), dim3(kHazardStepThreads)}; }
 
-// launch_stage_all_slots and launch_trace_routing: a thread per rank, as many
+// launch_stage_all_slots: a thread per rank, as many
 // as any k.
 inline LaunchGeometry rank_threads_launch_geometry() { return {dim3(1), dim3(kMaxTopK)}; }
 

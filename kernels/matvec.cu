@@ -501,6 +501,12 @@ bool ranks_ok(const ExpertRanks& r, ExpertPass pass) {
          (r.missed != nullptr || pass == ExpertPass::kAll);
 }
 
+// No replay, or a trace with its step and a row for the layer.
+bool replay_ok(const RoutingReplay& t) {
+  return t.ids == nullptr ||
+         (t.step != nullptr && t.n_layer > 0 && t.layer >= 0 && t.layer < t.n_layer);
+}
+
 // Biases, where set, come with the ranks' expert ids.
 bool biases_ok(const ExpertBiases& b) {
   return b.experts != nullptr || (b.gate == nullptr && b.up == nullptr && b.down == nullptr);
@@ -611,7 +617,8 @@ cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_
                           cudaStream_t stream) {
   if (!matrix_ok(w) || !input_ok(w.type, x, xq) || logits == nullptr ||
       w.rows > kMaxRouterExperts || router.k <= 0 || router.k > kMaxTopK || router.k > w.rows ||
-      router.experts == nullptr || router.weights == nullptr || tickets == nullptr) {
+      router.experts == nullptr || router.weights == nullptr || tickets == nullptr ||
+      !replay_ok(router.replay)) {
     return cudaErrorInvalidValue;
   }
   MatvecLaunch l = Dense(w, x, xq);

@@ -677,6 +677,13 @@ inline constexpr int kMatvecThreads = 128;
 inline constexpr int kMaxRowsPerBlock = 32;  // one q8_1 block of a pair's output
 inline constexpr int kMinThreadsPerRow = kMatvecThreads / kMaxRowsPerBlock;
 inline constexpr int kTripUnits = 2;
+// An element type's unit is 16 bytes, fewer than a quant type's word group
+// carries weights for: its threads load twice as many a trip (an f32 router
+// row of 2048 is then in flight at once). The geometry still counts trips of
+// kTripUnits, and a thread adds its units in unit order either way, so the
+// bits do not change.
+template <GgmlType T>
+inline constexpr int kThreadTripUnits = mmvq_type(T) ? kTripUnits : 2 * kTripUnits;
 
 // Work units of a row of cols: (block, word group) pairs for the quant types,
 // 16-byte chunks for element types.
@@ -758,16 +765,17 @@ template <GgmlType T, int M>
 MG_HD_INLINE void thread_partials(const uint8_t* const (&rows)[M], const float* x,
                                   const block_q8_1* y, int64_t cols, int t, int threads,
                                   float (&sums)[M]) {
+  constexpr int kTrip = kThreadTripUnits<T>;
   const int64_t units = row_units(T, cols);
-  for (int64_t u0 = t; u0 < units; u0 += static_cast<int64_t>(kTripUnits) * threads) {
-    TripWords<T> w[M][kTripUnits];
+  for (int64_t u0 = t; u0 < units; u0 += static_cast<int64_t>(kTrip) * threads) {
+    TripWords<T> w[M][kTrip];
     for (int m = 0; m < M; ++m) {
-      for (int i = 0; i < kTripUnits; ++i) {
+      for (int i = 0; i < kTrip; ++i) {
         const int64_t u = u0 + static_cast<int64_t>(i) * threads;
         w[m][i] = load_row_unit<T>(rows[m], u < units ? u : units - 1);
       }
     }
-    for (int i = 0; i < kTripUnits; ++i) {
+    for (int i = 0; i < kTrip; ++i) {
       const int64_t u = u0 + static_cast<int64_t>(i) * threads;
       for (int m = 0; m < M; ++m) {
         const float d = dot_row_unit<T>(w[m][i], x, y, u < units ? u : units - 1);

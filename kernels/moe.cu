@@ -1,7 +1,7 @@
-// MoE kernels: routing replay from a trace, the residency steps, the
-// stage-every-token arm's slots and the stage copy of missed experts
-// (the router with its top-k and the expert passes with the combine are
-// kernels/matvec.cu). Decisions come from kernels/moe_math.h,
+// MoE kernels: the end of a step's routing record or replay, the residency
+// steps, the stage-every-token arm's slots and the stage copy of missed
+// experts (the router with its top-k and replay and the expert passes with the
+// combine are kernels/matvec.cu). Decisions come from kernels/moe_math.h,
 // residency/policy.h and residency/hazard_policy.h; this file holds the
 // indexing and launch geometry.
 //
@@ -22,33 +22,22 @@ namespace {
 constexpr int kStageUnroll = 4;
 
 
-// A thread per rank; a missing row (first id < 0) leaves the router's selection.
-__global__ void trace_routing_kernel(const int32_t* __restrict__ ids,
-                                     const float* __restrict__ trace_weights, int64_t n_steps,
-                                     int32_t n_layer, int32_t layer, int32_t k,
-                                     const int64_t* __restrict__ cursor,
-                                     int32_t* __restrict__ experts, float* __restrict__ weights) {
-  wait_for_prior_grids();
-  const int32_t r = threadIdx.x;
-  if (r >= k) return;
-  const int64_t row = ((*cursor % n_steps) * n_layer + layer) * k;
-  if (ids[row] < 0) return;
-  experts[r] = ids[row + r];
-  weights[r] = trace_weights != nullptr ? trace_weights[row + r] : 1.0f / static_cast<float>(k);
-}
-
 // One block striding over the step's selection; thread 0 advances the cursor
-// after the block has read it.
+// (and the replay's step) after the block has read it.
 __global__ void routing_step_end_kernel(const int32_t* __restrict__ selection, int32_t n,
                                         int32_t* __restrict__ record, int64_t record_steps,
-                                        int64_t* cursor) {
+                                        int64_t* cursor, int64_t replay_steps,
+                                        int64_t* replay_step) {
   wait_for_prior_grids();
   const int64_t step = *cursor;
   if (record != nullptr && step < record_steps) {
     for (int32_t i = threadIdx.x; i < n; i += blockDim.x) record[step * n + i] = selection[i];
   }
   __syncthreads();
-  if (threadIdx.x == 0) *cursor = step + 1;
+  if (threadIdx.x == 0) {
+    *cursor = step + 1;
+    if (replay_step != nullptr) *replay_step = (step + 1) % replay_steps;
+  }
 }
 
 // The start of a policy step, by the whole block: the selection's keys to
@@ -284,27 +273,16 @@ __global__ void stage_copy_kernel(const uint4* __restrict__ host_blocks, size_t 
 
 }  // namespace
 
-cudaError_t launch_trace_routing(const int32_t* ids, const float* trace_weights, int64_t n_steps,
-                                 int32_t n_layer, int32_t layer, int32_t k, const int64_t* cursor,
-                                 int32_t* experts, float* weights, cudaStream_t stream) {
-  if (ids == nullptr || n_steps <= 0 || n_layer <= 0 || layer < 0 || layer >= n_layer || k <= 0 ||
-      k > kMaxTopK || cursor == nullptr || experts == nullptr || weights == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  const LaunchGeometry g = rank_threads_launch_geometry();
-  return launch_kernel<trace_routing_kernel>(g.grid, g.block, stream, ids, trace_weights, n_steps,
-                                             n_layer, layer, k, cursor, experts, weights);
-}
-
 cudaError_t launch_routing_step_end(const int32_t* selection, int32_t n, int32_t* record,
-                                    int64_t record_steps, int64_t* cursor, cudaStream_t stream) {
+                                    int64_t record_steps, int64_t* cursor, int64_t replay_steps,
+                                    int64_t* replay_step, cudaStream_t stream) {
   if (selection == nullptr || n <= 0 || record_steps < 0 || cursor == nullptr ||
-      (record == nullptr && record_steps > 0)) {
+      (record == nullptr && record_steps > 0) || (replay_step != nullptr && replay_steps <= 0)) {
     return cudaErrorInvalidValue;
   }
   const LaunchGeometry g = routing_step_end_launch_geometry();
   return launch_kernel<routing_step_end_kernel>(g.grid, g.block, stream, selection, n, record,
-                                                record_steps, cursor);
+                                                record_steps, cursor, replay_steps, replay_step);
 }
 
 cudaError_t launch_residency_step(const ResidencyState& state, const ResidencyPool& pool,

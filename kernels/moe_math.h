@@ -55,6 +55,33 @@ MG_HD inline bool rank_computed_after_copy(ExpertPass pass, uint8_t missed) {
 
 // ---- router ----
 
+// Routing replay (moegraph bench --routing-trace): the selection of `layer` at
+// trace step *step comes from a trace in device memory instead of the router,
+// with no readback: ids [n_steps][n_layer][k], weights the same shape (the
+// trace's f16 router weights, widened to f32 when uploaded) or null
+// (uniform_weight, 1/k, each). *step is the routing cursor mod n_steps, kept by
+// launch_routing_step_end. (A 64-bit remainder or a float division in the
+// router's epilogue is a call that cost matvec instances a stack frame.) The
+// router still runs, so its cost stays in the step.
+struct RoutingReplay {
+  const int32_t* ids = nullptr;  // null: no replay
+  const float* weights = nullptr;
+  float uniform_weight = 0.0f;
+  int32_t n_layer = 0;
+  int32_t layer = 0;
+  const int64_t* step = nullptr;
+};
+
+// Rank r of the trace's row over the router's choice of k experts and
+// weights; a row the trace lacks (its first id < 0) keeps the router's.
+MG_HD inline void replay_rank(const RoutingReplay& t, int32_t k, int32_t r, int32_t* experts,
+                              float* weights) {
+  const int64_t row = (*t.step * t.n_layer + t.layer) * k;
+  if (t.ids[row] < 0) return;
+  experts[r] = t.ids[row + r];
+  weights[r] = t.weights != nullptr ? t.weights[row + r] : t.uniform_weight;
+}
+
 // Softmax as the oracle computes it: f64 exp of (logit - max), f64 sum, then
 // each probability rounded to f32. router_softmax sums in index order and equals
 // the oracle bit for bit; the kernel sums in a reduction order, so its f64 sum,

@@ -181,6 +181,56 @@ TEST(MmvqMathTest, ElementDotsMatchDequantizeThenDot) {
   }
 }
 
+// Unit u of a row against the activations, alone.
+template <GgmlType T>
+float UnitDot(const uint8_t* row, const float* x, const block_q8_1* y, int64_t u) {
+  return dot_row_unit<T>(load_row_unit<T>(row, u), x, y, u);
+}
+float DotRowUnit(GgmlType type, const uint8_t* row, const float* x, const block_q8_1* y,
+                 int64_t u) {
+  switch (type) {
+    case GgmlType::kF32: return UnitDot<GgmlType::kF32>(row, x, y, u);
+    case GgmlType::kF16: return UnitDot<GgmlType::kF16>(row, x, y, u);
+    case GgmlType::kBF16: return UnitDot<GgmlType::kBF16>(row, x, y, u);
+    case GgmlType::kQ4_K: return UnitDot<GgmlType::kQ4_K>(row, x, y, u);
+    default: ADD_FAILURE() << "no UnitDot instance"; return 0.0f;
+  }
+}
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Each thread adds its units in unit order, whatever number of units a trip
+// loads first (element types load kThreadTripUnits, twice kTripUnits): the
+// row's sum is the one from each thread's plain loop over its units.
+TEST(MmvqMathTest, ATripsLengthChangesNoBit) {
+  std::mt19937 rng(17);
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_K}) {
+    SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)));
+    for (int64_t n : {int64_t{256}, int64_t{768}, int64_t{2048}, int64_t{4096}, int64_t{6144}}) {
+      const std::vector<float> w = Gaussian(rng, n);
+      const std::vector<float> x = Gaussian(rng, n);
+      std::vector<uint8_t> row(ggml_row_size(type, n));
+      quantize_row(type, w.data(), row.data(), n);
+      const std::vector<block_q8_1> y = QuantizeQ8_1(x).blocks;
+      const int threads = matvec_geometry(type, n).threads_per_row;
+      float parts[kMatvecThreads];
+      for (int t = 0; t < threads; ++t) {
+        parts[t] = 0.0f;
+        for (int64_t u = t; u < row_units(type, n); u += threads) {
+          parts[t] += DotRowUnit(type, row.data(), x.data(), y.data(), u);
+        }
+      }
+      const float want = row_sum_of_parts(parts, threads);
+      const float got = matvec_row_reference(type, row.data(), x.data(), y.data(), n);
+      EXPECT_EQ(Bits(got), Bits(want)) << "n=" << n;
+    }
+  }
+}
+
 // The matvec's geometry: ggml's (a whole block of 4 warps on one row) where a
 // row has the units for it, the fewest threads that take a row in one trip
 // otherwise, rows sharing the block; every shape a power of two.
@@ -558,6 +608,40 @@ TEST(MoeMathTest, RouterDecisionEqualsTheOraclesForEveryGating) {
     }
   }
   EXPECT_GT(bias_changed_choice, 20);  // the bias matters in the cases tested
+}
+
+// Routing replay: the row of (the trace step, layer) over the router's choice,
+// 1/k weights without the trace's, and a missing row (first id < 0) keeps the
+// choice.
+TEST(MoeMathTest, ReplayPutsTheTracesRowOverTheChoice) {
+  const int32_t k = 2;
+  // [3 steps][2 layers][k]; step 1 layer 1 is missing.
+  const std::vector<int32_t> ids = {0, 1, 2, 3, 4, 5, -1, 0, 6, 7, 8, 9};
+  std::vector<float> trace_weights(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) trace_weights[i] = 0.1f * static_cast<float>(i);
+  RoutingReplay t;
+  t.ids = ids.data();
+  t.weights = trace_weights.data();
+  t.uniform_weight = 0.5f;
+  t.n_layer = 2;
+  t.layer = 1;
+  const int64_t step = 2;
+  t.step = &step;
+  int32_t experts[k] = {30, 31};
+  float weights[k] = {0.5f, 0.5f};
+  for (int32_t r = 0; r < k; ++r) replay_rank(t, k, r, experts, weights);
+  EXPECT_EQ(experts[0], 8);
+  EXPECT_EQ(experts[1], 9);
+  EXPECT_EQ(weights[0], trace_weights[10]);
+  EXPECT_EQ(weights[1], trace_weights[11]);
+  t.weights = nullptr;
+  replay_rank(t, k, 0, experts, weights);
+  EXPECT_EQ(weights[0], 0.5f);
+  const int64_t missing = 1;  // its layer 1 row is missing
+  t.step = &missing;
+  experts[0] = 30;
+  replay_rank(t, k, 0, experts, weights);
+  EXPECT_EQ(experts[0], 30);
 }
 
 TEST(MoeMathTest, PassPredicateSplitsRanksIntoHitsAndMisses) {

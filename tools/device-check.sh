@@ -445,19 +445,22 @@ QWEN3=$WORK/qwen3-30b-a3b-shape-q4k.gguf
 QWEN3_TRACE=$WORK/qwen3-trace.bin
 readonly TOKENS=1,2,3,4,5,6,7,8
 readonly N=64
-readonly ARMS=(resident graph graph-nopdl graph-s4 eager host stage)
+readonly ARMS=(resident graph graph-nopdl graph-split graph-s4 eager host stage)
 declare -A ARGS=(
   [resident]="--arm resident"
   [graph]="--arm graph --slots 128"
   [graph-s4]="--arm graph --slots 128 --steps-per-launch 4"
   [graph-nopdl]="--arm graph --slots 128"
+  [graph-split]="--arm graph --slots 128"
   [eager]="--arm eager --slots 128"
   [host]="--arm host --slots 128"
   [stage]="--arm stage"
 )
 # The arms' doors beyond --arm: graph-nopdl is the graph arm without
-# programmatic dependent launch, its rate beside graph's.
-declare -A ENVS=([graph-nopdl]="MOEGRAPH_PDL=0")
+# programmatic dependent launch (its one expert pass then starts after the
+# copy), graph-split the split passes (the copy on the copy stream, hits
+# before the join), each rate beside graph's.
+declare -A ENVS=([graph-nopdl]="MOEGRAPH_PDL=0" [graph-split]="MOEGRAPH_SPLIT_PASSES=1")
 readonly LLAMA_SETTINGS=("-ngl 99" "-ngl 99 --n-cpu-moe 24")
 readonly GPU_TESTS=(cuda_conformance_test kernels_test engine_gpu_test)
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -489,6 +492,11 @@ make_plan() {
   # streamed through the ring), pp512 and pp2048 as llama-bench's -p.
   step "qwen3 prefill" 150 qwen3-prefill.md qwen3-prefill.md "$MOEGRAPH" bench \
     --backend cuda -m "$QWEN3" --arms resident,graph --slots 3072 -p 512,2048 -n 0 -r 2
+  # The cached arm's two walks side by side at the middle slot count: the one
+  # expert pass (the default, in the headline table) against the split passes.
+  step "qwen3 bench split passes" 90 qwen3-bench-split.log "" env MOEGRAPH_SPLIT_PASSES=1 \
+    "$MOEGRAPH" bench --backend cuda -m "$QWEN3" --routing-trace "$QWEN3_TRACE" --arms graph \
+    --slots 3072 -p 0 -n 32 -r 2
   # The peer on the same file: every layer's experts on the GPU (-ngl 99), then
   # the experts of half the layers on the host (--n-cpu-moe 24: the other 24
   # layers' 3072 experts on the GPU, the graph arm's middle slot count above).
@@ -522,13 +530,15 @@ make_plan() {
     step "$tool" 60 "$tool.log" "" "$SANITIZER" --tool "$tool" --error-exitcode 3 \
       "$BUILD/tests/engine_gpu_test" --gtest_filter=EngineArmsTest.EveryArmGivesTheSameTokensAndLogits
   done
-  # Where Nsight Compute may read the counters: shared-memory bank conflicts and
-  # DRAM throughput of the expert matvecs and the attention of 8 decoded tokens on
-  # the Qwen3-shaped file (resident: every expert in place). --clock-control none:
-  # the device's clocks as they are (ncu would otherwise lock them to base).
+  # Where Nsight Compute may read the counters: shared-memory bank conflicts,
+  # DRAM throughput and each kernel's time (beside docs/ARCHITECTURE.md's
+  # per-kernel estimate) of the matvecs, q/k/v and the attention of 8 decoded
+  # tokens on the Qwen3-shaped file (resident: every expert in place).
+  # --clock-control none: the device's clocks as they are (ncu would otherwise
+  # lock them to base).
   step ncu 60 ncu.csv "" "$NCU" --csv --clock-control none --launch-skip 200 \
-    --launch-count 40 -k regex:'grouped_matvec|attention_split' \
-    --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    --launch-count 40 -k regex:'grouped_matvec|qkv_kernel|attention_split' \
+    --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum \
     "$MOEGRAPH" run -m "$QWEN3" --backend cuda --arm resident --tokens 1,2,3 -n 8
   # On every exit (finish), also a cut-short one: every log in one file.
   if [[ -n $OUT_DIR ]]; then
@@ -834,13 +844,20 @@ for id in "${PLAN[@]}"; do
       rc=$?
       tail -3 "$log"
       # CSV rows: ..."Kernel Name",...,"Metric Name","Metric Unit","Metric Value";
-      # the header row's value is no number.
+      # the header row's value is no number. Times in us whatever unit ncu chose.
       metrics=$(awk -F'","' '
         NF > 5 {
-          kernel = ($0 ~ /attention_split/) ? "attention" : "matvec"
-          metric = $(NF - 2); value = $NF; gsub(/[",]/, "", value)
+          kernel = ($0 ~ /attention_split/) ? "attention" : ($0 ~ /qkv_kernel/) ? "qkv" : "matvec"
+          metric = $(NF - 2); unit = $(NF - 1); value = $NF; gsub(/[",]/, "", value)
           if (value !~ /^[0-9.]+$/) next
-          key = kernel " " (metric ~ /bank/ ? "bank conflicts" : "DRAM % of peak")
+          if (metric ~ /duration/) {
+            name = "us"
+            if (unit == "nsecond") value /= 1000
+            if (unit == "msecond") value *= 1000
+          } else {
+            name = metric ~ /bank/ ? "bank conflicts" : "DRAM % of peak"
+          }
+          key = kernel " " name
           sum[key] += value; n[key]++
         }
         END { for (k in sum) { printf "%s%s %.1f", sep, k, sum[k] / n[k]; sep = "; " } }' \
