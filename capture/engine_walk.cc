@@ -20,15 +20,9 @@
 namespace moegraph {
 
 WalkConfig CudaEngine::Impl::MakeWalkConfig(int steps) const {
-  WalkConfig c;
-  c.n_layer = cfg.n_layer;
+  WalkConfig c =
+      ModelWalkConfig(cfg, slot_mode, options.doors.split_passes, programmatic_launch);
   c.steps = steps;
-  c.slot_mode = slot_mode;
-  c.split_passes = options.doors.split_passes;
-  c.programmatic_launch = programmatic_launch;
-  c.shared_expert = cfg.n_ff_shexp > 0;
-  c.shared_expert_gated = cfg.shexp_gated;
-  c.n_dense_lead = cfg.n_layer_dense_lead;
   c.routing_step_end = options.routing_trace != nullptr || options.routing_record_steps > 0;
   c.record_logits = options.record_logits;
   return c;

@@ -139,6 +139,19 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
 
 }  // namespace
 
+WalkConfig ModelWalkConfig(const ModelConfig& cfg, SlotMode slot_mode, bool split_passes,
+                           bool programmatic_launch) {
+  WalkConfig c;
+  c.n_layer = cfg.n_layer;
+  c.slot_mode = slot_mode;
+  c.split_passes = split_passes;
+  c.programmatic_launch = programmatic_launch;
+  c.shared_expert = cfg.n_ff_shexp > 0;
+  c.shared_expert_gated = cfg.shexp_gated;
+  c.n_dense_lead = cfg.n_layer_dense_lead;
+  return c;
+}
+
 bool OnePassWaitsForCopies(const WalkConfig& config) {
   return !config.split_passes &&
          (config.slot_mode == SlotMode::kDevicePolicy || config.slot_mode == SlotMode::kStageAll);

@@ -42,6 +42,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "loader/model_config.h"
+
 namespace moegraph {
 
 enum class WalkStream { kMain, kCopy };
@@ -134,6 +136,12 @@ struct WalkConfig {
   // record_logits after each lm_head.
   bool record_logits = false;
 };
+
+// One step's walk of a model on an arm (slot mode) with the doors that shape it:
+// what the CUDA engine runs, and what `moegraph inspect --walk` describes
+// (capture/walk_shape.h).
+WalkConfig ModelWalkConfig(const ModelConfig& cfg, SlotMode slot_mode, bool split_passes,
+                           bool programmatic_launch);
 
 // Whether the cached arms' expert pass is the one pass after the stage copy on
 // the main stream (kGateUpReady, kDownReady): the device arms without split

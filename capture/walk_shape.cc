@@ -263,19 +263,12 @@ std::string KernelLabel(const WalkLaunch& launch) {
 absl::StatusOr<WalkShape> ShapeWalk(const Model& model, const WalkShapeOptions& options) {
   const ModelConfig& c = model.config;
   MG_RETURN_IF_ERROR(CheckOptions(c, options));
-  // The walk CudaEngine::Impl::MakeWalkConfig makes for one step of the arm.
+  // The walk the engine runs for one step of the arm, its doors at their defaults.
   const Doors doors;
-  WalkConfig config;
-  config.n_layer = c.n_layer;
-  config.slot_mode = options.arm == Arm::kResident ? SlotMode::kResident : SlotMode::kDevicePolicy;
-  config.split_passes = doors.split_passes;
-  config.programmatic_launch = doors.programmatic_launch;
-  config.shared_expert = c.n_ff_shexp > 0;
-  config.shared_expert_gated = c.shexp_gated;
-  config.n_dense_lead = c.n_layer_dense_lead;
-
   WalkShape shape;
-  shape.walk = BuildWalk(config);
+  shape.walk = BuildWalk(ModelWalkConfig(
+      c, options.arm == Arm::kResident ? SlotMode::kResident : SlotMode::kDevicePolicy,
+      doors.split_passes, doors.programmatic_launch));
   const Shaper shaper(model, options);
   for (const WalkEntry& entry : shape.walk.entries) {
     if (entry.kind != EntryKind::kKernel) continue;

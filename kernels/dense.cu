@@ -33,15 +33,6 @@ constexpr int kMergeAhead = 8;      // splits whose partials the merge loads bef
 constexpr int kOutPerThread = kAttentionGroupHeads * kMaxHeadDim / kAttentionThreads;
 constexpr int32_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y (attention splits)
 
-int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
-
-int32_t attention_splits(int32_t max_ctx) { return ceil_div(max_ctx, kAttentionSplitPositions); }
-
-// Attention's block columns (HeadGroup): ceil(group / kAttentionGroupHeads) per KV head.
-int32_t attention_columns(int32_t n_head, int32_t n_head_kv) {
-  return n_head_kv * ceil_div(n_head / n_head_kv, kAttentionGroupHeads);
-}
-
 // The keys a query at position length - 1 sees, [first, length), in splits
 // first / kAttentionSplitPositions .. (length - 1) / kAttentionSplitPositions;
 // split s covers [begin, begin + count). Decode and prefill both cut them so.

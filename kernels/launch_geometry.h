@@ -67,12 +67,22 @@ inline LaunchGeometry qkv_launch_geometry(const GgmlType (&type)[3], const int64
 
 inline LaunchGeometry embed_launch_geometry() { return {dim3(1), dim3(kEmbedThreads)}; }
 
+// The attention's splits of a context of max_ctx positions.
+inline int32_t attention_splits(int32_t max_ctx) {
+  return ceil_blocks(max_ctx, kAttentionSplitPositions);
+}
+
+// The attention's block columns (dense.cu's HeadGroup): ceil(group /
+// kAttentionGroupHeads) per KV head (the prefill's grid has them too).
+inline int32_t attention_columns(int32_t n_head, int32_t n_head_kv) {
+  return n_head_kv * ceil_blocks(n_head / n_head_kv, kAttentionGroupHeads);
+}
+
 // Columns x splits, fixed by max_ctx (splits past the live keys exit at once).
 inline LaunchGeometry attention_decode_launch_geometry(int32_t n_head, int32_t n_head_kv,
                                                        int32_t max_ctx) {
-  const int32_t columns = n_head_kv * ceil_blocks(n_head / n_head_kv, kAttentionGroupHeads);
-  return {dim3(static_cast<unsigned>(columns),
-               static_cast<unsigned>(ceil_blocks(max_ctx, kAttentionSplitPositions))),
+  return {dim3(static_cast<unsigned>(attention_columns(n_head, n_head_kv)),
+               static_cast<unsigned>(attention_splits(max_ctx))),
           dim3(kAttentionThreads)};
 }
 
