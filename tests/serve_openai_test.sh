@@ -24,6 +24,9 @@ trap cleanup EXIT
 
 "$bin" make-fixture --arch qwen3moe --layers 2 --experts 4 --top-k 2 --embd 64 --ff 32 --quant f32 \
   --tokenizer-json "$vocab" -o "$work/m.gguf" > /dev/null
+# The log exists before the server starts, so the first poll cannot find it
+# missing (sed's error would end the script under set -e).
+: > "$work/serve.err"
 "$bin" serve -m "$work/m.gguf" --backend cpu --port 0 --api-key test-key 2> "$work/serve.err" &
 server=$!
 for _ in $(seq 600); do
