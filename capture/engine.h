@@ -10,7 +10,7 @@
 // batched prefill, capture/engine_prefill.cc: GEMMs, experts grouped by
 // expert, the slot tables read and never written), then each generated token
 // is one T=1 step. With MOEGRAPH_PREFILL=steps (or an option that records
-// every step) the prompt is T=1 steps too: begin_step reads the next token
+// every step) the prompt is T=1 steps too: the step's embed reads the next token
 // from a device array of prompt ids while the device step counter is inside
 // the prompt, then the previous step's sample.
 #pragma once

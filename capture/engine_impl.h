@@ -335,7 +335,6 @@ struct CudaEngine::Impl {
   CudaBuffer kv_buffer;
   CudaBuffer partial_buffer;
   CudaBuffer rope_buffer;  // fill_rope_table's cosines and sines, max_ctx positions
-  int32_t* token = nullptr;
   int32_t* pos = nullptr;
   int32_t* step = nullptr;
   int32_t* sampled = nullptr;

@@ -384,7 +384,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t kk = static_cast<size_t>(top_k);
 
   BufferLayout s;
-  const size_t o_token = s.Add(4), o_pos = s.Add(4), o_step = s.Add(4), o_sampled = s.Add(4);
+  const size_t o_pos = s.Add(4), o_step = s.Add(4), o_sampled = s.Add(4);
   const size_t o_sampling = s.Add(sizeof(SamplingParams));
   const size_t o_prompt = s.Add((max_ctx + 1) * 4), o_out = s.Add(max_ctx * 4);
   const size_t o_x = s.Add(cfg.n_embd * f), o_h = s.Add(cfg.n_embd * f);
@@ -421,7 +421,6 @@ absl::Status CudaEngine::Impl::AllocateState() {
                                 "clearing the decode state"));
   uint8_t* base = state_buffer.as<uint8_t>();
   auto at = [base](size_t offset) { return base + offset; };
-  token = reinterpret_cast<int32_t*>(at(o_token));
   pos = reinterpret_cast<int32_t*>(at(o_pos));
   step = reinterpret_cast<int32_t*>(at(o_step));
   sampled = reinterpret_cast<int32_t*>(at(o_sampled));
@@ -473,13 +472,13 @@ absl::Status CudaEngine::Impl::AllocateState() {
 
   // RoPE's cosines and sines for every position a step reaches, made here once.
   const int32_t n_rot = RotatedDims(cfg);
-  std::vector<double> cos_sin(rope_table_doubles(n_rot, options.max_ctx));
+  std::vector<float> cos_sin(rope_table_floats(n_rot, options.max_ctx));
   fill_rope_table(n_rot, cfg.rope_freq_base, YarnOf(cfg.rope_scaling, cfg.n_rot, cfg.rope_freq_base),
                   options.max_ctx, cos_sin.data());
   MG_ASSIGN_OR_RETURN(rope_buffer,
-                      CudaBuffer::Device(cos_sin.size() * sizeof(double), "the RoPE table"));
+                      CudaBuffer::Device(cos_sin.size() * sizeof(float), "the RoPE table"));
   MG_RETURN_IF_ERROR(Upload(rope_buffer.as<void>(), cos_sin.data(),
-                            cos_sin.size() * sizeof(double), "the RoPE table"));
+                            cos_sin.size() * sizeof(float), "the RoPE table"));
 
   rings = KvRingPositions(cfg, options.max_ctx, RingSlack());
   for (size_t l = 0; l < n_layer; ++l) {
@@ -590,7 +589,7 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
                                cfg.n_ff_shexp + cfg.n_ff_dense) /
                               QK8_1 * sizeof(block_q8_1);
   const uint64_t ticket_bytes = (static_cast<uint64_t>(StepTickets(cfg)) + kk) * 4;
-  const uint64_t rope_bytes = rope_table_doubles(RotatedDims(cfg), max_ctx) * sizeof(double);
+  const uint64_t rope_bytes = rope_table_floats(RotatedDims(cfg), max_ctx) * sizeof(float);
   return floats * f + (2 * static_cast<uint64_t>(max_ctx) + 1) * 4 + per_layer + q8_1_bytes +
          ticket_bytes + sample_scratch_bytes(cfg.n_vocab) +
          attention_partial_floats(cfg.n_head, cfg.head_dim, max_ctx) * f + rope_bytes + 72 * 256;

@@ -442,11 +442,12 @@ absl::Status CudaEngine::Impl::Prefill(int first, int count) {
   MG_RETURN_IF_ERROR(
       CudaStatus(launch_matvec(output, h, h_q, nullptr, logits, main), "prefill lm_head"));
   // The sample at step end - 1 (its draw), then the step counter at end: the
-  // decode graph's next begin_step feeds the sampled token at position end.
+  // decode graph's next embed feeds the sampled token at position end.
   const int32_t last_step = end - 1;
   MG_RETURN_IF_ERROR(Upload(step, &last_step, 4, "the step counter"));
   MG_RETURN_IF_ERROR(CudaStatus(
-      launch_sample(logits, cfg.n_vocab, sampling, step, sample_scratch, tickets, sampled, main),
+      launch_sample(logits, cfg.n_vocab, sampling, step, sample_scratch, tickets, sampled,
+                    StepEnd{}, main),
       "prefill sample"));
   MG_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(out_tokens + last_step, sampled, 4, cudaMemcpyDeviceToDevice, main),

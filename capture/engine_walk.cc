@@ -81,7 +81,7 @@ QkvRope CudaEngine::Impl::Rope(int layer, const int32_t* pos, float* q_out) cons
   rope.n_head_kv = cfg.n_head_kv;
   rope.head_dim = cfg.head_dim;
   rope.n_rot = cfg.n_rot;
-  rope.cos_sin = rope_buffer.as<double>();
+  rope.cos_sin = rope_buffer.as<float>();
   rope.rope_type = cfg.rope_type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
   rope.use_norm = cfg.qk_norm || cfg.qk_norm_full;
   rope.norm.q_weight = w.q_norm;
@@ -118,17 +118,7 @@ RouterEpilogue CudaEngine::Impl::Router(int layer, int32_t* experts, float* weig
   RouterEpilogue router;
   router.k = cfg.n_expert_used;
   router.norm_topk = cfg.norm_topk_prob;
-  switch (cfg.gating) {
-    case ExpertGating::kSoftmax:
-      router.gating = RouterGating::kSoftmax;
-      break;
-    case ExpertGating::kSoftmaxWeight:
-      router.gating = RouterGating::kSoftmaxWeight;
-      break;
-    case ExpertGating::kSigmoid:
-      router.gating = RouterGating::kSigmoid;
-      break;
-  }
+  router.gating = RouterGatingOf(cfg.gating);
   router.logit_bias = layers[static_cast<size_t>(layer)].router_b;
   router.score_bias = layers[static_cast<size_t>(layer)].score_b;
   router.scale = cfg.expert_weights_scale;
@@ -201,13 +191,12 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
   };
 
   switch (entry.op) {
-    case StepOp::kBeginStep:
+    case StepOp::kEmbed: {
+      const StepStart start{prompt, n_prompt, sampled, step, pos};
       return [=, this] {
-        return launch_begin_step(prompt, n_prompt, sampled, step, token, pos, ms);
+        return launch_embed_step(token_embd, start, x, Norm(layers[0].attn_norm), ms);
       };
-    case StepOp::kEmbed:
-      return
-          [=, this] { return launch_embed(token_embd, token, x, Norm(layers[0].attn_norm), ms); };
+    }
     case StepOp::kQkv: {
       const QkvRope rope = Rope(l, pos, q_rope);
       return [=, this] {
@@ -341,11 +330,13 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
         return launch_record_logits(logits, cfg.n_vocab, step, options.max_ctx,
                                     logits_record.as<float>(), ms);
       };
-    case StepOp::kSample:
+    case StepOp::kSample: {
+      const StepEnd end{step, out_tokens, counters};
       return [=, this] {
         return launch_sample(logits, cfg.n_vocab, sampling, step, sample_scratch, tickets, sampled,
-                             ms);
+                             end, ms);
       };
+    }
     case StepOp::kRoutingStepEnd:
       return [=, this] {
         return launch_routing_step_end(
@@ -354,8 +345,6 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
             options.routing_trace != nullptr ? options.routing_trace->n_steps : 0,
             options.routing_trace != nullptr ? replay_step : nullptr, ms);
       };
-    case StepOp::kEndStep:
-      return [=, this] { return launch_end_step(sampled, step, out_tokens, counters, ms); };
     case StepOp::kTokenCopy:
       return [=, this] {
         return cudaMemcpyAsync(token_host.as<int32_t>(), sampled, 4, cudaMemcpyDeviceToHost, ms);

@@ -15,7 +15,6 @@ struct OpInfo {
 };
 
 constexpr OpInfo kOps[] = {
-    {StepOp::kBeginStep, "begin_step", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kEmbed, "embed", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kQkv, "qkv", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kAttention, "attention", EntryKind::kKernel, WalkStream::kMain},
@@ -50,7 +49,6 @@ constexpr OpInfo kOps[] = {
     {StepOp::kRecordLogits, "record_logits", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kSample, "sample", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRoutingStepEnd, "routing_step_end", EntryKind::kKernel, WalkStream::kMain},
-    {StepOp::kEndStep, "end_step", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kTokenCopy, "token_copy", EntryKind::kMemcpyD2H, WalkStream::kMain},
 };
 
@@ -173,7 +171,6 @@ StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
   walk.config = config;
   WalkWriter w(walk, bind);
   for (int step = 0; step < config.steps; ++step) {
-    w.Add(StepOp::kBeginStep, step);
     w.Add(StepOp::kEmbed, step);
     for (int layer = 0; layer < config.n_layer; ++layer) {
       AddAttention(w, step, layer);
@@ -188,7 +185,6 @@ StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
     if (config.record_logits) w.Add(StepOp::kRecordLogits, step);
     w.Add(StepOp::kSample, step);
     if (config.routing_step_end) w.Add(StepOp::kRoutingStepEnd, step);
-    w.Add(StepOp::kEndStep, step);
   }
   w.Add(StepOp::kTokenCopy, config.steps - 1);
   return walk;

@@ -18,20 +18,22 @@
 //   copy:                    fork_wait stage_copy join_record
 //   main: gate_up_hits down_hits [shexp_*] join_wait gate_up_misses down_misses
 // What used to be launches of their own are epilogues of the op before them
-// (kernels/epilogue.cuh): embed runs the first attn_norm; qkv each head's
+// (kernels/epilogue.cuh): embed starts the step (its token and position) and
+// runs the first attn_norm; qkv each head's
 // QK-norm, RoPE and KV append; attention merges its splits; attn_out adds into
 // the residual stream and runs ffn_norm; router its top-k; the last down pass
 // (down_misses, or down_all) combines the ranks into the residual stream and
 // runs the next layer's attn_norm (after the last layer, output_norm).
-// (Routing replay or record adds routing_step_end before end_step; the
-// replay itself is the router's epilogue.)
+// (Routing replay or record adds routing_step_end after sample; the replay
+// itself is the router's epilogue.)
 // A leading dense layer (glm4moe) has dense_gate_up dense_down after attn_out
 // instead, the down adding into the residual and running the next attn_norm.
 // Arms change only the slot decision (none on the resident arm, whose passes
 // find each expert in the slot its key names; stage_all_slots; or the host
 // arm's readback, host step and host copies) and which passes run (the
 // host arm's copies join before its one pass, gate_up_all down_all).
-// Steps end with lm_head [record_logits] sample end_step; after the
+// Steps end with lm_head [record_logits] sample, whose last block also ends
+// the step (the token into out_tokens, the step counter advanced); after the
 // last of S steps the token leaves through one device-to-host copy.
 #pragma once
 
@@ -59,8 +61,7 @@ enum class EntryKind {
 };
 
 enum class StepOp {
-  kBeginStep,
-  kEmbed,
+  kEmbed,  // also starts the step: its token and position (StepStart)
   kQkv,
   kAttention,
   kAttnOut,
@@ -99,7 +100,6 @@ enum class StepOp {
   kRecordLogits,    // logits kept per step on the device (CudaEngineOptions::record_logits)
   kSample,          // the next token: the argmax, or a draw (CudaEngine::SetSampling)
   kRoutingStepEnd,  // routing replay or record: record the step's selection, advance the cursor
-  kEndStep,
   kTokenCopy,
 };
 
@@ -130,8 +130,8 @@ struct WalkConfig {
   bool shared_expert = false;        // qwen2moe, glm4moe
   bool shared_expert_gated = false;  // qwen2moe: shexp_logit
   int n_dense_lead = 0;              // glm4moe: leading layers with a dense FFN
-  // Routing replay and record (moegraph bench): routing_step_end before each
-  // end_step.
+  // Routing replay and record (moegraph bench): routing_step_end after each
+  // sample.
   bool routing_step_end = false;
   // record_logits after each lm_head.
   bool record_logits = false;
@@ -151,7 +151,7 @@ bool OnePassWaitsForCopies(const WalkConfig& config);
 // One launch. `enqueue` is supplied by the engine; a walk built without a binder
 // (for tests of its shape) has none.
 struct WalkEntry {
-  StepOp op = StepOp::kBeginStep;
+  StepOp op = StepOp::kEmbed;
   EntryKind kind = EntryKind::kKernel;
   WalkStream stream = WalkStream::kMain;
   int step = 0;    // 0 .. steps-1

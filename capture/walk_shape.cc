@@ -62,10 +62,6 @@ class Shaper {
         e.layer >= 0 ? &model_.layers[static_cast<size_t>(e.layer)] : nullptr;
     const int32_t k = c_.n_expert_used;
     switch (e.op) {
-      case StepOp::kBeginStep:
-        return Plain(e, "begin_step_kernel", step_counter_launch_geometry());
-      case StepOp::kEndStep:
-        return Plain(e, "end_step_kernel", step_counter_launch_geometry());
       case StepOp::kEmbed: {
         // One row of the table per token.
         WalkLaunch launch = Plain(e, "embed_kernel", embed_launch_geometry());

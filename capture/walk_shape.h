@@ -31,7 +31,7 @@ struct WalkShapeOptions {
 
 struct WalkLaunch {
   int layer = -1;  // -1 outside the layers
-  StepOp op = StepOp::kBeginStep;
+  StepOp op = StepOp::kEmbed;
   std::string kernel;  // the __global__ function
   // What picks its code: grouped_matvec_kernel's weight type,
   // attention_split_kernel's KV element (f16, f32); qkv_kernel's three weight

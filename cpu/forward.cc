@@ -170,7 +170,7 @@ class CpuForward final : public Oracle {
   std::vector<LayerVectors> layers_;
   std::vector<float> output_norm_;
   std::vector<std::vector<uint8_t>> k_cache_, v_cache_;  // [row][n_head_kv][head_dim]
-  std::vector<double> rope_cos_, rope_sin_;              // [row][head_dim / 2] of this batch
+  std::vector<float> rope_cos_, rope_sin_;              // [row][head_dim / 2] of this batch
   Acts acts_;
   // Buffers of a forward pass, kept between layers and calls: resizing within
   // their capacity neither allocates nor clears (a prompt's fresh megabytes each
@@ -323,12 +323,7 @@ void CpuForward::Rope(float* x, int n_head, int64_t n) {
       for (int i = 0; i < half; ++i) {
         float* a = cfg.rope_type == RopeType::kNorm ? head + 2 * i : head + i;
         float* b = cfg.rope_type == RopeType::kNorm ? head + 2 * i + 1 : head + i + half;
-        const double c = rope_cos_[t * half + i];
-        const double s = rope_sin_[t * half + i];
-        const double x0 = *a;
-        const double x1 = *b;
-        *a = static_cast<float>(x0 * c - x1 * s);
-        *b = static_cast<float>(x0 * s + x1 * c);
+        rope_rotate_cs(a, b, rope_cos_[t * half + i], rope_sin_[t * half + i]);
       }
     }
   }

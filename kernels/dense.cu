@@ -75,13 +75,21 @@ bool table_ok(const DeviceMatrix& m) {
 
 // A block per token (row blockIdx.x of out): a thread per ggml block of the row
 // (the same floats as the CPU's dequantize_row), then the norm of the row (one
-// token only: the norm writes one output).
+// token only: the norm writes one output). A step's embed (start.step set)
+// starts the step: its token from the prompt or the last sample, its position.
 __global__ void embed_kernel(const uint8_t* __restrict__ table, GgmlType type, int32_t rows,
                              size_t row_bytes, int32_t n_blocks, const int32_t* __restrict__ token,
-                             float* __restrict__ out, NormEpilogue norm) {
+                             StepStart start, float* __restrict__ out, NormEpilogue norm) {
   wait_for_prior_grids();
   __shared__ EpilogueShared shared;
-  const int32_t t = token[blockIdx.x];
+  int32_t t;
+  if (start.step != nullptr) {
+    const int32_t s = *start.step;
+    t = s < *start.n_prompt ? start.prompt[s] : *start.sampled;
+    if (threadIdx.x == 0) *start.pos = s;
+  } else {
+    t = token[blockIdx.x];
+  }
   if (t < 0 || t >= rows) return;
   const int64_t block_elems = quant_block_elems(type);
   out += static_cast<int64_t>(blockIdx.x) * n_blocks * block_elems;
@@ -495,16 +503,19 @@ __global__ void __launch_bounds__(kAttentionThreads)
 
 }  // namespace
 
-cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float* out,
-                         const NormEpilogue& norm, cudaStream_t stream) {
-  if (!table_ok(table) || token == nullptr || out == nullptr || !norm_epilogue_ok(norm, table.cols)) {
+cudaError_t launch_embed_step(const DeviceMatrix& table, const StepStart& start, float* out,
+                              const NormEpilogue& norm, cudaStream_t stream) {
+  if (!table_ok(table) || start.prompt == nullptr || start.n_prompt == nullptr ||
+      start.sampled == nullptr || start.step == nullptr || start.pos == nullptr ||
+      out == nullptr || !norm_epilogue_ok(norm, table.cols)) {
     return cudaErrorInvalidValue;
   }
   const int32_t n_blocks = static_cast<int32_t>(table.cols / quant_block_elems(table.type));
   const LaunchGeometry g = embed_launch_geometry();
   return launch_kernel<embed_kernel>(g.grid, g.block, stream,
                                      static_cast<const uint8_t*>(table.data), table.type,
-                                     table.rows, table.row_bytes, n_blocks, token, out, norm);
+                                     table.rows, table.row_bytes, n_blocks, nullptr, start, out,
+                                     norm);
 }
 
 cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, int32_t n_tokens,
@@ -515,8 +526,8 @@ cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, 
   const int32_t n_blocks = static_cast<int32_t>(table.cols / quant_block_elems(table.type));
   return launch_kernel<embed_kernel>(n_tokens, kEmbedThreads, stream,
                                      static_cast<const uint8_t*>(table.data), table.type,
-                                     table.rows, table.row_bytes, n_blocks, tokens, out,
-                                     NormEpilogue{});
+                                     table.rows, table.row_bytes, n_blocks, tokens, StepStart{},
+                                     out, NormEpilogue{});
 }
 
 size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx) {

@@ -27,7 +27,8 @@ namespace moegraph {
 struct EpilogueShared {
   float scratch[32];
   bool last;
-  int32_t chosen[kMaxTopK];  // router top-k
+  int32_t chosen[kMaxTopK];     // router top-k
+  float chosen_value[kMaxTopK];  // their values (weight_value)
 };
 
 // Every thread of the block calls it once its writes are done. True in the block
@@ -47,13 +48,31 @@ __device__ inline bool last_block_done(unsigned int* ticket, unsigned int expect
   return last;
 }
 
-// RMSNorm's factor over x[0, n) by the whole block (x read through L2).
+// A norm's rounds in flight at once: thread t holds elements t + j blockDim.x,
+// and kNormRounds of them are loaded together and, for the q8_1 blocks,
+// reduced together (a round's warp reductions are chains of dependent
+// shuffles: one round at a time, an epilogue's last block spent ~16 L2 round
+// trips and 16 x 10 shuffle latencies on a 2048 row). The order of every sum
+// is the one-round-at-a-time order, so the bits are too.
+inline constexpr int kNormRounds = 4;
+
+// RMSNorm's factor over x[0, n) by the whole block (x read through L2): thread
+// t sums its elements in index order, then the block sums the threads'.
 __device__ inline float block_rms_scale(const float* x, int32_t n, float eps,
                                         EpilogueShared* shared) {
   float sum_sq = 0.0f;
-  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = __ldcg(x + i);
-    sum_sq += v * v;
+  const int32_t stride = static_cast<int32_t>(blockDim.x);
+  for (int32_t first = threadIdx.x; first < n; first += kNormRounds * stride) {
+    float v[kNormRounds];
+#pragma unroll
+    for (int j = 0; j < kNormRounds; ++j) {
+      const int32_t i = first + j * stride;
+      v[j] = i < n ? __ldcg(x + i) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kNormRounds; ++j) {
+      if (first + j * stride < n) sum_sq += v[j] * v[j];
+    }
   }
   return rms_scale(block_sum(sum_sq, shared->scratch), n, eps);
 }
@@ -65,17 +84,41 @@ __device__ inline void block_rmsnorm(const float* x, const float* __restrict__ w
                                      int32_t n, float eps, block_q8_1* __restrict__ out_q,
                                      EpilogueShared* shared) {
   const float scale = block_rms_scale(x, n, eps, shared);
+  const int32_t stride = static_cast<int32_t>(blockDim.x);
   if (out_q == nullptr) {
-    for (int32_t i = threadIdx.x; i < n; i += blockDim.x)
-      out[i] = __ldcg(x + i) * scale * weight[i];
+    for (int32_t i = threadIdx.x; i < n; i += stride) out[i] = __ldcg(x + i) * scale * weight[i];
     return;
   }
-  // Warp w's lanes hold elements [32 (w + j * warps), + 32) in round j: one q8_1 block.
-  for (int32_t base = threadIdx.x / 32 * 32; base < n; base += blockDim.x) {
-    const int32_t i = base + threadIdx.x % 32;
-    const float v = __ldcg(x + i) * scale * weight[i];
-    out[i] = v;
-    warp_quantize_q8_1(v, out_q + i / QK8_1);
+  // Warp w's lanes hold elements [32 (w + j * warps), + 32) in round j: one q8_1
+  // block; a round past n (the same for the whole warp) is computed on zeros
+  // and not stored.
+  const int32_t lane = threadIdx.x % 32;
+  for (int32_t first = threadIdx.x / 32 * 32; first < n; first += kNormRounds * stride) {
+    float v[kNormRounds], amax[kNormRounds], sum[kNormRounds];
+#pragma unroll
+    for (int j = 0; j < kNormRounds; ++j) {
+      const int32_t i = first + j * stride + lane;
+      v[j] = first + j * stride < n ? __ldcg(x + i) * scale * weight[i] : 0.0f;
+      amax[j] = fabsf(v[j]);
+      sum[j] = v[j];
+    }
+    // warp_quantize_q8_1's two butterflies, the rounds' shuffles side by side.
+    for (int offset = 16; offset > 0; offset >>= 1) {
+#pragma unroll
+      for (int j = 0; j < kNormRounds; ++j) {
+        amax[j] = fmaxf(amax[j], __shfl_xor_sync(kFullMask, amax[j], offset));
+        sum[j] += __shfl_xor_sync(kFullMask, sum[j], offset);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kNormRounds; ++j) {
+      const int32_t i = first + j * stride + lane;
+      if (first + j * stride >= n) break;
+      out[i] = v[j];
+      block_q8_1* block = out_q + i / QK8_1;
+      block->qs[lane] = q8_1_quant(v[j], amax[j]);
+      if (lane == 0) q8_1_scales(amax[j], sum[j], block);
+    }
   }
 }
 
@@ -93,7 +136,7 @@ inline bool norm_epilogue_ok(const NormEpilogue& norm, int64_t n) {
 // Only the first n_rot dimensions turn (pairs of them as rope_type pairs a head of
 // n_rot); the rest are copied, as ggml's rope with n_dims < ne0.
 __device__ inline void rope_head(const float* src, float scale, const float* __restrict__ weight,
-                                 int32_t head_dim, int32_t n_rot, const double* cos_sin,
+                                 int32_t head_dim, int32_t n_rot, const float* cos_sin,
                                  int32_t rope_type, float* __restrict__ dst,
                                  uint16_t* __restrict__ dst_f16) {
   auto store = [&](int32_t d, float v) {
@@ -140,59 +183,93 @@ __device__ inline void rope_qk_head(const QkvRope& rope, int j, const float* src
                              : static_cast<float*>(rope.k_cache) + k_at;
   uint16_t* dst_f16 = j == 1 && rope.kv_f16 ? static_cast<uint16_t*>(rope.k_cache) + k_at : nullptr;
   const int32_t n_rot = rope.n_rot > 0 ? rope.n_rot : d;
-  const double* cos_sin = rope.cos_sin + 2 * static_cast<int64_t>(p) * (n_rot / 2);
+  const float* cos_sin = rope.cos_sin + 2 * static_cast<int64_t>(p) * (n_rot / 2);
   rope_head(src + head, scale, weight, d, n_rot, cos_sin, rope.rope_type, dst, dst_f16);
 }
 
+// A lane's candidate for the router's next rank: the expert it would choose
+// (by key: value + score_bias) and its value (which weighs it).
+struct RouterCandidate {
+  float key = -INFINITY;
+  int32_t index = INT32_MAX;  // none: the idle pair of topk_precedes
+  float value = 0.0f;
+};
+
 // The router's top-k by warp 0 of the block (the other warps return): softmax
-// in f64 as the oracle, its probabilities written over logits[0, n_expert)
-// (read through L2: other blocks wrote them), then k rounds of a warp argmax in
-// top-k order over the experts not yet taken (lane l holds the taken bits of
-// experts l, l + 32, ...: n_expert <= 1024). experts/weights: [k], rank order.
+// as router_softmax (the same bits), its probabilities written over
+// logits[0, n_expert) (read through L2: other blocks wrote them), then k rounds
+// of a warp argmax in top-k order. Lane l holds experts l, l + 32, ...
+// (n_expert <= 1024; its taken ones as bits) and keeps its two best not yet
+// taken in registers, so a round is the warp's shuffles alone; a lane reads
+// its experts again only when both of its candidates are taken. The choice is
+// the one of k full argmax rounds, bit for bit. experts/weights: [k], rank order.
 __device__ inline void warp_router_topk(float* logits, int32_t n_expert, const RouterEpilogue& r,
                                         int32_t* __restrict__ experts, float* __restrict__ weights,
                                         EpilogueShared* shared) {
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
   if (r.logit_bias != nullptr) {
+#pragma unroll 4
     for (int32_t i = lane; i < n_expert; i += 32) logits[i] = __ldcg(logits + i) + r.logit_bias[i];
     __syncwarp();
   }
   if (r.gating == RouterGating::kSoftmax) {
     float local_max = -INFINITY;
+#pragma unroll 4
     for (int32_t i = lane; i < n_expert; i += 32) local_max = fmaxf(local_max, __ldcg(logits + i));
-    const double max_logit = warp_max(local_max);
-    double local_sum = 0.0;
-    for (int32_t i = lane; i < n_expert; i += 32)
+    const float max_logit = warp_max(local_max);
+    float local_sum = 0.0f;
+#pragma unroll 4
+    for (int32_t i = lane; i < n_expert; i += kRouterLanes) {
       local_sum += router_exp(__ldcg(logits + i), max_logit);
-    const double sum = warp_sum(local_sum);
-    for (int32_t i = lane; i < n_expert; i += 32) {
-      logits[i] = router_prob(router_exp(__ldcg(logits + i), max_logit), sum);
+    }
+    const float sum = warp_sum(local_sum);
+#pragma unroll 4
+    for (int32_t i = lane; i < n_expert; i += kRouterLanes) {
+      logits[i] = router_exp(__ldcg(logits + i), max_logit) / sum;
     }
   } else if (r.gating == RouterGating::kSigmoid) {
+#pragma unroll 4
     for (int32_t i = lane; i < n_expert; i += 32) logits[i] = router_sigmoid(__ldcg(logits + i));
   }
   const float* probs = logits;
-  uint32_t taken = 0;
   __syncwarp();
-  for (int32_t t = 0; t < r.k; ++t) {
-    float best = -INFINITY;
-    int32_t best_index = INT32_MAX;
+  uint32_t taken = 0;
+  RouterCandidate first, second;
+  auto find_two_best = [&] {
+    first = second = RouterCandidate{};
+#pragma unroll 4
     for (int32_t i = lane, bit = 0; i < n_expert; i += 32, ++bit) {
+      if ((taken >> bit) & 1u) continue;
       // A score bias chooses (probs + bias, f32) but does not weight.
-      const float v = r.score_bias != nullptr ? probs[i] + r.score_bias[i] : probs[i];
-      if (!((taken >> bit) & 1u) && topk_precedes(v, i, best, best_index)) {
-        best = v;
-        best_index = i;
+      const float value = probs[i];
+      const float key = r.score_bias != nullptr ? value + r.score_bias[i] : value;
+      if (topk_precedes(key, i, first.key, first.index)) {
+        second = first;
+        first = {key, i, value};
+      } else if (topk_precedes(key, i, second.key, second.index)) {
+        second = {key, i, value};
       }
     }
-    warp_best(&best, &best_index);
-    if (best_index % 32 == lane) taken |= 1u << (best_index / 32);
-    if (lane == 0) shared->chosen[t] = best_index;
+  };
+  find_two_best();
+  for (int32_t t = 0; t < r.k; ++t) {
+    RouterCandidate best = first;
+    warp_best(&best.key, &best.index, &best.value);
+    if (lane == 0) {
+      shared->chosen[t] = best.index;
+      shared->chosen_value[t] = best.value;
+    }
+    if (best.index < n_expert && best.index % kRouterLanes == lane) {
+      taken |= 1u << (best.index / kRouterLanes);
+      first = second;
+      second = RouterCandidate{};
+      if (first.index == INT32_MAX) find_two_best();
+    }
   }
   __syncwarp();
   if (lane == 0) {
-    topk_weights(probs, shared->chosen, r.k, r.gating, r.norm_topk, r.scale, weights);
+    topk_weights(shared->chosen_value, r.k, r.gating, r.norm_topk, r.scale, weights);
     for (int32_t t = 0; t < r.k; ++t) experts[t] = shared->chosen[t];
   }
   if (r.replay.ids != nullptr) {

@@ -93,14 +93,27 @@ struct NormEpilogue {
   block_q8_1* out_q = nullptr;
 };
 
-// out[n_embd] = dequantized row *token of table (bit for bit the CPU's
-// dequantize_row), then norm of out (the first layer's attn_norm), in one
-// block; a token outside [0, rows) writes nothing.
-cudaError_t launch_embed(const DeviceMatrix& table, const int32_t* token, float* out,
-                         const NormEpilogue& norm, cudaStream_t stream);
+// The start of a decode step, which its embed runs: the token is
+// prompt[*step] while *step < *n_prompt (teacher forcing), else *sampled (the
+// last step's sample); *pos = *step for the step's later kernels. The prompt's
+// length is read on the device like its ids, so one captured graph serves
+// prompts of any length.
+struct StepStart {
+  const int32_t* prompt = nullptr;
+  const int32_t* n_prompt = nullptr;
+  const int32_t* sampled = nullptr;
+  const int32_t* step = nullptr;
+  int32_t* pos = nullptr;
+};
+
+// out[n_embd] = dequantized row (the step's token, StepStart) of table (bit for
+// bit the CPU's dequantize_row), then norm of out (the first layer's
+// attn_norm), in one block; a token outside [0, rows) writes nothing.
+cudaError_t launch_embed_step(const DeviceMatrix& table, const StepStart& start, float* out,
+                              const NormEpilogue& norm, cudaStream_t stream);
 
 // Rows t of out ([tokens][n_embd]) = dequantized row tokens[t] of table, as
-// launch_embed without a norm; a token outside [0, rows) writes nothing.
+// launch_embed_step without a norm; a token outside [0, rows) writes nothing.
 cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, int32_t n_tokens,
                               float* out, cudaStream_t stream);
 
@@ -152,7 +165,7 @@ struct QkvRope {
   const int32_t* pos = nullptr;
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
   int32_t n_rot = 0;
-  const double* cos_sin = nullptr;
+  const float* cos_sin = nullptr;
   int32_t rope_type = 0;
   bool use_norm = false;
   QkNorm norm;
@@ -446,29 +459,26 @@ int32_t step_tickets(int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t 
 // One block per 4096 logits (n at most 2^22); the last to finish decides.
 // scratch: sample_scratch_bytes(n) of device memory, 16-byte aligned, whose
 // first int32 is the SamplePath the last decision took; tickets: 1.
+// With end.step set (to step) the launch also ends the decode step once the
+// token is chosen: out_tokens[*step] = token, ++*step, ++counters->steps.
 enum class SamplePath : int32_t {
   kArgmax = 0,      // greedy
   kCandidates = 1,  // over the blocks' top-k candidates
   kVocabulary = 2,  // over every logit (top-k off, past 256, or too many ties in a block)
 };
+struct StepEnd {
+  int32_t* step = nullptr;
+  int32_t* out_tokens = nullptr;
+  DeviceCounters* counters = nullptr;
+};
 size_t sample_scratch_bytes(int32_t n);
 cudaError_t launch_sample(const float* logits, int32_t n, const SamplingParams* params,
                           const int32_t* step, void* scratch, unsigned int* tickets,
-                          int32_t* token_out, cudaStream_t stream);
+                          int32_t* token_out, const StepEnd& end, cudaStream_t stream);
 
 // The step's logits kept for later: record[*step * n .. + n) = logits while
 // *step < record_steps (a gate reads every step's logits in one readback).
 cudaError_t launch_record_logits(const float* logits, int32_t n, const int32_t* step,
                                  int32_t record_steps, float* record, cudaStream_t stream);
-
-// Start of a step: *token = prompt[*step] while *step < *n_prompt (teacher
-// forcing), else *sampled; *pos = *step. The prompt's length is read on the
-// device like its ids, so one captured graph serves prompts of any length.
-cudaError_t launch_begin_step(const int32_t* prompt, const int32_t* n_prompt,
-                              const int32_t* sampled, const int32_t* step, int32_t* token,
-                              int32_t* pos, cudaStream_t stream);
-// End of a step: out_tokens[*step] = *sampled, ++*step, ++counters->steps.
-cudaError_t launch_end_step(const int32_t* sampled, int32_t* step, int32_t* out_tokens,
-                            DeviceCounters* counters, cudaStream_t stream);
 
 }  // namespace moegraph

@@ -112,7 +112,4 @@ inline LaunchGeometry sample_launch_geometry(int32_t n) {
   return {dim3(static_cast<unsigned>(ceil_blocks(n, kSampleBlockLogits))), dim3(kSampleRuns)};
 }
 
-// launch_begin_step and launch_end_step: one thread.
-inline LaunchGeometry step_counter_launch_geometry() { return {dim3(1), dim3(1)}; }
-
 }  // namespace moegraph

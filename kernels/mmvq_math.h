@@ -19,16 +19,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/fixed_math.h"
 #include "loader/ggml_type.h"
 #include "loader/host_device.h"
 #include "loader/quant.h"
-
-// The per-thread functions are inlined into the kernels (a call would spill).
-#if defined(__CUDACC__)
-#define MG_HD_INLINE __host__ __device__ __forceinline__
-#else
-#define MG_HD_INLINE inline
-#endif
 
 namespace moegraph {
 
@@ -95,18 +89,6 @@ MG_HD_INLINE float f16_product(uint16_t a, uint16_t b) {
 }
 
 // ---- activations: q8_1 ----
-
-// The butterfly sum of v[0..n) (n a power of two): after the rounds for
-// offsets n/2, ..., 1, every lane holds the same value; this is lane 0's, which
-// is what a warp's __shfl_xor_sync reduction of these lanes leaves everywhere.
-MG_HD_INLINE float butterfly_sum(float* v, int n) {
-  for (int offset = n / 2; offset > 0; offset >>= 1) {
-    float next[32];
-    for (int lane = 0; lane < n; ++lane) next[lane] = v[lane] + v[lane ^ offset];
-    for (int lane = 0; lane < n; ++lane) v[lane] = next[lane];
-  }
-  return v[0];
-}
 
 // The q8_1 block of x[0..32) given its amax and sum (the warp reductions of
 // quantize_q8_1): q = round(x / d) with d = amax / 127.

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/fixed_math.h"
 #include "loader/host_device.h"
 #include "residency/policy.h"
 
@@ -82,21 +83,26 @@ MG_HD inline void replay_rank(const RoutingReplay& t, int32_t k, int32_t r, int3
   weights[r] = t.weights != nullptr ? t.weights[row + r] : t.uniform_weight;
 }
 
-// Softmax as the oracle computes it: f64 exp of (logit - max), f64 sum, then
-// each probability rounded to f32. router_softmax sums in index order and equals
-// the oracle bit for bit; the kernel sums in a reduction order, so its f64 sum,
-// and rarely the last bit of a probability, can differ.
-MG_HD inline double router_exp(float logit, double max_logit) {
-  return exp(static_cast<double>(logit) - max_logit);
+// The router's softmax, the same bits on the host and in the router kernel's
+// warp: f32, exp_nonpositive of (logit - max), and the sum in the warp's shape:
+// lane l adds logits l, l + 32, ... in index order, then the 32 lanes' sums
+// butterfly (kRouterLanes). No f64: a consumer card runs it at 1/64 rate.
+inline constexpr int32_t kRouterLanes = 32;
+MG_HD inline float router_exp(float logit, float max_logit) {
+  return exp_nonpositive(logit - max_logit);
 }
-MG_HD inline float router_prob(double e, double sum) { return static_cast<float>(e / sum); }
 
 MG_HD inline void router_softmax(const float* logits, int32_t n, float* probs) {
-  double max_logit = logits[0];
-  for (int32_t i = 1; i < n; ++i) max_logit = fmax(max_logit, static_cast<double>(logits[i]));
-  double sum = 0.0;
-  for (int32_t i = 0; i < n; ++i) sum += router_exp(logits[i], max_logit);
-  for (int32_t i = 0; i < n; ++i) probs[i] = router_prob(router_exp(logits[i], max_logit), sum);
+  float max_logit = -INFINITY;
+  for (int32_t i = 0; i < n; ++i) max_logit = fmaxf(max_logit, logits[i]);
+  float lane_sums[kRouterLanes];
+  for (int32_t lane = 0; lane < kRouterLanes; ++lane) {
+    float sum = 0.0f;
+    for (int32_t i = lane; i < n; i += kRouterLanes) sum += router_exp(logits[i], max_logit);
+    lane_sums[lane] = sum;
+  }
+  const float sum = butterfly_sum(lane_sums, kRouterLanes);
+  for (int32_t i = 0; i < n; ++i) probs[i] = router_exp(logits[i], max_logit) / sum;
 }
 
 // Top-k order: a larger value first, equal values by the lower index (a stable
@@ -128,34 +134,39 @@ MG_HD inline void select_topk(const float* values, int32_t n, int32_t k, int32_t
 // with a softmax over the k chosen (gpt-oss).
 enum class RouterGating : int32_t { kSoftmax = 0, kSigmoid = 1, kSoftmaxWeight = 2 };
 
-// The sigmoid of a logit as the oracle computes it: f64, rounded to f32.
+// The sigmoid of a logit in f32 from exp_nonpositive: 1 / (1 + e^-x), or
+// e^x / (1 + e^x) below 0, so the exp's argument is never positive.
 MG_HD inline float router_sigmoid(float logit) {
-  return static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(logit))));
+  if (logit >= 0.0f) return 1.0f / (1.0f + exp_nonpositive(-logit));
+  const float e = exp_nonpositive(logit);
+  return e / (1.0f + e);
 }
 
 // The router weights of the chosen experts, as the oracle's SelectExperts
-// makes them: their values (probabilities, or logits softmaxed over the k with
-// kSoftmaxWeight), divided by their f64 sum (clamped at f16's smallest normal,
-// as build_moe_ffn's ggml_clamp) when norm_topk (llama.cpp's norm_w), then
-// times scale (expert_weights_scale).
-MG_HD inline void topk_weights(const float* values, const int32_t* chosen, int32_t k,
-                               RouterGating gating, bool norm_topk, float scale, float* weights) {
+// makes them (it calls this): their values (probabilities, or logits softmaxed
+// over the k with kSoftmaxWeight), divided by their f32 sum in rank order
+// (clamped at f16's smallest normal, as build_moe_ffn's ggml_clamp) when
+// norm_topk (llama.cpp's norm_w), then times scale (expert_weights_scale).
+// chosen_values: the k chosen experts' values, rank order.
+MG_HD inline void topk_weights(const float* chosen_values, int32_t k, RouterGating gating,
+                               bool norm_topk, float scale, float* weights) {
   // Each weight is computed again where it is written instead of kept in an
   // array: an array indexed by a run-time k lives in a kernel's local memory.
   const bool softmax = gating == RouterGating::kSoftmaxWeight;
-  const double max = values[chosen[0]];
-  auto weight = [&](int32_t r) -> double {
-    const double v = values[chosen[r]];
-    return softmax ? exp(v - max) : v;
+  float max = -INFINITY;
+  for (int32_t r = 0; r < k; ++r) max = fmaxf(max, chosen_values[r]);
+  auto weight = [&](int32_t r) -> float {
+    const float v = chosen_values[r];
+    return softmax ? exp_nonpositive(v - max) : v;
   };
-  double sum = 0.0;
+  float sum = 0.0f;
   for (int32_t r = 0; r < k; ++r) sum += weight(r);
   // The softmax over the k is already normalised: its sum is then 1.
-  const double norm = fmax(softmax ? 1.0 : sum, 6.103515625e-5);
+  const float norm = fmaxf(softmax ? 1.0f : sum, 6.103515625e-5f);
   for (int32_t r = 0; r < k; ++r) {
-    double w = softmax ? weight(r) / sum : weight(r);
+    float w = softmax ? weight(r) / sum : weight(r);
     if (norm_topk) w /= norm;
-    weights[r] = static_cast<float>(scale != 1.0f ? w * scale : w);
+    weights[r] = scale != 1.0f ? w * scale : w;
   }
 }
 

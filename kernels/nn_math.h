@@ -38,25 +38,21 @@ MG_HD inline void rope_pair_offsets(int32_t i, int32_t head_dim, int32_t rope_ty
   }
 }
 
-// Angle of pair i at pos: pos * freq_base^(-2i / head_dim), in f64 as the
-// oracle computes it (ggml's theta_scale^i in closed form).
-MG_HD inline double rope_theta(int32_t pos, int32_t i, int32_t head_dim, float freq_base) {
+// Angle of pair i at pos: pos * freq_base^(-2i / head_dim), in f64 (ggml's
+// theta_scale^i in closed form). Host only: the kernels read rope tables.
+inline double rope_theta(int32_t pos, int32_t i, int32_t head_dim, float freq_base) {
   return static_cast<double>(pos) *
          pow(static_cast<double>(freq_base), -2.0 * i / static_cast<double>(head_dim));
 }
 
 // Rotates (*a, *b) by the angle whose cosine and sine are c and s (each times
-// YaRN's magnitude scale where there is one), in f64, rounded once to f32.
-MG_HD inline void rope_rotate_cs(float* a, float* b, double c, double s) {
-  const double x0 = *a;
-  const double x1 = *b;
-  *a = static_cast<float>(x0 * c - x1 * s);
-  *b = static_cast<float>(x0 * s + x1 * c);
-}
-
-// Rotates (*a, *b) by theta.
-MG_HD inline void rope_rotate(float* a, float* b, double theta) {
-  rope_rotate_cs(a, b, cos(theta), sin(theta));
+// YaRN's magnitude scale where there is one), in f32 as ggml's rotate_pairs,
+// each result one product and one fmaf so the host and the device round alike.
+MG_HD inline void rope_rotate_cs(float* a, float* b, float c, float s) {
+  const float x0 = *a;
+  const float x1 = *b;
+  *a = fmaf(x0, c, -(x1 * s));
+  *b = fmaf(x0, s, x1 * c);
 }
 
 // RoPE frequency scaling as ggml's rope_yarn applies it, its per-model
@@ -94,9 +90,10 @@ MG_HD inline RopeYarn rope_yarn_init(float freq_scale, float ext_factor, float a
 }
 
 // Cosine and sine of pair i's angle at pos (rope_theta) as rope_yarn scales
-// them, in f64: ggml_rope_cache_init's theta, interpolated, then ramped back.
-MG_HD inline void rope_cos_sin(int32_t pos, int32_t i, int32_t n_rot, float freq_base,
-                               const RopeYarn& y, double* c, double* s) {
+// them, in f64 rounded once to f32: ggml_rope_cache_init's theta, interpolated,
+// then ramped back. Host only (at load, and per batch on the CPU).
+inline void rope_cos_sin(int32_t pos, int32_t i, int32_t n_rot, float freq_base,
+                         const RopeYarn& y, float* c, float* s) {
   const double extrap = rope_theta(pos, i, n_rot, freq_base);
   double theta = y.freq_scale * extrap;
   if (y.ext_factor != 0.0f) {
@@ -104,22 +101,22 @@ MG_HD inline void rope_cos_sin(int32_t pos, int32_t i, int32_t n_rot, float freq
     const double mix = (1.0 - fmin(1.0, fmax(0.0, ramp))) * y.ext_factor;
     theta = theta * (1.0 - mix) + extrap * mix;
   }
-  *c = cos(theta) * y.mscale;
-  *s = sin(theta) * y.mscale;
+  *c = static_cast<float>(cos(theta) * y.mscale);
+  *s = static_cast<float>(sin(theta) * y.mscale);
 }
 
 // RoPE's cosines and sines for positions [0, positions), made once at load on
-// the host so a step's kernels read them instead of computing f64 sin/cos
+// the host so a step's kernels read them instead of computing sin/cos
 // (whose argument reduction keeps a stack frame): (c, s) of pair i at position
 // p at out[2 (p n_rot / 2 + i)], as rope_cos_sin makes them.
-inline size_t rope_table_doubles(int32_t n_rot, int32_t positions) {
+inline size_t rope_table_floats(int32_t n_rot, int32_t positions) {
   return static_cast<size_t>(positions) * static_cast<size_t>(n_rot / 2) * 2;
 }
 inline void fill_rope_table(int32_t n_rot, float freq_base, const RopeYarn& yarn,
-                            int32_t positions, double* out) {
+                            int32_t positions, float* out) {
   for (int32_t p = 0; p < positions; ++p) {
     for (int32_t i = 0; i < n_rot / 2; ++i) {
-      double* at = out + 2 * (static_cast<size_t>(p) * (n_rot / 2) + i);
+      float* at = out + 2 * (static_cast<size_t>(p) * (n_rot / 2) + i);
       rope_cos_sin(p, i, n_rot, freq_base, yarn, at, at + 1);
     }
   }

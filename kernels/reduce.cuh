@@ -113,10 +113,6 @@ __device__ inline float group_sum(float v, int width) {
   return v;
 }
 
-__device__ inline double warp_sum(double v) {
-  return reduce_detail::warp_reduce(v, reduce_detail::Sum{});
-}
-
 __device__ inline float warp_max(float v) {
   return reduce_detail::warp_reduce(v, reduce_detail::Max{});
 }
@@ -124,6 +120,21 @@ __device__ inline float warp_max(float v) {
 // Top-k order (topk_precedes) of (value, index): every lane ends with the best pair.
 __device__ inline void warp_best(float* value, int32_t* index) {
   reduce_detail::warp_first(value, index, reduce_detail::TopkFirst{});
+}
+
+// warp_best with a payload that travels with its pair (the router's unbiased
+// value of the expert it chooses by value + bias).
+__device__ inline void warp_best(float* value, int32_t* index, float* payload) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other_value = __shfl_xor_sync(kFullMask, *value, offset);
+    const int32_t other_index = __shfl_xor_sync(kFullMask, *index, offset);
+    const float other_payload = __shfl_xor_sync(kFullMask, *payload, offset);
+    if (topk_precedes(other_value, other_index, *value, *index)) {
+      *value = other_value;
+      *index = other_index;
+      *payload = other_payload;
+    }
+  }
 }
 
 // Least (rank, slot) pair, lexicographic.
@@ -135,8 +146,8 @@ __device__ inline float block_sum(float v, float* scratch) {
   return reduce_detail::block_reduce(v, 0.0f, scratch, reduce_detail::Sum{});
 }
 
-__device__ inline double block_sum(double v, double* scratch) {
-  return reduce_detail::block_reduce(v, 0.0, scratch, reduce_detail::Sum{});
+__device__ inline int32_t block_sum(int32_t v, int32_t* scratch) {
+  return reduce_detail::block_reduce(v, 0, scratch, reduce_detail::Sum{});
 }
 
 __device__ inline float block_max(float v, float* scratch) {

@@ -5,8 +5,8 @@
 // sampling kernel (kernels/tokens.cu) computes the same steps in parallel.
 //
 // Both compute the same bits, so the same logits and seed give the same token
-// on either backend: the arithmetic is written out here (sample_exp is this
-// file's own exp; every multiply-add that could be fused is an explicit fmaf),
+// on either backend: the arithmetic is written out here (exp_nonpositive,
+// kernels/fixed_math.h; every multiply-add that could be fused is an explicit fmaf),
 // and every sum has a fixed shape: n tokens in kSampleRuns contiguous runs, each
 // run summed in index order, the run sums added as a pairwise tree
 // (sample_tree_sum), which the kernel's block does level by level. Light: .cu
@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "kernels/fixed_math.h"
 #include "kernels/moe_math.h"
 #include "loader/host_device.h"
 #include "loader/quant.h"
@@ -84,26 +85,6 @@ MG_HD inline float sample_uniform(uint64_t seed, int32_t step) {
 
 MG_HD inline bool sample_is_greedy(float temperature) { return !(temperature > 0.0f); }
 
-// e^x for x <= 0, identical on host and device: Cody-Waite reduction by ln 2
-// and Cephes' degree-6 polynomial (about 1 ulp), every fusable step an explicit
-// fmaf. Below -87 (where e^x nears the subnormals) it is 0; NaN stays NaN.
-MG_HD inline float sample_exp(float x) {
-  if (!(x >= -87.0f)) return x != x ? x : 0.0f;
-  const float n = rintf(x * 1.44269504089f);  // x / ln 2
-  float r = fmaf(-n, 0.693359375f, x);        // ln 2 in two parts, the first exact
-  r = fmaf(-n, -2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = fmaf(p, r, 1.3981999507e-3f);
-  p = fmaf(p, r, 8.3334519073e-3f);
-  p = fmaf(p, r, 4.1665795894e-2f);
-  p = fmaf(p, r, 1.6666665459e-1f);
-  p = fmaf(p, r, 5.0000001201e-1f);
-  const float r2 = r * r;
-  const float y = fmaf(p, r2, r) + 1.0f;
-  // 2^n as bits (n >= -126 here, so the product is a normal float, exact).
-  return y * f32_from_bits(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
-}
-
 // ---- the fixed shape of every sum ----
 
 inline constexpr int32_t kSampleRuns = 1024;  // the kernel's block size
@@ -147,13 +128,13 @@ struct SampleCut {
 // The weight a token keeps through the cuts (temperature 1), 0 when cut.
 MG_HD inline float sample_cut_weight(float logit, const SampleCut& cut) {
   if (!(logit == logit) || sample_order_key(logit) < cut.min_key) return 0.0f;
-  const float w = sample_exp(logit - cut.max_logit);
+  const float w = exp_nonpositive(logit - cut.max_logit);
   return w >= cut.min_weight && w > 0.0f ? w : 0.0f;
 }
 
 // The weight a surviving token is drawn with: e^((logit - max) / T).
 MG_HD inline float sample_draw_weight(float logit, const SampleCut& cut, float temperature) {
-  return sample_cut_weight(logit, cut) > 0.0f ? sample_exp((logit - cut.max_logit) / temperature)
+  return sample_cut_weight(logit, cut) > 0.0f ? exp_nonpositive((logit - cut.max_logit) / temperature)
                                               : 0.0f;
 }
 

@@ -60,7 +60,7 @@ __device__ inline SampleScratch sample_scratch_at(void* base, int32_t blocks) {
 // The block's shared memory, declared by the kernel (see kernels/epilogue.cuh).
 struct SampleShared {
   float scratch[32];
-  double count_scratch[32];
+  int32_t count_scratch[32];
   int32_t index_scratch[32];
   float sums[kSampleRuns];
   int32_t scan[kSampleRuns];
@@ -114,12 +114,11 @@ __device__ void sample_over(const float* logit, const int32_t* token, int32_t si
     uint64_t lo = 0, hi = uint64_t{1} << 32;
     while (hi - lo > 1) {
       const uint64_t mid = lo + (hi - lo) / 2;
-      double count = 0.0;
+      int32_t count = 0;
       for (int32_t j = threadIdx.x; j < size; j += blockDim.x) {
-        count += logit[j] == logit[j] && sample_order_key(logit[j]) >= mid ? 1.0 : 0.0;
+        count += logit[j] == logit[j] && sample_order_key(logit[j]) >= mid ? 1 : 0;
       }
-      topk_step(mid, static_cast<int64_t>(block_sum(count, sh->count_scratch)), params.top_k, &lo,
-                &hi);
+      topk_step(mid, block_sum(count, sh->count_scratch), params.top_k, &lo, &hi);
     }
     cut.min_key = static_cast<uint32_t>(lo);
   }
@@ -190,84 +189,17 @@ __device__ void sample_over(const float* logit, const int32_t* token, int32_t si
   *token_out = last;
 }
 
-__global__ void __launch_bounds__(kTokenThreads)
-    sample_kernel(const float* __restrict__ logits, int32_t n,
-                  const SamplingParams* __restrict__ params_in, const int32_t* __restrict__ step,
-                  void* scratch_base, unsigned int* __restrict__ tickets,
-                  int32_t* __restrict__ token_out) {
-  wait_for_prior_grids();
-  __shared__ SampleShared sh;
-  const SamplingParams params = *params_in;
-  const SampleScratch s = sample_scratch_at(scratch_base, static_cast<int32_t>(gridDim.x));
-  const int32_t block = blockIdx.x;
+// The last block's decision over the blocks' argmaxes and candidates (or the
+// whole vocabulary), into *token_out by one thread.
+__device__ void decide_token(const float* __restrict__ logits, int32_t n,
+                             const SamplingParams& params, const int32_t* step,
+                             const SampleScratch& s, bool greedy, bool bounded, SampleShared& sh,
+                             int32_t* __restrict__ token_out) {
   const int32_t t = static_cast<int32_t>(threadIdx.x);
-  // This thread's 4 tokens of the block's chunk, in index order.
-  const int32_t first = block * kSampleBlockLogits + 4 * t;
-  float v[4];
-  for (int i = 0; i < 4; ++i) v[i] = first + i < n ? logits[first + i] : NAN;
-
-  float best = -INFINITY;
-  int32_t best_index = INT32_MAX;
-  for (int i = 0; i < 4; ++i) {
-    if (first + i < n && topk_precedes(v[i], first + i, best, best_index)) {
-      best = v[i];
-      best_index = first + i;
-    }
-  }
-  block_best(&best, &best_index, sh.scratch, sh.index_scratch);
-  if (t == 0) {
-    s.best_value[block] = best;
-    s.best_index[block] = best_index;
-  }
-
-  const bool greedy = sample_is_greedy(params.temperature);
-  const bool bounded = !greedy && params.top_k > 0 && params.top_k < n &&
-                       params.top_k <= kSampleCandidates;
-  if (bounded) {
-    // The block's k-th largest key (0 when it has fewer than k logits that
-    // are not NaN: all of them are kept), then its tokens at or past it.
-    uint64_t lo = 0, hi = uint64_t{1} << 32;
-    while (hi - lo > 1) {
-      const uint64_t mid = lo + (hi - lo) / 2;
-      double count = 0.0;
-      for (int i = 0; i < 4; ++i) count += v[i] == v[i] && sample_order_key(v[i]) >= mid ? 1.0 : 0.0;
-      topk_step(mid, static_cast<int64_t>(block_sum(count, sh.count_scratch)), params.top_k, &lo,
-                &hi);
-    }
-    bool keep[4];
-    int32_t kept = 0;
-    for (int i = 0; i < 4; ++i) {
-      keep[i] = v[i] == v[i] && sample_order_key(v[i]) >= lo;
-      kept += keep[i] ? 1 : 0;
-    }
-    // Inclusive scan of the threads' counts (Hillis-Steele), so the block's
-    // candidates land in index order.
-    sh.scan[t] = kept;
-    __syncthreads();
-    for (int32_t offset = 1; offset < kTokenThreads; offset *= 2) {
-      const int32_t before = t >= offset ? sh.scan[t - offset] : 0;
-      __syncthreads();
-      sh.scan[t] += before;
-      __syncthreads();
-    }
-    const int32_t total = sh.scan[kTokenThreads - 1];
-    if (total <= kSampleCandidates) {
-      int32_t at = block * kSampleCandidates + sh.scan[t] - kept;
-      for (int i = 0; i < 4; ++i) {
-        if (!keep[i]) continue;
-        s.block_token[at] = first + i;
-        s.block_logit[at] = v[i];
-        ++at;
-      }
-    }
-    if (t == 0) s.n_candidates[block] = total <= kSampleCandidates ? total : -1;
-  }
-
-  if (!last_block_done(tickets, gridDim.x, &sh.epilogue)) return;
   // The vocabulary's argmax from the blocks' (the order is total: ties to the
   // lowest id), and whether every block's candidates are there.
-  best = -INFINITY;
-  best_index = INT32_MAX;
+  float best = -INFINITY;
+  int32_t best_index = INT32_MAX;
   int32_t held = 0;
   for (int32_t b = t; b < static_cast<int32_t>(gridDim.x); b += blockDim.x) {
     const float value = __ldcg(s.best_value + b);
@@ -279,7 +211,7 @@ __global__ void __launch_bounds__(kTokenThreads)
     if (bounded && __ldcg(s.n_candidates + b) < 0) held = 1;
   }
   block_best(&best, &best_index, sh.scratch, sh.index_scratch);
-  const bool overflow = block_sum(static_cast<double>(held), sh.count_scratch) > 0.0;
+  const bool overflow = block_sum(held, sh.count_scratch) > 0;
   if (greedy) {
     if (t == 0) {
       *token_out = best_index;
@@ -317,6 +249,90 @@ __global__ void __launch_bounds__(kTokenThreads)
   sample_over(s.logit, s.token, size, n, params, step_now, best_index, &sh, token_out);
 }
 
+__global__ void __launch_bounds__(kTokenThreads)
+    sample_kernel(const float* __restrict__ logits, int32_t n,
+                  const SamplingParams* __restrict__ params_in, const int32_t* step,
+                  void* scratch_base, unsigned int* __restrict__ tickets,
+                  int32_t* __restrict__ token_out, StepEnd end) {
+  wait_for_prior_grids();
+  __shared__ SampleShared sh;
+  const SamplingParams params = *params_in;
+  const SampleScratch s = sample_scratch_at(scratch_base, static_cast<int32_t>(gridDim.x));
+  const int32_t block = blockIdx.x;
+  const int32_t t = static_cast<int32_t>(threadIdx.x);
+  // This thread's 4 tokens of the block's chunk, in index order.
+  const int32_t first = block * kSampleBlockLogits + 4 * t;
+  float v[4];
+  for (int i = 0; i < 4; ++i) v[i] = first + i < n ? logits[first + i] : NAN;
+
+  float best = -INFINITY;
+  int32_t best_index = INT32_MAX;
+  for (int i = 0; i < 4; ++i) {
+    if (first + i < n && topk_precedes(v[i], first + i, best, best_index)) {
+      best = v[i];
+      best_index = first + i;
+    }
+  }
+  block_best(&best, &best_index, sh.scratch, sh.index_scratch);
+  if (t == 0) {
+    s.best_value[block] = best;
+    s.best_index[block] = best_index;
+  }
+
+  const bool greedy = sample_is_greedy(params.temperature);
+  const bool bounded = !greedy && params.top_k > 0 && params.top_k < n &&
+                       params.top_k <= kSampleCandidates;
+  if (bounded) {
+    // The block's k-th largest key (0 when it has fewer than k logits that
+    // are not NaN: all of them are kept), then its tokens at or past it.
+    uint64_t lo = 0, hi = uint64_t{1} << 32;
+    while (hi - lo > 1) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      int32_t count = 0;
+      for (int i = 0; i < 4; ++i) count += v[i] == v[i] && sample_order_key(v[i]) >= mid ? 1 : 0;
+      topk_step(mid, block_sum(count, sh.count_scratch), params.top_k, &lo, &hi);
+    }
+    bool keep[4];
+    int32_t kept = 0;
+    for (int i = 0; i < 4; ++i) {
+      keep[i] = v[i] == v[i] && sample_order_key(v[i]) >= lo;
+      kept += keep[i] ? 1 : 0;
+    }
+    // Inclusive scan of the threads' counts (Hillis-Steele), so the block's
+    // candidates land in index order.
+    sh.scan[t] = kept;
+    __syncthreads();
+    for (int32_t offset = 1; offset < kTokenThreads; offset *= 2) {
+      const int32_t before = t >= offset ? sh.scan[t - offset] : 0;
+      __syncthreads();
+      sh.scan[t] += before;
+      __syncthreads();
+    }
+    const int32_t total = sh.scan[kTokenThreads - 1];
+    if (total <= kSampleCandidates) {
+      int32_t at = block * kSampleCandidates + sh.scan[t] - kept;
+      for (int i = 0; i < 4; ++i) {
+        if (!keep[i]) continue;
+        s.block_token[at] = first + i;
+        s.block_logit[at] = v[i];
+        ++at;
+      }
+    }
+    if (t == 0) s.n_candidates[block] = total <= kSampleCandidates ? total : -1;
+  }
+
+  if (!last_block_done(tickets, gridDim.x, &sh.epilogue)) return;
+  decide_token(logits, n, params, step, s, greedy, bounded, sh, token_out);
+  if (end.step == nullptr) return;
+  // The step's end, once its token is written (by one of the block's threads).
+  __syncthreads();
+  if (t == 0) {
+    end.out_tokens[*end.step] = *token_out;
+    ++*end.step;
+    ++end.counters->steps;
+  }
+}
+
 // A thread per logit.
 __global__ void record_logits_kernel(const float* __restrict__ logits, int32_t n,
                                      const int32_t* __restrict__ step, int32_t record_steps,
@@ -328,25 +344,6 @@ __global__ void record_logits_kernel(const float* __restrict__ logits, int32_t n
   record[static_cast<int64_t>(s) * n + i] = logits[i];
 }
 
-__global__ void begin_step_kernel(const int32_t* __restrict__ prompt,
-                                  const int32_t* __restrict__ n_prompt,
-                                  const int32_t* __restrict__ sampled,
-                                  const int32_t* __restrict__ step, int32_t* __restrict__ token,
-                                  int32_t* __restrict__ pos) {
-  wait_for_prior_grids();
-  const int32_t s = *step;
-  *token = s < *n_prompt ? prompt[s] : *sampled;
-  *pos = s;
-}
-
-__global__ void end_step_kernel(const int32_t* __restrict__ sampled, int32_t* __restrict__ step,
-                                int32_t* __restrict__ out_tokens, DeviceCounters* counters) {
-  wait_for_prior_grids();
-  out_tokens[*step] = *sampled;
-  ++*step;
-  ++counters->steps;
-}
-
 }  // namespace
 
 size_t sample_scratch_bytes(int32_t n) {
@@ -356,15 +353,17 @@ size_t sample_scratch_bytes(int32_t n) {
 
 cudaError_t launch_sample(const float* logits, int32_t n, const SamplingParams* params,
                           const int32_t* step, void* scratch, unsigned int* tickets,
-                          int32_t* token_out, cudaStream_t stream) {
+                          int32_t* token_out, const StepEnd& end, cudaStream_t stream) {
   if (logits == nullptr || n <= 0 || n > kSampleBlockLogits * kTokenThreads || params == nullptr ||
       step == nullptr || scratch == nullptr || reinterpret_cast<uintptr_t>(scratch) % 16 != 0 ||
-      tickets == nullptr || token_out == nullptr) {
+      tickets == nullptr || token_out == nullptr ||
+      (end.step != nullptr && (end.step != step || end.out_tokens == nullptr ||
+                               end.counters == nullptr))) {
     return cudaErrorInvalidValue;
   }
   const LaunchGeometry g = sample_launch_geometry(n);
   return launch_kernel<sample_kernel>(g.grid, g.block, stream, logits, n, params,
-                                      step, scratch, tickets, token_out);
+                                      step, scratch, tickets, token_out, end);
 }
 
 cudaError_t launch_record_logits(const float* logits, int32_t n, const int32_t* step,
@@ -375,28 +374,6 @@ cudaError_t launch_record_logits(const float* logits, int32_t n, const int32_t* 
   const LaunchGeometry g = record_logits_launch_geometry(n);
   return launch_kernel<record_logits_kernel>(g.grid, g.block, stream,
                                              logits, n, step, record_steps, record);
-}
-
-cudaError_t launch_begin_step(const int32_t* prompt, const int32_t* n_prompt,
-                              const int32_t* sampled, const int32_t* step, int32_t* token,
-                              int32_t* pos, cudaStream_t stream) {
-  if (prompt == nullptr || n_prompt == nullptr || sampled == nullptr || step == nullptr ||
-      token == nullptr || pos == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  const LaunchGeometry g = step_counter_launch_geometry();
-  return launch_kernel<begin_step_kernel>(g.grid, g.block, stream, prompt, n_prompt, sampled, step,
-                                          token, pos);
-}
-
-cudaError_t launch_end_step(const int32_t* sampled, int32_t* step, int32_t* out_tokens,
-                            DeviceCounters* counters, cudaStream_t stream) {
-  if (sampled == nullptr || step == nullptr || out_tokens == nullptr || counters == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  const LaunchGeometry g = step_counter_launch_geometry();
-  return launch_kernel<end_step_kernel>(g.grid, g.block, stream, sampled, step, out_tokens,
-                                        counters);
 }
 
 }  // namespace moegraph

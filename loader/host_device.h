@@ -7,3 +7,10 @@
 #else
 #define MG_HD
 #endif
+
+// For the per-thread functions the kernels must inline (a call would spill).
+#if defined(__CUDACC__)
+#define MG_HD_INLINE __host__ __device__ __forceinline__
+#else
+#define MG_HD_INLINE inline
+#endif

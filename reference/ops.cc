@@ -88,7 +88,7 @@ RopeYarn YarnOf(const RopeScaling& scaling, int n_rot, float freq_base) {
 }
 
 void RopeCosSin(int32_t pos, int n_rot, float freq_base, const RopeScaling& scaling,
-                double* cos_out, double* sin_out) {
+                float* cos_out, float* sin_out) {
   const RopeYarn yarn = YarnOf(scaling, n_rot, freq_base);
   for (int i = 0; i < n_rot / 2; ++i) {
     rope_cos_sin(pos, i, n_rot, freq_base, yarn, cos_out + i, sin_out + i);
@@ -103,7 +103,7 @@ void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_
   const int64_t n_rows = RowCount(x.size(), row_len, "Rope: x rows of n_head * head_dim");
   CheckOrDie(positions.size() == static_cast<size_t>(n_rows), "Rope: one position per row");
   const int half = n_rot / 2;
-  std::vector<double> c(static_cast<size_t>(half)), s(c.size());
+  std::vector<float> c(static_cast<size_t>(half)), s(c.size());
   for (int64_t t = 0; t < n_rows; ++t) {
     RopeCosSin(positions[t], n_rot, freq_base, scaling, c.data(), s.data());
     for (int h = 0; h < n_head; ++h) {
@@ -113,10 +113,7 @@ void Rope(absl::Span<float> x, int n_head, int head_dim, absl::Span<const int32_
         // n = n_rot; dimensions from n_rot on are copied unturned.
         float* a = type == RopeType::kNorm ? head + 2 * i : head + i;
         float* b = type == RopeType::kNorm ? head + 2 * i + 1 : head + i + half;
-        const double x0 = *a;
-        const double x1 = *b;
-        *a = static_cast<float>(x0 * c[i] - x1 * s[i]);
-        *b = static_cast<float>(x0 * s[i] + x1 * c[i]);
+        rope_rotate_cs(a, b, c[i], s[i]);
       }
     }
   }
@@ -126,14 +123,7 @@ void Softmax(int64_t row_len, absl::Span<float> x) {
   const int64_t n_rows = RowCount(x.size(), row_len, "Softmax: x rows of row_len");
   for (int64_t r = 0; r < n_rows; ++r) {
     float* row = x.data() + r * row_len;
-    const double max = *std::max_element(row, row + row_len);
-    double sum = 0.0;
-    std::vector<double> e(static_cast<size_t>(row_len));
-    for (int64_t i = 0; i < row_len; ++i) {
-      e[i] = std::exp(row[i] - max);
-      sum += e[i];
-    }
-    for (int64_t i = 0; i < row_len; ++i) row[i] = static_cast<float>(e[i] / sum);
+    router_softmax(row, static_cast<int32_t>(row_len), row);
   }
 }
 
@@ -276,7 +266,7 @@ void GateProbs(ExpertGating gating, int n_expert, absl::Span<float> logits) {
       Softmax(n_expert, logits);
       return;
     case ExpertGating::kSigmoid:
-      for (float& l : logits) l = Sigmoid(l);
+      for (float& l : logits) l = router_sigmoid(l);
       return;
     case ExpertGating::kSoftmaxWeight:
       return;
@@ -307,35 +297,24 @@ void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm
   }
 }
 
+RouterGating RouterGatingOf(ExpertGating gating) {
+  switch (gating) {
+    case ExpertGating::kSoftmax: return RouterGating::kSoftmax;
+    case ExpertGating::kSoftmaxWeight: return RouterGating::kSoftmaxWeight;
+    case ExpertGating::kSigmoid: return RouterGating::kSigmoid;
+  }
+  return RouterGating::kSoftmax;
+}
+
 void ChosenWeights(absl::Span<const float> probs, absl::Span<const int32_t> ids, bool norm,
                    ExpertGating gating, float scale, absl::Span<double> weights) {
   CheckOrDie(weights.size() == ids.size(), "ChosenWeights: one weight per id");
-  double sum = 0.0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    weights[i] = probs[ids[i]];
-    sum += weights[i];
-  }
-  // LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT: ggml_soft_max of the k logits
-  // (the largest first in rank order; any order here).
-  if (gating == ExpertGating::kSoftmaxWeight) {
-    const double max = *std::max_element(weights.begin(), weights.end());
-    sum = 0.0;
-    for (double& w : weights) {
-      w = std::exp(w - max);
-      sum += w;
-    }
-    for (double& w : weights) w /= sum;
-    sum = 1.0;
-  }
-  // norm_w: the selected weights divided by their sum (ggml_sum_rows, then
-  // ggml_clamp at f16's smallest normal, ggml_div); then w_scale (ggml_scale).
-  if (norm) {
-    sum = std::max(sum, 6.103515625e-5);
-    for (double& w : weights) w /= sum;
-  }
-  if (scale != 1.0f) {
-    for (double& w : weights) w *= scale;
-  }
+  CheckOrDie(ids.size() <= static_cast<size_t>(kMaxTopK), "ChosenWeights: at most kMaxTopK ids");
+  float chosen_values[kMaxTopK], chosen_weights[kMaxTopK];
+  for (size_t r = 0; r < ids.size(); ++r) chosen_values[r] = probs[ids[r]];
+  topk_weights(chosen_values, static_cast<int32_t>(ids.size()), RouterGatingOf(gating), norm,
+               scale, chosen_weights);
+  std::copy(chosen_weights, chosen_weights + ids.size(), weights.begin());
 }
 
 void MoeFfn(const Model& model, int layer, absl::Span<const float> x, absl::Span<float> out,

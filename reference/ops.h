@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "kernels/moe_math.h"
 #include "kernels/nn_math.h"
 #include "loader/gguf.h"
 #include "loader/model_config.h"
@@ -57,9 +58,11 @@ RopeYarn YarnOf(const RopeScaling& scaling, int n_rot, float freq_base);
 // Rope's rotation of pair i (of n_rot / 2) at pos, magnitude factor included:
 // cos and sin for pairs 0 .. n_rot / 2 - 1 into cos_out, sin_out.
 void RopeCosSin(int32_t pos, int n_rot, float freq_base, const RopeScaling& scaling,
-                double* cos_out, double* sin_out);
+                float* cos_out, float* sin_out);
 
-// Softmax of each row of length row_len, in place (max subtracted first).
+// Softmax of each row of length row_len, in place (max subtracted first), as
+// the router kernel computes it (router_softmax, kernels/moe_math.h): f32, the
+// same bits on every backend.
 void Softmax(int64_t row_len, absl::Span<float> x);
 
 // Indices of the k largest values, largest first; equal values keep the lower
@@ -147,9 +150,13 @@ void SelectExperts(absl::Span<const float> probs, int n_expert, int k, bool norm
                    ExpertGating gating = ExpertGating::kSoftmax,
                    absl::Span<const float> score_bias = {}, float scale = 1.0f);
 
+// The kernels' name for a model's gating.
+RouterGating RouterGatingOf(ExpertGating gating);
+
 // The combine weights SelectExperts gives the experts ids (rank order) of one
 // row of probs: their values (or, with kSoftmaxWeight, their softmax), norm
-// and scale as SelectExperts documents.
+// and scale as SelectExperts documents, computed by topk_weights
+// (kernels/moe_math.h) as the router kernel computes them.
 void ChosenWeights(absl::Span<const float> probs, absl::Span<const int32_t> ids, bool norm,
                    ExpertGating gating, float scale, absl::Span<double> weights);
 

@@ -216,10 +216,10 @@ TEST(WalkTest, ALayerOfTheDevicePolicyArmRunsInTheDesignsOrder) {
   for (int layer = 0; layer < c.n_layer; ++layer) EXPECT_EQ(OpsOf(walk, 0, layer), want);
   // The copy runs on the main stream, right before the pass that waits for it.
   for (const WalkEntry& e : walk.entries) EXPECT_EQ(e.stream, WalkStream::kMain) << EntryLabel(e);
-  EXPECT_EQ(OpsOf(walk, 0, -1), (std::vector<StepOp>{O::kBeginStep, O::kEmbed, O::kLmHead,
-                                                     O::kSample, O::kEndStep, O::kTokenCopy}));
-  // Layers follow each other: the step starts with begin_step/embed and ends with the token.
-  EXPECT_EQ(walk.entries.front().op, StepOp::kBeginStep);
+  EXPECT_EQ(OpsOf(walk, 0, -1),
+            (std::vector<StepOp>{O::kEmbed, O::kLmHead, O::kSample, O::kTokenCopy}));
+  // Layers follow each other: the step starts with embed and ends with the token.
+  EXPECT_EQ(walk.entries.front().op, StepOp::kEmbed);
   EXPECT_EQ(walk.entries.back().op, StepOp::kTokenCopy);
   int last_layer = -1;
   for (const WalkEntry& e : walk.entries) {
@@ -496,7 +496,7 @@ TEST(WalkTest, TheBinderMakesEachCallableAndRunWalkStopsAtTheFirstError) {
   EXPECT_EQ(EntryLabel(walk.entries[failed]), "step 1 layer 1 stage_copy");
   ASSERT_EQ(ran.size(), failed + 1);
   for (size_t i = 0; i < ran.size(); ++i) EXPECT_EQ(ran[i], EntryLabel(walk.entries[i]));
-  EXPECT_EQ(ran.front(), "step 0 begin_step");
+  EXPECT_EQ(ran.front(), "step 0 embed");
 }
 
 TEST(WalkTest, OpNamesAreUniqueAndOnlyCopiesUseTheCopyStream) {

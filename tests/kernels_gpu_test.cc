@@ -77,6 +77,16 @@ std::vector<float> Gaussian(std::mt19937& rng, size_t n, float sd = 1.0f) {
   return v;
 }
 
+// The device buffers of a StepStart at step 0 of a one-token prompt: the
+// step's embed reads `token`.
+struct OneTokenStart {
+  explicit OneTokenStart(int32_t token)
+      : prompt(std::vector<int32_t>{token}), n_prompt(std::vector<int32_t>{1}),
+        sampled(std::vector<int32_t>{-1}), step(std::vector<int32_t>{0}), pos(1) {}
+  StepStart get() { return {prompt.get(), n_prompt.get(), sampled.get(), step.get(), pos.get()}; }
+  DeviceArray<int32_t> prompt, n_prompt, sampled, step, pos;
+};
+
 // launch_sample with its own scratch and ticket; path() is the SamplePath the
 // last launch took.
 class Sampler {
@@ -84,8 +94,8 @@ class Sampler {
   explicit Sampler(int32_t n)
       : n_(n), scratch_(sample_scratch_bytes(n)), tickets_(std::vector<unsigned int>{0}) {}
   cudaError_t Launch(const float* logits, const SamplingParams* params, const int32_t* step,
-                     int32_t* token_out, cudaStream_t stream) {
-    return launch_sample(logits, n_, params, step, scratch_.get(), tickets_.get(), token_out,
+                     int32_t* token_out, cudaStream_t stream, const StepEnd& end = {}) {
+    return launch_sample(logits, n_, params, step, scratch_.get(), tickets_.get(), token_out, end,
                          stream);
   }
   SamplePath path() const {
@@ -163,11 +173,11 @@ double F32Bound(GgmlType type) { return mmvq_type(type) ? 1e-3 : 1e-7; }
 
 // RoPE's table (fill_rope_table) of positions + 1 rows with only row `pos`
 // made, the others NaN: a kernel reading any other row writes NaNs.
-std::vector<double> RopeTableRow(int32_t n_rot, float freq_base, const RopeYarn& yarn,
+std::vector<float> RopeTableRow(int32_t n_rot, float freq_base, const RopeYarn& yarn,
                                  int32_t pos) {
-  std::vector<double> table(rope_table_doubles(n_rot, pos + 1), std::nan(""));
+  std::vector<float> table(rope_table_floats(n_rot, pos + 1), std::nanf(""));
   for (int32_t i = 0; i < n_rot / 2; ++i) {
-    double* at = table.data() + 2 * (static_cast<size_t>(pos) * (n_rot / 2) + i);
+    float* at = table.data() + 2 * (static_cast<size_t>(pos) * (n_rot / 2) + i);
     rope_cos_sin(pos, i, n_rot, freq_base, yarn, at, at + 1);
   }
   return table;
@@ -183,10 +193,10 @@ TEST_F(KernelsGpuTest, EmbedEqualsDequantizedRowBitForBit) {
     const std::vector<uint8_t> table = RandomMatrix(rng, type, rows, cols);
     DeviceArray<uint8_t> d_table(table);
     for (int32_t token : {0, 5, rows - 1}) {
-      DeviceArray<int32_t> d_token(std::vector<int32_t>{token});
+      OneTokenStart start(token);
       DeviceArray<float> d_out(cols);
-      ASSERT_EQ(launch_embed(DeviceView(d_table.get(), type, rows, cols), d_token.get(),
-                             d_out.get(), NormEpilogue{}, stream_),
+      ASSERT_EQ(launch_embed_step(DeviceView(d_table.get(), type, rows, cols), start.get(),
+                                  d_out.get(), NormEpilogue{}, stream_),
                 cudaSuccess);
       Sync();
       std::vector<float> expected(cols);
@@ -214,15 +224,15 @@ TEST_F(KernelsGpuTest, EmbedRunsTheFirstNormOnItsRow) {
     RmsNorm(x, weight, 1e-6f, absl::MakeSpan(expected));
     DeviceArray<float> d_table(table), d_weight(weight), d_out(cols), d_h(cols);
     DeviceArray<block_q8_1> d_q(cols / QK8_1 + 1);
-    DeviceArray<int32_t> d_token(std::vector<int32_t>{1});
+    OneTokenStart start(1);
     NormEpilogue norm;
     norm.weight = d_weight.get();
     norm.eps = 1e-6f;
     norm.out = d_h.get();
     norm.out_q = cols % QK8_1 == 0 ? d_q.get() : nullptr;
-    ASSERT_EQ(launch_embed(DeviceView(reinterpret_cast<const uint8_t*>(d_table.get()),
-                                      GgmlType::kF32, rows, cols),
-                           d_token.get(), d_out.get(), norm, stream_),
+    ASSERT_EQ(launch_embed_step(DeviceView(reinterpret_cast<const uint8_t*>(d_table.get()),
+                                           GgmlType::kF32, rows, cols),
+                                start.get(), d_out.get(), norm, stream_),
               cudaSuccess);
     Sync();
     EXPECT_EQ(d_out.Download(), x);
@@ -237,15 +247,15 @@ TEST_F(KernelsGpuTest, EmbedRunsTheFirstNormOnItsRow) {
   // out_q where the length is not a multiple of 32.
   DeviceArray<float> d_x(100);
   DeviceArray<block_q8_1> d_q(4);
-  DeviceArray<int32_t> d_token(std::vector<int32_t>{0});
+  OneTokenStart start(0);
   NormEpilogue norm;
   norm.weight = d_x.get();
   norm.out = d_x.get();
   norm.out_q = d_q.get();
-  EXPECT_EQ(
-      launch_embed(DeviceView(reinterpret_cast<const uint8_t*>(d_x.get()), GgmlType::kF32, 1, 100),
-                   d_token.get(), d_x.get(), norm, stream_),
-      cudaErrorInvalidValue);
+  EXPECT_EQ(launch_embed_step(
+                DeviceView(reinterpret_cast<const uint8_t*>(d_x.get()), GgmlType::kF32, 1, 100),
+                start.get(), d_x.get(), norm, stream_),
+            cudaErrorInvalidValue);
 }
 
 // Every type at row lengths from one block to many, against the host's run of
@@ -470,7 +480,7 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
           DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos});
           const std::vector<unsigned int> zero_tickets(n_head + n_head_kv, 0);
           DeviceArray<unsigned int> d_tickets(zero_tickets);
-          DeviceArray<double> d_cos_sin(RopeTableRow(head_dim, 1e6f, RopeYarn{}, pos));
+          DeviceArray<float> d_cos_sin(RopeTableRow(head_dim, 1e6f, RopeYarn{}, pos));
           QkvRope rope;
           rope.pos = d_pos.get();
           rope.n_head = n_head;
@@ -693,9 +703,9 @@ TEST_F(KernelsGpuTest, PrefillRowsAreNormedRotatedAndAppendedAsTheReference) {
         scaling.ext_factor = 1.0f;
         scaling.n_ctx_orig = 4096;
       }
-      std::vector<double> cos_sin(rope_table_doubles(head_dim, max_ctx));
+      std::vector<float> cos_sin(rope_table_floats(head_dim, max_ctx));
       fill_rope_table(head_dim, 1e6f, YarnOf(scaling, head_dim, 1e6f), max_ctx, cos_sin.data());
-      DeviceArray<double> d_cos_sin(cos_sin);
+      DeviceArray<float> d_cos_sin(cos_sin);
       rope.cos_sin = d_cos_sin.get();
       rope.rope_type = kRopeNeox;
       rope.use_norm = norm_mode != Norm::kNone;
@@ -986,18 +996,19 @@ TEST_F(RouterTest, TopKMatchesReference) {
       Softmax(c.n_expert, absl::MakeSpan(probs));
       const std::vector<int32_t> expected = TopK(probs, c.k);
       EXPECT_EQ(d_experts.Download(), expected);
-      double sum = 0.0;
-      for (int32_t e : expected) sum += probs[e];
+      // The same bits as the oracle's weights (router_softmax, topk_weights).
+      std::vector<double> want(c.k);
+      ChosenWeights(probs, expected, c.norm, ExpertGating::kSoftmax, 1.0f, absl::MakeSpan(want));
       const std::vector<float> weights = d_weights.Download();
       for (int32_t r = 0; r < c.k; ++r) {
-        const double w = c.norm ? probs[expected[r]] / sum : probs[expected[r]];
-        EXPECT_NEAR(weights[r], w, 1e-6 * w) << "rank " << r;
+        EXPECT_EQ(f32_to_bits(weights[r]), f32_to_bits(static_cast<float>(want[r])))
+            << "rank " << r;
       }
     }
   }
 }
 
-// A NaN logit makes every probability NaN (the f64 sum is NaN). The router must
+// A NaN logit makes every probability NaN (the sum is NaN). The router must
 // still pick k distinct valid experts, as select_topk does, and sampling must
 // give sample_token's token (the argmax, 0) instead of leaving a stale one.
 TEST_F(RouterTest, NaNLogitsGiveTheHostDecision) {
@@ -1609,28 +1620,53 @@ TEST_F(KernelsGpuTest, SamplingWithTiesNansAndInfinitiesEqualsTheHostDecision) {
   }
 }
 
+// A step starts in its embed and ends in its sample: the embedded row is the
+// prompt's token while the step is inside the prompt, then the last sample;
+// the sample's last block writes out_tokens[step], advances the step and
+// counts it. Table row r is r everywhere, so the output names the token.
 TEST_F(KernelsGpuTest, StepBookkeepingTeacherForcesThePromptThenFeedsSamples) {
+  const int32_t rows = 200, cols = 32;
+  std::vector<float> table(static_cast<size_t>(rows) * cols);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i / cols);
   const std::vector<int32_t> prompt = {11, 22, 33};
+  DeviceArray<float> d_table(table), d_out(cols), d_logits(rows);
   DeviceArray<int32_t> d_prompt(prompt), d_n_prompt(std::vector<int32_t>{3}), d_sampled(1),
-      d_step(std::vector<int32_t>{0});
-  DeviceArray<int32_t> d_token(1), d_pos(1), d_out(6);
+      d_step(std::vector<int32_t>{0}), d_pos(1), d_out_tokens(6);
   DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
+  DeviceArray<SamplingParams> d_params(std::vector<SamplingParams>{SamplingParams{}});  // greedy
+  const StepStart start{d_prompt.get(), d_n_prompt.get(), d_sampled.get(), d_step.get(),
+                        d_pos.get()};
+  const StepEnd end{d_step.get(), d_out_tokens.get(), d_counters.get()};
+  Sampler sampler(rows);
+  int32_t fed = -1;
   for (int32_t s = 0; s < 6; ++s) {
-    d_sampled.Upload({100 + s});
-    ASSERT_EQ(launch_begin_step(d_prompt.get(), d_n_prompt.get(), d_sampled.get(), d_step.get(),
-                                d_token.get(), d_pos.get(), stream_),
+    ASSERT_EQ(launch_embed_step(DeviceView(reinterpret_cast<const uint8_t*>(d_table.get()),
+                                           GgmlType::kF32, rows, cols),
+                                start, d_out.get(), NormEpilogue{}, stream_),
               cudaSuccess);
     Sync();
-    EXPECT_EQ(d_token.Download()[0], s < 3 ? prompt[s] : 100 + s) << s;
+    const float embedded = d_out.Download()[0];
+    EXPECT_EQ(embedded, static_cast<float>(s < 3 ? prompt[s] : fed)) << s;
     EXPECT_EQ(d_pos.Download()[0], s);
-    ASSERT_EQ(
-        launch_end_step(d_sampled.get(), d_step.get(), d_out.get(), d_counters.get(), stream_),
-        cudaSuccess);
+    // Logits whose argmax is 100 + s.
+    std::vector<float> logits(rows, 0.0f);
+    logits[100 + s] = 1.0f;
+    d_logits.Upload(logits);
+    ASSERT_EQ(sampler.Launch(d_logits.get(), d_params.get(), d_step.get(), d_sampled.get(),
+                             stream_, end),
+              cudaSuccess);
     Sync();
+    fed = 100 + s;
+    EXPECT_EQ(d_sampled.Download()[0], fed);
     EXPECT_EQ(d_step.Download()[0], s + 1);
   }
-  EXPECT_EQ(d_out.Download(), (std::vector<int32_t>{100, 101, 102, 103, 104, 105}));
+  EXPECT_EQ(d_out_tokens.Download(), (std::vector<int32_t>{100, 101, 102, 103, 104, 105}));
   EXPECT_EQ(d_counters.Download()[0].steps, 6u);
+  // An end whose step is not the step the sample reads is refused.
+  DeviceArray<int32_t> d_other_step(std::vector<int32_t>{0});
+  EXPECT_EQ(sampler.Launch(d_logits.get(), d_params.get(), d_other_step.get(), d_sampled.get(),
+                           stream_, end),
+            cudaErrorInvalidValue);
 }
 
 TEST_F(KernelsGpuTest, RecordLogitsWritesTheRowOfTheStepUntilTheRecordIsFull) {
@@ -1715,7 +1751,7 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
     return launch_qkv(wq, wkv, wkv, d_x.get(), nullptr, nullptr, nullptr, nullptr, d_x.get(),
                       d_x.get(), d_x.get(), &r, qkv_tickets, stream_);
   };
-  DeviceArray<double> d_cos_sin(rope_table_doubles(64, 1));
+  DeviceArray<float> d_cos_sin(rope_table_floats(64, 1));
   QkvRope rope;
   rope.pos = d_i.get();
   rope.n_head = 2;
@@ -1788,7 +1824,7 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
   auto sample = [&](const SamplingParams* params, void* scratch, unsigned int* sample_tickets,
                     int32_t n) {
     return launch_sample(d_x.get(), n, params, d_i.get(), scratch, sample_tickets, d_i.get(),
-                         stream_);
+                         StepEnd{}, stream_);
   };
   EXPECT_EQ(sample(nullptr, d_scratch.get(), tickets, 10), cudaErrorInvalidValue);
   EXPECT_EQ(sample(d_params.get(), nullptr, tickets, 10), cudaErrorInvalidValue);

@@ -47,63 +47,8 @@ fi
 
 # ---- build ----
 
-# gpusim's lib/ must hold libcudart.so.13 as a link to libcudart.so; a copy
-# that lost its links (12-byte text files) is mirrored here with real ones.
-gpusim_root() {
-  if [ "$(head -c 4 "$GPUSIM/lib/libcudart.so.13" 2>/dev/null | od -An -c | tr -d ' ')" = "177ELF" ]; then
-    echo "$GPUSIM"
-    return
-  fi
-  local g=$B/gpusim
-  if [ ! -x "$g/run.sh" ] || [ "$GPUSIM/run.sh" -nt "$g/run.sh" ]; then
-    rm -rf "$g"
-    mkdir -p "$g/lib"
-    cp -r "$GPUSIM/bin" "$GPUSIM/configs" "$GPUSIM/run.sh" "$g/"
-    chmod -R u+w "$g"
-    ln -s "$GPUSIM/lib/libcudart.so" "$g/lib/libcudart.so"
-    for v in 10.0 10.1 11.0 12 13; do ln -s libcudart.so "$g/lib/libcudart.so.$v"; done
-  fi
-  echo "$g"
-}
-
-# The PTX the simulator runs, two rewrites of what GPGPU-Sim 4.2 gets wrong,
-# each into the same bits:
-# - copysign.f32: its parser has none (roundf in the q8_1 quantizers, tanhf in
-#   ggml's gelu: code these launches never reach, but the syntax error drops
-#   the kernels after it): d = sign bit of a | magnitude of b, by and/or.
-# - shf.r.wrap.b32 with a shift of 0 (NEW's funnel shifts of 2-byte-aligned
-#   q8_0 fields, every other block): it computes b << (32 - n) in C, so n 0
-#   gives a | b instead of a; n = c & 31 is tested and a selected where 0.
-#   Three more ALU instructions per funnel shift (12 in NEW's q8_0 kernel).
-# ptxas -v gives the launched kernels the same registers either way.
-sim_ptx() {
-  sed -E '
-    s/^([[:space:]]*)copysign\.f32[[:space:]]+(%f[0-9]+),[[:space:]]*(%f[0-9]+),[[:space:]]*(%f[0-9]+);/\1{ .reg .b32 %cs<3>; mov.b32 %cs0, \3; and.b32 %cs0, %cs0, 0x80000000; mov.b32 %cs1, \4; and.b32 %cs1, %cs1, 0x7FFFFFFF; or.b32 %cs2, %cs0, %cs1; mov.b32 \2, %cs2; }/
-    s/^([[:space:]]*)shf\.r\.wrap\.b32[[:space:]]+(%r[0-9]+),[[:space:]]*(%r[0-9]+),[[:space:]]*(%r[0-9]+),[[:space:]]*(%r[0-9]+);/\1{ .reg .pred %fsp; .reg .b32 %fsn, %fst; and.b32 %fsn, \5, 31; shf.r.wrap.b32 %fst, \3, \4, %fsn; setp.eq.u32 %fsp, %fsn, 0; selp.b32 \2, \3, %fst, %fsp; }/
-  ' "$1" > "$2"
-  if grep -q 'copysign' "$2"; then echo "run.sh: copysign left in $2" >&2; exit 1; fi
-  if grep -E 'shf\.' "$2" | grep -vq '%fsn;'; then echo "run.sh: a shf form left in $2" >&2; exit 1; fi
-}
-
-# The ptxas GPGPU-Sim runs for register counts (through gpusim's stand-in):
-# CUDA's, with "N bytes cumulative stack size" (a kernel that calls a
-# function: OLD's __noinline__ epilogue) given as "N bytes lmem", the form
-# GPGPU-Sim's ptxinfo parser reads (it exits on the other).
-ptxas_wrapper() {
-  local w=$B/ptxas-lmem real
-  real=$(dirname "$NVCC")/ptxas
-  [ -x "$real" ] || real=/usr/local/cuda/bin/ptxas
-  {
-    echo '#!/bin/bash'
-    echo 'tmp=$(mktemp) || exit 1'
-    echo "'$real' \"\$@\" 2>\"\$tmp\"; rc=\$?"
-    echo "sed -E 's/, ([0-9]+) bytes cumulative stack size/, \\1 bytes lmem/' \"\$tmp\" >&2"
-    echo 'rm -f "$tmp"'
-    echo 'exit $rc'
-  } > "$w"
-  chmod +x "$w"
-  echo "$w"
-}
+# gpusim_root, sim_ptx, ptxas_wrapper.
+. "$ROOT/tools/gpusim-common.sh"
 
 HOST_FLAGS=(-O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17)
 PTX_FLAGS=(-arch=compute_86 -code=compute_86 -ptx -std=c++17)

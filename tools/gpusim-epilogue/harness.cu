@@ -1,0 +1,110 @@
+// The serial tails of the decode step under gpusim: what one block does after
+// the last ticket (kernels/epilogue.cuh), measured alone. Built by run.sh
+// against the working tree (NEW) and against an older commit's kernels/ (OLD).
+//
+//   harness norm N      block_rmsnorm of N floats with q8_1 blocks (attn_out's
+//                       ffn_norm, the down pass's next attn_norm), 128 threads
+//   harness router N K  warp_router_topk over N softmax logits, top K, norm_topk
+//
+// Each launches its kernel twice: the first warms the L2 with the inputs (an
+// epilogue reads what other blocks just wrote), the second is the one to read.
+// Prints a checksum of the second launch's outputs.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/epilogue.cuh"
+
+namespace moegraph {
+namespace {
+
+__global__ void norm_kernel(const float* x, const float* weight, float* out, block_q8_1* out_q,
+                            int32_t n) {
+  __shared__ EpilogueShared shared;
+  block_rmsnorm(x, weight, out, n, 1e-6f, out_q, &shared);
+}
+
+__global__ void router_kernel(float* logits, int32_t n, RouterEpilogue router) {
+  __shared__ EpilogueShared shared;
+  warp_router_topk(logits, n, router, router.experts, router.weights, &shared);
+}
+
+// Deterministic values in about [-2, 2].
+std::vector<float> Values(int32_t n, uint32_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    seed = seed * 1664525u + 1013904223u;
+    x = static_cast<float>(seed >> 8) / static_cast<float>(1u << 24) * 4.0f - 2.0f;
+  }
+  return v;
+}
+
+template <typename T>
+T* Upload(const std::vector<T>& host) {
+  T* device = nullptr;
+  cudaMalloc(&device, host.size() * sizeof(T));
+  cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return device;
+}
+
+template <typename T>
+std::vector<T> Download(const T* device, size_t n) {
+  std::vector<T> host(n);
+  cudaMemcpy(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return host;
+}
+
+int Norm(int32_t n) {
+  float* x = Upload(Values(n, 1));
+  float* weight = Upload(Values(n, 2));
+  float* out = Upload(std::vector<float>(static_cast<size_t>(n)));
+  block_q8_1* out_q = Upload(std::vector<block_q8_1>(static_cast<size_t>(n / QK8_1)));
+  for (int launch = 0; launch < 2; ++launch) {
+    std::printf("launch %d norm_kernel n %d grid (1,1,1) block (128,1,1)\n", launch, n);
+    norm_kernel<<<1, 128>>>(x, weight, out, out_q, n);
+    if (cudaDeviceSynchronize() != cudaSuccess) return 1;
+  }
+  double sum = 0.0;
+  for (float v : Download(out, static_cast<size_t>(n))) sum += v;
+  long q_sum = 0;
+  for (const block_q8_1& b : Download(out_q, static_cast<size_t>(n / QK8_1))) {
+    for (int i = 0; i < QK8_1; ++i) q_sum += b.qs[i];
+  }
+  std::printf("check norm sum %.9g q8_1 sum %ld\n", sum, q_sum);
+  return 0;
+}
+
+int Router(int32_t n, int32_t k) {
+  const std::vector<float> logits = Values(n, 3);
+  float* d_logits = Upload(logits);
+  RouterEpilogue router;
+  router.k = k;
+  router.norm_topk = true;
+  router.experts = Upload(std::vector<int32_t>(static_cast<size_t>(k)));
+  router.weights = Upload(std::vector<float>(static_cast<size_t>(k)));
+  for (int launch = 0; launch < 2; ++launch) {
+    cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice);
+    std::printf("launch %d router_kernel n %d k %d grid (1,1,1) block (32,1,1)\n", launch, n, k);
+    router_kernel<<<1, 32>>>(d_logits, n, router);
+    if (cudaDeviceSynchronize() != cudaSuccess) return 1;
+  }
+  std::printf("check router experts");
+  for (int32_t e : Download(router.experts, static_cast<size_t>(k))) std::printf(" %d", e);
+  std::printf(" weights");
+  for (float w : Download(router.weights, static_cast<size_t>(k))) std::printf(" %.7g", w);
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace moegraph
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::strcmp(argv[1], "norm") == 0) return moegraph::Norm(std::atoi(argv[2]));
+  if (argc >= 4 && std::strcmp(argv[1], "router") == 0) {
+    return moegraph::Router(std::atoi(argv[2]), std::atoi(argv[3]));
+  }
+  std::fprintf(stderr, "usage: harness norm N | harness router N K\n");
+  return 2;
+}

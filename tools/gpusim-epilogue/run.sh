@@ -1,0 +1,97 @@
+#!/bin/bash
+# The decode step's serial tails under gpusim: an epilogue's last block alone
+# (tools/gpusim-epilogue/harness.cu), the working tree's (NEW) against an
+# older commit's (OLD), and one markdown table of the cycles the simulator
+# reports for the second, L2-warm launch. Not part of CI (minutes a run).
+#
+#   tools/gpusim-epilogue/run.sh [--table] [CASE...]
+#     CASE: norm (block_rmsnorm of 2048 with q8_1 blocks, 128 threads),
+#           router (warp_router_topk, 128 experts, top 8, softmax); default both
+#   Environment: GPUSIM (default ../shared/gpusim beside the checkout), OLD_REV
+#   (default 58b6001: one norm round at a time, the router's softmax in f64),
+#   NVCC.
+# Build output and logs: build-gpusim/epilogue/ (ignored).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+HERE=$ROOT/tools/gpusim-epilogue
+B=$ROOT/build-gpusim/epilogue
+GPUSIM=${GPUSIM:-$(cd "$ROOT/../shared/gpusim" 2>/dev/null && pwd -P)}
+OLD_REV=${OLD_REV:-58b6001}
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+
+TABLE_ONLY=0
+CASES=()
+for a in "$@"; do
+  case "$a" in
+    --table) TABLE_ONLY=1 ;;
+    norm|router) CASES+=("$a") ;;
+    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "run.sh: unknown argument '$a'" >&2; exit 2 ;;
+  esac
+done
+[ ${#CASES[@]} -gt 0 ] || CASES=(norm router)
+mkdir -p "$B/logs"
+
+# gpusim_root, sim_ptx, ptxas_wrapper.
+. "$ROOT/tools/gpusim-common.sh"
+
+args_of() { case "$1" in norm) echo "norm 2048" ;; router) echo "router 128 8" ;; esac; }
+
+build() {  # build DIR TREE
+  mkdir -p "$1"
+  "$NVCC" -O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17 -I"$2" \
+    "$HERE/harness.cu" -o "$1/harness"
+  "$NVCC" -arch=compute_86 -code=compute_86 -ptx -std=c++17 -I"$2" "$HERE/harness.cu" \
+    -o "$1/harness.ptx"
+  sim_ptx "$1/harness.ptx" "$1/harness.sim.ptx"
+}
+
+if [ "$TABLE_ONLY" = 0 ]; then
+  [ -x "${GPUSIM:-}/run.sh" ] || { echo "run.sh: no gpusim at '${GPUSIM:-}'" >&2; exit 2; }
+  SIM=$(gpusim_root)
+  GPUSIM_REAL_PTXAS=$(ptxas_wrapper)
+  export GPUSIM_REAL_PTXAS
+  build "$B/new" "$ROOT"
+  rm -rf "$B/old/src" && mkdir -p "$B/old/src"
+  git -C "$ROOT" archive "$OLD_REV" kernels loader residency | tar -x -C "$B/old/src"
+  build "$B/old" "$B/old/src"
+  echo "$(date -u +%FT%TZ) moegraph HEAD $(git -C "$ROOT" rev-parse --short HEAD)," \
+    "kernels/ $(git -C "$ROOT" diff --quiet HEAD -- kernels && echo "as HEAD" || echo modified);" \
+    "OLD $OLD_REV" > "$B/logs/provenance.txt"
+  for c in "${CASES[@]}"; do
+    for k in NEW OLD; do
+      d=$B/$(echo "$k" | tr A-Z a-z)
+      echo "== $c $k ($(date -u +%T))" >&2
+      # shellcheck disable=SC2046
+      "$SIM/run.sh" --ptx "$d/harness.sim.ptx" --sm 86 --log "$B/logs/$c-$k.log" -- \
+        "$d/harness" $(args_of "$c") > "$B/logs/$c-$k.out" 2> "$B/logs/$c-$k.err" ||
+        { tail -n 5 "$B/logs/$c-$k.err" >&2; exit 1; }
+    done
+  done
+fi
+
+# The second launch's summary block of one run: "cycles|check".
+row() {
+  local f=$B/logs/$1-$2.out
+  [ -f "$f" ] || { echo "missing|"; return; }
+  awk '
+    /^\[2\] / { second = 1 }
+    second && /^    cycles / && cyc == "" { cyc = $2 }
+    /^check / { chk = $0; sub(/^check /, "", chk) }
+    END { printf "%s|%s\n", (cyc == "" ? "missing" : cyc), chk }
+  ' "$f"
+}
+
+echo
+[ -f "$B/logs/provenance.txt" ] && sed 's/^/run /' "$B/logs/provenance.txt"
+echo "gpusim SM86_RTX3070 (46 SMs, 1132 MHz; f64 at 1/64 of f32's rate), the second launch (L2 warm)."
+echo
+echo "| case | OLD cycles | NEW cycles | NEW/OLD | OLD output | NEW output |"
+echo "|---|---:|---:|---:|---|---|"
+for c in "${CASES[@]}"; do
+  IFS='|' read -r old_c old_chk <<< "$(row "$c" OLD)"
+  IFS='|' read -r new_c new_chk <<< "$(row "$c" NEW)"
+  ratio=$(awk -v a="$new_c" -v b="$old_c" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b }')
+  echo "| $(args_of "$c") | $old_c | $new_c | $ratio | $old_chk | $new_chk |"
+done
