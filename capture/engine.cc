@@ -123,6 +123,7 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   model = &m;
   cfg = m.config;
   options = opts;
+  MG_RETURN_IF_ERROR(CheckMixersRun(cfg, "the CUDA engine"));
   if (options.max_ctx < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--ctx %d: the context must hold at least one token", options.max_ctx));

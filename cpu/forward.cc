@@ -15,6 +15,7 @@
 #include "cpu/amx_matmul.h"
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
+#include "loader/status_util.h"
 #include "cpu/vnni_matmul.h"
 #include "kernels/nn_math.h"
 #include "loader/quant.h"
@@ -720,6 +721,7 @@ absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int
   if (cfg.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("cpu: head_dim %d is odd", cfg.head_dim));
   }
+  MG_RETURN_IF_ERROR(CheckMixersRun(cfg, "the CPU backend"));
   return std::unique_ptr<Oracle>(new CpuForward(model, max_ctx, experts, options));
 }
 

@@ -272,6 +272,41 @@ void AxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
   });
 }
 
+// SimdDeltaRuleStep: row j's dots with k and q from the undecayed row (decay
+// times them is the decayed row's), then m_j = decay m_j + delta_j k.
+void DeltaRuleStep(int head_dim, const float* q, const float* k, const float* v, float decay,
+                   float beta, float scale, float* m, float* o) {
+  const hn::ScalableTag<float> df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t d = head_dim;
+  const float kq = DotF32(k, q, d);
+  const auto vdecay = hn::Set(df, decay);
+  for (int64_t j = 0; j < d; ++j) {
+    float* row = m + j * d;
+    auto acc_k = hn::Zero(df), acc_q = hn::Zero(df);
+    int64_t i = 0;
+    for (; i + n <= d; i += n) {
+      const auto r = hn::LoadU(df, row + i);
+      acc_k = hn::MulAdd(r, hn::LoadU(df, k + i), acc_k);
+      acc_q = hn::MulAdd(r, hn::LoadU(df, q + i), acc_q);
+    }
+    float mk = hn::GetLane(hn::SumOfLanes(df, acc_k));
+    float mq = hn::GetLane(hn::SumOfLanes(df, acc_q));
+    for (int64_t t = i; t < d; ++t) {
+      mk += row[t] * k[t];
+      mq += row[t] * q[t];
+    }
+    const float delta = (v[j] - decay * mk) * beta;
+    const auto vdelta = hn::Set(df, delta);
+    for (i = 0; i + n <= d; i += n) {
+      hn::StoreU(hn::MulAdd(vdelta, hn::LoadU(df, k + i), hn::Mul(vdecay, hn::LoadU(df, row + i))),
+                 df, row + i);
+    }
+    for (; i < d; ++i) row[i] = decay * row[i] + delta * k[i];
+    o[j] = (decay * mq + delta * kq) * scale;
+  }
+}
+
 // A K or V row's elements i.. as f32 lanes: f16 bits widened (exactly), or f32.
 template <bool kF16, class D>
 HWY_INLINE hn::Vec<D> LoadKv(D d, const uint8_t* row, int64_t i) {
@@ -1432,6 +1467,7 @@ HWY_EXPORT(DotF16);
 HWY_EXPORT(AxpyF32);
 HWY_EXPORT(AxpyF16);
 HWY_EXPORT(AttendHeads);
+HWY_EXPORT(DeltaRuleStep);
 HWY_EXPORT(QuantizeActRow);
 
 void SimdMatMulRows(const MatMulArgs& args) { HWY_DYNAMIC_DISPATCH(MatMulRows)(args); }
@@ -1449,6 +1485,11 @@ void SimdAxpyF32(float alpha, const float* x, float* y, int64_t n) {
 }
 void SimdAxpyF16(float alpha, const uint16_t* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyF16)(alpha, x, y, n);
+}
+
+void SimdDeltaRuleStep(int head_dim, const float* q, const float* k, const float* v, float decay,
+                       float beta, float scale, float* m, float* o) {
+  HWY_DYNAMIC_DISPATCH(DeltaRuleStep)(head_dim, q, k, v, decay, beta, scale, m, o);
 }
 
 void SimdAttendHeads(const float* q, int heads, const uint8_t* k, const uint8_t* v, size_t stride,

@@ -46,6 +46,15 @@ float SimdDotF16(const float* a, const uint16_t* b, int64_t n);
 void SimdAxpyF32(float alpha, const float* x, float* y, int64_t n);
 void SimdAxpyF16(float alpha, const uint16_t* x, float* y, int64_t n);
 
+// One token of the gated delta rule on one value head (qwen35moe's linear
+// attention, ggml_gated_delta_net's step): m is the head's state, head_dim
+// rows (value j) of head_dim floats (key i). With M decayed by decay (exp(g)):
+// delta_j = (v_j - m_j . k) beta, m_j += delta_j k, o_j = (m_j . q) scale.
+// Each row is read twice (its dots with k and q in one pass, the update in
+// the other) where the op's own loop reads it four times.
+void SimdDeltaRuleStep(int head_dim, const float* q, const float* k, const float* v, float decay,
+                       float beta, float scale, float* m, float* o);
+
 // Attention of heads query heads that share their keys and values (a GQA
 // group) over the n cached positions first..first+n-1; for head h (its query
 // and output the head_dim floats at q and out + h * head_dim):

@@ -81,7 +81,20 @@ Rng StreamRng(uint64_t seed, std::string_view key) {
 struct Dims {
   int64_t embd, q_dim, kv_dim, head_dim, ff, shff, vocab;
   int64_t dense_ff = 0;  // glm4moe's leading dense layers
+  DeltaNetShape delta_net;  // qwen35moe
 };
+
+// qwen35moe's conv kernel (linear_conv_kernel_dim of the released models).
+constexpr int kQwen35ConvKernel = 4;
+
+// IMRoPE sections that give text NEOX RoPE over n_rot / 2 pairs: each pair's
+// sector (its index) falls in its t, h or w section (ImropeTurnsAllPairsByPosition
+// in loader/model_config.cc), the fourth empty; [11, 11, 10, 0] for 32 pairs,
+// as Qwen3.5's files carry.
+std::vector<int32_t> Qwen35RopeSections(int64_t n_rot) {
+  const int32_t pairs = static_cast<int32_t>(n_rot / 2);
+  return {(pairs + 2) / 3, (pairs + 1) / 3, pairs / 3, 0};
+}
 
 // The shared direction behind --router-skew: token embeddings carry a constant
 // component along it, so every normed hidden state leans the same way, and each
@@ -198,7 +211,9 @@ class FixtureBuilder {
     // size for the qwen models (n_ff_exp * top-k is what llama.cpp would derive
     // an expert size from), the per-expert size for olmoe and mixtral.
     uint32_t n_ff = static_cast<uint32_t>(d_.ff);
-    if (arch == Arch::kQwen3Moe) n_ff = static_cast<uint32_t>(d_.ff * spec_.n_expert_used);
+    if (arch == Arch::kQwen3Moe || arch == Arch::kQwen35Moe) {
+      n_ff = static_cast<uint32_t>(d_.ff * spec_.n_expert_used);
+    }
     if (arch == Arch::kQwen2Moe) n_ff = static_cast<uint32_t>(d_.shff);
     if (glm) n_ff = static_cast<uint32_t>(d_.dense_ff);
     w->SetUint32(Key("feed_forward_length"), n_ff);
@@ -206,13 +221,15 @@ class FixtureBuilder {
     w->SetUint32(Key("attention.head_count_kv"), spec_.n_head_kv);
     w->SetUint32(Key("attention.key_length"), static_cast<uint32_t>(d_.head_dim));
     w->SetUint32(Key("attention.value_length"), static_cast<uint32_t>(d_.head_dim));
-    // GLM-4.5 turns half of each head (partial_rotary_factor 0.5).
-    w->SetUint32(Key("rope.dimension_count"),
-                 static_cast<uint32_t>(glm ? d_.head_dim / 2 : d_.head_dim));
+    // GLM-4.5 turns half of each head (partial_rotary_factor 0.5), Qwen3.5 a quarter.
+    const bool qwen35 = arch == Arch::kQwen35Moe;
+    const int64_t n_rot = glm ? d_.head_dim / 2 : qwen35 ? d_.head_dim / 4 : d_.head_dim;
+    w->SetUint32(Key("rope.dimension_count"), static_cast<uint32_t>(n_rot));
     // rope_theta and rms_norm_eps of the released models of each family.
-    const bool qwen = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe;
+    const bool qwen = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe || qwen35;
     w->SetFloat32(Key("rope.freq_base"), arch == Arch::kOlmoe    ? 10000.0f
                                          : arch == Arch::kGptOss ? 150000.0f
+                                         : qwen35                ? 10000000.0f
                                                                  : 1000000.0f);
     w->SetFloat32(Key("attention.layer_norm_rms_epsilon"), qwen ? 1e-6f : 1e-5f);
     w->SetUint32(Key("expert_count"), spec_.n_expert);
@@ -238,10 +255,30 @@ class FixtureBuilder {
       w->SetFloat32(Key("rope.scaling.factor"), 32.0f);
       w->SetUint32(Key("rope.scaling.original_context_length"), 4096);
     }
-    if (arch == Arch::kQwen2Moe) {
+    if (arch == Arch::kQwen2Moe || arch == Arch::kQwen35Moe) {
       w->SetUint32(Key("expert_shared_feed_forward_length"), static_cast<uint32_t>(d_.shff));
     }
+    if (arch == Arch::kQwen35Moe) {
+      // As convert_hf_to_gguf.py writes Qwen3.5 (Qwen3NextModel): the ssm.*
+      // sizes, both the interval and the per-layer flags, the IMRoPE sections.
+      const DeltaNetShape& s = d_.delta_net;
+      w->SetUint32(Key("ssm.conv_kernel"), static_cast<uint32_t>(s.d_conv));
+      w->SetUint32(Key("ssm.state_size"), static_cast<uint32_t>(s.head_dim));
+      w->SetUint32(Key("ssm.group_count"), static_cast<uint32_t>(s.n_k_heads));
+      w->SetUint32(Key("ssm.time_step_rank"), static_cast<uint32_t>(s.n_v_heads));
+      w->SetUint32(Key("ssm.inner_size"), static_cast<uint32_t>(s.value_dim()));
+      w->SetUint32(Key("full_attention_interval"),
+                   static_cast<uint32_t>(spec_.full_attention_interval));
+      std::vector<uint8_t> recurrent(static_cast<size_t>(spec_.n_layer));
+      for (int il = 0; il < spec_.n_layer; ++il) recurrent[il] = Qwen35Recurrent(il) ? 1 : 0;
+      w->SetArray(Key("attention.recurrent_layers"), GgufType::kBool, recurrent.data(),
+                  recurrent.size());
+      const std::vector<int32_t> sections = Qwen35RopeSections(d_.head_dim / 4);
+      w->SetInt32Array(Key("rope.dimension_sections"), sections);
+    }
   }
+
+  bool Qwen35Recurrent(int il) const { return (il + 1) % spec_.full_attention_interval != 0; }
 
   // A given vocabulary, keyed as llama.cpp's converter keys it.
   void WriteVocab(GgufWriter* w, const FixtureVocab& v) const {
@@ -484,6 +521,11 @@ class FixtureBuilder {
     for (int il = 0; il < n_blocks; ++il) {
       auto name = [il](std::string_view base) { return BlockName(il, base); };
       AddVector(w, name("attn_norm.weight"), d_.embd, 1.0f, 0.1f);
+      if (spec_.arch == Arch::kQwen35Moe) {
+        AddQwen35Mixer(w, il);
+        AddQwen35Ffn(w, il);
+        continue;
+      }
       AddMatrix(w, name("attn_q.weight"), dense, d_.embd, d_.q_dim, in_std);
       AddMatrix(w, name("attn_k.weight"), dense, d_.embd, d_.kv_dim, in_std);
       AddMatrix(w, name("attn_v.weight"), dense, d_.embd, d_.kv_dim, in_std);
@@ -547,6 +589,55 @@ class FixtureBuilder {
     }
     AddVector(w, "output_norm.weight", d_.embd, 1.0f, 0.1f);
     if (!spec_.tied_output) AddOutput(w);
+  }
+
+  // qwen35moe's token mixer of layer il (llama_model_qwen35moe::load_arch_tensors):
+  // a Gated DeltaNet, or attention whose q rows hold each head's query and gate.
+  void AddQwen35Mixer(GgufWriter* w, int il) const {
+    const GgmlType dense = spec_.dense_type;
+    const float in_std = 1.0f / std::sqrt(static_cast<float>(d_.embd));
+    const float out_scale = 1.0f / std::sqrt(2.0f * spec_.n_layer);
+    auto name = [il](std::string_view base) { return BlockName(il, base); };
+    if (!Qwen35Recurrent(il)) {
+      AddMatrix(w, name("attn_q.weight"), dense, d_.embd, 2 * d_.q_dim, in_std);
+      AddMatrix(w, name("attn_k.weight"), dense, d_.embd, d_.kv_dim, in_std);
+      AddMatrix(w, name("attn_v.weight"), dense, d_.embd, d_.kv_dim, in_std);
+      AddMatrix(w, name("attn_output.weight"), dense, d_.q_dim, d_.embd,
+                out_scale / std::sqrt(static_cast<float>(d_.q_dim)));
+      AddVector(w, name("attn_q_norm.weight"), d_.head_dim, 1.0f, 0.1f);
+      AddVector(w, name("attn_k_norm.weight"), d_.head_dim, 1.0f, 0.1f);
+      return;
+    }
+    const DeltaNetShape& s = d_.delta_net;
+    AddMatrix(w, name("attn_qkv.weight"), dense, d_.embd, s.conv_dim(), in_std);
+    AddMatrix(w, name("attn_gate.weight"), dense, d_.embd, s.value_dim(), in_std);
+    // The conv taps of a channel sum to about 1, so its output keeps the scale.
+    AddMatrix(w, name("ssm_conv1d.weight"), GgmlType::kF32, s.d_conv, s.conv_dim(), 0.5f);
+    AddVector(w, name("ssm_dt.bias"), s.n_v_heads, 0.0f, 1.0f);
+    // -exp(A_log) with A_log around 0: decays exp(g) spread over (0, 1).
+    AddVector(w, name("ssm_a"), s.n_v_heads, -1.0f, 0.5f);
+    AddMatrix(w, name("ssm_beta.weight"), dense, d_.embd, s.n_v_heads, in_std);
+    AddMatrix(w, name("ssm_alpha.weight"), dense, d_.embd, s.n_v_heads, in_std);
+    AddVector(w, name("ssm_norm.weight"), s.head_dim, 1.0f, 0.1f);
+    AddMatrix(w, name("ssm_out.weight"), dense, s.value_dim(), d_.embd,
+              out_scale / std::sqrt(static_cast<float>(s.value_dim())));
+  }
+
+  // qwen35moe's FFN: the post-attention norm, the router and experts, and the
+  // shared expert with its sigmoid gate.
+  void AddQwen35Ffn(GgufWriter* w, int il) const {
+    const GgmlType dense = spec_.dense_type;
+    const float in_std = 1.0f / std::sqrt(static_cast<float>(d_.embd));
+    const float out_scale = 1.0f / std::sqrt(2.0f * spec_.n_layer);
+    auto name = [il](std::string_view base) { return BlockName(il, base); };
+    AddVector(w, name("post_attention_norm.weight"), d_.embd, 1.0f, 0.1f);
+    AddRouter(w, il);
+    AddExperts(w, il);
+    AddVector(w, name("ffn_gate_inp_shexp.weight"), d_.embd, 0.0f, in_std);
+    AddMatrix(w, name("ffn_gate_shexp.weight"), dense, d_.embd, d_.shff, in_std);
+    AddMatrix(w, name("ffn_up_shexp.weight"), dense, d_.embd, d_.shff, in_std);
+    AddMatrix(w, name("ffn_down_shexp.weight"), dense, d_.shff, d_.embd,
+              out_scale / std::sqrt(static_cast<float>(d_.shff)));
   }
 
   // lm_head rows with the skew direction projected out: every hidden state leans
@@ -675,6 +766,30 @@ absl::StatusOr<Dims> ValidateSpec(const FixtureSpec& s) {
         absl::StrCat("--shared-ff applies to --arch qwen2moe only, not ", arch));
   }
   d.shff = s.arch == Arch::kQwen2Moe ? (s.n_ff_shexp != 0 ? s.n_ff_shexp : 2 * s.n_ff_exp) : 0;
+  if (s.arch == Arch::kQwen35Moe) {
+    MG_RETURN_IF_ERROR(CheckRange("--full-attn-interval", s.full_attention_interval, 1, kMaxLayers));
+    MG_RETURN_IF_ERROR(CheckRange("--ssm-k-heads", s.ssm_k_heads, 1, kMaxDim));
+    MG_RETURN_IF_ERROR(CheckRange("--ssm-v-heads", s.ssm_v_heads, 1, kMaxDim));
+    MG_RETURN_IF_ERROR(CheckRange("--ssm-head-dim", s.ssm_head_dim, 0, kMaxDim));
+    if (s.ssm_v_heads % s.ssm_k_heads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--ssm-v-heads ", s.ssm_v_heads,
+                                                     " is not a multiple of --ssm-k-heads ",
+                                                     s.ssm_k_heads));
+    }
+    if (d.head_dim % 8 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--head-dim ", d.head_dim,
+                       " must be a multiple of 8 for --arch qwen35moe (RoPE turns pairs of its "
+                       "first quarter)"));
+    }
+    d.delta_net = {kQwen35ConvKernel,
+                   s.ssm_head_dim != 0 ? s.ssm_head_dim : static_cast<int>(d.head_dim),
+                   s.ssm_k_heads, s.ssm_v_heads};
+    d.shff = s.n_ff_exp;
+    MG_RETURN_IF_ERROR(CheckRowLength(
+        absl::StrCat("--ssm-v-heads x the ssm head size (ssm_out)"), d.delta_net.value_dim(),
+        s.dense_type));
+  }
   if (s.arch == Arch::kGlm4Moe) {
     MG_RETURN_IF_ERROR(CheckRange("--dense-layers", s.n_dense_lead, 0, s.n_layer - 1));
     MG_RETURN_IF_ERROR(CheckRange("--nextn", s.n_nextn, 0, kMaxLayers - s.n_layer));

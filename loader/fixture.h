@@ -70,6 +70,15 @@ struct FixtureSpec {
   // glm4moe: per-head q/k RMSNorms (attn_q_norm / attn_k_norm of head_dim, as
   // GLM-4.5 355B's files carry; llama.cpp's glm4moe loads them where present).
   bool qk_norm = false;
+  // qwen35moe: every full_attention_interval-th layer is gated attention, the
+  // others Gated DeltaNets of ssm_v_heads value heads over ssm_k_heads key
+  // heads of ssm_head_dim (0: the attention's head size), conv kernel 4; RoPE
+  // turns a quarter of each attention head (partial_rotary_factor 0.25); a
+  // gated shared expert of n_ff_exp.
+  int full_attention_interval = 4;
+  int ssm_k_heads = 2;
+  int ssm_v_heads = 4;
+  int ssm_head_dim = 0;
   uint64_t seed = 1;
   // Non-null: this vocabulary, and n_vocab must be its size (embedding and
   // lm_head rows). Must outlive the call.

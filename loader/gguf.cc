@@ -991,6 +991,27 @@ absl::StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key)
   return out;
 }
 
+absl::StatusOr<std::vector<bool>> GgufFile::GetFlagArray(std::string_view key) const {
+  const GgufKV* kv = FindKey(key);
+  if (kv == nullptr) return MissingKey(path_, key);
+  if (kv->type == GgufType::kArray && kv->array_type == GgufType::kBool) {
+    std::vector<bool> out;
+    out.reserve(kv->array_n);
+    for (uint64_t i = 0; i < kv->array_n; ++i) out.push_back(ArrayElement<uint8_t>(*kv, i) != 0);
+    return out;
+  }
+  if (kv->type != GgufType::kArray || !IsIntegerType(kv->array_type)) {
+    return KeyError(*kv, absl::StrCat("is ", TypeDescription(*kv),
+                                      ", expected an array of bools or integers"));
+  }
+  absl::StatusOr<std::vector<int64_t>> ints = GetIntArray(key);
+  if (!ints.ok()) return ints.status();
+  std::vector<bool> out;
+  out.reserve(ints->size());
+  for (int64_t v : *ints) out.push_back(v != 0);
+  return out;
+}
+
 absl::StatusOr<std::vector<double>> GgufFile::GetFloatArray(std::string_view key) const {
   const GgufKV* kv = FindKey(key);
   if (kv == nullptr) return MissingKey(path_, key);

@@ -161,6 +161,9 @@ class GgufFile {
   absl::StatusOr<std::string_view> GetString(std::string_view key) const;
   absl::StatusOr<std::vector<std::string_view>> GetStringArray(std::string_view key) const;
   absl::StatusOr<std::vector<int64_t>> GetIntArray(std::string_view key) const;
+  // An array of flags: bools, or integers (nonzero is true), as llama.cpp's
+  // get_arr reads a per-layer flag.
+  absl::StatusOr<std::vector<bool>> GetFlagArray(std::string_view key) const;
   absl::StatusOr<std::vector<double>> GetFloatArray(std::string_view key) const;
 
   // "FILE: key 'K' at byte N: what" / "FILE: tensor 'T' at byte N: what", FILE being

@@ -49,6 +49,14 @@ constexpr char kKeyExpertSharedCount[] = "expert_shared_count";
 constexpr char kKeyExpertWeightsScale[] = "expert_weights_scale";
 constexpr char kKeyExpertGatingFunc[] = "expert_gating_func";
 constexpr char kKeyNextnPredictLayers[] = "nextn_predict_layers";
+constexpr char kKeySsmConvKernel[] = "ssm.conv_kernel";
+constexpr char kKeySsmStateSize[] = "ssm.state_size";
+constexpr char kKeySsmGroupCount[] = "ssm.group_count";
+constexpr char kKeySsmTimeStepRank[] = "ssm.time_step_rank";
+constexpr char kKeySsmInnerSize[] = "ssm.inner_size";
+constexpr char kKeyRecurrentLayers[] = "attention.recurrent_layers";
+constexpr char kKeyFullAttentionInterval[] = "full_attention_interval";
+constexpr char kKeyRopeDimensionSections[] = "rope.dimension_sections";
 
 // llama_expert_gating_func_type's values (src/llama-hparams.h).
 constexpr int kGatingNone = 0;
@@ -326,6 +334,98 @@ std::string BlockName(int layer, std::string_view name) {
   return absl::StrCat("blk.", layer, ".", Av(name));
 }
 
+// Whether IMRoPE with these sections turns every one of the n_rot / 2 pairs by
+// the token's position, as NEOX RoPE does: for text llama.cpp gives the t, h
+// and w sections the position and the fourth 0 (llm_graph_input_pos), and
+// pair p falls in section (p mod the sections' sum) mod 3 while that is under
+// 3 times its size (ggml_mrope_cache_init's IMROPE branch).
+bool ImropeTurnsAllPairsByPosition(const int (&sections)[4], int n_rot) {
+  const int sum = sections[0] + sections[1] + sections[2] + sections[3];
+  if (sum <= 0) return false;
+  for (int p = 0; p < n_rot / 2; ++p) {
+    const int sector = p % sum;
+    const int section = sector % 3;
+    if (sector >= 3 * sections[section]) return false;
+  }
+  return true;
+}
+
+// qwen35moe's keys (llama_model_qwen35moe::load_arch_hparams,
+// src/models/qwen35moe.cpp): the Gated DeltaNet's sizes, which layers are
+// Gated DeltaNets (attention.recurrent_layers, one flag per block including the
+// NextN ones, else every layer but each full_attention_interval-th), and the
+// IMRoPE sections, which must turn text as NEOX RoPE does.
+absl::Status ReadQwen35Moe(const GgufFile& file, const ConfigReader& r, ModelConfig* c) {
+  DeltaNetShape& s = c->delta_net;
+  int inner = 0;
+  for (const auto& [key, value] : {std::pair{kKeySsmConvKernel, &s.d_conv},
+                                   std::pair{kKeySsmStateSize, &s.head_dim},
+                                   std::pair{kKeySsmGroupCount, &s.n_k_heads},
+                                   std::pair{kKeySsmTimeStepRank, &s.n_v_heads},
+                                   std::pair{kKeySsmInnerSize, &inner}}) {
+    MG_RETURN_IF_ERROR(r.Int(key, value));
+    if (*value <= 0) return r.Invalid(key, absl::StrCat("value ", *value, " must be positive"));
+  }
+  if (inner != s.value_dim()) {
+    return r.Invalid(kKeySsmInnerSize,
+                     absl::StrCat(inner, " != ", r.Key(kKeySsmStateSize), " ", s.head_dim, " x ",
+                                  r.Key(kKeySsmTimeStepRank), " ", s.n_v_heads));
+  }
+  if (s.n_v_heads % s.n_k_heads != 0) {
+    return r.Invalid(kKeySsmTimeStepRank,
+                     absl::StrCat(s.n_v_heads, " value heads are not a multiple of ",
+                                  r.Key(kKeySsmGroupCount), " ", s.n_k_heads, " key heads"));
+  }
+
+  const int n_blocks = c->n_layer + c->n_layer_nextn;
+  std::vector<bool> recurrent(static_cast<size_t>(n_blocks));
+  if (const GgufKV* kv = file.FindKey(r.Key(kKeyRecurrentLayers))) {
+    absl::StatusOr<std::vector<bool>> flags = file.GetFlagArray(kv->key);
+    if (!flags.ok()) return flags.status();
+    if (static_cast<int>(flags->size()) != n_blocks) {
+      return file.KeyError(*kv, absl::StrCat(flags->size(), " flags for ", n_blocks, " blocks"));
+    }
+    recurrent = *flags;
+  } else {
+    const int default_interval = 4;
+    int interval = 0;
+    MG_RETURN_IF_ERROR(r.Int(kKeyFullAttentionInterval, &interval, &default_interval));
+    if (interval <= 0) {
+      return r.Invalid(kKeyFullAttentionInterval,
+                       absl::StrCat("value ", interval, " must be positive"));
+    }
+    for (int il = 0; il < c->n_layer; ++il) recurrent[il] = (il + 1) % interval != 0;
+  }
+  c->mixers.clear();
+  for (int il = 0; il < c->n_layer; ++il) {
+    c->mixers.push_back(recurrent[il] ? LayerMixer::kDeltaNet : LayerMixer::kGatedAttention);
+  }
+
+  const std::string sections_key = r.Key(kKeyRopeDimensionSections);
+  absl::StatusOr<std::vector<int64_t>> sections = file.GetIntArray(sections_key);
+  if (!sections.ok()) return sections.status();
+  if (sections->size() != 4) {
+    return r.Invalid(kKeyRopeDimensionSections,
+                     absl::StrCat(sections->size(), " sections where llama.cpp reads 4"));
+  }
+  int section[4];
+  for (int i = 0; i < 4; ++i) {
+    if ((*sections)[i] < 0 || (*sections)[i] > INT_MAX) {
+      return r.Invalid(kKeyRopeDimensionSections,
+                       absl::StrCat("section ", i, " of ", (*sections)[i], " is out of range"));
+    }
+    section[i] = static_cast<int>((*sections)[i]);
+  }
+  if (!ImropeTurnsAllPairsByPosition(section, c->n_rot)) {
+    return r.Invalid(kKeyRopeDimensionSections,
+                     absl::StrCat("sections [", absl::StrJoin(*sections, ", "),
+                                  "] leave pairs of the ", c->n_rot,
+                                  " rotated dimensions to the fourth (text) position, 0: not "
+                                  "supported"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string_view arch_gguf_name(Arch arch) {
@@ -342,6 +442,8 @@ std::string_view arch_gguf_name(Arch arch) {
       return "gpt-oss";
     case Arch::kGlm4Moe:
       return "glm4moe";
+    case Arch::kQwen35Moe:
+      return "qwen35moe";
   }
   MG_CHECK(false, "arch_gguf_name: unknown Arch value");
   std::abort();
@@ -360,6 +462,8 @@ bool arch_from_name(std::string_view name, Arch* out) {
     *out = Arch::kGptOss;
   } else if (name == "glm4moe") {
     *out = Arch::kGlm4Moe;
+  } else if (name == "qwen35moe") {
+    *out = Arch::kQwen35Moe;
   } else {
     return false;
   }
@@ -374,7 +478,8 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
     return file.KeyError(
         *file.FindKey("general.architecture"),
         absl::StrCat("architecture '", Av(*arch_name),
-                     "' is not supported (qwen3moe, olmoe, qwen2moe, llama, gpt-oss, glm4moe)"));
+                     "' is not supported (qwen3moe, olmoe, qwen2moe, llama, gpt-oss, glm4moe, "
+                     "qwen35moe)"));
   }
   const ConfigReader r(file, c.arch);
 
@@ -409,7 +514,7 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
   }
   MG_RETURN_IF_ERROR(r.Int(kKeyRopeDimensionCount, &c.n_rot, &c.head_dim));
   // llama.cpp asserts n_rot == head_dim in the other architectures' graphs.
-  if (c.arch != Arch::kGlm4Moe && c.n_rot != c.head_dim) {
+  if (c.arch != Arch::kGlm4Moe && c.arch != Arch::kQwen35Moe && c.n_rot != c.head_dim) {
     return r.Invalid(kKeyRopeDimensionCount,
                      absl::StrCat("partial RoPE (", c.n_rot, " of ", c.head_dim,
                                   " dimensions) is not supported for ", Av(arch_gguf_name(c.arch)),
@@ -426,13 +531,15 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
   if (has_ff) MG_RETURN_IF_ERROR(r.Int(kKeyFeedForwardLength, &n_ff));
   switch (c.arch) {
     case Arch::kQwen3Moe:
-    case Arch::kQwen2Moe: {
+    case Arch::kQwen2Moe:
+    case Arch::kQwen35Moe: {
       if (file.FindKey(r.Key(kKeyExpertFeedForwardLength)) != nullptr || !has_ff) {
         MG_RETURN_IF_ERROR(r.Int(kKeyExpertFeedForwardLength, &c.n_ff_exp));
       } else if (c.n_expert_used > 0) {
         c.n_ff_exp = n_ff / c.n_expert_used;
       }
-      if (c.arch == Arch::kQwen2Moe) {
+      if (c.arch == Arch::kQwen35Moe) MG_RETURN_IF_ERROR(ReadQwen35Moe(file, r, &c));
+      if (c.arch == Arch::kQwen2Moe || c.arch == Arch::kQwen35Moe) {
         if (file.FindKey(r.Key(kKeyExpertSharedFeedForwardLength)) != nullptr || !has_ff) {
           MG_RETURN_IF_ERROR(r.Int(kKeyExpertSharedFeedForwardLength, &c.n_ff_shexp));
         } else {
@@ -527,10 +634,11 @@ absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file) {
     if (!norm.ok()) return norm.status();
     c.norm_topk_prob = *norm;
   }
-  if (c.arch == Arch::kQwen3Moe) c.qk_norm = true;
+  if (c.arch == Arch::kQwen35Moe) c.norm_topk_prob = true;  // its build_moe_ffn's norm_w
+  if (c.arch == Arch::kQwen3Moe || c.arch == Arch::kQwen35Moe) c.qk_norm = true;
   c.qk_norm_full = c.arch == Arch::kOlmoe;
   if (c.arch == Arch::kQwen2Moe) c.qkv_bias = true;
-  c.shexp_gated = c.arch == Arch::kQwen2Moe;
+  c.shexp_gated = c.arch == Arch::kQwen2Moe || c.arch == Arch::kQwen35Moe;
   // Only qwen3moe, llama and glm4moe fall back to token_embd when output.weight is absent.
   c.tied_embeddings =
       (c.arch == Arch::kQwen3Moe || c.arch == Arch::kMixtral || c.arch == Arch::kGlm4Moe) &&
@@ -563,10 +671,27 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
     LayerTensors& l = m.layers[il];
     auto name = [il](std::string_view base) { return BlockName(il, base); };
     l.attn_norm = b.Bind(name("attn_norm.weight"), {embd});
-    l.wq = b.Bind(name("attn_q.weight"), {embd, q_dim});
-    l.wk = b.Bind(name("attn_k.weight"), {embd, kv_dim});
-    l.wv = b.Bind(name("attn_v.weight"), {embd, kv_dim});
-    l.wo = b.Bind(name("attn_output.weight"), {q_dim, embd});
+    if (c.mixer(il) == LayerMixer::kDeltaNet) {
+      // llama_model_qwen35moe::load_arch_tensors' recurrent layers.
+      const DeltaNetShape& s = c.delta_net;
+      LayerTensors::DeltaNet& d = l.delta_net;
+      d.qkv = b.Bind(name("attn_qkv.weight"), {embd, s.conv_dim()});
+      d.gate = b.Bind(name("attn_gate.weight"), {embd, s.value_dim()});
+      d.conv = b.Bind(name("ssm_conv1d.weight"), {s.d_conv, s.conv_dim()});
+      d.dt_bias = b.Bind(name("ssm_dt.bias"), {s.n_v_heads});
+      d.a = b.Bind(name("ssm_a"), {s.n_v_heads});
+      d.beta = b.Bind(name("ssm_beta.weight"), {embd, s.n_v_heads});
+      d.alpha = b.Bind(name("ssm_alpha.weight"), {embd, s.n_v_heads});
+      d.norm = b.Bind(name("ssm_norm.weight"), {s.head_dim});
+      d.out = b.Bind(name("ssm_out.weight"), {s.value_dim(), embd});
+    } else {
+      // A gated attention's q rows hold each head's query and its gate.
+      const int64_t q_rows = c.mixer(il) == LayerMixer::kGatedAttention ? 2 * q_dim : q_dim;
+      l.wq = b.Bind(name("attn_q.weight"), {embd, q_rows});
+      l.wk = b.Bind(name("attn_k.weight"), {embd, kv_dim});
+      l.wv = b.Bind(name("attn_v.weight"), {embd, kv_dim});
+      l.wo = b.Bind(name("attn_output.weight"), {q_dim, embd});
+    }
     if (c.attn_out_bias) l.bo = b.Bind(name("attn_output.bias"), {embd});
     if (c.attn_sinks) l.sinks = b.Bind(name("attn_sinks.weight"), {c.n_head});
     if (c.qkv_bias) {
@@ -574,15 +699,16 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
       l.bk = b.Bind(name("attn_k.bias"), {kv_dim});
       l.bv = b.Bind(name("attn_v.bias"), {kv_dim});
     }
-    if (c.qk_norm) {
+    if (c.qk_norm && c.kv_layer(il)) {
       l.q_norm = b.Bind(name("attn_q_norm.weight"), {c.head_dim});
       l.k_norm = b.Bind(name("attn_k_norm.weight"), {c.head_dim});
     } else if (c.qk_norm_full) {
       l.q_norm = b.Bind(name("attn_q_norm.weight"), {q_dim});
       l.k_norm = b.Bind(name("attn_k_norm.weight"), {kv_dim});
     }
-    // gpt-oss and glm4moe norm the FFN's input with attn_post_norm.
-    const bool post_norm = c.arch == Arch::kGptOss || c.arch == Arch::kGlm4Moe;
+    // gpt-oss, glm4moe and qwen35moe norm the FFN's input with attn_post_norm.
+    const bool post_norm =
+        c.arch == Arch::kGptOss || c.arch == Arch::kGlm4Moe || c.arch == Arch::kQwen35Moe;
     l.ffn_norm = b.Bind(name(post_norm ? "post_attention_norm.weight" : "ffn_norm.weight"), {embd});
     if (!c.moe_layer(il)) {
       const int64_t dff = c.n_ff_dense;
@@ -610,11 +736,16 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
       b.BindLegacy(il, "ffn_down", {ff, embd}, c.n_expert, &l.down_legacy);
     } else {
       // llama.cpp v0.5.0 reads a fused ffn_gate_up_exps (create_tensor_gate_up_exps)
-      // for qwen35moe, qwen3next, deepseek2 and a few others, none of these.
-      b.Refuse(
-          name("ffn_gate_up_exps.weight"),
-          absl::StrCat("a fused gate/up expert tensor is not part of ", Av(arch_gguf_name(c.arch)),
-                       " (llama.cpp reads separate ffn_gate_exps and ffn_up_exps for it)"));
+      // for qwen35moe, qwen3next, deepseek2 and a few others; moegraph reads
+      // separate ones.
+      b.Refuse(name("ffn_gate_up_exps.weight"),
+               c.arch == Arch::kQwen35Moe
+                   ? std::string("a fused gate/up expert tensor is not supported yet (moegraph "
+                                 "reads ffn_gate_exps and ffn_up_exps)")
+                   : absl::StrCat("a fused gate/up expert tensor is not part of ",
+                                  Av(arch_gguf_name(c.arch)),
+                                  " (llama.cpp reads separate ffn_gate_exps and ffn_up_exps for "
+                                  "it)"));
       l.gate_exps = b.Bind(name("ffn_gate_exps.weight"), {embd, ff, n_expert});
       l.up_exps = b.Bind(name("ffn_up_exps.weight"), {embd, ff, n_expert});
       l.down_exps = b.Bind(name("ffn_down_exps.weight"), {ff, embd, n_expert});
@@ -629,6 +760,18 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
   }
   MG_RETURN_IF_ERROR(b.Result());
   return m;
+}
+
+absl::Status CheckMixersRun(const ModelConfig& config, std::string_view backend) {
+  for (int il = 0; il < config.n_layer; ++il) {
+    if (config.mixer(il) == LayerMixer::kAttention) continue;
+    return absl::UnimplementedError(absl::StrCat(
+        Av(arch_gguf_name(config.arch)), ": layer ", il, " is a ",
+        config.mixer(il) == LayerMixer::kDeltaNet ? "Gated DeltaNet" : "gated attention",
+        " layer, which ", Av(backend), " does not run yet (issue 41: so far only the oracle, in "
+        "moegraph's tests)"));
+  }
+  return absl::OkStatus();
 }
 
 WeightView weight_view(const GgufTensor& t) {
@@ -671,6 +814,7 @@ WeightView Model::expert(int layer, ExpertProj proj, int expert) const {
 }
 
 int KvLayerRows(const ModelConfig& config, int il, int max_ctx, int ring_slack) {
+  if (!config.kv_layer(il)) return 0;
   if (ring_slack < 0 || !config.swa_layer(il)) return max_ctx;
   return static_cast<int>(std::min<int64_t>(max_ctx, int64_t{config.n_swa} + ring_slack));
 }

@@ -16,10 +16,10 @@
 
 namespace moegraph {
 
-enum class Arch { kQwen3Moe, kOlmoe, kQwen2Moe, kMixtral, kGptOss, kGlm4Moe };
+enum class Arch { kQwen3Moe, kOlmoe, kQwen2Moe, kMixtral, kGptOss, kGlm4Moe, kQwen35Moe };
 
 // The GGUF general.architecture string: "qwen3moe", "olmoe", "qwen2moe", "llama",
-// "gpt-oss", "glm4moe".
+// "gpt-oss", "glm4moe", "qwen35moe".
 std::string_view arch_gguf_name(Arch arch);
 // Accepts the names above and "mixtral" (an alias for llama with experts).
 bool arch_from_name(std::string_view name, Arch* out);
@@ -49,6 +49,30 @@ struct RopeScaling {
   float beta_slow = 1.0f;
   int n_ctx_orig = 0;  // rope.scaling.original_context_length, else context_length
   bool scaled() const { return freq_scale != 1.0f || ext_factor != 0.0f || attn_factor != 1.0f; }
+};
+
+// A layer's token mixer, as the model's plan says (ModelConfig::mixers):
+// attention over the KV cache; qwen35moe's attention, whose q projection
+// carries an output gate (per head [q | gate], the attention times
+// sigmoid(gate) before attn_output); or qwen35moe's Gated DeltaNet, linear
+// attention with a recurrent state (reference/delta_net.h).
+enum class LayerMixer { kAttention, kGatedAttention, kDeltaNet };
+
+// A Gated DeltaNet's sizes, from the file's ssm.* keys: d_conv
+// (ssm.conv_kernel), head_dim (ssm.state_size: the key and the value head
+// size), n_k_heads (ssm.group_count), n_v_heads (ssm.time_step_rank;
+// ssm.inner_size is n_v_heads * head_dim).
+struct DeltaNetShape {
+  int d_conv = 0;
+  int head_dim = 0;
+  int n_k_heads = 0;
+  int n_v_heads = 0;
+  int key_dim() const { return head_dim * n_k_heads; }
+  int value_dim() const { return head_dim * n_v_heads; }
+  int conv_dim() const { return 2 * key_dim() + value_dim(); }
+  // The state's floats per sequence (llama.cpp's n_embd_r and n_embd_s).
+  int64_t conv_state_floats() const { return int64_t{d_conv - 1} * conv_dim(); }
+  int64_t delta_state_floats() const { return int64_t{head_dim} * head_dim * n_v_heads; }
 };
 
 struct ModelConfig {
@@ -97,6 +121,16 @@ struct ModelConfig {
   bool expert_score_bias = false;
   float expert_weights_scale = 1.0f;
   bool shexp_gated = false;  // qwen2moe: the shared expert times sigmoid(ffn_gate_inp_shexp x)
+  // The token mixer of each of the n_layer decode layers (empty: attention
+  // everywhere); qwen35moe's Gated DeltaNet layers' sizes.
+  std::vector<LayerMixer> mixers;
+  DeltaNetShape delta_net;
+
+  LayerMixer mixer(int il) const {
+    return mixers.empty() ? LayerMixer::kAttention : mixers[static_cast<size_t>(il)];
+  }
+  // Whether layer il keeps keys and values (every layer but a Gated DeltaNet).
+  bool kv_layer(int il) const { return mixer(il) != LayerMixer::kDeltaNet; }
 
   // Whether layer il routes experts (the leading dense layers do not).
   bool moe_layer(int il) const { return il >= n_layer_dense_lead; }
@@ -156,6 +190,18 @@ struct LayerTensors {
   const GgufTensor* shexp_gate = nullptr;
   const GgufTensor* shexp_up = nullptr;
   const GgufTensor* shexp_down = nullptr;
+  // qwen35moe's Gated DeltaNet layers, in place of wq .. wo (LayerMixer::kDeltaNet).
+  struct DeltaNet {
+    const GgufTensor* qkv = nullptr;      // attn_qkv [n_embd, conv_dim]: q | k | v channels
+    const GgufTensor* gate = nullptr;     // attn_gate [n_embd, value_dim]: z
+    const GgufTensor* conv = nullptr;     // ssm_conv1d [d_conv, conv_dim]
+    const GgufTensor* dt_bias = nullptr;  // ssm_dt.bias [n_v_heads]
+    const GgufTensor* a = nullptr;        // ssm_a [n_v_heads]: -exp(A_log)
+    const GgufTensor* beta = nullptr;     // ssm_beta [n_embd, n_v_heads]
+    const GgufTensor* alpha = nullptr;    // ssm_alpha [n_embd, n_v_heads]
+    const GgufTensor* norm = nullptr;     // ssm_norm [head_dim]
+    const GgufTensor* out = nullptr;      // ssm_out [value_dim, n_embd]
+  } delta_net;
 };
 
 struct Model {
@@ -171,6 +217,10 @@ struct Model {
 };
 
 absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file);
+
+// UnimplementedError naming the first layer whose token mixer `backend` does
+// not run yet (qwen35moe's: the oracle's alone so far, issue 41), else OK.
+absl::Status CheckMixersRun(const ModelConfig& config, std::string_view backend);
 absl::StatusOr<Model> LoadModel(const GgufFile& file);
 
 WeightView weight_view(const GgufTensor& t);
@@ -178,7 +228,8 @@ WeightView weight_view(const GgufTensor& t);
 // The KV cache's element type (--kv-type), on either backend.
 enum class KvCacheType { kF16, kF32 };
 
-// Rows of layer il's K and V caches for max_ctx positions: max_ctx, or with
+// Rows of layer il's K and V caches for max_ctx positions: none for a Gated
+// DeltaNet layer (its state is not a cache of positions); max_ctx, or with
 // ring_slack >= 0 on a windowed layer (ModelConfig::swa_layer) a ring of
 // n_swa + ring_slack rows where that is fewer (the CUDA engine's, its slack a
 // ubatch: llama.cpp's SWA cache of n_swa + n_ubatch cells).

@@ -26,15 +26,27 @@
 // leading layers have a dense FFN; the others route by sigmoid with
 // exp_probs_b added to choose, normalize and scale the weights, and add an
 // ungated shared expert. NextN layers (after block n_layer) are not read.
+//
+// qwen35moe (src/models/qwen35moe.cpp, docs/QWEN35MOE.md): its plan's layers
+// are Gated DeltaNets (reference/delta_net.h: qkv, z, alpha and beta
+// projected from h, the mixer, ssm_out), with a state per layer instead of a
+// KV cache, or gated attention (each head's q row followed by its gate,
+// per-head q/k norm, NEOX RoPE on the first n_rot dimensions, the attention
+// times sigmoid(gate) before wo); attn_post_norm is the FFN norm, routing is
+// softmax with normalized weights, plus a shared expert times
+// sigmoid(ffn_gate_inp_shexp h).
 #include "reference/oracle.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "loader/check.h"
 #include "loader/quantize.h"
+#include "reference/delta_net.h"
 #include "reference/ops.h"
 
 namespace moegraph {
@@ -43,6 +55,8 @@ namespace {
 // Norm weights and biases, widened to f32 once (they are small).
 struct LayerVectors {
   std::vector<float> attn_norm, ffn_norm, q_norm, k_norm, bq, bk, bv, bo, sinks;
+  // A Gated DeltaNet's conv taps, dt bias, ssm_a and norm.
+  std::vector<float> conv, dt_bias, ssm_a, ssm_norm;
 };
 
 std::vector<float> OptionalTensor(const GgufTensor* t) {
@@ -73,6 +87,11 @@ std::vector<const GgufTensor*> TensorsRead(const Model& model) {
     for (const auto* legacy : {&lt.gate_legacy, &lt.up_legacy, &lt.down_legacy}) {
       all.insert(all.end(), legacy->begin(), legacy->end());
     }
+    const LayerTensors::DeltaNet& d = lt.delta_net;
+    for (const GgufTensor* t :
+         {d.qkv, d.gate, d.conv, d.dt_bias, d.a, d.beta, d.alpha, d.norm, d.out}) {
+      all.push_back(t);
+    }
   }
   return all;
 }
@@ -83,20 +102,38 @@ class CpuOracle final : public Oracle {
       : model_(model), max_ctx_(max_ctx), model_experts_(model),
         experts_(experts != nullptr ? experts : &model_experts_) {
     for (const LayerTensors& lt : model.layers) {
+      const LayerTensors::DeltaNet& d = lt.delta_net;
       layers_.push_back({TensorToFloat(*lt.attn_norm), TensorToFloat(*lt.ffn_norm),
                          OptionalTensor(lt.q_norm), OptionalTensor(lt.k_norm),
                          OptionalTensor(lt.bq), OptionalTensor(lt.bk), OptionalTensor(lt.bv),
-                         OptionalTensor(lt.bo), OptionalTensor(lt.sinks)});
+                         OptionalTensor(lt.bo), OptionalTensor(lt.sinks), OptionalTensor(d.conv),
+                         OptionalTensor(d.dt_bias), OptionalTensor(d.a),
+                         OptionalTensor(d.norm)});
     }
     output_norm_ = TensorToFloat(*model.output_norm);
     k_cache_.resize(model.layers.size());
     v_cache_.resize(model.layers.size());
+    ResetStates();
   }
 
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) override;
   int n_past() const override { return n_past_; }
   void Truncate(int n_keep) override {
-    n_past_ = std::clamp(n_keep, 0, n_past_);
+    n_keep = std::clamp(n_keep, 0, n_past_);
+    if (!states_.empty() && n_keep < n_past_) {
+      // A Gated DeltaNet's state holds every position: the kept ones run again
+      // from a zero state (llama.cpp's recurrent memory keeps no older state).
+      const std::vector<int32_t> kept(history_.begin(), history_.begin() + n_keep);
+      n_past_ = 0;
+      history_.clear();
+      for (auto& c : k_cache_) c.clear();
+      for (auto& c : v_cache_) c.clear();
+      ResetStates();
+      if (!kept.empty()) MG_CHECK(Forward(kept).ok(), "oracle: replaying kept tokens failed");
+      return;
+    }
+    n_past_ = n_keep;
+    history_.resize(static_cast<size_t>(n_past_));
     const size_t kept = static_cast<size_t>(n_past_) * model_.config.n_head_kv *
                         static_cast<size_t>(model_.config.head_dim);
     for (auto& c : k_cache_) c.resize(kept);
@@ -104,6 +141,20 @@ class CpuOracle final : public Oracle {
   }
 
  private:
+  // Zero states for the plan's Gated DeltaNet layers (one sequence).
+  void ResetStates() {
+    states_.clear();
+    for (int il = 0; il < model_.config.n_layer; ++il) {
+      if (model_.config.mixer(il) == LayerMixer::kDeltaNet) {
+        states_.emplace(il, DeltaNetState(model_.config.delta_net));
+      }
+    }
+  }
+
+  // The Gated DeltaNet of layer il on the attn-normed rows h (one sequence's
+  // consecutive tokens), advancing its state.
+  void DeltaNetBlock(int il, absl::Span<const float> h, absl::Span<float> out);
+
   // Self-attention of layer il on the attn-normed rows h; appends to the cache.
   void AttentionBlock(int il, absl::Span<const float> h, absl::Span<const int32_t> positions,
                       absl::Span<float> out);
@@ -117,7 +168,27 @@ class CpuOracle final : public Oracle {
   std::vector<float> output_norm_;
   // Per layer, rows of [n_head_kv][head_dim] for positions 0..n_past-1, after RoPE.
   std::vector<std::vector<float>> k_cache_, v_cache_;
+  std::map<int, DeltaNetState> states_;  // per Gated DeltaNet layer
+  std::vector<int32_t> history_;         // the tokens at positions 0..n_past-1
 };
+
+void CpuOracle::DeltaNetBlock(int il, absl::Span<const float> h, absl::Span<float> out) {
+  const ModelConfig& cfg = model_.config;
+  const DeltaNetShape& s = cfg.delta_net;
+  const LayerTensors::DeltaNet& d = model_.layers[il].delta_net;
+  const LayerVectors& lv = layers_[il];
+  const size_t n_tokens = h.size() / static_cast<size_t>(cfg.n_embd);
+  std::vector<float> qkv(n_tokens * s.conv_dim()), z(n_tokens * s.value_dim());
+  std::vector<float> alpha(n_tokens * s.n_v_heads), beta(alpha.size());
+  MatMul(weight_view(*d.qkv), h, absl::MakeSpan(qkv));
+  MatMul(weight_view(*d.gate), h, absl::MakeSpan(z));
+  MatMul(weight_view(*d.alpha), h, absl::MakeSpan(alpha));
+  MatMul(weight_view(*d.beta), h, absl::MakeSpan(beta));
+  std::vector<float> mixed(z.size());
+  DeltaNetMix(s, {lv.conv, lv.dt_bias, lv.ssm_a, lv.ssm_norm}, qkv, z, alpha, beta, cfg.rms_eps,
+              &states_.at(il), absl::MakeSpan(mixed));
+  MatMul(weight_view(*d.out), mixed, out);
+}
 
 void CpuOracle::AttentionBlock(int il, absl::Span<const float> h,
                                absl::Span<const int32_t> positions, absl::Span<float> out) {
@@ -129,7 +200,23 @@ void CpuOracle::AttentionBlock(int il, absl::Span<const float> h,
   const int64_t kv_len = static_cast<int64_t>(cfg.n_head_kv) * cfg.head_dim;
 
   std::vector<float> q(n_tokens * q_len), k(n_tokens * kv_len), v(n_tokens * kv_len);
-  MatMul(weight_view(*lt.wq), h, absl::MakeSpan(q));
+  std::vector<float> gate;
+  if (cfg.mixer(il) == LayerMixer::kGatedAttention) {
+    // Each head's q row is followed by its gate's: [q_h | gate_h].
+    const int64_t d = cfg.head_dim;
+    std::vector<float> q_gate(n_tokens * 2 * q_len);
+    MatMul(weight_view(*lt.wq), h, absl::MakeSpan(q_gate));
+    gate.resize(q.size());
+    for (size_t t = 0; t < n_tokens; ++t) {
+      for (int hd = 0; hd < cfg.n_head; ++hd) {
+        const float* row = q_gate.data() + (t * cfg.n_head + hd) * 2 * d;
+        std::copy(row, row + d, q.data() + (t * cfg.n_head + hd) * d);
+        std::copy(row + d, row + 2 * d, gate.data() + (t * cfg.n_head + hd) * d);
+      }
+    }
+  } else {
+    MatMul(weight_view(*lt.wq), h, absl::MakeSpan(q));
+  }
   MatMul(weight_view(*lt.wk), h, absl::MakeSpan(k));
   MatMul(weight_view(*lt.wv), h, absl::MakeSpan(v));
   if (!lv.bq.empty()) AddBias(lv.bq, absl::MakeSpan(q));
@@ -154,6 +241,7 @@ void CpuOracle::AttentionBlock(int il, absl::Span<const float> h,
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   Attention(q, positions, k_cache, v_cache, cfg.n_head, cfg.n_head_kv, cfg.head_dim, kq_scale,
             absl::MakeSpan(attn), cfg.swa_layer(il) ? cfg.n_swa : 0, lv.sinks);
+  for (size_t i = 0; i < gate.size(); ++i) attn[i] *= Sigmoid(gate[i]);
   MatMul(weight_view(*lt.wo), attn, out);
   if (!lv.bo.empty()) AddBias(lv.bo, out);
 }
@@ -187,7 +275,11 @@ absl::StatusOr<std::vector<float>> CpuOracle::Forward(absl::Span<const int32_t> 
   std::vector<float> block_out(x.size());
   for (int il = 0; il < cfg.n_layer; ++il) {
     RmsNorm(x, layers_[il].attn_norm, cfg.rms_eps, absl::MakeSpan(h));
-    AttentionBlock(il, h, positions, absl::MakeSpan(block_out));
+    if (cfg.mixer(il) == LayerMixer::kDeltaNet) {
+      DeltaNetBlock(il, h, absl::MakeSpan(block_out));
+    } else {
+      AttentionBlock(il, h, positions, absl::MakeSpan(block_out));
+    }
     AddInPlace(block_out, absl::MakeSpan(x));
     RmsNorm(x, layers_[il].ffn_norm, cfg.rms_eps, absl::MakeSpan(h));
     if (cfg.moe_layer(il)) {
@@ -198,6 +290,7 @@ absl::StatusOr<std::vector<float>> CpuOracle::Forward(absl::Span<const int32_t> 
     AddInPlace(block_out, absl::MakeSpan(x));
   }
   n_past_ += n_tokens;
+  history_.insert(history_.end(), tokens.begin(), tokens.end());
 
   RmsNorm(x, output_norm_, cfg.rms_eps, absl::MakeSpan(h));
   std::vector<float> logits(tokens.size() * static_cast<size_t>(cfg.n_vocab));

@@ -15,6 +15,7 @@
 #include "cpu/act_quant.h"
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
+#include "reference/delta_net.h"
 #include "loader/ggml_type.h"
 #include "loader/quant.h"
 #include "loader/quantize.h"
@@ -366,6 +367,47 @@ TEST_F(SimdTargetsTest, AttentionHelpersOnEveryTarget) {
       for (int64_t i = 0; i < n; ++i) {
         EXPECT_FLOAT_EQ(y[i], std::fma(0.5f, b[i], a[i])) << i;
         EXPECT_FLOAT_EQ(y16[i], std::fma(0.5f, f16_to_f32(b16[i]), a[i])) << i;
+      }
+    }
+  }
+}
+
+// The gated delta rule's step, token after token from a random state, equals
+// the oracle's recurrence (reference/delta_net.h, f64) on every target.
+TEST_F(SimdTargetsTest, DeltaRuleStepIsTheOraclesRecurrenceOnEveryTarget) {
+  const std::vector<int64_t> targets = SimdTargets();
+  for (const int d : {8, 100, 128}) {
+    const int n = 6;
+    auto normalized = [&](std::vector<float> rows) {
+      for (int t = 0; t < n; ++t) {
+        double sum_sq = 0.0;
+        for (int i = 0; i < d; ++i) sum_sq += double{rows[t * d + i]} * rows[t * d + i];
+        for (int i = 0; i < d; ++i) rows[t * d + i] /= static_cast<float>(std::sqrt(sum_sq));
+      }
+      return rows;
+    };
+    const std::vector<float> q = normalized(RandomFloats(n * d, 30));
+    const std::vector<float> k = normalized(RandomFloats(n * d, 31));
+    const std::vector<float> v = RandomFloats(n * d, 32), m0 = RandomFloats(d * d, 33, 0.5f);
+    const std::vector<float> g = {-0.1f, -1.5f, -0.02f, -0.7f, 0.0f, -2.0f};
+    const std::vector<float> beta = {0.9f, 0.1f, 0.5f, 1.0f, 0.3f, 0.7f};
+    std::vector<double> m(m0.begin(), m0.end()), o(static_cast<size_t>(n) * d);
+    DeltaRule(d, std::vector<double>(q.begin(), q.end()), std::vector<double>(k.begin(), k.end()),
+              std::vector<double>(v.begin(), v.end()), std::vector<double>(g.begin(), g.end()),
+              std::vector<double>(beta.begin(), beta.end()), absl::MakeSpan(m), absl::MakeSpan(o));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    for (const int64_t target : targets) {
+      SimdForceTarget(target);
+      std::vector<float> state = m0, out(static_cast<size_t>(n) * d);
+      for (int t = 0; t < n; ++t) {
+        SimdDeltaRuleStep(d, q.data() + t * d, k.data() + t * d, v.data() + t * d,
+                          std::exp(g[t]), beta[t], scale, state.data(), out.data() + t * d);
+      }
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_NEAR(out[i], o[i], 2e-5) << SimdTargetName(target) << " d " << d << " " << i;
+      }
+      for (size_t i = 0; i < state.size(); ++i) {
+        ASSERT_NEAR(state[i], m[i], 2e-5) << SimdTargetName(target) << " d " << d << " " << i;
       }
     }
   }

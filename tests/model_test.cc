@@ -485,6 +485,85 @@ TEST(LoadModel, Glm4MoeReadsItsDenseLayersScoreBiasAndSharedExpert) {
 }
 
 // Linear RoPE scaling on an original architecture is read (every backend scales).
+// qwen35moe (docs/QWEN35MOE.md): the plan from attention.recurrent_layers, or
+// without it every full_attention_interval-th layer gated attention; the Gated
+// DeltaNet's tensors in place of q/k/v/o; no KV rows for its layers; backends
+// other than the oracle refuse it naming the layer.
+TEST(LoadModel, Qwen35MoeReadsItsLayerPlanDeltaNetAndGatedAttention) {
+  FixtureSpec spec;
+  spec.arch = Arch::kQwen35Moe;
+  spec.n_layer = 4;
+  spec.head_dim = 16;
+  std::unique_ptr<GgufFile> file = FixtureFileOrFail(spec);
+  ASSERT_NE(file, nullptr);
+  absl::StatusOr<Model> model = LoadModel(*file);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = model->config;
+  using M = LayerMixer;
+  EXPECT_EQ(c.mixers, (std::vector<M>{M::kDeltaNet, M::kDeltaNet, M::kDeltaNet,
+                                      M::kGatedAttention}));
+  EXPECT_EQ(c.delta_net.d_conv, 4);
+  EXPECT_EQ(c.delta_net.head_dim, 16);
+  EXPECT_EQ(c.delta_net.n_k_heads, 2);
+  EXPECT_EQ(c.delta_net.n_v_heads, 4);
+  EXPECT_EQ(c.n_rot, 4);
+  EXPECT_TRUE(c.qk_norm && c.shexp_gated && c.norm_topk_prob);
+  EXPECT_EQ(c.n_ff_shexp, spec.n_ff_exp);
+  const LayerTensors& delta = model->layers[0];
+  EXPECT_EQ(delta.wq, nullptr);
+  ASSERT_NE(delta.delta_net.qkv, nullptr);
+  EXPECT_EQ(delta.delta_net.qkv->ne[1], c.delta_net.conv_dim());
+  EXPECT_NE(delta.delta_net.a, nullptr);
+  ASSERT_NE(model->layers[3].wq, nullptr);
+  EXPECT_EQ(model->layers[3].wq->ne[1], 2 * c.n_head * c.head_dim);  // q and its gate
+  EXPECT_EQ(model->layers[3].ffn_norm->name, "blk.3.post_attention_norm.weight");
+  EXPECT_EQ(KvLayerRows(c, 0, 100), 0);
+  EXPECT_EQ(KvLayerRows(c, 3, 100), 100);
+  const absl::Status refused = CheckMixersRun(c, "the CPU backend");
+  EXPECT_TRUE(absl::IsUnimplemented(refused));
+  EXPECT_TRUE(MessageHas(refused, "layer 0 is a Gated DeltaNet layer, which the CPU backend"));
+
+  auto plan = [&](const Edits& e) -> absl::StatusOr<std::vector<M>> {
+    std::unique_ptr<GgufFile> edited = Edit(*file, e);
+    absl::StatusOr<ModelConfig> config = LoadConfig(*edited);
+    if (!config.ok()) return config.status();
+    return config->mixers;
+  };
+  Edits flags;
+  flags.set_i32_array["qwen35moe.attention.recurrent_layers"] = {1, 0, 1, 0};
+  EXPECT_EQ(*plan(flags), (std::vector<M>{M::kDeltaNet, M::kGatedAttention, M::kDeltaNet,
+                                          M::kGatedAttention}));
+  Edits interval;
+  interval.drop_keys = {"qwen35moe.attention.recurrent_layers"};
+  interval.set_u32["qwen35moe.full_attention_interval"] = 2;
+  EXPECT_EQ(*plan(interval), *plan(flags));
+  Edits neither;
+  neither.drop_keys = {"qwen35moe.attention.recurrent_layers", "qwen35moe.full_attention_interval"};
+  EXPECT_EQ(*plan(neither), c.mixers);  // llama.cpp's default interval, 4
+
+  auto refusal = [&](const Edits& e) { return plan(e).status(); };
+  Edits inner;
+  inner.set_u32["qwen35moe.ssm.inner_size"] = 60;
+  EXPECT_TRUE(MessageHas(refusal(inner), "qwen35moe.ssm.inner_size"));
+  Edits heads;
+  heads.set_u32["qwen35moe.ssm.time_step_rank"] = 3;
+  heads.set_u32["qwen35moe.ssm.inner_size"] = 48;
+  EXPECT_TRUE(MessageHas(refusal(heads), "qwen35moe.ssm.time_step_rank"));
+  Edits short_flags;
+  short_flags.set_i32_array["qwen35moe.attention.recurrent_layers"] = {1, 0, 1};
+  EXPECT_TRUE(MessageHas(refusal(short_flags), "3 flags for 4 blocks"));
+  Edits missing;
+  missing.drop_keys = {"qwen35moe.ssm.conv_kernel"};
+  EXPECT_TRUE(MessageHas(refusal(missing), "qwen35moe.ssm.conv_kernel"));
+  Edits three_sections;
+  three_sections.set_i32_array["qwen35moe.rope.dimension_sections"] = {1, 1, 0};
+  EXPECT_TRUE(MessageHas(refusal(three_sections), "3 sections where llama.cpp reads 4"));
+  // Two pairs of 4 rotated dims: a sum of 2 puts pair 1 in the h section, empty.
+  Edits uncovered;
+  uncovered.set_i32_array["qwen35moe.rope.dimension_sections"] = {2, 0, 0, 0};
+  EXPECT_TRUE(MessageHas(refusal(uncovered), "qwen35moe.rope.dimension_sections"));
+}
+
 TEST(LoadModel, RopeScalingOnAnOriginalArchitectureIsRead) {
   std::unique_ptr<GgufFile> file = FixtureFileOrFail(FixtureSpec{});
   ASSERT_NE(file, nullptr);

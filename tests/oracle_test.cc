@@ -433,6 +433,7 @@ class OracleArchTest : public ::testing::TestWithParam<ArchCase> {
     spec.n_vocab = 128;
     spec.router_skew = 1.0f;
     spec.seed = 7;
+    spec.full_attention_interval = 2;  // qwen35moe: a Gated DeltaNet, then gated attention
     absl::StatusOr<std::unique_ptr<LoadedModel>> loaded = LoadFixture(spec);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     loaded_ = std::move(*loaded);
@@ -475,6 +476,22 @@ TEST_P(OracleArchTest, DecodingTokenByTokenEqualsOnePrefillExactly) {
   ASSERT_TRUE(first.ok() && rest.ok());
   first->insert(first->end(), rest->begin(), rest->end());
   EXPECT_TRUE(BitEqual(*all, *first));
+}
+
+// Truncate back into the sequence and feed its rest again: the rows equal the
+// first pass's, bit for bit (a Gated DeltaNet's state, which holds every
+// position, is rebuilt from the kept tokens).
+TEST_P(OracleArchTest, TruncatingAndFeedingTheRestAgainGivesTheSameLogits) {
+  std::unique_ptr<Oracle> oracle = NewOracle(16);
+  ASSERT_TRUE(oracle);
+  absl::StatusOr<std::vector<float>> all = oracle->Forward(kPrompt);
+  ASSERT_TRUE(all.ok()) << all.status();
+  oracle->Truncate(5);
+  EXPECT_EQ(oracle->n_past(), 5);
+  absl::StatusOr<std::vector<float>> rest = oracle->Forward(absl::MakeSpan(kPrompt).subspan(5));
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  const size_t n_vocab = loaded_->model.config.n_vocab;
+  EXPECT_TRUE(BitEqual(*rest, std::vector<float>(all->begin() + 5 * n_vocab, all->end())));
 }
 
 TEST_P(OracleArchTest, LogitsAreFiniteAndVary) {
@@ -650,7 +667,8 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, OracleArchTest,
                                            ArchCase{"olmoe", Arch::kOlmoe, false, 4},
                                            ArchCase{"qwen2moe", Arch::kQwen2Moe, false, 2},
                                            ArchCase{"mixtral", Arch::kMixtral, false, 2},
-                                           ArchCase{"mixtral_legacy", Arch::kMixtral, true, 2}),
+                                           ArchCase{"mixtral_legacy", Arch::kMixtral, true, 2},
+                                           ArchCase{"qwen35moe", Arch::kQwen35Moe, false, 2}),
                          [](const ::testing::TestParamInfo<ArchCase>& info) {
                            return std::string(info.param.name);
                          });

@@ -128,13 +128,32 @@ std::string ModelSection(const GgufFile& file) {
     absl::StrAppend(&out, c.attn_out_bias ? "; q/k/v/o biases" : "; q/k/v biases");
   }
   if (c.qk_norm || c.qk_norm_full) absl::StrAppend(&out, "; QK-norm");
+  int delta_layers = 0, gated_layers = 0;
+  for (int il = 0; il < c.n_layer; ++il) {
+    delta_layers += c.mixer(il) == LayerMixer::kDeltaNet;
+    gated_layers += c.mixer(il) == LayerMixer::kGatedAttention;
+  }
+  if (gated_layers > 0) {
+    absl::StrAppendFormat(&out, "; on %d layer%s, with an output gate", gated_layers,
+                          gated_layers == 1 ? "" : "s");
+  }
+  if (delta_layers > 0) {
+    const DeltaNetShape& d = c.delta_net;
+    absl::StrAppendFormat(&out,
+                          "\n  Gated DeltaNet: %d layers, %d key and %d value heads of %d, conv "
+                          "%d; state %.2f MiB a sequence (f32)",
+                          delta_layers, d.n_k_heads, d.n_v_heads, d.head_dim, d.d_conv,
+                          delta_layers * (d.conv_state_floats() + d.delta_state_floats()) * 4.0 /
+                              kMiB);
+  }
 
   // Bytes by what they are, each tensor once.
   struct Part {
     const char* name;
     uint64_t bytes = 0;
   };
-  Part experts{"routed experts"}, attention{"attention"}, shared{"shared expert"},
+  Part experts{"routed experts"}, attention{"attention"}, delta{"Gated DeltaNet"},
+      shared{"shared expert"},
       dense_ffn{"dense FFN"}, routers{"routers"}, small{"norms/biases/sinks"},
       embd{"token embeddings"}, head{"lm_head"};
   std::vector<const GgufTensor*> seen;
@@ -148,6 +167,9 @@ std::string ModelSection(const GgufFile& file) {
   add(small, m.output_norm);
   for (const LayerTensors& l : m.layers) {
     for (const GgufTensor* t : {l.wq, l.wk, l.wv, l.wo}) add(attention, t);
+    const LayerTensors::DeltaNet& d = l.delta_net;
+    for (const GgufTensor* t : {d.qkv, d.gate, d.conv, d.beta, d.alpha, d.out}) add(delta, t);
+    for (const GgufTensor* t : {d.dt_bias, d.a, d.norm}) add(small, t);
     for (const GgufTensor* t : {l.gate_exps, l.up_exps, l.down_exps}) add(experts, t);
     for (const auto* legacy : {&l.gate_legacy, &l.up_legacy, &l.down_legacy}) {
       for (const GgufTensor* t : *legacy) add(experts, t);
@@ -164,14 +186,14 @@ std::string ModelSection(const GgufFile& file) {
   }
   uint64_t read = 0;
   for (const Part* part :
-       {&experts, &attention, &shared, &dense_ffn, &routers, &small, &embd, &head}) {
+       {&experts, &attention, &delta, &shared, &dense_ffn, &routers, &small, &embd, &head}) {
     read += part->bytes;
   }
   uint64_t all = 0;
   for (const GgufTensor& t : file.tensors()) all += t.nbytes;
   absl::StrAppendFormat(&out, "\n  bytes:      %.2f MiB read:", read / kMiB);
   for (const Part* part :
-       {&experts, &attention, &shared, &dense_ffn, &routers, &small, &embd, &head}) {
+       {&experts, &attention, &delta, &shared, &dense_ffn, &routers, &small, &embd, &head}) {
     if (part->bytes > 0) absl::StrAppendFormat(&out, " %s %.2f,", part->name, part->bytes / kMiB);
   }
   out.pop_back();

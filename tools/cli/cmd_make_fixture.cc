@@ -25,6 +25,13 @@ ABSL_FLAG(int32_t, swa, 4, "make-fixture: gpt-oss: the attention window of the e
 ABSL_FLAG(int32_t, dense_layers, 1, "make-fixture: glm4moe: leading layers with a dense FFN");
 ABSL_FLAG(int32_t, nextn, 1, "make-fixture: glm4moe: NextN layers after the decode layers");
 ABSL_FLAG(bool, qk_norm, false, "make-fixture: glm4moe: per-head q/k norms");
+ABSL_FLAG(int32_t, full_attn_interval, 4,
+          "make-fixture: qwen35moe: every N-th layer is attention, the rest Gated DeltaNets");
+ABSL_FLAG(int32_t, ssm_k_heads, 2, "make-fixture: qwen35moe: Gated DeltaNet key heads");
+ABSL_FLAG(int32_t, ssm_v_heads, 4,
+          "make-fixture: qwen35moe: Gated DeltaNet value heads (a multiple of the key heads)");
+ABSL_FLAG(int32_t, ssm_head_dim, 0,
+          "make-fixture: qwen35moe: Gated DeltaNet head size (0: the attention's)");
 ABSL_FLAG(int32_t, layers, 0, "layers (0: the command's default)");
 ABSL_FLAG(int32_t, experts, 0, "routed experts per layer (0: the command's default)");
 ABSL_FLAG(int32_t, top_k, moegraph::kUnsetTopK,
@@ -116,7 +123,8 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   const std::string arch = absl::GetFlag(FLAGS_arch);
   if (!arch_from_name(arch, &spec.arch)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--arch ", arch, " is not one of qwen3moe, olmoe, qwen2moe, mixtral, gpt-oss, glm4moe"));
+        "--arch ", arch,
+        " is not one of qwen3moe, olmoe, qwen2moe, mixtral, gpt-oss, glm4moe, qwen35moe"));
   }
   spec.n_layer = FlagOr(FLAGS_layers, spec.n_layer);
   spec.n_expert = FlagOr(FLAGS_experts, spec.n_expert);
@@ -144,6 +152,10 @@ absl::Status MakeFixture(const std::vector<std::string>& args) {
   spec.n_dense_lead = absl::GetFlag(FLAGS_dense_layers);
   spec.n_nextn = absl::GetFlag(FLAGS_nextn);
   spec.qk_norm = absl::GetFlag(FLAGS_qk_norm);
+  spec.full_attention_interval = absl::GetFlag(FLAGS_full_attn_interval);
+  spec.ssm_k_heads = absl::GetFlag(FLAGS_ssm_k_heads);
+  spec.ssm_v_heads = absl::GetFlag(FLAGS_ssm_v_heads);
+  spec.ssm_head_dim = absl::GetFlag(FLAGS_ssm_head_dim);
   if (spec.qk_norm && spec.arch != Arch::kGlm4Moe) {
     return absl::InvalidArgumentError(
         "--qk-norm: only glm4moe's norms are optional (qwen3moe and olmoe always write theirs)");

@@ -19,7 +19,9 @@ count=16
 common="--layers 3 --experts 8 --top-k 2 --embd 128 --ff 64 --heads 4 --vocab 300 --quant f32 --seed 7"
 : > "$work/rows"
 for arch_flags in "qwen3moe --kv-heads 2" "olmoe" "qwen2moe --kv-heads 2" "mixtral --kv-heads 2" \
-                  "gpt-oss --kv-heads 2 --swa 4" "glm4moe --kv-heads 2" "glm4moe --kv-heads 2 --qk-norm"; do
+                  "gpt-oss --kv-heads 2 --swa 4" "glm4moe --kv-heads 2" "glm4moe --kv-heads 2 --qk-norm" \
+                  "qwen35moe --kv-heads 2 --full-attn-interval 3" \
+                  "qwen35moe --kv-heads 2 --full-attn-interval 2"; do
   args="--arch $arch_flags $common"
   # shellcheck disable=SC2086
   "$moegraph" make-fixture $args -o "$work/f.gguf" >/dev/null
