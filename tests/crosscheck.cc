@@ -107,6 +107,10 @@ void ExpectTeacherForcedProbabilitiesMatchLlamaCpps(absl::Span<const Backend> ba
     for (const Backend& backend : backends) {
       SCOPED_TRACE(backend.name);
       absl::StatusOr<std::vector<float>> logits = backend.forward(model, tokens);
+      if (absl::IsUnimplemented(logits.status()) &&
+          !CheckMixersRun(model.config, backend.name).ok()) {
+        continue;  // as in the greedy check
+      }
       ASSERT_TRUE(logits.ok()) << logits.status();
       ASSERT_EQ(logits->size(), tokens.size() * n_vocab);
       double max_diff = 0.0;

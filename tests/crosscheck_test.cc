@@ -69,11 +69,14 @@ absl::StatusOr<std::unique_ptr<Oracle>> CpuBackend(const Model& model, int max_c
 // VNNI, "cpu-batch" runs its default: the 64 forced positions' q8_0 products
 // on them, in their own order (cpu/amx_matmul.h), which moved probabilities
 // by up to 8.8e-4 here (2026-12-05, AMX; VNNI gives the same bits): held to
-// the oracle's bound.
+// the oracle's bound. qwen35moe's oracle moved up to 4.2e-3 (q8_0 experts;
+// 3.6e-3 q4_K, 1.2e-3 mxfp4), hence 5e-3: the same fixture with f32 weights
+// throughout was within 1.3e-6 of llama.cpp at every position (2026-12-06),
+// so the difference is the experts' rounding and choices, not the mixer.
 std::vector<Backend> Backends() {
   auto oracle = [](const Model& m, int ctx) { return Oracle::Create(m, ctx); };
   std::vector<Backend> backends = {
-      OracleBackend("oracle", 4e-3, 0, oracle, oracle),
+      OracleBackend("oracle", 5e-3, 0, oracle, oracle),
       OracleBackend(
           "cpu", 4e-4, 48,
           [](const Model& m, int ctx) { return CpuBackend(m, ctx, CpuForwardOptions{}.kv_type); },

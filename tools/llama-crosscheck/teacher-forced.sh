@@ -23,10 +23,12 @@ for ((i = 1; i < positions; ++i)); do tokens+=",$(((11 + 37 * i) % vocab))"; don
 : > "$work/rows"
 for arch_type in qwen3moe:q4_1 qwen3moe:q5_0 qwen3moe:q5_1 qwen3moe:q2_K qwen3moe:q3_K \
                  qwen3moe:iq4_nl qwen3moe:iq4_xs qwen3moe:mxfp4 qwen3moe:q4_K gpt-oss:mxfp4 \
-                 glm4moe:q4_K; do
+                 glm4moe:q4_K qwen35moe:q4_K qwen35moe:q8_0 qwen35moe:mxfp4; do
   arch=${arch_type%%:*}
   type=${arch_type##*:}
   args="--arch $arch --layers 2 --experts 8 --top-k 2 --embd 256 --ff 256 --heads 4"
+  # qwen35moe: a Gated DeltaNet layer, then gated attention.
+  [[ $arch == qwen35moe ]] && args+=" --full-attn-interval 2"
   args+=" --kv-heads 2 --vocab $vocab --quant q8_0,expert=$type --router-skew 1 --seed 7"
   # shellcheck disable=SC2086
   "$moegraph" make-fixture $args -o "$work/f.gguf" >/dev/null
