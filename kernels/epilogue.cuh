@@ -210,13 +210,13 @@ __device__ inline void warp_router_topk(float* logits, int32_t n_expert, const R
   const int lane = threadIdx.x;
   if (r.logit_bias != nullptr) {
 #pragma unroll 4
-    for (int32_t i = lane; i < n_expert; i += 32) logits[i] = __ldcg(logits + i) + r.logit_bias[i];
+    for (int32_t i = lane; i < n_expert; i += kRouterLanes) logits[i] = __ldcg(logits + i) + r.logit_bias[i];
     __syncwarp();
   }
   if (r.gating == RouterGating::kSoftmax) {
     float local_max = -INFINITY;
 #pragma unroll 4
-    for (int32_t i = lane; i < n_expert; i += 32) local_max = fmaxf(local_max, __ldcg(logits + i));
+    for (int32_t i = lane; i < n_expert; i += kRouterLanes) local_max = fmaxf(local_max, __ldcg(logits + i));
     const float max_logit = warp_max(local_max);
     float local_sum = 0.0f;
 #pragma unroll 4
@@ -230,7 +230,7 @@ __device__ inline void warp_router_topk(float* logits, int32_t n_expert, const R
     }
   } else if (r.gating == RouterGating::kSigmoid) {
 #pragma unroll 4
-    for (int32_t i = lane; i < n_expert; i += 32) logits[i] = router_sigmoid(__ldcg(logits + i));
+    for (int32_t i = lane; i < n_expert; i += kRouterLanes) logits[i] = router_sigmoid(__ldcg(logits + i));
   }
   const float* probs = logits;
   __syncwarp();
@@ -239,7 +239,7 @@ __device__ inline void warp_router_topk(float* logits, int32_t n_expert, const R
   auto find_two_best = [&] {
     first = second = RouterCandidate{};
 #pragma unroll 4
-    for (int32_t i = lane, bit = 0; i < n_expert; i += 32, ++bit) {
+    for (int32_t i = lane, bit = 0; i < n_expert; i += kRouterLanes, ++bit) {
       if ((taken >> bit) & 1u) continue;
       // A score bias chooses (probs + bias, f32) but does not weight.
       const float value = probs[i];

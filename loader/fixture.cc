@@ -523,34 +523,12 @@ class FixtureBuilder {
       AddVector(w, name("attn_norm.weight"), d_.embd, 1.0f, 0.1f);
       if (spec_.arch == Arch::kQwen35Moe) {
         AddQwen35Mixer(w, il);
-        AddQwen35Ffn(w, il);
-        continue;
-      }
-      AddMatrix(w, name("attn_q.weight"), dense, d_.embd, d_.q_dim, in_std);
-      AddMatrix(w, name("attn_k.weight"), dense, d_.embd, d_.kv_dim, in_std);
-      AddMatrix(w, name("attn_v.weight"), dense, d_.embd, d_.kv_dim, in_std);
-      AddMatrix(w, name("attn_output.weight"), dense, d_.q_dim, d_.embd,
-                out_scale / std::sqrt(static_cast<float>(d_.q_dim)));
-      if (spec_.arch == Arch::kQwen2Moe || spec_.arch == Arch::kGptOss || glm) {
-        AddVector(w, name("attn_q.bias"), d_.q_dim, 0.0f, 0.1f);
-        AddVector(w, name("attn_k.bias"), d_.kv_dim, 0.0f, 0.1f);
-        AddVector(w, name("attn_v.bias"), d_.kv_dim, 0.0f, 0.1f);
-      }
-      if (spec_.arch == Arch::kGptOss) {
-        AddVector(w, name("attn_output.bias"), d_.embd, 0.0f, 0.1f);
-        // Sinks around the scores' scale: some heads give the sink most weight.
-        AddVector(w, name("attn_sinks.weight"), spec_.n_head, 0.0f, 2.0f);
-      }
-      if (spec_.arch == Arch::kQwen3Moe || (glm && spec_.qk_norm)) {
-        AddVector(w, name("attn_q_norm.weight"), d_.head_dim, 1.0f, 0.1f);
-        AddVector(w, name("attn_k_norm.weight"), d_.head_dim, 1.0f, 0.1f);
-      }
-      if (spec_.arch == Arch::kOlmoe) {
-        AddVector(w, name("attn_q_norm.weight"), d_.q_dim, 1.0f, 0.1f);
-        AddVector(w, name("attn_k_norm.weight"), d_.kv_dim, 1.0f, 0.1f);
+      } else {
+        AddAttention(w, il);
       }
       const bool oss = spec_.arch == Arch::kGptOss;
-      AddVector(w, name(oss || glm ? "post_attention_norm.weight" : "ffn_norm.weight"), d_.embd,
+      const bool post_norm = oss || glm || spec_.arch == Arch::kQwen35Moe;
+      AddVector(w, name(post_norm ? "post_attention_norm.weight" : "ffn_norm.weight"), d_.embd,
                 1.0f, 0.1f);
       if (glm && il < spec_.n_dense_lead) {
         AddMatrix(w, name("ffn_gate.weight"), dense, d_.embd, d_.dense_ff, in_std);
@@ -572,7 +550,7 @@ class FixtureBuilder {
         // A score bias as large as the sigmoids' spread: it changes the choice.
         AddVector(w, name("exp_probs_b.bias"), spec_.n_expert, 0.0f, 0.25f);
       }
-      if (spec_.arch == Arch::kQwen2Moe || glm) {
+      if (d_.shff > 0) {
         if (!glm) AddVector(w, name("ffn_gate_inp_shexp.weight"), d_.embd, 0.0f, in_std);
         AddMatrix(w, name("ffn_gate_shexp.weight"), dense, d_.embd, d_.shff, in_std);
         AddMatrix(w, name("ffn_up_shexp.weight"), dense, d_.embd, d_.shff, in_std);
@@ -589,6 +567,38 @@ class FixtureBuilder {
     }
     AddVector(w, "output_norm.weight", d_.embd, 1.0f, 0.1f);
     if (!spec_.tied_output) AddOutput(w);
+  }
+
+  // Attention tensors of layer il, as each architecture's load_arch_tensors reads them.
+  void AddAttention(GgufWriter* w, int il) const {
+    const GgmlType dense = spec_.dense_type;
+    const float in_std = 1.0f / std::sqrt(static_cast<float>(d_.embd));
+    const float out_scale = 1.0f / std::sqrt(2.0f * spec_.n_layer);
+    const bool glm = spec_.arch == Arch::kGlm4Moe;
+    auto name = [il](std::string_view base) { return BlockName(il, base); };
+    AddMatrix(w, name("attn_q.weight"), dense, d_.embd, d_.q_dim, in_std);
+    AddMatrix(w, name("attn_k.weight"), dense, d_.embd, d_.kv_dim, in_std);
+    AddMatrix(w, name("attn_v.weight"), dense, d_.embd, d_.kv_dim, in_std);
+    AddMatrix(w, name("attn_output.weight"), dense, d_.q_dim, d_.embd,
+              out_scale / std::sqrt(static_cast<float>(d_.q_dim)));
+    if (spec_.arch == Arch::kQwen2Moe || spec_.arch == Arch::kGptOss || glm) {
+      AddVector(w, name("attn_q.bias"), d_.q_dim, 0.0f, 0.1f);
+      AddVector(w, name("attn_k.bias"), d_.kv_dim, 0.0f, 0.1f);
+      AddVector(w, name("attn_v.bias"), d_.kv_dim, 0.0f, 0.1f);
+    }
+    if (spec_.arch == Arch::kGptOss) {
+      AddVector(w, name("attn_output.bias"), d_.embd, 0.0f, 0.1f);
+      // Sinks around the scores' scale: some heads give the sink most weight.
+      AddVector(w, name("attn_sinks.weight"), spec_.n_head, 0.0f, 2.0f);
+    }
+    if (spec_.arch == Arch::kQwen3Moe || (glm && spec_.qk_norm)) {
+      AddVector(w, name("attn_q_norm.weight"), d_.head_dim, 1.0f, 0.1f);
+      AddVector(w, name("attn_k_norm.weight"), d_.head_dim, 1.0f, 0.1f);
+    }
+    if (spec_.arch == Arch::kOlmoe) {
+      AddVector(w, name("attn_q_norm.weight"), d_.q_dim, 1.0f, 0.1f);
+      AddVector(w, name("attn_k_norm.weight"), d_.kv_dim, 1.0f, 0.1f);
+    }
   }
 
   // qwen35moe's token mixer of layer il (llama_model_qwen35moe::load_arch_tensors):
@@ -621,23 +631,6 @@ class FixtureBuilder {
     AddVector(w, name("ssm_norm.weight"), s.head_dim, 1.0f, 0.1f);
     AddMatrix(w, name("ssm_out.weight"), dense, s.value_dim(), d_.embd,
               out_scale / std::sqrt(static_cast<float>(s.value_dim())));
-  }
-
-  // qwen35moe's FFN: the post-attention norm, the router and experts, and the
-  // shared expert with its sigmoid gate.
-  void AddQwen35Ffn(GgufWriter* w, int il) const {
-    const GgmlType dense = spec_.dense_type;
-    const float in_std = 1.0f / std::sqrt(static_cast<float>(d_.embd));
-    const float out_scale = 1.0f / std::sqrt(2.0f * spec_.n_layer);
-    auto name = [il](std::string_view base) { return BlockName(il, base); };
-    AddVector(w, name("post_attention_norm.weight"), d_.embd, 1.0f, 0.1f);
-    AddRouter(w, il);
-    AddExperts(w, il);
-    AddVector(w, name("ffn_gate_inp_shexp.weight"), d_.embd, 0.0f, in_std);
-    AddMatrix(w, name("ffn_gate_shexp.weight"), dense, d_.embd, d_.shff, in_std);
-    AddMatrix(w, name("ffn_up_shexp.weight"), dense, d_.embd, d_.shff, in_std);
-    AddMatrix(w, name("ffn_down_shexp.weight"), dense, d_.shff, d_.embd,
-              out_scale / std::sqrt(static_cast<float>(d_.shff)));
   }
 
   // lm_head rows with the skew direction projected out: every hidden state leans
