@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -13,9 +14,9 @@
 #include "absl/strings/str_format.h"
 #include "cpu/act_quant.h"
 #include "cpu/amx_matmul.h"
+#include "cpu/delta_net.h"
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
-#include "loader/status_util.h"
 #include "cpu/vnni_matmul.h"
 #include "kernels/nn_math.h"
 #include "loader/quant.h"
@@ -52,6 +53,8 @@ struct LayerVectors {
   std::vector<float> attn_norm, ffn_norm, q_norm, k_norm, bq, bk, bv, bo, sinks, router_b, score_b;
   // Expert biases, expert e's at e * n_ff_exp (down: e * n_embd); empty when none.
   std::vector<float> gate_b, up_b, down_b;
+  // A Gated DeltaNet's conv taps, dt bias, ssm_a and norm.
+  std::vector<float> conv, dt_bias, ssm_a, ssm_norm;
 };
 
 // Activation rows quantized for one weight type.
@@ -93,7 +96,12 @@ class CpuForward final : public Oracle {
            OptionalTensor(lt.k_norm), OptionalTensor(lt.bq), OptionalTensor(lt.bk),
            OptionalTensor(lt.bv), OptionalTensor(lt.bo), OptionalTensor(lt.sinks),
            OptionalTensor(lt.router_b), OptionalTensor(lt.score_b), OptionalTensor(lt.gate_exps_b),
-           OptionalTensor(lt.up_exps_b), OptionalTensor(lt.down_exps_b)});
+           OptionalTensor(lt.up_exps_b), OptionalTensor(lt.down_exps_b),
+           OptionalTensor(lt.delta_net.conv), OptionalTensor(lt.delta_net.dt_bias),
+           OptionalTensor(lt.delta_net.a), OptionalTensor(lt.delta_net.norm)});
+      if (cfg.mixer(static_cast<int>(layers_.size()) - 1) == LayerMixer::kDeltaNet) {
+        states_.emplace(static_cast<int>(layers_.size()) - 1, CpuDeltaNetState(cfg.delta_net));
+      }
     }
     output_norm_ = TensorToFloat(*model.output_norm);
     const size_t row_bytes = static_cast<size_t>(cfg.n_head_kv) * cfg.head_dim * (kv_f16_ ? 2 : 4);
@@ -112,11 +120,17 @@ class CpuForward final : public Oracle {
     return Run(tokens, /*all_logits=*/false);
   }
   int n_past() const override { return n_past_; }
+  // A Gated DeltaNet's state holds every position before n_past_, so going
+  // back feeds the kept ids again from a zero state (llama.cpp's recurrent
+  // memory keeps no older state either); windowed rings that lost positions
+  // the kept ones' windows read do the same.
   void Truncate(int n_keep) override {
-    n_past_ = std::clamp(n_keep, 0, n_past_);
-    if (!rings_.has_rings()) return;
+    const int kept = std::clamp(n_keep, 0, n_past_);
+    const bool rewound = kept < n_past_;
+    n_past_ = kept;
+    if (!keeps_ids()) return;
     fed_.resize(static_cast<size_t>(n_past_));
-    refeed_ = !rings_.Holds(n_past_);
+    refeed_ = (!states_.empty() && (refeed_ || rewound)) || !rings_.Holds(n_past_);
   }
 
  private:
@@ -133,6 +147,10 @@ class CpuForward final : public Oracle {
   void MatMulsOfOneInput(const float* x, int64_t rows,
                          std::initializer_list<std::pair<WeightView, float*>> products);
   void AttentionBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
+  // The Gated DeltaNet of layer il on the attn-normed rows h, advancing its state.
+  void DeltaNetBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
+  // Whether Truncate may need the ids fed so far (to feed them again).
+  bool keeps_ids() const { return rings_.has_rings() || !states_.empty(); }
   void Rope(float* x, int n_head, int64_t n);
   // fn(r) for each of rows rows (of any work), in the pool where they hold at
   // least kPoolElements elements in all (else the dispatch costs more than it
@@ -164,10 +182,12 @@ class CpuForward final : public Oracle {
   // Per layer: its ring's rows, or 0 where it keeps every position.
   std::vector<int> kv_rows_;
   KvRingPositions rings_;
-  // With rings: the ids fed at positions 0..n_past_, and whether the rings
-  // lost some of them to a Truncate (the next Run feeds them again).
+  // With rings or states (keeps_ids): the ids fed at positions 0..n_past_,
+  // and whether a Truncate left the rings without some of them or the states
+  // past them (the next Run feeds them again).
   std::vector<int32_t> fed_;
   bool refeed_ = false;
+  std::map<int, CpuDeltaNetState> states_;  // per Gated DeltaNet layer, one sequence
   std::vector<LayerVectors> layers_;
   std::vector<float> output_norm_;
   std::vector<std::vector<uint8_t>> k_cache_, v_cache_;  // [row][n_head_kv][head_dim]
@@ -178,7 +198,8 @@ class CpuForward final : public Oracle {
   // layer cost page faults and memsets).
   struct Scratch {
     std::vector<float> x, h, block_out;                                // Run
-    std::vector<float> q, k, v, attn;                                  // AttentionBlock
+    std::vector<float> q, k, v, attn, q_gate;                          // AttentionBlock
+    std::vector<float> qkv, z, alpha, beta, mixed;                     // DeltaNetBlock
     std::vector<float> probs, expert_out, part, shared, shared_logit;  // MoeBlock
     std::vector<float> shexp_gate, shexp_up;                           // GatedFfn's gate and up
     std::vector<int32_t> chosen;
@@ -344,10 +365,20 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
   q.resize(static_cast<size_t>(n * q_len));
   k.resize(static_cast<size_t>(n * kv_len));
   v.resize(static_cast<size_t>(n * kv_len));
+  // Gated attention's q rows are each head's query, then its output gate's.
+  const bool gated = cfg.mixer(il) == LayerMixer::kGatedAttention;
+  std::vector<float>& q_gate = s_.q_gate;
+  q_gate.resize(gated ? static_cast<size_t>(2 * n * q_len) : 0);
   MatMulsOfOneInput(h.data(), n,
-                    {{weight_view(*lt.wq), q.data()},
+                    {{weight_view(*lt.wq), gated ? q_gate.data() : q.data()},
                      {weight_view(*lt.wk), k.data()},
                      {weight_view(*lt.wv), v.data()}});
+  if (gated) {
+    const int64_t d = cfg.head_dim;
+    for (int64_t row = 0; row < n * cfg.n_head; ++row) {
+      std::copy_n(q_gate.data() + row * 2 * d, d, q.data() + row * d);
+    }
+  }
   if (!lv.bq.empty()) AddBias(lv.bq, absl::MakeSpan(q));
   if (!lv.bk.empty()) AddBias(lv.bk, absl::MakeSpan(k));
   if (!lv.bv.empty()) AddBias(lv.bv, absl::MakeSpan(v));
@@ -405,9 +436,45 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
                     lv.sinks.empty() ? nullptr : lv.sinks.data() + hd, scores.data(),
                     attn.data() + at);
   });
+  if (gated) {
+    // attention * sigmoid(gate), head by head.
+    const int64_t d = cfg.head_dim;
+    EachRow(n * cfg.n_head, n * q_len, [&](int64_t row) {
+      const float* gate = q_gate.data() + row * 2 * d + d;
+      float* a = attn.data() + row * d;
+      for (int64_t i = 0; i < d; ++i) a[i] *= sigmoid(gate[i]);
+    });
+  }
   out->resize(static_cast<size_t>(n * cfg.n_embd));
   MatMul(weight_view(*lt.wo), attn.data(), n, out->data());
   if (!lv.bo.empty()) AddBias(lv.bo, absl::MakeSpan(*out));
+}
+
+void CpuForward::DeltaNetBlock(int il, const std::vector<float>& h, int64_t n,
+                               std::vector<float>* out) {
+  const ModelConfig& cfg = model_.config;
+  const DeltaNetShape& shape = cfg.delta_net;
+  const LayerTensors::DeltaNet& d = model_.layers[il].delta_net;
+  const LayerVectors& lv = layers_[il];
+  std::vector<float>& qkv = s_.qkv;
+  std::vector<float>& z = s_.z;
+  std::vector<float>& alpha = s_.alpha;
+  std::vector<float>& beta = s_.beta;
+  std::vector<float>& mixed = s_.mixed;
+  qkv.resize(static_cast<size_t>(n * shape.conv_dim()));
+  z.resize(static_cast<size_t>(n * shape.value_dim()));
+  alpha.resize(static_cast<size_t>(n * shape.n_v_heads));
+  beta.resize(alpha.size());
+  mixed.resize(z.size());
+  MatMulsOfOneInput(h.data(), n,
+                    {{weight_view(*d.qkv), qkv.data()},
+                     {weight_view(*d.gate), z.data()},
+                     {weight_view(*d.alpha), alpha.data()},
+                     {weight_view(*d.beta), beta.data()}});
+  CpuDeltaNetMix(shape, {lv.conv, lv.dt_bias, lv.ssm_a, lv.ssm_norm}, cfg.rms_eps, n, qkv.data(),
+                 z.data(), alpha.data(), beta.data(), pool_, &states_.at(il), mixed.data());
+  out->resize(static_cast<size_t>(n * cfg.n_embd));
+  MatMul(weight_view(*d.out), mixed.data(), n, out->data());
 }
 
 // The experts for rows (indices into h), chosen[i * k + r] with views[i * k + r]:
@@ -633,6 +700,7 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
     n_past_ = 0;
     fed_.clear();
     refeed_ = false;
+    for (auto& [il, state] : states_) state.Clear();
   }
   std::vector<float> logits;
   for (int64_t begin = 0; begin < static_cast<int64_t>(batch.size()); begin += ubatch_) {
@@ -643,7 +711,7 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
                                             : (end == static_cast<int64_t>(batch.size()) ? 1 : 0);
     const int first_position = n_past_;
     RunUbatch(batch.subspan(begin, end - begin), logit_rows, &logits);
-    if (rings_.has_rings()) {
+    if (keeps_ids()) {
       rings_.Wrote(first_position, n_past_);
       fed_.insert(fed_.end(), batch.begin() + begin, batch.begin() + end);
     }
@@ -676,7 +744,11 @@ void CpuForward::RunUbatch(absl::Span<const int32_t> tokens, int64_t logit_rows,
   h.resize(x.size());
   for (int il = 0; il < cfg.n_layer; ++il) {
     NormRows(x, layers_[il].attn_norm, cfg.rms_eps, absl::MakeSpan(h));
-    AttentionBlock(il, h, n, &block_out);
+    if (cfg.mixer(il) == LayerMixer::kDeltaNet) {
+      DeltaNetBlock(il, h, n, &block_out);
+    } else {
+      AttentionBlock(il, h, n, &block_out);
+    }
     AddInPlace(block_out, absl::MakeSpan(x));
     NormRows(x, layers_[il].ffn_norm, cfg.rms_eps, absl::MakeSpan(h));
     if (cfg.moe_layer(il)) {
@@ -721,7 +793,6 @@ absl::StatusOr<std::unique_ptr<Oracle>> CreateCpuForward(const Model& model, int
   if (cfg.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("cpu: head_dim %d is odd", cfg.head_dim));
   }
-  MG_RETURN_IF_ERROR(CheckMixersRun(cfg, "the CPU backend"));
   return std::unique_ptr<Oracle>(new CpuForward(model, max_ctx, experts, options));
 }
 

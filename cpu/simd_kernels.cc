@@ -1429,8 +1429,10 @@ void QuantizeQ8_K(const float* x, int64_t cols, block_q8_K* y) {
       std::memset(&y[b], 0, sizeof(y[b]));
       continue;
     }
+    // The first element of the largest magnitude (ggml's quantize_row_q8_K);
+    // bounded, as a NaN equals nothing.
     int64_t first = 0;
-    while (std::fabs(x[first]) != amax) ++first;
+    while (first + 1 < QK_K && std::fabs(x[first]) != amax) ++first;
     const float iscale = -127.0f / x[first];
     const auto vscale = hn::Set(df, iscale);
     const auto top = hn::Set(di, 127);

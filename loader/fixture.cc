@@ -624,8 +624,16 @@ class FixtureBuilder {
     // The conv taps of a channel sum to about 1, so its output keeps the scale.
     AddMatrix(w, name("ssm_conv1d.weight"), GgmlType::kF32, s.d_conv, s.conv_dim(), 0.5f);
     AddVector(w, name("ssm_dt.bias"), s.n_v_heads, 0.0f, 1.0f);
-    // -exp(A_log) with A_log around 0: decays exp(g) spread over (0, 1).
-    AddVector(w, name("ssm_a"), s.n_v_heads, -1.0f, 0.5f);
+    // -exp(A_log) with A_log ~ N(0, 0.5), as the converter writes it: always
+    // negative, so every decay exp(g) is below 1 (a positive one would grow
+    // the state without bound over a long prompt).
+    w->AddTensor(name("ssm_a"), GgmlType::kF32, {s.n_v_heads},
+                 [n = s.n_v_heads, stream = StreamRng(spec_.seed, name("ssm_a"))](uint8_t* dst,
+                                                                                    size_t) {
+                   FillRows(GgmlType::kF32, n, 1, dst, stream, [&](int64_t, Rng* rng, float* out) {
+                     for (int64_t i = 0; i < n; ++i) out[i] = -std::exp(0.5f * rng->Normal());
+                   });
+                 });
     AddMatrix(w, name("ssm_beta.weight"), dense, d_.embd, s.n_v_heads, in_std);
     AddMatrix(w, name("ssm_alpha.weight"), dense, d_.embd, s.n_v_heads, in_std);
     AddVector(w, name("ssm_norm.weight"), s.head_dim, 1.0f, 0.1f);

@@ -768,8 +768,8 @@ absl::Status CheckMixersRun(const ModelConfig& config, std::string_view backend)
     return absl::UnimplementedError(absl::StrCat(
         Av(arch_gguf_name(config.arch)), ": layer ", il, " is a ",
         config.mixer(il) == LayerMixer::kDeltaNet ? "Gated DeltaNet" : "gated attention",
-        " layer, which ", Av(backend), " does not run yet (issue 41: so far only the oracle, in "
-        "moegraph's tests)"));
+        " layer, which ", Av(backend), " does not run yet (issue 41: so far the oracle and the "
+        "CPU backend run it)"));
   }
   return absl::OkStatus();
 }
@@ -827,6 +827,13 @@ size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type, in
   }
   return 2 * rows * static_cast<size_t>(config.n_head_kv) * static_cast<size_t>(config.head_dim) *
          elem;
+}
+
+size_t RecurrentStateBytes(const ModelConfig& config) {
+  const DeltaNetShape& d = config.delta_net;
+  const size_t layers = static_cast<size_t>(config.n_layer - config.n_kv_layers());
+  return layers * static_cast<size_t>(d.conv_state_floats() + d.delta_state_floats()) *
+         sizeof(float);
 }
 
 KvRingPositions::KvRingPositions(const ModelConfig& config, int max_ctx, int ring_slack)

@@ -131,6 +131,11 @@ struct ModelConfig {
   }
   // Whether layer il keeps keys and values (every layer but a Gated DeltaNet).
   bool kv_layer(int il) const { return mixer(il) != LayerMixer::kDeltaNet; }
+  int n_kv_layers() const {
+    int n = 0;
+    for (int il = 0; il < n_layer; ++il) n += kv_layer(il);
+    return n;
+  }
 
   // Whether layer il routes experts (the leading dense layers do not).
   bool moe_layer(int il) const { return il >= n_layer_dense_lead; }
@@ -236,6 +241,11 @@ enum class KvCacheType { kF16, kF32 };
 int KvLayerRows(const ModelConfig& config, int il, int max_ctx, int ring_slack = -1);
 // The bytes of the K and V caches of every layer (KvLayerRows each).
 size_t KvCacheBytes(const ModelConfig& config, int max_ctx, KvCacheType type, int ring_slack = -1);
+
+// The bytes of one sequence's recurrent state, every Gated DeltaNet layer's
+// conv and delta state in f32 (DeltaNetShape): what a sequence holds beside
+// its KV cache, whatever its length.
+size_t RecurrentStateBytes(const ModelConfig& config);
 
 // The position each row of a model's windowed-layer rings holds (they all have
 // one size), and so whether a step at a position still finds the keys its

@@ -80,8 +80,9 @@ class CliChatTest : public ::testing::Test {
       GTEST_SKIP() << Qwen3Json()
                    << " is missing: tools/fetch-vocab.sh fetches it (make deps does)";
     }
-    fixture_ = testing_util::TempPath("chat-qwen3.gguf");
-    const ProcessResult made = testing_util::MakeVocabFixture(MOEGRAPH_BIN, Qwen3Json(), fixture_);
+    fixture_ = testing_util::TempPath("chat-" + arch() + ".gguf");
+    const ProcessResult made =
+        testing_util::MakeVocabFixture(MOEGRAPH_BIN, Qwen3Json(), fixture_, arch());
     ASSERT_EQ(made.exit_code, 0) << made.err;
   }
   void TearDown() override { std::remove(fixture_.c_str()); }
@@ -99,10 +100,19 @@ class CliChatTest : public ::testing::Test {
     return ids.ok() ? static_cast<int>(ids->size()) : -1;
   }
 
+  virtual std::string arch() const { return "qwen3moe"; }
+
   std::string fixture_;
 };
 
-TEST_F(CliChatTest, TwoTurnsThroughAPipeKeepTheKvCacheAndRenderAsLlamaCpp) {
+// The same on each architecture: qwen35moe's recurrent state carries from one
+// turn to the next as a KV cache does.
+class CliChatArchTest : public CliChatTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  std::string arch() const override { return GetParam(); }
+};
+
+TEST_P(CliChatArchTest, TwoTurnsThroughAPipeKeepTheKvCacheAndRenderAsLlamaCpp) {
   const ProcessResult r = RunProcess({MOEGRAPH_BIN, "chat", "-m", fixture_, "--backend", "cpu",
                                       "--system", "Be kind.", "-n", "8", "--verbose-prompt"},
                                      "Hi\n\nExplain top-k.\n");
@@ -138,6 +148,8 @@ TEST_F(CliChatTest, TwoTurnsThroughAPipeKeepTheKvCacheAndRenderAsLlamaCpp) {
   ASSERT_FALSE(run.out.empty());
   EXPECT_TRUE(r.out.starts_with(run.out)) << "chat: " << r.out << "\nrun: " << run.out;
 }
+
+INSTANTIATE_TEST_SUITE_P(Archs, CliChatArchTest, ::testing::Values("qwen3moe", "qwen35moe"));
 
 TEST_F(CliChatTest, TemplatesAreDetectedOrRefusedByName) {
   ProcessResult r = RunProcess({MOEGRAPH_BIN, "chat", "-m", fixture_, "--backend", "cpu", "-n", "2",

@@ -60,9 +60,13 @@ class CliServeTest : public ::testing::Test {
     }
   }
 
-  // A server on the fixture with extra flags; a client for it.
+  // A server on the fixture (or model) with extra flags; a client for it.
   std::unique_ptr<httplib::Client> Serve(const std::vector<std::string>& flags) {
-    std::vector<std::string> args = {"-m", *fixture_, "--backend", "cpu"};
+    return ServeModel(*fixture_, flags);
+  }
+  std::unique_ptr<httplib::Client> ServeModel(const std::string& model,
+                                              const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {"-m", model, "--backend", "cpu"};
     args.insert(args.end(), flags.begin(), flags.end());
     port_ = server_.Start(args);
     EXPECT_GT(port_, 0) << server_.Log();
@@ -96,6 +100,17 @@ class CliServeTest : public ::testing::Test {
     if (!res) return json();
     EXPECT_EQ(res->status, want_status) << path << " " << body.dump() << ": " << res->body;
     return json::parse(res->body, nullptr, false);
+  }
+
+  // A chat request of 6 tokens: "Hi"; after a reply to it, the reply and "And then?".
+  static json ChatTurn(const json& reply) {
+    json messages = {{{"role", "user"}, {"content", "Hi"}}};
+    if (!reply.is_null()) {
+      messages.push_back(
+          {{"role", "assistant"}, {"content", reply["choices"][0]["message"]["content"]}});
+      messages.push_back({{"role", "user"}, {"content", "And then?"}});
+    }
+    return {{"messages", messages}, {"max_tokens", 6}};
   }
 
   // The deltas (or texts) of a stream, and its last data line before [DONE].
@@ -434,15 +449,10 @@ TEST_F(CliServeTest, LeavingClientsOfWholeRepliesStopOrSkipTheirGenerations) {
 // and the reply is the one a fresh server gives.
 TEST_F(CliServeTest, ASharedPrefixIsNotPrefilledAgainAndChangesNothing) {
   std::unique_ptr<httplib::Client> c = Serve({});
-  const json turn1 = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 6}};
+  const json turn1 = ChatTurn(json());
   const json r1 = Post(*c, "/v1/chat/completions", turn1);
   EXPECT_EQ(r1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-  const json turn2 = {
-      {"messages",
-       {{{"role", "user"}, {"content", "Hi"}},
-        {{"role", "assistant"}, {"content", r1["choices"][0]["message"]["content"]}},
-        {{"role", "user"}, {"content", "And then?"}}}},
-      {"max_tokens", 6}};
+  const json turn2 = ChatTurn(r1);
   const json r2 = Post(*c, "/v1/chat/completions", turn2);
   const int cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"];
   EXPECT_GE(cached, r1["usage"]["prompt_tokens"].get<int>());
@@ -463,6 +473,36 @@ TEST_F(CliServeTest, ASharedPrefixIsNotPrefilledAgainAndChangesNothing) {
   EXPECT_EQ(alone["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
   EXPECT_EQ(alone["choices"][0]["message"]["content"], r2["choices"][0]["message"]["content"]);
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
+// qwen35moe's recurrent state holds every position fed, so it continues only
+// from the end of what was fed: the next turn of a chat continues (its
+// cached tokens are the last turn's), the same prompt again (which shares all
+// but its last token) runs from the start (0 cached, and the log says why),
+// and each reply is a fresh server's.
+TEST_F(CliServeTest, ARecurrentModelContinuesOnlyFromTheEndOfWhatItFed) {
+  const std::string model = testing_util::TempPath("serve-qwen35.gguf");
+  const ProcessResult made =
+      testing_util::MakeVocabFixture(MOEGRAPH_BIN, Qwen3Json(), model, "qwen35moe");
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  std::unique_ptr<httplib::Client> c = ServeModel(model, {});
+  const json turn1 = ChatTurn(json());
+  const json r1 = Post(*c, "/v1/chat/completions", turn1);
+  const json turn2 = ChatTurn(r1);
+  const json r2 = Post(*c, "/v1/chat/completions", turn2);
+  EXPECT_GE(r2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            r1["usage"]["prompt_tokens"].get<int>());
+  const json again = Post(*c, "/v1/chat/completions", turn2);
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(again["choices"][0]["message"]["content"], r2["choices"][0]["message"]["content"]);
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+  EXPECT_TRUE(testing_util::Contains(server_.Log(), "so it ran from the start")) << server_.Log();
+
+  std::unique_ptr<httplib::Client> fresh = ServeModel(model, {});
+  EXPECT_EQ(Post(*fresh, "/v1/chat/completions", turn2)["choices"][0]["message"]["content"],
+            r2["choices"][0]["message"]["content"]);
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+  std::remove(model.c_str());
 }
 
 // VmRSS of a process, in KiB (-1 where it cannot be read).

@@ -50,6 +50,8 @@ struct Case {
   GgmlType dense, expert;
   bool legacy = false;
   int n_head_kv = 2;
+  // qwen35moe: every interval-th layer gated attention, the others Gated DeltaNets.
+  int full_attention_interval = 4;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -60,6 +62,7 @@ std::unique_ptr<LoadedModel> Load(const Case& c) {
   spec.expert_type = c.expert;
   spec.legacy_experts = c.legacy;
   spec.n_head_kv = c.n_head_kv;
+  spec.full_attention_interval = c.full_attention_interval;
   spec.n_embd = 256;
   spec.n_ff_exp = 256;
   spec.n_head = 4;
@@ -137,12 +140,17 @@ TEST_P(ForwardTest, ABatchEqualsItsTokensOneByOneAndOneThreadEqualsTwo) {
 }
 
 // Within the quantized bound (quantizing the activations magnifies the f16
-// cache's rounding where the weights are quantized).
+// cache's rounding where the weights are quantized); the same bits where no
+// layer keeps keys and values (Gated DeltaNets only).
 TEST_P(ForwardTest, AnF32KvCacheIsCloseToTheF16One) {
   const std::unique_ptr<LoadedModel> m = Load(GetParam());
   ASSERT_NE(m, nullptr);
   const std::vector<float> f16 = Logits(*Fast(m->model, 2, KvCacheType::kF16), kPrompt);
   const std::vector<float> f32 = Logits(*Fast(m->model, 2, KvCacheType::kF32), kPrompt);
+  if (m->model.config.n_kv_layers() == 0) {
+    EXPECT_EQ(f16, f32);
+    return;
+  }
   EXPECT_NE(f16, f32);
   EXPECT_LT(Nmse(f16, f32), kMaxNmse);
 }
@@ -157,7 +165,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen3moe_q8_0_q4_K", Arch::kQwen3Moe, GgmlType::kQ8_0, GgmlType::kQ4_K},
         Case{"olmoe_q4_0_q5_K", Arch::kOlmoe, GgmlType::kQ4_0, GgmlType::kQ5_K, false, 4},
         Case{"qwen2moe_f16_q6_K", Arch::kQwen2Moe, GgmlType::kF16, GgmlType::kQ6_K},
-        Case{"mixtral_bf16_q8_0_legacy", Arch::kMixtral, GgmlType::kBF16, GgmlType::kQ8_0, true}),
+        Case{"mixtral_bf16_q8_0_legacy", Arch::kMixtral, GgmlType::kBF16, GgmlType::kQ8_0, true},
+        // Two Gated DeltaNet layers, or one before a gated attention layer.
+        Case{"qwen35moe_f32", Arch::kQwen35Moe, GgmlType::kF32, GgmlType::kF32},
+        Case{"qwen35moe_f32_interval_2", Arch::kQwen35Moe, GgmlType::kF32, GgmlType::kF32, false,
+             2, 2},
+        Case{"qwen35moe_q8_0_q4_K", Arch::kQwen35Moe, GgmlType::kQ8_0, GgmlType::kQ4_K, false, 2,
+             2}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // A prompt's q8_0 and q4_K products of 8 activation rows or more run on the
@@ -290,6 +304,19 @@ TEST(CpuBackendFastTest, BadThreadCountsAreErrorsNamingTheFlag) {
   EXPECT_TRUE(testing_util::MessageHas(f.status(), "-t -2")) << f.status();
 }
 
+// A CPU backend of 5 slots on two threads: fewer slots than the fixtures'
+// experts, so it feeds a prompt a token at a time.
+absl::StatusOr<std::unique_ptr<CpuBackend>> FiveSlotBackend(const Model& model,
+                                                            const ExpertStore& store, int max_ctx,
+                                                            bool swa_full = false) {
+  CpuBackendOptions options;
+  options.max_ctx = max_ctx;
+  options.n_slots = 5;
+  options.fast.threads = 2;
+  options.fast.swa_full = swa_full;
+  return CpuBackend::Create(model, &store, options);
+}
+
 // gpt-oss's windowed layers (window 4) in rings of window + 8 rows, against
 // --swa-full's caches: a prompt in ubatches of 8, a decode, a continuation and
 // a rewind give the same logits bit for bit. The rewind to position 10, which
@@ -310,17 +337,11 @@ TEST(CpuWindowedRingsTest, WindowedLayersInRingsGiveTheFullCachesBits) {
   };
   absl::StatusOr<ExpertStore> store = ExpertStore::Create(model);
   ASSERT_TRUE(store.ok()) << store.status();
-  CpuBackendOptions slot_options;
-  slot_options.max_ctx = kCtx;
-  slot_options.n_slots = 5;
-  slot_options.fast.threads = 2;
-  absl::StatusOr<std::unique_ptr<CpuBackend>> slots =
-      CpuBackend::Create(model, &*store, slot_options);
+  absl::StatusOr<std::unique_ptr<CpuBackend>> slots = FiveSlotBackend(model, *store, kCtx);
   ASSERT_TRUE(slots.ok()) << slots.status();
   ASSERT_FALSE((*slots)->BatchesPrompts());
-  slot_options.fast.swa_full = true;
   absl::StatusOr<std::unique_ptr<CpuBackend>> slots_full =
-      CpuBackend::Create(model, &*store, slot_options);
+      FiveSlotBackend(model, *store, kCtx, /*swa_full=*/true);
   ASSERT_TRUE(slots_full.ok()) << slots_full.status();
   EXPECT_LT((*slots)->kv_cache_bytes(), (*slots_full)->kv_cache_bytes());
   EXPECT_EQ((*slots)->kv_cache_bytes(),
@@ -351,6 +372,64 @@ TEST(CpuWindowedRingsTest, WindowedLayersInRingsGiveTheFullCachesBits) {
   EXPECT_EQ(Logits(**slots, next), want) << "rewind, slots";
   EXPECT_EQ(rings->n_past(), 13);
   EXPECT_EQ((*slots)->counters().steps - steps_before, 10u + next.size());
+}
+
+// qwen35moe's Gated DeltaNet state (a Gated DeltaNet layer, then gated
+// attention): a prompt in ubatches of 8 continued by a second call gives the
+// bits of the whole run at once; a Truncate to n_past changes nothing; a
+// rewind feeds the kept ids again from a zero state, so the continuation gets
+// a fresh run's bits, and the slot path (token by token) counts the ids fed
+// again as steps.
+TEST(CpuDeltaNetTest, TheStateCarriesAcrossCallsAndUbatchesAndARewindFeedsTheKeptIdsAgain) {
+  const std::unique_ptr<LoadedModel> m =
+      Load({"qwen35moe", Arch::kQwen35Moe, GgmlType::kF32, GgmlType::kF32, false, 2, 2});
+  ASSERT_NE(m, nullptr);
+  const Model& model = m->model;
+  ASSERT_EQ(model.config.mixer(0), LayerMixer::kDeltaNet);
+  ASSERT_EQ(model.config.mixer(1), LayerMixer::kGatedAttention);
+  constexpr int kCtx = 64;
+  auto make = [&](int ubatch) {
+    absl::StatusOr<std::unique_ptr<Oracle>> f = CreateCpuForward(
+        model, kCtx, nullptr, {.threads = 2, .ubatch = ubatch, .batch_matmul = false});
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f.ok() ? std::move(*f) : nullptr;
+  };
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % model.config.n_vocab);
+  const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 25);
+  const std::vector<int32_t> tail(prompt.begin() + 25, prompt.end());
+
+  const std::unique_ptr<Oracle> whole = make(512), split = make(8);
+  ASSERT_TRUE(whole != nullptr && split != nullptr);
+  const std::vector<float> want = Logits(*whole, prompt);
+  std::vector<float> got = Logits(*split, head);
+  split->Truncate(split->n_past());
+  const std::vector<float> rest = Logits(*split, tail);
+  got.insert(got.end(), rest.begin(), rest.end());
+  EXPECT_EQ(got, want);
+
+  // A rewind to 12, then other tokens: a fresh run's last rows.
+  const std::vector<int32_t> next = {5, 99, 23, 7};
+  std::vector<int32_t> fresh_ids(prompt.begin(), prompt.begin() + 12);
+  fresh_ids.insert(fresh_ids.end(), next.begin(), next.end());
+  const std::vector<float> fresh = Logits(*make(512), fresh_ids);
+  const std::vector<float> fresh_next(fresh.end() - next.size() * model.config.n_vocab,
+                                      fresh.end());
+  split->Truncate(12);
+  EXPECT_EQ(split->n_past(), 12);
+  EXPECT_EQ(Logits(*split, next), fresh_next);
+  EXPECT_EQ(split->n_past(), 16);
+
+  absl::StatusOr<ExpertStore> store = ExpertStore::Create(model);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<std::unique_ptr<CpuBackend>> slots = FiveSlotBackend(model, *store, kCtx);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  ASSERT_FALSE((*slots)->BatchesPrompts());
+  EXPECT_EQ(Logits(**slots, prompt), want);
+  const uint64_t steps_before = (*slots)->counters().steps;
+  (*slots)->Truncate(12);
+  EXPECT_EQ(Logits(**slots, next), fresh_next);
+  EXPECT_EQ((*slots)->counters().steps - steps_before, 12u + next.size());
 }
 
 // Busy-looping child processes, killed when this goes.

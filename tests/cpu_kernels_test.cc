@@ -3,6 +3,8 @@
 // EMU128 or SCALAR, included) against the scalar ones, the x86 targets' against
 // ggml's own results bit for bit, and the thread pool.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -594,6 +596,25 @@ TEST_F(SimdTargetsTest, ActivationRowsQuantizeToTheReferencesBytes) {
       }
     }
   }
+}
+
+// A row of NaNs (a model that overflowed) quantizes without reading past its
+// end on every target: the row ends where a page no one may read begins.
+TEST_F(SimdTargetsTest, ANanRowQuantizesWithoutReadingPastItsEnd) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* map = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(mprotect(static_cast<uint8_t*>(map) + page, page, PROT_NONE), 0);
+  float* row = reinterpret_cast<float*>(static_cast<uint8_t*>(map) + page) - QK_K;
+  std::fill(row, row + QK_K, std::nanf(""));
+  for (const int64_t target : SimdTargets()) {
+    SimdForceTarget(target);
+    for (const ActType type : {ActType::kQ8_0, ActType::kQ8_K, ActType::kQ8_1}) {
+      std::vector<uint8_t> out(act_row_bytes(type, QK_K));
+      SimdQuantizeActRow(type, row, QK_K, out.data());
+    }
+  }
+  munmap(map, 2 * page);
 }
 
 TEST(ThreadPoolTest, EveryTaskRunsOnceInEveryJob) {

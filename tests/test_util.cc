@@ -160,27 +160,13 @@ std::string Qwen3TokenizerJson(const std::string& source_dir) {
 }
 
 ProcessResult MakeVocabFixture(const std::string& bin, const std::string& tokenizer_json,
-                               const std::string& out) {
-  return RunProcess({bin,
-                     "make-fixture",
-                     "--arch",
-                     "qwen3moe",
-                     "--layers",
-                     "2",
-                     "--experts",
-                     "4",
-                     "--top-k",
-                     "2",
-                     "--embd",
-                     "64",
-                     "--ff",
-                     "32",
-                     "--quant",
-                     "f32",
-                     "--tokenizer-json",
-                     tokenizer_json,
-                     "-o",
-                     out});
+                               const std::string& out, const std::string& arch) {
+  std::vector<std::string> args = {bin,     "make-fixture", "--arch",  arch,  "--layers", "2",
+                                   "--experts", "4",        "--top-k", "2",   "--embd",   "64",
+                                   "--ff",      "32",       "--quant", "f32", "--tokenizer-json",
+                                   tokenizer_json, "-o",    out};
+  if (arch == "qwen35moe") args.insert(args.end(), {"--full-attn-interval", "2"});
+  return RunProcess(args);
 }
 
 std::string TempPath(const std::string& name) {

@@ -74,10 +74,11 @@ ProcessResult RunProcessWithArgs(std::vector<std::string> argv, const std::strin
 // tools/fetch-vocab.sh's Qwen3 tokenizer.json: $MOEGRAPH_VOCAB, else source_dir's vocab/.
 std::string Qwen3TokenizerJson(const std::string& source_dir);
 
-// `bin make-fixture` of a small f32 qwen3moe (2 layers, 4 experts, top-2,
-// embd 64) carrying the vocabulary of tokenizer_json, written to out.
+// `bin make-fixture` of a small f32 model of arch (2 layers, 4 experts,
+// top-2, embd 64; qwen35moe's a Gated DeltaNet, then gated attention)
+// carrying the vocabulary of tokenizer_json, written to out.
 ProcessResult MakeVocabFixture(const std::string& bin, const std::string& tokenizer_json,
-                               const std::string& out);
+                               const std::string& out, const std::string& arch = "qwen3moe");
 
 // A path in the test temp folder, the same for the same name within one test
 // process and distinct between processes.

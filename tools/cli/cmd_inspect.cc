@@ -143,8 +143,7 @@ std::string ModelSection(const GgufFile& file) {
                           "\n  Gated DeltaNet: %d layers, %d key and %d value heads of %d, conv "
                           "%d; state %.2f MiB a sequence (f32)",
                           delta_layers, d.n_k_heads, d.n_v_heads, d.head_dim, d.d_conv,
-                          delta_layers * (d.conv_state_floats() + d.delta_state_floats()) * 4.0 /
-                              kMiB);
+                          RecurrentStateBytes(c) / kMiB);
   }
 
   // Bytes by what they are, each tensor once.

@@ -244,15 +244,18 @@ absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions
   if (cuda) return absl::OkStatus();
   const KvCacheType kv_type = cpu.kv_type;
   const uint64_t kv = KvCacheBytes(cfg, ctx, kv_type, cpu.ring_slack());
+  const uint64_t state = RecurrentStateBytes(cfg);
   const uint64_t available = HostMemoryAvailable();
-  if (available > 0 && kv > available) {
+  if (available > 0 && kv + state > available) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "--ctx %d: a context of that many positions (--ctx, or the prompt and -n) needs a KV "
         "cache of %.2f GiB (K and V of %d layers at %d positions, or a windowed layer's ring, x "
-        "%d KV heads x %d x %d bytes) and this machine has %.2f GiB available (MemAvailable); a "
-        "smaller --ctx or -n fits",
-        ctx, Gib(kv), cfg.n_layer, ctx, cfg.n_head_kv, cfg.head_dim,
-        kv_type == KvCacheType::kF16 ? 2 : 4, Gib(available)));
+        "%d KV heads x %d x %d bytes)%s and this machine has %.2f GiB available (MemAvailable); "
+        "a smaller --ctx or -n fits",
+        ctx, Gib(kv), cfg.n_kv_layers(), ctx, cfg.n_head_kv, cfg.head_dim,
+        kv_type == KvCacheType::kF16 ? 2 : 4,
+        state > 0 ? absl::StrFormat(" beside a recurrent state of %.2f GiB", Gib(state)) : "",
+        Gib(available)));
   }
   return absl::OkStatus();
 }
@@ -418,6 +421,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   MG_ASSIGN_OR_RETURN(d->cpu_, CpuBackend::Create(model, d->store_.get(), options));
   d->file_bytes_ = model.file->total_size();
   d->kv_bytes_ = d->cpu_->kv_cache_bytes();
+  d->state_bytes_ = RecurrentStateBytes(model.config);
   std::fprintf(info, "%s\n", Banner(*d->cpu_, d->store_.get(), options).c_str());
   const int threads = options.fast.threads > 0 ? options.fast.threads : PhysicalCores();
   std::fprintf(info, "backend cpu: %d thread%s, SIMD %s, KV cache %s; a prompt runs %s\n", threads,
@@ -489,8 +493,11 @@ absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, s
   const uint64_t selected = c.hits + c.misses;
   std::string memory = absl::StrFormat("peak RSS %.0f MiB", Mib(PeakRssBytes()));
   if (cuda_ == nullptr) {
-    absl::StrAppendFormat(&memory, " (file %.0f MiB, KV cache %.0f MiB)", Mib(file_bytes_),
-                          Mib(kv_bytes_));
+    absl::StrAppendFormat(&memory, " (file %.0f MiB, KV cache %.0f MiB%s)", Mib(file_bytes_),
+                          Mib(kv_bytes_),
+                          state_bytes_ > 0
+                              ? absl::StrFormat(", recurrent state %.1f MiB", Mib(state_bytes_))
+                              : "");
   }
   absl::FPrintF(
       out,

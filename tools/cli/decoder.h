@@ -127,6 +127,7 @@ class Decoder {
   std::unique_ptr<ExpertStore> store_;  // the CPU backend's experts; none when resident
   uint64_t file_bytes_ = 0;             // CPU: the model file and the KV cache, for the
   uint64_t kv_bytes_ = 0;               // summary's memory figures
+  uint64_t state_bytes_ = 0;
   std::unique_ptr<CpuBackend> cpu_;
   std::unique_ptr<CudaEngine> cuda_;
   SamplingParams sampling_;

@@ -26,6 +26,14 @@
 # of 64, a 128-position window on the even layers, the 201088-token vocabulary,
 # q8_0 dense and mxfp4 experts, 8 expert variants as above) with LAYERS layers
 # (default 24, gpt-oss-20b's: about 12 GiB; fewer for a small machine).
+# --qwen35[=LAYERS] runs one qwen35moe fixture instead: Qwen3.5-35B-A3B's
+# per-layer geometry (transformers' Qwen3_5MoeTextConfig defaults, v5.8, the
+# 35B-A3B checkpoint's: embd 2048, 256 experts top-8 of ff 512 plus a shared
+# one of 512, a full-attention layer every 4th with 16 query and 2 key/value
+# heads of 256 and RoPE on 64 of them, the others Gated DeltaNets of 16 key
+# and 32 value heads of 128 with a conv of 4, the 248320-token vocabulary;
+# q8_0 dense, q4_K experts, 8 expert variants) with LAYERS layers (default 16
+# of the model's 40: about 9 GiB, which leaves both engines room in 24 GiB).
 # --real runs one file of a real model's size instead: Qwen3-30B-A3B's geometry
 # (48 layers, 128 experts top-8 of ff 768, embd 2048, 32 query and 4 key/value
 # heads of 128, the 151936-token vocabulary; q8_0 dense, q4_K experts, 8 expert
@@ -35,10 +43,11 @@
 # timed processes (bench, cpu-speed.mjs), beside the speeds.
 # Slow: writing the fixtures takes minutes, and every test runs once untimed
 # first. Needs node and npm; not part of `make test`.
-# Usage: [REPS=N] tools/llama-crosscheck/cpu-speed.sh BUILD_DIR [--quick | --gpt-oss[=LAYERS] | --real]
+# Usage: [REPS=N] tools/llama-crosscheck/cpu-speed.sh BUILD_DIR
+#          [--quick | --gpt-oss[=LAYERS] | --qwen35[=LAYERS] | --real]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage="usage: [REPS=N] $0 BUILD_DIR [--quick | --gpt-oss[=LAYERS] | --real]"
+usage="usage: [REPS=N] $0 BUILD_DIR [--quick | --gpt-oss[=LAYERS] | --qwen35[=LAYERS] | --real]"
 [[ $# -ge 1 && $# -le 2 ]] || { echo "$usage" >&2; exit 2; }
 moegraph="$1/tools/moegraph"
 set_name=qwen3moe
@@ -47,11 +56,17 @@ case ${2:-} in
   --quick) set_name=quick ;;
   --gpt-oss) set_name=gpt-oss; gpt_oss_layers=24 ;;
   --gpt-oss=*) set_name=gpt-oss; gpt_oss_layers=${2#--gpt-oss=} ;;
+  --qwen35) set_name=qwen35; qwen35_layers=16 ;;
+  --qwen35=*) set_name=qwen35; qwen35_layers=${2#--qwen35=} ;;
   --real) set_name=real ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 if [[ $set_name == gpt-oss && ! $gpt_oss_layers =~ ^[1-9][0-9]*$ ]]; then
   echo "--gpt-oss=$gpt_oss_layers: a positive layer count" >&2
+  exit 2
+fi
+if [[ $set_name == qwen35 && ! $qwen35_layers =~ ^[1-9][0-9]*$ ]]; then
+  echo "--qwen35=$qwen35_layers: a positive layer count" >&2
   exit 2
 fi
 reps=${REPS:-2}
@@ -67,12 +82,16 @@ fi
 qwen3moe="--arch qwen3moe --heads 16 --kv-heads 4 --vocab 32000 --quant q8_0,expert=q4_K --seed 1"
 gpt_oss="--arch gpt-oss --experts 32 --top-k 4 --embd 2880 --ff 2880 --heads 64 --kv-heads 8"
 gpt_oss+=" --head-dim 64 --swa 128 --vocab 201088 --quant q8_0,expert=mxfp4 --expert-variants 8"
+qwen35="--arch qwen35moe --experts 256 --top-k 8 --embd 2048 --ff 512 --heads 16 --kv-heads 2"
+qwen35+=" --head-dim 256 --ssm-k-heads 16 --ssm-v-heads 32 --ssm-head-dim 128 --vocab 248320"
+qwen35+=" --quant q8_0,expert=q4_K --expert-variants 8 --router-skew 1"
 small="small:$qwen3moe --layers 8 --experts 32 --top-k 4 --embd 1024 --ff 512"
 large="large:$qwen3moe --layers 12 --experts 48 --top-k 8 --embd 2048 --ff 768 --expert-variants 8"
 case $set_name in
   quick) fixtures=("$small") ;;
   qwen3moe) fixtures=("$small" "$large") ;;
   gpt-oss) fixtures=("gpt-oss-${gpt_oss_layers}L:$gpt_oss --layers $gpt_oss_layers --seed 1") ;;
+  qwen35) fixtures=("qwen35moe-${qwen35_layers}L:$qwen35 --layers $qwen35_layers --seed 1") ;;
   real) fixtures=("qwen3moe-30b-a3b:--arch qwen3moe --layers 48 --experts 128 --top-k 8 --embd 2048 \
 --ff 768 --heads 32 --kv-heads 4 --head-dim 128 --vocab 151936 --quant q8_0,expert=q4_K \
 --expert-variants 8 --router-skew 1 --seed 1") ;;
