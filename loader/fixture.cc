@@ -206,7 +206,7 @@ class FixtureBuilder {
     w->SetUint32(Key("context_length"), spec_.n_ctx_train);
     w->SetUint32(Key("embedding_length"), spec_.n_embd);
     const bool glm = arch == Arch::kGlm4Moe;
-    w->SetUint32(Key("block_count"), spec_.n_layer + (glm ? spec_.n_nextn : 0));
+    w->SetUint32(Key("block_count"), spec_.n_layer + NextnLayers());
     // feed_forward_length as the converters write it: the dense intermediate
     // size for the qwen models (n_ff_exp * top-k is what llama.cpp would derive
     // an expert size from), the per-expert size for olmoe and mixtral.
@@ -258,6 +258,7 @@ class FixtureBuilder {
     if (arch == Arch::kQwen2Moe || arch == Arch::kQwen35Moe) {
       w->SetUint32(Key("expert_shared_feed_forward_length"), static_cast<uint32_t>(d_.shff));
     }
+
     if (arch == Arch::kQwen35Moe) {
       // As convert_hf_to_gguf.py writes Qwen3.5 (Qwen3NextModel): the ssm.*
       // sizes, both the interval and the per-layer flags, the IMRoPE sections.
@@ -269,8 +270,14 @@ class FixtureBuilder {
       w->SetUint32(Key("ssm.inner_size"), static_cast<uint32_t>(s.value_dim()));
       w->SetUint32(Key("full_attention_interval"),
                    static_cast<uint32_t>(spec_.full_attention_interval));
-      std::vector<uint8_t> recurrent(static_cast<size_t>(spec_.n_layer));
-      for (int il = 0; il < spec_.n_layer; ++il) recurrent[il] = Qwen35Recurrent(il) ? 1 : 0;
+      if (spec_.n_nextn > 0) {
+        w->SetUint32(Key("nextn_predict_layers"), static_cast<uint32_t>(spec_.n_nextn));
+      }
+      // One flag a block, the MTP blocks' false (Qwen3NextModel pads them so).
+      std::vector<uint8_t> recurrent(static_cast<size_t>(spec_.n_layer + NextnLayers()));
+      for (size_t il = 0; il < recurrent.size(); ++il) {
+        recurrent[il] = Qwen35Recurrent(static_cast<int>(il)) ? 1 : 0;
+      }
       w->SetArray(Key("attention.recurrent_layers"), GgufType::kBool, recurrent.data(),
                   recurrent.size());
       const std::vector<int32_t> sections = Qwen35RopeSections(d_.head_dim / 4);
@@ -278,7 +285,15 @@ class FixtureBuilder {
     }
   }
 
-  bool Qwen35Recurrent(int il) const { return (il + 1) % spec_.full_attention_interval != 0; }
+  // Whether qwen35moe's block il is a Gated DeltaNet: never an MTP block.
+  bool Qwen35Recurrent(int il) const {
+    return il < spec_.n_layer && (il + 1) % spec_.full_attention_interval != 0;
+  }
+
+  // The NextN (MTP) blocks after the decode layers: glm4moe's and qwen35moe's.
+  int NextnLayers() const {
+    return spec_.arch == Arch::kGlm4Moe || spec_.arch == Arch::kQwen35Moe ? spec_.n_nextn : 0;
+  }
 
   // A given vocabulary, keyed as llama.cpp's converter keys it.
   void WriteVocab(GgufWriter* w, const FixtureVocab& v) const {
@@ -517,7 +532,7 @@ class FixtureBuilder {
     const float out_scale = 1.0f / std::sqrt(2.0f * spec_.n_layer);
     AddTokenEmbd(w);
     const bool glm = spec_.arch == Arch::kGlm4Moe;
-    const int n_blocks = spec_.n_layer + (glm ? spec_.n_nextn : 0);
+    const int n_blocks = spec_.n_layer + NextnLayers();
     for (int il = 0; il < n_blocks; ++il) {
       auto name = [il](std::string_view base) { return BlockName(il, base); };
       AddVector(w, name("attn_norm.weight"), d_.embd, 1.0f, 0.1f);
@@ -557,8 +572,9 @@ class FixtureBuilder {
         AddMatrix(w, name("ffn_down_shexp.weight"), dense, d_.shff, d_.embd,
                   out_scale / std::sqrt(static_cast<float>(d_.shff)));
       }
-      if (glm && il >= spec_.n_layer) {
-        // llama_model_glm4_moe::load_arch_tensors' NextN tensors (never read by decode).
+      if (il >= spec_.n_layer) {
+        // The NextN tensors of llama_model_glm4_moe's and llama_model_qwen35moe's
+        // load_arch_tensors (never read by decode).
         AddMatrix(w, name("nextn.eh_proj.weight"), dense, 2 * d_.embd, d_.embd, in_std);
         AddVector(w, name("nextn.enorm.weight"), d_.embd, 1.0f, 0.1f);
         AddVector(w, name("nextn.hnorm.weight"), d_.embd, 1.0f, 0.1f);

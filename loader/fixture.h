@@ -63,8 +63,9 @@ struct FixtureSpec {
   // gpt-oss: the attention window of the even layers (attention.sliding_window),
   // shorter than a test's context so the window matters.
   int n_swa = 4;
-  // glm4moe: leading layers with a dense FFN (of 2 * n_ff_exp), and NextN layers
-  // written after the decode layers as GLM-4.5's files carry them.
+  // glm4moe: leading layers with a dense FFN (of 2 * n_ff_exp); glm4moe and
+  // qwen35moe: NextN (MTP) layers written after the decode layers as GLM-4.5's
+  // and Qwen3.5's files carry them.
   int n_dense_lead = 1;
   int n_nextn = 1;
   // glm4moe: per-head q/k RMSNorms (attn_q_norm / attn_k_norm of head_dim, as

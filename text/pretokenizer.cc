@@ -34,6 +34,11 @@ constexpr std::string_view kGpt4o =
 constexpr std::string_view kQwen2 =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// LLAMA_VOCAB_PRE_TYPE_QWEN35: qwen2's with combining marks (\p{M}) taken
+// into words and out of the punctuation runs.
+constexpr std::string_view kQwen35 =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 struct NamedRegexes {
   std::vector<std::string_view> names;
   std::vector<std::string_view> regexes;
@@ -45,6 +50,7 @@ const std::vector<NamedRegexes>& Table() {
       {{"gpt-2", "olmo"}, {kGpt2}},
       {{"llama-bpe", "llama3", "llama-v3"}, {kLlama3}},
       {{"qwen2", "deepseek-r1-qwen"}, {kQwen2}},
+      {{"qwen35"}, {kQwen35}},
       {{"gpt-4o"}, {kGpt4o}},
       // LLAMA_VOCAB_PRE_TYPE_CHATGLM4 (GLM-4, GLM-4.5): llama.cpp's regex for it is
       // LLAMA3's, character for character.

@@ -191,9 +191,11 @@ absl::StatusOr<Vocab> Vocab::FromGguf(const GgufFile& file) {
   }
 
   MG_ASSIGN_OR_RETURN(v.add_space_prefix, flag_or("tokenizer.ggml.add_space_prefix", spm));
-  // Of the pre-tokenizers moegraph runs, llama.cpp turns the clean-up off for qwen2
-  // and gpt-4o (glm4 keeps it on).
-  v.clean_spaces = !spm && v.pre != "qwen2" && v.pre != "gpt-4o";
+  // Of the pre-tokenizers moegraph runs, llama.cpp turns the clean-up off for
+  // qwen2 (and deepseek-r1-qwen, its alias), qwen35 and gpt-4o (glm4 keeps it on;
+  // llama_vocab::impl::load).
+  v.clean_spaces = !spm && v.pre != "qwen2" && v.pre != "deepseek-r1-qwen" && v.pre != "qwen35" &&
+                   v.pre != "gpt-4o";
   v.byte_token.fill(kNoToken);
   if (spm) {
     for (int32_t i = 0; i < n; ++i) {

@@ -23,7 +23,7 @@ ABSL_FLAG(std::string, arch, "qwen3moe",
           "qwen3moe | olmoe | qwen2moe | mixtral | gpt-oss | glm4moe");
 ABSL_FLAG(int32_t, swa, 4, "make-fixture: gpt-oss: the attention window of the even layers");
 ABSL_FLAG(int32_t, dense_layers, 1, "make-fixture: glm4moe: leading layers with a dense FFN");
-ABSL_FLAG(int32_t, nextn, 1, "make-fixture: glm4moe: NextN layers after the decode layers");
+ABSL_FLAG(int32_t, nextn, 1, "make-fixture: glm4moe, qwen35moe: NextN (MTP) layers after the decode layers");
 ABSL_FLAG(bool, qk_norm, false, "make-fixture: glm4moe: per-head q/k norms");
 ABSL_FLAG(int32_t, full_attn_interval, 4,
           "make-fixture: qwen35moe: every N-th layer is attention, the rest Gated DeltaNets");

