@@ -304,6 +304,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Model& mode
   for (const SlotExperts::Pool& pool : backend->experts_->pools()) {
     backend->pools_.push_back(pool.info);
   }
+  backend->oracle_arithmetic_ = options.oracle_arithmetic;
   if (options.oracle_arithmetic) {
     MG_ASSIGN_OR_RETURN(backend->oracle_,
                         Oracle::Create(model, options.max_ctx, backend->experts_.get()));
@@ -349,7 +350,9 @@ absl::StatusOr<std::vector<float>> CpuBackend::Run(absl::Span<const int32_t> tok
         absl::StrFormat("cpu backend: %d cached + %d new tokens exceed the context size %d",
                         n_past(), tokens.size(), max_ctx_));
   }
-  if (experts_->ViewsOutliveCalls()) {
+  // The fast path feeds a batch itself, in ubatches of one token where the
+  // slots are fewer than the experts (so its state checkpoints see the call).
+  if (experts_->ViewsOutliveCalls() || !oracle_arithmetic_) {
     absl::StatusOr<std::vector<float>> logits =
         all_logits ? oracle_->Forward(tokens) : oracle_->ForwardLast(tokens);
     experts_->CountSteps();
@@ -367,6 +370,8 @@ absl::StatusOr<std::vector<float>> CpuBackend::Run(absl::Span<const int32_t> tok
 int CpuBackend::n_past() const { return oracle_->n_past(); }
 
 void CpuBackend::Truncate(int n_keep) { oracle_->Truncate(n_keep); }
+
+int CpuBackend::ResumePosition(int n_keep) const { return oracle_->ResumePosition(n_keep); }
 
 bool CpuBackend::BatchesPrompts() const { return experts_->ViewsOutliveCalls(); }
 

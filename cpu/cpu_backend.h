@@ -103,6 +103,7 @@ class CpuBackend final : public Oracle {
   absl::StatusOr<std::vector<float>> ForwardLast(absl::Span<const int32_t> tokens) override;
   int n_past() const override;
   void Truncate(int n_keep) override;
+  int ResumePosition(int n_keep) const override;
 
   // Whether a batch of tokens runs as one batch (every expert resident).
   bool BatchesPrompts() const;
@@ -125,6 +126,7 @@ class CpuBackend final : public Oracle {
 
   const Model* model_ = nullptr;
   int max_ctx_ = 0;
+  bool oracle_arithmetic_ = false;
   size_t kv_bytes_ = 0;
   std::vector<SlotPoolInfo> pools_;
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <deque>
 #include <map>
 #include <utility>
 #include <vector>
@@ -121,16 +122,29 @@ class CpuForward final : public Oracle {
   }
   int n_past() const override { return n_past_; }
   // A Gated DeltaNet's state holds every position before n_past_, so going
-  // back feeds the kept ids again from a zero state (llama.cpp's recurrent
-  // memory keeps no older state either); windowed rings that lost positions
-  // the kept ones' windows read do the same.
+  // back takes the newest checkpoint at or below n_keep (or a zero state) and
+  // feeds the kept ids from there again at the next call; windowed rings that
+  // lost positions the kept ones' windows read feed them again from 0.
   void Truncate(int n_keep) override {
     const int kept = std::clamp(n_keep, 0, n_past_);
-    const bool rewound = kept < n_past_;
+    if (keeps_ids()) {
+      const int from = ResumePosition(kept);
+      resume_from_ = from == kept && StatesAt(kept) ? -1 : from;
+      fed_.resize(static_cast<size_t>(kept));
+      while (!checkpoints_.empty() && checkpoints_.back().position > kept) {
+        checkpoints_.pop_back();
+      }
+    }
     n_past_ = kept;
-    if (!keeps_ids()) return;
-    fed_.resize(static_cast<size_t>(n_past_));
-    refeed_ = (!states_.empty() && (refeed_ || rewound)) || !rings_.Holds(n_past_);
+  }
+  int ResumePosition(int n_keep) const override {
+    const int kept = std::clamp(n_keep, 0, n_past_);
+    if (!keeps_ids() || StatesAt(kept)) return rings_.Holds(kept) ? kept : 0;
+    if (!rings_.Holds(kept)) return 0;
+    for (auto it = checkpoints_.rbegin(); it != checkpoints_.rend(); ++it) {
+      if (it->position <= kept) return it->position;
+    }
+    return 0;
   }
 
  private:
@@ -151,6 +165,12 @@ class CpuForward final : public Oracle {
   void DeltaNetBlock(int il, const std::vector<float>& h, int64_t n, std::vector<float>* out);
   // Whether Truncate may need the ids fed so far (to feed them again).
   bool keeps_ids() const { return rings_.has_rings() || !states_.empty(); }
+  // Whether the states (none, or every layer's) are those after position kept.
+  bool StatesAt(int kept) const {
+    return states_.empty() || (kept == n_past_ && resume_from_ < 0);
+  }
+  // Keeps the states as a checkpoint at n_past_ (the newest kStateCheckpoints).
+  void Checkpoint();
   void Rope(float* x, int n_head, int64_t n);
   // fn(r) for each of rows rows (of any work), in the pool where they hold at
   // least kPoolElements elements in all (else the dispatch costs more than it
@@ -183,11 +203,20 @@ class CpuForward final : public Oracle {
   std::vector<int> kv_rows_;
   KvRingPositions rings_;
   // With rings or states (keeps_ids): the ids fed at positions 0..n_past_,
-  // and whether a Truncate left the rings without some of them or the states
-  // past them (the next Run feeds them again).
+  // and where a Truncate left the next Run to resume: it feeds fed_ from
+  // there again, from the states of the checkpoint there (zero at 0); -1:
+  // nothing to feed again.
   std::vector<int32_t> fed_;
-  bool refeed_ = false;
+  int resume_from_ = -1;
   std::map<int, CpuDeltaNetState> states_;  // per Gated DeltaNet layer, one sequence
+  // Copies of states_ at chosen positions, oldest first: the start of each
+  // call of two tokens or more and its position before its last token (where
+  // a rewind to re-send the same prompt lands).
+  struct StateCheckpoint {
+    int position;
+    std::map<int, CpuDeltaNetState> states;
+  };
+  std::deque<StateCheckpoint> checkpoints_;
   std::vector<LayerVectors> layers_;
   std::vector<float> output_norm_;
   std::vector<std::vector<uint8_t>> k_cache_, v_cache_;  // [row][n_head_kv][head_dim]
@@ -690,33 +719,59 @@ absl::StatusOr<std::vector<float>> CpuForward::Run(absl::Span<const int32_t> tok
         "cpu: %d cached + %d new tokens exceed the context size %d", n_past_, n_tokens, max_ctx_));
   }
   absl::Span<const int32_t> batch = tokens;
-  std::vector<int32_t> refed;  // the kept ids, then tokens
+  std::vector<int32_t> refed;  // the kept ids from resume_from_, then tokens
   int64_t skipped = 0;         // leading rows fed again, whose logits nobody asked for
-  if (refeed_) {
-    refed = fed_;
+  if (resume_from_ >= 0) {
+    const int from = resume_from_;
+    refed.assign(fed_.begin() + from, fed_.end());
     refed.insert(refed.end(), tokens.begin(), tokens.end());
     batch = refed;
-    skipped = n_past_;
-    n_past_ = 0;
-    fed_.clear();
-    refeed_ = false;
-    for (auto& [il, state] : states_) state.Clear();
+    skipped = n_past_ - from;
+    n_past_ = from;
+    fed_.resize(static_cast<size_t>(from));
+    resume_from_ = -1;
+    const auto at = std::find_if(checkpoints_.begin(), checkpoints_.end(),
+                                 [from](const StateCheckpoint& c) { return c.position == from; });
+    if (at != checkpoints_.end()) {
+      states_ = at->states;
+    } else {
+      for (auto& [il, state] : states_) state.Clear();
+    }
   }
+  // Ubatches of at most ubatch_ rows; with states, a call of two tokens or
+  // more also breaks where its own tokens start and before its last token,
+  // for a checkpoint at each.
+  const int64_t n_batch = static_cast<int64_t>(batch.size());
+  const bool checkpoints = !states_.empty() && tokens.size() >= 2;
   std::vector<float> logits;
-  for (int64_t begin = 0; begin < static_cast<int64_t>(batch.size()); begin += ubatch_) {
-    const int64_t end = std::min<int64_t>(static_cast<int64_t>(batch.size()), begin + ubatch_);
+  for (int64_t begin = 0; begin < n_batch;) {
+    int64_t end = std::min(n_batch, begin + ubatch_);
+    if (checkpoints) {
+      if (begin < skipped) end = std::min(end, skipped);
+      if (begin < n_batch - 1) end = std::min(end, n_batch - 1);
+      if (begin == skipped) Checkpoint();
+    }
     const int64_t wanted = end - std::max(begin, skipped);  // rows of the caller's tokens
     const int64_t logit_rows = wanted <= 0  ? 0
                                : all_logits ? wanted
-                                            : (end == static_cast<int64_t>(batch.size()) ? 1 : 0);
+                                            : (end == n_batch ? 1 : 0);
     const int first_position = n_past_;
     RunUbatch(batch.subspan(begin, end - begin), logit_rows, &logits);
     if (keeps_ids()) {
       rings_.Wrote(first_position, n_past_);
       fed_.insert(fed_.end(), batch.begin() + begin, batch.begin() + end);
     }
+    if (checkpoints && end == n_batch - 1) Checkpoint();
+    begin = end;
   }
   return logits;
+}
+
+void CpuForward::Checkpoint() {
+  // Position 0's states are zero: resuming there needs no copy.
+  if (n_past_ == 0 || (!checkpoints_.empty() && checkpoints_.back().position == n_past_)) return;
+  if (static_cast<int>(checkpoints_.size()) == kStateCheckpoints) checkpoints_.pop_front();
+  checkpoints_.push_back({n_past_, states_});
 }
 
 void CpuForward::RunUbatch(absl::Span<const int32_t> tokens, int64_t logit_rows,

@@ -22,6 +22,13 @@
 
 namespace moegraph {
 
+// Checkpoints of a Gated DeltaNet model's recurrent state the fast path keeps
+// (each RecurrentStateBytes): the newest, taken at the start of each call of
+// two tokens or more and before its last token, so a rewind to one of those
+// positions or past it feeds again only from there (a chat's edited turn, a
+// re-sent prompt), not from the start.
+inline constexpr int kStateCheckpoints = 3;
+
 struct CpuForwardOptions {
   int threads = 0;                          // 0: the physical cores
   KvCacheType kv_type = KvCacheType::kF16;  // llama.cpp's default

@@ -118,6 +118,10 @@ class CpuOracle final : public Oracle {
 
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const int32_t> tokens) override;
   int n_past() const override { return n_past_; }
+  int ResumePosition(int n_keep) const override {
+    const int kept = std::clamp(n_keep, 0, n_past_);
+    return !states_.empty() && kept < n_past_ ? 0 : kept;
+  }
   void Truncate(int n_keep) override {
     n_keep = std::clamp(n_keep, 0, n_past_);
     if (!states_.empty() && n_keep < n_past_) {

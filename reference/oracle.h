@@ -4,6 +4,7 @@
 // every other backend is checked against; speed is not its concern.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,6 +52,11 @@ class Oracle {
   // the rest: the next Forward continues at position n_keep.
   virtual void Truncate(int n_keep) = 0;
   void Reset() { Truncate(0); }
+  // The first position Truncate(n_keep) and the next Forward would compute
+  // again: n_keep (at most n_past()) where every position below it is kept
+  // (a KV cache); earlier where a recurrent state cannot go back that far
+  // (its newest checkpoint at or below n_keep, or 0).
+  virtual int ResumePosition(int n_keep) const { return std::clamp(n_keep, 0, n_past()); }
 
   // Feeds the prompt, then picks n_predict tokens by sampling's settings
   // (sample_token of kernels/sample_math.h, drawing for the logits of position p

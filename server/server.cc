@@ -229,12 +229,10 @@ void Server::RunJob(Job& job) {
   const size_t shared =
       std::mismatch(fed_.begin(), fed_.end(), job.prompt.begin(), job.prompt.end()).first -
       fed_.begin();
-  int kept = static_cast<int>(std::min(shared, job.prompt.size() - 1));
-  // A recurrent state continues only from the end of what was fed; any
-  // shorter prefix runs again from the start.
-  const bool restarted = engine_->ResumesOnlyAtItsEnd() && kept > 0 &&
-                         static_cast<size_t>(kept) < fed_.size();
-  if (restarted) kept = 0;
+  const int kept = static_cast<int>(std::min(shared, job.prompt.size() - 1));
+  // What the engine keeps of it: all, or (a recurrent state) up to its
+  // newest checkpoint there; it feeds the rest again.
+  const int cached = engine_->ResumePosition(kept);
   const std::vector<int32_t> fresh(job.prompt.begin() + kept, job.prompt.end());
   const int room = options_.ctx - static_cast<int>(job.prompt.size()) + 1;
   const int n_predict = r.max_tokens < 0 ? room : std::min(r.max_tokens, room);
@@ -272,7 +270,6 @@ void Server::RunJob(Job& job) {
     }
     return true;
   };
-  const size_t fed_before = fed_.size();
   absl::StatusOr<std::vector<int32_t>> generated =
       engine_->Generate(fresh, kept, n_predict, r.sampling, sink);
   // Generation feeds back every token but the last.
@@ -282,7 +279,7 @@ void Server::RunJob(Job& job) {
   } else {
     fed_.clear();
   }
-  cached_tokens_ += static_cast<uint64_t>(kept);
+  cached_tokens_ += static_cast<uint64_t>(cached);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   decode_seconds_.fetch_add(seconds);
@@ -293,12 +290,12 @@ void Server::RunJob(Job& job) {
     std::fprintf(options_.log,
                  "serve: %s: prompt %zu tokens (%d cached%s), %d generated, finish %s%s; queued "
                  "%.1f ms, first token %.1f ms, %.1f ms in all%s%s\n",
-                 job.id.c_str(), job.prompt.size(), kept,
-                 restarted ? absl::StrFormat(": %zu shared, but the recurrent state holds all %zu "
-                                             "fed, so it ran from the start",
-                                             shared, fed_before)
-                                 .c_str()
-                           : "",
+                 job.id.c_str(), job.prompt.size(), cached,
+                 cached < kept ? absl::StrFormat(": %d shared, the recurrent state resumed at "
+                                                 "position %d",
+                                                 kept, cached)
+                                     .c_str()
+                               : "",
                  taken, finish.c_str(),
                  job.cancelled ? " (client left)" : "", waited_ms, first_token_ms, seconds * 1e3,
                  generated.ok() ? "" : "; error: ",
@@ -313,7 +310,7 @@ void Server::RunJob(Job& job) {
   }
   job.finish_reason = finish;
   job.completion_tokens = taken;
-  job.cached_tokens = kept;
+  job.cached_tokens = cached;
   job.done = true;
   job.cv.notify_all();
 }

@@ -44,10 +44,10 @@ class CompletionEngine {
                                                         int start, int n_predict,
                                                         const SamplingParams& sampling,
                                                         const TokenSink& sink) = 0;
-  // Whether start must be 0 or every position fed so far: a recurrent state
-  // (a Gated DeltaNet's) holds all of them at once and cannot go back to a
-  // shorter prefix (llama.cpp's recurrent memory keeps no older state).
-  virtual bool ResumesOnlyAtItsEnd() const = 0;
+  // The first position a generation from start computes again: start where
+  // every position below it is kept (a KV cache), earlier where a recurrent
+  // state cannot go back that far (Oracle::ResumePosition).
+  virtual int ResumePosition(int start) const = 0;
   // The engine's counters for /metrics, read between generations: names
   // without the moegraph_ prefix (counters end in _total).
   virtual std::vector<std::pair<std::string, double>> Counters() = 0;

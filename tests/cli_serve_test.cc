@@ -102,13 +102,13 @@ class CliServeTest : public ::testing::Test {
     return json::parse(res->body, nullptr, false);
   }
 
-  // A chat request of 6 tokens: "Hi"; after a reply to it, the reply and "And then?".
-  static json ChatTurn(const json& reply) {
+  // A chat request of 6 tokens: "Hi"; after a reply to it, the reply and the question.
+  static json ChatTurn(const json& reply, const std::string& question = "And then?") {
     json messages = {{{"role", "user"}, {"content", "Hi"}}};
     if (!reply.is_null()) {
       messages.push_back(
           {{"role", "assistant"}, {"content", reply["choices"][0]["message"]["content"]}});
-      messages.push_back({{"role", "user"}, {"content", "And then?"}});
+      messages.push_back({{"role", "user"}, {"content", question}});
     }
     return {{"messages", messages}, {"max_tokens", 6}};
   }
@@ -475,32 +475,43 @@ TEST_F(CliServeTest, ASharedPrefixIsNotPrefilledAgainAndChangesNothing) {
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 
-// qwen35moe's recurrent state holds every position fed, so it continues only
-// from the end of what was fed: the next turn of a chat continues (its
-// cached tokens are the last turn's), the same prompt again (which shares all
-// but its last token) runs from the start (0 cached, and the log says why),
-// and each reply is a fresh server's.
-TEST_F(CliServeTest, ARecurrentModelContinuesOnlyFromTheEndOfWhatItFed) {
+// qwen35moe's recurrent state holds every position fed: a request resumes
+// from the end of what was fed (the next turn of a chat) or from the newest
+// checkpoint at or below what it shares (kStateCheckpoints: the start of each
+// prompt and its position before its last token), and feeds the rest again.
+// The same prompt again keeps all but its last token, as a KV cache does; an
+// edited last question resumes at the start of its turn (the log says so);
+// each reply is a fresh server's.
+TEST_F(CliServeTest, ARecurrentModelResumesFromItsEndOrItsCheckpoints) {
   const std::string model = testing_util::TempPath("serve-qwen35.gguf");
   const ProcessResult made =
       testing_util::MakeVocabFixture(MOEGRAPH_BIN, Qwen3Json(), model, "qwen35moe");
   ASSERT_EQ(made.exit_code, 0) << made.err;
   std::unique_ptr<httplib::Client> c = ServeModel(model, {});
-  const json turn1 = ChatTurn(json());
-  const json r1 = Post(*c, "/v1/chat/completions", turn1);
+  const json r1 = Post(*c, "/v1/chat/completions", ChatTurn(json()));
+  const int turn1_tokens = r1["usage"]["prompt_tokens"].get<int>();
   const json turn2 = ChatTurn(r1);
   const json r2 = Post(*c, "/v1/chat/completions", turn2);
-  EXPECT_GE(r2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
-            r1["usage"]["prompt_tokens"].get<int>());
+  const int turn2_tokens = r2["usage"]["prompt_tokens"].get<int>();
+  const auto cached = [](const json& r) {
+    return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  EXPECT_GE(cached(r2), turn1_tokens);
   const json again = Post(*c, "/v1/chat/completions", turn2);
-  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(cached(again), turn2_tokens - 1);
   EXPECT_EQ(again["choices"][0]["message"]["content"], r2["choices"][0]["message"]["content"]);
+  const json edited_turn = ChatTurn(r1, "And after that?");
+  const json edited = Post(*c, "/v1/chat/completions", edited_turn);
+  EXPECT_EQ(cached(edited), cached(r2));  // the checkpoint at the start of turn 2's prompt
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
-  EXPECT_TRUE(testing_util::Contains(server_.Log(), "so it ran from the start")) << server_.Log();
+  EXPECT_TRUE(testing_util::Contains(server_.Log(), "the recurrent state resumed at position"))
+      << server_.Log();
 
   std::unique_ptr<httplib::Client> fresh = ServeModel(model, {});
   EXPECT_EQ(Post(*fresh, "/v1/chat/completions", turn2)["choices"][0]["message"]["content"],
             r2["choices"][0]["message"]["content"]);
+  EXPECT_EQ(Post(*fresh, "/v1/chat/completions", edited_turn)["choices"][0]["message"]["content"],
+            edited["choices"][0]["message"]["content"]);
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
   std::remove(model.c_str());
 }

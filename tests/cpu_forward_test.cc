@@ -377,9 +377,9 @@ TEST(CpuWindowedRingsTest, WindowedLayersInRingsGiveTheFullCachesBits) {
 // qwen35moe's Gated DeltaNet state (a Gated DeltaNet layer, then gated
 // attention): a prompt in ubatches of 8 continued by a second call gives the
 // bits of the whole run at once; a Truncate to n_past changes nothing; a
-// rewind feeds the kept ids again from a zero state, so the continuation gets
-// a fresh run's bits, and the slot path (token by token) counts the ids fed
-// again as steps.
+// rewind feeds the kept ids again from the newest checkpoint at or below it
+// (or a zero state), so the continuation gets a fresh run's bits, and the slot
+// path (token by token) counts the ids fed again as steps.
 TEST(CpuDeltaNetTest, TheStateCarriesAcrossCallsAndUbatchesAndARewindFeedsTheKeptIdsAgain) {
   const std::unique_ptr<LoadedModel> m =
       Load({"qwen35moe", Arch::kQwen35Moe, GgmlType::kF32, GgmlType::kF32, false, 2, 2});
@@ -426,10 +426,32 @@ TEST(CpuDeltaNetTest, TheStateCarriesAcrossCallsAndUbatchesAndARewindFeedsTheKep
   ASSERT_TRUE(slots.ok()) << slots.status();
   ASSERT_FALSE((*slots)->BatchesPrompts());
   EXPECT_EQ(Logits(**slots, prompt), want);
-  const uint64_t steps_before = (*slots)->counters().steps;
+  uint64_t steps_before = (*slots)->counters().steps;
+  EXPECT_EQ((*slots)->ResumePosition(12), 0);  // no checkpoint at or below 12
   (*slots)->Truncate(12);
   EXPECT_EQ(Logits(**slots, next), fresh_next);
   EXPECT_EQ((*slots)->counters().steps - steps_before, 12u + next.size());
+
+  // A call of 10 tokens at 16 checkpoints there and at 25, before its last:
+  // a rewind to 20 feeds again from 16; that call (8 tokens from 16) checkpoints
+  // at 20 and 23, and a rewind to 23 then feeds nothing again.
+  const std::vector<int32_t> more(prompt.begin(), prompt.begin() + 10);
+  Logits(**slots, more);
+  std::vector<int32_t> ids(fresh_ids);
+  ids.insert(ids.end(), more.begin(), more.end());
+  for (const auto& [keep, resume] : std::vector<std::pair<int, int>>{{20, 16}, {23, 23}}) {
+    std::vector<int32_t> rewound(ids.begin(), ids.begin() + keep);
+    rewound.insert(rewound.end(), next.begin(), next.end());
+    ids = rewound;
+    const std::vector<float> again = Logits(*make(512), rewound);
+    EXPECT_EQ((*slots)->ResumePosition(keep), resume) << keep;
+    steps_before = (*slots)->counters().steps;
+    (*slots)->Truncate(keep);
+    EXPECT_EQ(Logits(**slots, next),
+              std::vector<float>(again.end() - next.size() * model.config.n_vocab, again.end()))
+        << keep;
+    EXPECT_EQ((*slots)->counters().steps - steps_before, keep - resume + next.size()) << keep;
+  }
 }
 
 // Busy-looping child processes, killed when this goes.

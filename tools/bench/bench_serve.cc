@@ -53,20 +53,18 @@ double MsSince(Clock::time_point t) {
 // CUDA half).
 class BackendEngine final : public CompletionEngine {
  public:
-  BackendEngine(CpuBackend* backend, const ModelConfig& config)
-      : backend_(backend), recurrent_(RecurrentStateBytes(config) > 0) {}
+  explicit BackendEngine(CpuBackend* backend) : backend_(backend) {}
   absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt, int start,
                                                 int n_predict, const SamplingParams& sampling,
                                                 const TokenSink& sink) override {
     backend_->Truncate(start);
     return backend_->Generate(prompt, n_predict, nullptr, sink, sampling);
   }
-  bool ResumesOnlyAtItsEnd() const override { return recurrent_; }
+  int ResumePosition(int start) const override { return backend_->ResumePosition(start); }
   std::vector<std::pair<std::string, double>> Counters() override { return {}; }
 
  private:
   CpuBackend* backend_;
-  const bool recurrent_;
 };
 
 // Everything the benchmarks share: the model, the backend, a server on it.
@@ -115,8 +113,7 @@ absl::Status Load(const std::string& path, int threads) {
     setup->prompt_ids[i] = *std::move(ids);
   }
 
-  setup->engine =
-      std::make_unique<BackendEngine>(setup->serve_backend.get(), setup->model.config);
+  setup->engine = std::make_unique<BackendEngine>(setup->serve_backend.get());
   ServerOptions server_options;
   server_options.port = 0;
   server_options.ctx = options.max_ctx;

@@ -43,8 +43,7 @@ constexpr int kServeDefaultContext = 4096;
 // The decoder as the server's engine.
 class DecoderEngine final : public CompletionEngine {
  public:
-  DecoderEngine(Decoder* decoder, const ModelConfig& config)
-      : decoder_(decoder), recurrent_(RecurrentStateBytes(config) > 0) {}
+  explicit DecoderEngine(Decoder* decoder) : decoder_(decoder) {}
   absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt, int start,
                                                 int n_predict, const SamplingParams& sampling,
                                                 const TokenSink& sink) override {
@@ -52,7 +51,7 @@ class DecoderEngine final : public CompletionEngine {
     GenerateStats stats;
     return decoder_->Generate(prompt, n_predict, start, &stats, sink);
   }
-  bool ResumesOnlyAtItsEnd() const override { return recurrent_; }
+  int ResumePosition(int start) const override { return decoder_->ResumePosition(start); }
   std::vector<std::pair<std::string, double>> Counters() override {
     absl::StatusOr<std::vector<std::pair<std::string, double>>> c = decoder_->Counters();
     return c.ok() ? *std::move(c) : std::vector<std::pair<std::string, double>>();
@@ -60,7 +59,6 @@ class DecoderEngine final : public CompletionEngine {
 
  private:
   Decoder* decoder_;
-  const bool recurrent_;
 };
 
 absl::Status Serve() {
@@ -121,7 +119,7 @@ absl::Status Serve() {
                options.ctx);
   MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder,
                       Decoder::Create(model, flags, options.ctx, stderr));
-  DecoderEngine engine(decoder.get(), model.config);
+  DecoderEngine engine(decoder.get());
   Server server(options, &engine, tokenizer.get(), chat_template);
   MG_ASSIGN_OR_RETURN(const int port, server.Bind());
   std::fprintf(stderr, "serve: listening on http://%s:%d (%s)\n", options.host.c_str(), port,

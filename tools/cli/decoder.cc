@@ -244,7 +244,7 @@ absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions
   if (cuda) return absl::OkStatus();
   const KvCacheType kv_type = cpu.kv_type;
   const uint64_t kv = KvCacheBytes(cfg, ctx, kv_type, cpu.ring_slack());
-  const uint64_t state = RecurrentStateBytes(cfg);
+  const uint64_t state = RecurrentStateBytes(cfg) * (1 + kStateCheckpoints);
   const uint64_t available = HostMemoryAvailable();
   if (available > 0 && kv + state > available) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -254,7 +254,9 @@ absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions
         "a smaller --ctx or -n fits",
         ctx, Gib(kv), cfg.n_kv_layers(), ctx, cfg.n_head_kv, cfg.head_dim,
         kv_type == KvCacheType::kF16 ? 2 : 4,
-        state > 0 ? absl::StrFormat(" beside a recurrent state of %.2f GiB", Gib(state)) : "",
+        state > 0 ? absl::StrFormat(" beside a recurrent state and its %d checkpoints of %.2f GiB",
+                                    kStateCheckpoints, Gib(state))
+                  : "",
         Gib(available)));
   }
   return absl::OkStatus();
@@ -446,6 +448,10 @@ absl::StatusOr<std::vector<int32_t>> Decoder::Generate(absl::Span<const int32_t>
   return cpu_->Generate(prompt, n_predict, stats, sink, sampling_);
 }
 
+int Decoder::ResumePosition(int start) const {
+  return cuda_ != nullptr ? start : cpu_->ResumePosition(start);
+}
+
 absl::Status Decoder::SetSampling(const SamplingParams& sampling) {
   if (cuda_ != nullptr) MG_RETURN_IF_ERROR(cuda_->SetSampling(sampling));
   sampling_ = sampling;
@@ -496,7 +502,9 @@ absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, s
     absl::StrAppendFormat(&memory, " (file %.0f MiB, KV cache %.0f MiB%s)", Mib(file_bytes_),
                           Mib(kv_bytes_),
                           state_bytes_ > 0
-                              ? absl::StrFormat(", recurrent state %.1f MiB", Mib(state_bytes_))
+                              ? absl::StrFormat(", recurrent state %.1f MiB and up to %d "
+                                                "checkpoints of it",
+                                                Mib(state_bytes_), kStateCheckpoints)
                               : "");
   }
   absl::FPrintF(

@@ -108,6 +108,11 @@ class Decoder {
                                                 int start, GenerateStats* stats,
                                                 const TokenSink& sink);
 
+  // The first position a Generate from start computes again
+  // (Oracle::ResumePosition; start on CUDA, whose KV cache keeps every
+  // position).
+  int ResumePosition(int start) const;
+
   // The sampling of later Generate calls (on CUDA one small upload; the
   // captured graphs stay). Errors: settings out of range.
   absl::Status SetSampling(const SamplingParams& sampling);
