@@ -64,7 +64,9 @@ void CpuDeltaNetMix(const DeltaNetShape& shape, const DeltaNetWeights& weights, 
       for (int64_t t = 0; t < n; ++t) window[held + t] = qkv[t * conv_dim + c];
       const float* taps = weights.conv.data() + c * d_conv;
       for (int64_t t = 0; t < n; ++t) {
-        qkv[t * conv_dim + c] = silu(delta_net_conv_tap_sum(window.data() + t, taps, d_conv));
+        const float* at = window.data() + t;
+        qkv[t * conv_dim + c] =
+            silu(delta_net_conv_tap_sum([at](int32_t i) { return at[i]; }, taps, d_conv));
       }
       std::copy_n(window.data() + n, held, kept);
     }

@@ -24,11 +24,12 @@ MG_HD inline float delta_net_decay(float alpha, float dt_bias, float ssm_a) {
 }
 
 // The causal conv's output for one channel and token: taps[i] times the
-// window's input i, i = 0 the oldest (tap d_conv - 1 on the current token),
-// summed in tap order (ggml_ssm_conv).
-MG_HD inline float delta_net_conv_tap_sum(const float* window, const float* taps, int32_t d_conv) {
+// window's input i (input_at(i), i = 0 the oldest; tap d_conv - 1 on the
+// current token), summed in tap order (ggml_ssm_conv).
+template <typename InputAt>
+MG_HD_INLINE float delta_net_conv_tap_sum(InputAt input_at, const float* taps, int32_t d_conv) {
   float sum = 0.0f;
-  for (int32_t i = 0; i < d_conv; ++i) sum += window[i] * taps[i];
+  for (int32_t i = 0; i < d_conv; ++i) sum += input_at(i) * taps[i];
   return sum;
 }
 

@@ -78,6 +78,39 @@ uint64_t* programmatic_launch_counter();
 
 // ---- dense ops ----
 
+// The Gated DeltaNet mixer of one layer (qwen35moe, issue 41): the CPU
+// backend's CpuDeltaNetMix (cpu/delta_net.h) on the device, from the layer's
+// projections of `tokens` consecutive tokens to the gated norm's output, the
+// per-element math of kernels/delta_net_math.h. A block per value head h runs
+// the tokens in order: the causal conv and silu of its channels (the q and k
+// channels of key head h % n_k_heads, its own v channels), q and k
+// l2-normalised, the delta rule on its state, rms_norm(o) * norm * silu(z).
+// The conv state is kept per value head (its q and k channels too), so no two
+// blocks share a word of it. head_dim a multiple of 32, at most 256;
+// d_conv 2..kDeltaNetMaxConv.
+inline constexpr int32_t kDeltaNetMaxConv = 8;
+struct DeltaNetMixArgs {
+  int32_t n_k_heads = 0, n_v_heads = 0, head_dim = 0, d_conv = 0;
+  float eps = 0.0f;                 // layer_norm_rms_epsilon: the l2 norms' and the gated norm's
+  const float* conv_taps = nullptr;  // [conv_dim][d_conv], tap d_conv - 1 on the current token
+  const float* dt_bias = nullptr;    // [n_v_heads]
+  const float* ssm_a = nullptr;      // [n_v_heads]
+  const float* norm = nullptr;       // [head_dim]
+  const float* qkv = nullptr;        // [tokens][conv_dim]: q | k | v channels
+  const float* z = nullptr;          // [tokens][value_dim]
+  const float* alpha = nullptr;      // [tokens][n_v_heads]
+  const float* beta_logit = nullptr;  // [tokens][n_v_heads]
+  float* conv_state = nullptr;   // [n_v_heads][3 head_dim][d_conv - 1], oldest input first
+  float* delta_state = nullptr;  // [n_v_heads][head_dim value j][head_dim key i]
+  float* out = nullptr;          // [tokens][value_dim]
+  block_q8_1* out_q = nullptr;   // null, or out's q8_1 blocks (ssm_out's input)
+};
+// The floats of conv_state (zero for a new sequence; delta_state holds
+// n_v_heads * head_dim^2).
+int64_t delta_net_conv_state_floats(int32_t n_v_heads, int32_t head_dim, int32_t d_conv);
+cudaError_t launch_delta_net_mix(const DeltaNetMixArgs& args, int32_t tokens,
+                                 cudaStream_t stream);
+
 // Ops that fuse the op after them: their last block (kernels/epilogue.cuh) runs
 // it once every block is done. `tickets` is device memory of zeroed counters
 // (the count each launcher names), left zeroed when the launch ends; launches of

@@ -29,6 +29,9 @@ inline constexpr int kEmbedThreads = 256;
 inline constexpr int kAttentionThreads = 128;
 inline constexpr int kAttentionSplitPositions = 128;
 inline constexpr int kAttentionGroupHeads = 8;
+// launch_delta_net_mix: a block per value head, four warps; a warp walks its
+// share of the head's state rows, a lane every 32nd key of a row.
+inline constexpr int kDeltaNetThreads = 128;
 // launch_residency_step and launch_hazard_step: one block each (the hazard
 // step's victim pass reads several dependent arrays per slot: more warps hide
 // more of that latency).
@@ -66,6 +69,9 @@ inline LaunchGeometry qkv_launch_geometry(const GgmlType (&type)[3], const int64
 }
 
 inline LaunchGeometry embed_launch_geometry() { return {dim3(1), dim3(kEmbedThreads)}; }
+inline LaunchGeometry delta_net_mix_launch_geometry(int32_t n_v_heads) {
+  return {dim3(static_cast<unsigned>(n_v_heads)), dim3(kDeltaNetThreads)};
+}
 
 // The attention's splits of a context of max_ctx positions.
 inline int32_t attention_splits(int32_t max_ctx) {

@@ -1,0 +1,151 @@
+// The Gated DeltaNet mixer (launch_delta_net_mix, kernels/kernels.h): the
+// indexing and the movement; the per-element math is kernels/delta_net_math.h,
+// the CPU backend's too.
+#include "kernels/delta_net_math.h"
+#include "kernels/kernels.h"
+#include "kernels/launch.cuh"
+#include "kernels/launch_geometry.h"
+#include "kernels/nn_math.h"
+#include "kernels/q8_1.cuh"
+#include "kernels/reduce.cuh"
+
+namespace moegraph {
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+constexpr int kWarps = kDeltaNetThreads / 32;
+// Keys a lane holds of a state row.
+constexpr int kKeysPerLane = kMaxHeadDim / 32;
+
+// The model's channel of the head's channel j: q, k (both of key head g),
+// then v (of value head h).
+__device__ inline int32_t model_channel(int32_t j, int32_t d, int32_t g, int32_t h,
+                                        int32_t key_dim) {
+  if (j < d) return g * d + j;
+  if (j < 2 * d) return key_dim + g * d + (j - d);
+  return 2 * key_dim + h * d + (j - 2 * d);
+}
+
+__global__ void __launch_bounds__(kDeltaNetThreads)
+    delta_net_mix_kernel(const DeltaNetMixArgs a, int32_t tokens) {
+  wait_for_prior_grids();
+  __shared__ float y[3 * kMaxHeadDim];  // the conv's outputs: q, k, v
+  __shared__ float o[kMaxHeadDim];
+  __shared__ float scratch[kWarps];
+  const int32_t h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int32_t d = a.head_dim, g = h % a.n_k_heads, held = a.d_conv - 1;
+  const int32_t key_dim = a.n_k_heads * d, value_dim = a.n_v_heads * d;
+  const int32_t conv_dim = 2 * key_dim + value_dim;
+  float* const conv_state = a.conv_state + static_cast<int64_t>(h) * 3 * d * held;
+  float* const m = a.delta_state + static_cast<int64_t>(h) * d * d;
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+
+  for (int32_t t = 0; t < tokens; ++t) {
+    // 1. The conv and silu of the head's channels at token t.
+    for (int32_t j = tid; j < 3 * d; j += kDeltaNetThreads) {
+      const int32_t c = model_channel(j, d, g, h, key_dim);
+      const float* kept = conv_state + j * held;
+      const float* const qkv = a.qkv;
+      const int32_t first = t - held;
+      const auto input_at = [=](int32_t i) {
+        const int32_t tau = first + i;
+        return tau < 0 ? kept[held + tau] : qkv[static_cast<int64_t>(tau) * conv_dim + c];
+      };
+      y[j] = silu(delta_net_conv_tap_sum(input_at, a.conv_taps + c * a.d_conv, a.d_conv));
+    }
+    __syncthreads();
+
+    // 2. q and k l2-normalised, and k.q for the output.
+    float q_sq = 0.0f, k_sq = 0.0f;
+    for (int32_t i = tid; i < d; i += kDeltaNetThreads) {
+      q_sq += y[i] * y[i];
+      k_sq += y[d + i] * y[d + i];
+    }
+    const float q_scale = delta_net_l2_scale(block_sum(q_sq, scratch), d, a.eps);
+    const float k_scale = delta_net_l2_scale(block_sum(k_sq, scratch), d, a.eps);
+    // Held in registers: every index below is a constant once unrolled.
+    float q[kKeysPerLane], k[kKeysPerLane];
+    float kq_part = 0.0f;
+#pragma unroll
+    for (int32_t u = 0; u < kKeysPerLane; ++u) {
+      q[u] = u < d / 32 ? y[lane + 32 * u] * q_scale : 0.0f;
+      k[u] = u < d / 32 ? y[d + lane + 32 * u] * k_scale : 0.0f;
+      kq_part += k[u] * q[u];
+    }
+    const float kq = warp_sum(kq_part);
+    const int64_t at = static_cast<int64_t>(t) * a.n_v_heads + h;
+    const float decay = delta_net_decay(a.alpha[at], a.dt_bias[h], a.ssm_a[h]);
+    const float beta = sigmoid(a.beta_logit[at]);
+
+    // 3. The delta rule, a warp a row at a time (rows j = warp, warp + 4, ...):
+    // its dots with k and q, then m_j = decay m_j + delta_j k.
+    for (int32_t j = warp; j < d; j += kWarps) {
+      float* row = m + static_cast<int64_t>(j) * d;
+      float r[kKeysPerLane];
+      float mk = 0.0f, mq = 0.0f;
+#pragma unroll
+      for (int32_t u = 0; u < kKeysPerLane; ++u) {
+        r[u] = u < d / 32 ? row[lane + 32 * u] : 0.0f;
+        mk += r[u] * k[u];
+        mq += r[u] * q[u];
+      }
+      mk = warp_sum(mk);
+      mq = warp_sum(mq);
+      const float delta = (y[2 * d + j] - decay * mk) * beta;
+#pragma unroll
+      for (int32_t u = 0; u < kKeysPerLane; ++u) {
+        if (u < d / 32) row[lane + 32 * u] = fmaf(delta, k[u], decay * r[u]);
+      }
+      if (lane == 0) o[j] = (decay * mq + delta * kq) * scale;
+    }
+    __syncthreads();
+
+    // 4. rms_norm(o) * norm * silu(z), and its q8_1 blocks.
+    float o_sq = 0.0f;
+    for (int32_t j = tid; j < d; j += kDeltaNetThreads) o_sq += o[j] * o[j];
+    const float rms = rms_scale(block_sum(o_sq, scratch), d, a.eps);
+    const int64_t row_at = static_cast<int64_t>(t) * value_dim + static_cast<int64_t>(h) * d;
+    for (int32_t base = warp * 32; base < d; base += kDeltaNetThreads) {
+      const int32_t j = base + lane;
+      const float v = o[j] * rms * a.norm[j] * silu(a.z[row_at + j]);
+      a.out[row_at + j] = v;
+      if (a.out_q != nullptr) warp_quantize_q8_1(v, a.out_q + (row_at + base) / 32);
+    }
+    __syncthreads();
+  }
+
+  // 5. Each channel's last d_conv - 1 inputs become its state, oldest first
+  // (entry i takes the input tokens + i entries later, read before written).
+  for (int32_t j = tid; j < 3 * d; j += kDeltaNetThreads) {
+    const int32_t c = model_channel(j, d, g, h, key_dim);
+    float* kept = conv_state + j * held;
+    for (int32_t i = 0; i < held; ++i) {
+      const int32_t tau = tokens - held + i;
+      kept[i] = tau < 0 ? kept[tokens + i] : a.qkv[static_cast<int64_t>(tau) * conv_dim + c];
+    }
+  }
+}
+
+}  // namespace
+
+int64_t delta_net_conv_state_floats(int32_t n_v_heads, int32_t head_dim, int32_t d_conv) {
+  return int64_t{n_v_heads} * 3 * head_dim * (d_conv - 1);
+}
+
+cudaError_t launch_delta_net_mix(const DeltaNetMixArgs& args, int32_t tokens,
+                                 cudaStream_t stream) {
+  const bool shape_ok = args.n_k_heads > 0 && args.n_v_heads > 0 &&
+                        args.n_v_heads % args.n_k_heads == 0 && args.head_dim > 0 &&
+                        args.head_dim % 32 == 0 && args.head_dim <= kMaxHeadDim &&
+                        args.d_conv >= 2 && args.d_conv <= kDeltaNetMaxConv;
+  const bool buffers_ok = args.conv_taps != nullptr && args.dt_bias != nullptr &&
+                          args.ssm_a != nullptr && args.norm != nullptr && args.qkv != nullptr &&
+                          args.z != nullptr && args.alpha != nullptr &&
+                          args.beta_logit != nullptr && args.conv_state != nullptr &&
+                          args.delta_state != nullptr && args.out != nullptr;
+  if (!shape_ok || !buffers_ok || tokens < 1) return cudaErrorInvalidValue;
+  const LaunchGeometry g = delta_net_mix_launch_geometry(args.n_v_heads);
+  return launch_kernel<delta_net_mix_kernel>(g.grid, g.block, stream, args, tokens);
+}
+
+}  // namespace moegraph
