@@ -10,19 +10,8 @@
 namespace moegraph {
 namespace {
 
-// Work below this many elements runs on the calling thread (decode's).
-constexpr int64_t kPoolElements = 1 << 16;
 // Channels per conv task: a 64-byte line of each token's inputs.
 constexpr int64_t kConvChannels = 16;
-
-void Tasks(ThreadPool& pool, int64_t n_tasks, int64_t elements,
-           absl::FunctionRef<void(int64_t)> fn) {
-  if (elements < kPoolElements || pool.size() == 1) {
-    for (int64_t t = 0; t < n_tasks; ++t) fn(t);
-    return;
-  }
-  pool.Run(n_tasks, fn);
-}
 
 // sum x^2 with each square in f32 and the sum in f64 (ggml's rms_norm).
 double SumOfSquares(const float* x, int n) {
@@ -54,7 +43,7 @@ void CpuDeltaNetMix(const DeltaNetShape& shape, const DeltaNetWeights& weights, 
   // The conv over [state, tokens] per channel, then silu, in place; the
   // channel's last d_conv - 1 inputs become its state.
   const int64_t conv_tasks = (conv_dim + kConvChannels - 1) / kConvChannels;
-  Tasks(pool, conv_tasks, n * conv_dim * d_conv, [&](int64_t task) {
+  pool.RunSized(conv_tasks, n * conv_dim * d_conv, [&](int64_t task) {
     thread_local std::vector<float> window;
     window.resize(static_cast<size_t>(held + n));
     const int64_t end = std::min(conv_dim, (task + 1) * kConvChannels);
@@ -73,7 +62,7 @@ void CpuDeltaNetMix(const DeltaNetShape& shape, const DeltaNetWeights& weights, 
   });
 
   // q and k l2-normalised per head and token.
-  Tasks(pool, n * 2 * hk, n * 2 * key_dim, [&](int64_t task) {
+  pool.RunSized(n * 2 * hk, n * 2 * key_dim, [&](int64_t task) {
     const int64_t t = task / (2 * hk);
     float* x = qkv + t * conv_dim + (task % (2 * hk)) * d;
     const float scale = delta_net_l2_scale(static_cast<float>(SumOfSquares(x, d)), d, eps);
@@ -83,7 +72,7 @@ void CpuDeltaNetMix(const DeltaNetShape& shape, const DeltaNetWeights& weights, 
   // Per value head (its q and k: head h % n_k_heads, llama.cpp's tiled
   // order), the tokens in order: the delta rule, then the gated norm.
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  Tasks(pool, hv, n * hv * int64_t{d} * d, [&](int64_t h) {
+  pool.RunSized(hv, n * hv * int64_t{d} * d, [&](int64_t h) {
     float* m = state->delta.data() + h * d * d;
     for (int64_t t = 0; t < n; ++t) {
       const float* row = qkv + t * conv_dim;

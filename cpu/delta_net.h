@@ -9,7 +9,6 @@
 // one, whatever the thread count.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -27,7 +26,6 @@ struct CpuDeltaNetState {
   std::vector<float> delta;
   explicit CpuDeltaNetState(const DeltaNetShape& shape);
   void Clear();
-  size_t bytes() const { return (conv.size() + delta.size()) * sizeof(float); }
 };
 
 // n tokens of one sequence: qkv [n][conv_dim] in (overwritten: the conv's

@@ -34,10 +34,6 @@ namespace {
 constexpr int64_t kBatchMinActs = 8;
 constexpr int64_t kAmxMinActs = 16;
 
-// Row-wise work (norms, the experts' outputs and combine) below this many
-// elements runs on the calling thread: decode's rows.
-constexpr int64_t kPoolElements = 1 << 16;
-
 // Weight rows per task: enough tasks to balance the threads, rows enough to
 // amortize a task.
 int64_t RowsPerTask(int64_t rows, int threads, int64_t n_act) {
@@ -172,10 +168,6 @@ class CpuForward final : public Oracle {
   // Keeps the states as a checkpoint at n_past_ (the newest kStateCheckpoints).
   void Checkpoint();
   void Rope(float* x, int n_head, int64_t n);
-  // fn(r) for each of rows rows (of any work), in the pool where they hold at
-  // least kPoolElements elements in all (else the dispatch costs more than it
-  // saves).
-  void EachRow(int64_t rows, int64_t elements, absl::FunctionRef<void(int64_t)> fn);
   // RmsNorm of x's rows (weight's width each) into out, row by row.
   void NormRows(absl::Span<const float> x, absl::Span<const float> weight, float eps,
                 absl::Span<float> out);
@@ -326,18 +318,11 @@ void CpuForward::MatMuls(absl::Span<const MatJob> jobs) {
   });
 }
 
-void CpuForward::EachRow(int64_t rows, int64_t elements, absl::FunctionRef<void(int64_t)> fn) {
-  if (elements < kPoolElements || pool_.size() == 1) {
-    for (int64_t r = 0; r < rows; ++r) fn(r);
-    return;
-  }
-  pool_.Run(rows, fn);
-}
-
 void CpuForward::NormRows(absl::Span<const float> x, absl::Span<const float> weight, float eps,
                           absl::Span<float> out) {
   const size_t width = weight.size();
-  EachRow(static_cast<int64_t>(x.size() / width), static_cast<int64_t>(x.size()), [&](int64_t r) {
+  const int64_t rows = static_cast<int64_t>(x.size() / width);
+  pool_.RunSized(rows, static_cast<int64_t>(x.size()), [&](int64_t r) {
     RmsNorm(x.subspan(r * width, width), weight, eps, out.subspan(r * width, width));
   });
 }
@@ -468,7 +453,7 @@ void CpuForward::AttentionBlock(int il, const std::vector<float>& h, int64_t n,
   if (gated) {
     // attention * sigmoid(gate), head by head.
     const int64_t d = cfg.head_dim;
-    EachRow(n * cfg.n_head, n * q_len, [&](int64_t row) {
+    pool_.RunSized(n * cfg.n_head, n * q_len, [&](int64_t row) {
       const float* gate = q_gate.data() + row * 2 * d + d;
       float* a = attn.data() + row * d;
       for (int64_t i = 0; i < d; ++i) a[i] *= sigmoid(gate[i]);
@@ -597,7 +582,7 @@ void CpuForward::Experts(int il, const std::vector<float>& h, absl::Span<const i
   }
   MatMuls(jobs);
   expert_out->resize(static_cast<size_t>(n_pairs * n_embd));
-  EachRow(static_cast<int64_t>(n_groups), n_pairs * n_embd, [&](int64_t g) {
+  pool_.RunSized(static_cast<int64_t>(n_groups), n_pairs * n_embd, [&](int64_t g) {
     for (size_t i = 0; i < pairs_of[g].size(); ++i) {
       float* y = expert_out->data() + pairs_of[g][i] * n_embd;
       std::copy_n(down[g].data() + i * n_embd, n_embd, y);
@@ -668,7 +653,7 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
   }
 
   out->resize(static_cast<size_t>(n * n_embd));
-  EachRow(n, n * n_embd, [&](int64_t t) {
+  pool_.RunSized(n, n * n_embd, [&](int64_t t) {
     const double shared_scale = shared.empty()         ? 0.0
                                 : shared_logit.empty() ? 1.0
                                                        : Sigmoid(shared_logit[t]);

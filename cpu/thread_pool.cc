@@ -114,6 +114,15 @@ void ThreadPool::TakeUnits(uint32_t job) {
   }
 }
 
+void ThreadPool::RunSized(int64_t n_tasks, int64_t elements,
+                          absl::FunctionRef<void(int64_t)> fn) {
+  if (elements < kPoolElements) {
+    for (int64_t task = 0; task < n_tasks; ++task) fn(task);
+    return;
+  }
+  Run(n_tasks, fn);
+}
+
 void ThreadPool::Run(int64_t n_tasks, absl::FunctionRef<void(int64_t)> fn) {
   if (n_tasks <= 0) return;
   if (workers_.empty() || n_tasks == 1) {

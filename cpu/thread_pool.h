@@ -38,6 +38,11 @@ class ThreadPool {
   // order, so which thread runs a task varies; callers make each task's result
   // independent of that. One Run at a time (the CPU path has one caller).
   void Run(int64_t n_tasks, absl::FunctionRef<void(int64_t)> fn);
+  // Run where the tasks hold at least kPoolElements elements of work in all,
+  // else every task on the calling thread (decode's rows: the dispatch would
+  // cost more than it saves).
+  static constexpr int64_t kPoolElements = 1 << 16;
+  void RunSized(int64_t n_tasks, int64_t elements, absl::FunctionRef<void(int64_t)> fn);
 
  private:
   // The cursor packs the job's id, its unit count and the next unit to claim,

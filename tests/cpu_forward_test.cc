@@ -234,7 +234,7 @@ INSTANTIATE_TEST_SUITE_P(Types, CpuBatchPromptTest,
                          });
 
 // A prompt long enough that the norms and the experts' combine go row by row
-// through the pool (kPoolElements) and the batch jobs' activations are packed
+// through the pool (ThreadPool::kPoolElements) and the batch jobs' activations are packed
 // there: one thread still equals two, batch kernels on or off.
 TEST(CpuLongPromptTest, OneThreadEqualsTwo) {
   const std::unique_ptr<LoadedModel> m =
