@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "capture/engine_impl.h"
+#include "capture/walk_shape.h"
 #include "loader/check.h"
 #include "loader/status_util.h"
 
@@ -123,7 +124,6 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   model = &m;
   cfg = m.config;
   options = opts;
-  MG_RETURN_IF_ERROR(CheckMixersRun(cfg, "the CUDA engine"));
   if (options.max_ctx < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--ctx %d: the context must hold at least one token", options.max_ctx));
@@ -188,14 +188,20 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
     arm = d.graph ? Arm::kGraph : Arm::kEager;
   }
 
+  if (cfg.n_kv_layers() < cfg.n_layer &&
+      !delta_net_mix_supports(cfg.delta_net.n_k_heads, cfg.delta_net.n_v_heads,
+                              cfg.delta_net.head_dim, cfg.delta_net.d_conv)) {
+    return absl::InvalidArgumentError(absl::StrCat(m.file->path(), ": ", DeltaNetRefusal(cfg)));
+  }
   for (const LayerTensors& lt : m.layers) {
-    for (const GgufTensor* t : {lt.wq, lt.wk, lt.wv}) {
+    const LayerTensors::DeltaNet& dn = lt.delta_net;
+    for (const GgufTensor* t : {lt.wq, lt.wk, lt.wv, dn.qkv, dn.gate, dn.alpha, dn.beta}) {
       if (t != nullptr && !qkv_supports_type(t->ggml_type(), static_cast<int32_t>(t->ne[0]))) {
         return UnsupportedMatrix(m, *t);
       }
     }
     for (const GgufTensor* t : {lt.wo, lt.router, lt.shexp_gate, lt.shexp_up, lt.shexp_down,
-                                lt.shexp_gate_inp, lt.ffn_gate, lt.ffn_up, lt.ffn_down}) {
+                                lt.shexp_gate_inp, lt.ffn_gate, lt.ffn_up, lt.ffn_down, dn.out}) {
       if (t != nullptr && !matvec_supports_type(t->ggml_type(), static_cast<int32_t>(t->ne[0]))) {
         return UnsupportedMatrix(m, *t);
       }
@@ -275,7 +281,10 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
 
   // The context's memory, before the experts are pinned: the dense weights, the
   // KV cache and the scratch must fit beside the rail, whatever the slots get.
-  const uint64_t kv_bytes = KvCacheBytes(cfg, options.max_ctx, options.kv_type, RingSlack());
+  // A Gated DeltaNet's state sits beside the KV cache: the budget counts both.
+  const uint64_t state_bytes = RecurrentBytes(cfg);
+  const uint64_t kv_bytes =
+      KvCacheBytes(cfg, options.max_ctx, options.kv_type, RingSlack()) + state_bytes;
   const int kv_elem = options.kv_type == KvCacheType::kF16 ? 2 : 4;
   int ring_layers = 0, ring_rows = 0;  // the windowed layers' rings, where smaller
   for (int il = 0; il < cfg.n_layer; ++il) {
@@ -295,10 +304,13 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   if (dense + kv_bytes + scratch + options.rail_bytes > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "--ctx %d: the GPU needs %.2f GiB before any expert slot (dense weights %.2f GiB, KV "
-        "cache %.2f GiB = 2 x %d layers x %d positions%s x %d KV heads x %d x %d bytes, scratch "
+        "cache %.2f GiB = 2 x %d layers x %d positions%s x %d KV heads x %d x %d bytes,%s scratch "
         "%.2f GiB, rail %.2f GiB) and %.2f GiB of its memory is free; a smaller --ctx fits",
         options.max_ctx, Gib(dense + kv_bytes + scratch + options.rail_bytes), Gib(dense),
-        Gib(kv_bytes), cfg.n_layer, options.max_ctx, rings, cfg.n_head_kv, cfg.head_dim, kv_elem,
+        Gib(kv_bytes - state_bytes), cfg.n_kv_layers(), options.max_ctx, rings, cfg.n_head_kv,
+        cfg.head_dim, kv_elem,
+        state_bytes > 0 ? absl::StrFormat(" Gated DeltaNet state %.2f GiB,", Gib(state_bytes))
+                        : std::string(),
         Gib(scratch), Gib(options.rail_bytes), Gib(free_bytes)));
   }
   if (experts == nullptr) {
@@ -331,9 +343,12 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
     absl::StrAppendFormat(&banner, "\nclass %d: %d layers, %d slots x %.3f MiB = %.2f MiB", c,
                           p.layers.size(), p.n_slots, Mib(p.block_bytes), Mib(p.pool_bytes()));
   }
-  absl::StrAppendFormat(&banner, "\ndense %.2f MiB, KV %.2f MiB (%s), experts %.2f MiB pinned",
-                        Mib(dense_bytes), Mib(kv_bytes),
+  absl::StrAppendFormat(&banner, "\ndense %.2f MiB, KV %.2f MiB (%s)%s, experts %.2f MiB pinned",
+                        Mib(dense_bytes), Mib(kv_bytes - state_bytes),
                         options.kv_type == KvCacheType::kF16 ? "f16" : "f32",
+                        state_bytes > 0
+                            ? absl::StrFormat(", Gated DeltaNet state %.2f MiB", Mib(state_bytes))
+                            : std::string(),
                         Mib(store->total_bytes()));
   if (!prefill.unavailable.empty()) {
     absl::StrAppendFormat(&banner,
@@ -402,19 +417,26 @@ absl::StatusOr<std::vector<int32_t>> CudaEngine::Generate(absl::Span<const int32
     return absl::InvalidArgumentError(
         absl::StrFormat("cuda engine: start position %d must not be negative", start));
   }
-  // A windowed layer's ring that no longer holds the keys below start: the
-  // kept positions are fed again from 0 (they are the ids this engine was fed).
+  if (start > static_cast<int>(s.fed.size())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cuda engine: start position %d is past the %d positions fed", start, s.fed.size()));
+  }
+  // A windowed layer's ring that no longer holds the keys below start, or a
+  // Gated DeltaNet state that is not at start: the kept positions are fed
+  // again from 0 (they are the ids this engine was fed).
   std::vector<int32_t> refed;
-  if (!s.rings.Holds(start)) {
-    if (start > static_cast<int>(s.fed.size())) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cuda engine: start position %d is past the %d positions fed", start, s.fed.size()));
-    }
+  if (!s.rings.Holds(start) || !s.StateResumesAt(start)) {
+    ++(s.rings.Holds(start) ? s.host.state_refills : s.host.ring_refills);
     refed.assign(s.fed.begin(), s.fed.begin() + start);
     refed.insert(refed.end(), prompt.begin(), prompt.end());
     prompt = refed;
     start = 0;
-    ++s.host.ring_refills;
+  }
+  // A new sequence's state starts at zero.
+  if (start == 0 && s.recurrent_buffer.bytes() > 0) {
+    MG_RETURN_IF_ERROR(CudaStatus(
+        cudaMemsetAsync(s.recurrent_buffer.as<void>(), 0, s.recurrent_buffer.bytes(), s.main),
+        "clearing the Gated DeltaNet state"));
   }
   // Steps run positions [start, n_prompt + decode_steps): the prompt buffer
   // holds ids by position, so the length counts the kept positions too.
@@ -616,6 +638,12 @@ absl::StatusOr<std::vector<float>> CudaEngine::ReadLogitsRecord(int first_step, 
                                   out.size() * sizeof(float), "the logits record"));
   }
   return out;
+}
+
+int CudaEngine::ResumePosition(int start) const {
+  const Impl& s = *impl_;
+  if (start < 0 || start > static_cast<int>(s.fed.size())) return 0;
+  return s.rings.Holds(start) && s.StateResumesAt(start) ? start : 0;
 }
 
 StepWalk CudaEngine::Walk() const { return BuildWalk(impl_->MakeWalkConfig(1)); }

@@ -122,7 +122,9 @@ class CudaEngine {
   // tokens picked by sampling() (the draw for position p counted p, so
   // the tokens equal Oracle::Generate's for equal logits), each fed back but
   // the last. The KV cache below `start` is kept from earlier calls (a chat's
-  // next turn prefills only its own tokens); start 0 begins anew. Residency
+  // next turn prefills only its own tokens); start 0 begins anew, a Gated
+  // DeltaNet's state at zero (ResumePosition: when the state or a ring cannot
+  // resume at start, the kept positions are fed again). Residency
   // state and counters carry over from earlier calls; the KV cache restarts.
   // With a sink, each token goes to it after the launch that made it (one more
   // readback per launch when S > 1), and no launch follows the token it stopped
@@ -130,6 +132,12 @@ class CudaEngine {
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
                                                 GenerateStats* stats = nullptr,
                                                 const TokenSink& sink = nullptr, int start = 0);
+
+  // Where a Generate from `start` resumes: start itself, or 0 where the
+  // kept positions would be fed again (a windowed layer's ring or a Gated
+  // DeltaNet state that no longer holds them; HostCounters::ring_refills,
+  // state_refills), as Oracle::ResumePosition says for the CPU backend.
+  int ResumePosition(int start) const;
 
   // The sampling of later Generate calls (an OpenAI request's own settings): one
   // upload to the buffer the captured sampling kernel reads, so the graphs stay.

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -129,6 +130,14 @@ struct LayerWeights {
   const float* gate_exps_b = nullptr;
   const float* up_exps_b = nullptr;
   const float* down_exps_b = nullptr;
+  // A Gated DeltaNet layer's mixer (qwen35moe), in place of wq .. wo.
+  struct DeltaNet {
+    DeviceMatrix qkv, gate, alpha, beta, out;
+    const float* conv = nullptr;
+    const float* dt_bias = nullptr;
+    const float* ssm_a = nullptr;
+    const float* norm = nullptr;
+  } delta_net;
 };
 
 // Per-layer device pointers of one step's expert path (a dense layer has its
@@ -147,6 +156,9 @@ struct LayerExperts {
   void* k_cache = nullptr;               // [max_ctx][kv_len], CudaEngineOptions::kv_type
   void* v_cache = nullptr;
   int32_t kv_rows = 0;  // a windowed layer's ring: [kv_rows][kv_len] (0: max_ctx rows)
+  // A Gated DeltaNet layer's state in place of a KV cache (DeltaNetMixArgs).
+  float* conv_state = nullptr;
+  float* delta_state = nullptr;
 };
 
 // The device copy of a policy's state arrays, field for field a
@@ -203,8 +215,11 @@ struct PrefillState {
   float* h = nullptr;                  // a norm's rows, and as f16
   uint16_t* h16 = nullptr;
   float *q = nullptr, *k = nullptr, *v = nullptr, *q_rope = nullptr;
-  float* attn = nullptr;
+  float* attn = nullptr;  // the token mixer's output (attention's or a Gated DeltaNet's)
   uint16_t* attn16 = nullptr;
+  // A Gated DeltaNet's projections: [ubatch][conv_dim], [ubatch][value_dim],
+  // [ubatch][n_v_heads] twice.
+  float *dn_qkv = nullptr, *dn_z = nullptr, *dn_alpha = nullptr, *dn_beta = nullptr;
   float* router_logits = nullptr;  // [ubatch][n_expert]
   int32_t* selection = nullptr;    // [ubatch][k]
   float* weights = nullptr;        // [ubatch][k]
@@ -226,10 +241,34 @@ struct PrefillState {
   GemmRunner gemm;
 };
 
+// The token mixers' vector widths: q's rows (each head's query and gate with
+// gated attention), the mixer's output (attention's, or a Gated DeltaNet's
+// value_dim where that is more) and a Gated DeltaNet's four projections
+// (conv_dim + value_dim + 2 n_v_heads; 0 without such layers).
+struct MixerWidths {
+  size_t q_rows = 0, mixer_out = 0, delta_net_inputs = 0;
+  explicit MixerWidths(const ModelConfig& cfg) {
+    const size_t q_len = static_cast<size_t>(cfg.n_head) * static_cast<size_t>(cfg.head_dim);
+    bool gated = false, delta_net = false;
+    for (int il = 0; il < cfg.n_layer; ++il) {
+      gated |= cfg.mixer(il) == LayerMixer::kGatedAttention;
+      delta_net |= cfg.mixer(il) == LayerMixer::kDeltaNet;
+    }
+    const DeltaNetShape& dn = cfg.delta_net;
+    q_rows = gated ? 2 * q_len : q_len;
+    mixer_out = delta_net ? std::max(q_len, static_cast<size_t>(dn.value_dim())) : q_len;
+    delta_net_inputs =
+        delta_net ? static_cast<size_t>(dn.conv_dim() + dn.value_dim() + 2 * dn.n_v_heads) : 0;
+  }
+};
+
 // Bytes the budget counts before anything is allocated (engine_memory.cc).
 uint64_t DenseBytes(const Model& m);
 uint64_t RecordBytes(const CudaEngineOptions& options, const ModelConfig& cfg);
 uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx);
+// The device bytes of one sequence's Gated DeltaNet state (every such layer's
+// conv and delta state, DeltaNetMixArgs' layout); 0 without such layers.
+uint64_t RecurrentBytes(const ModelConfig& cfg);
 // The prefill's device bytes (engine_prefill.cc): 0 when prompts run as steps.
 uint64_t PrefillBytes(const Model& m, const CudaEngineOptions& options);
 
@@ -261,8 +300,18 @@ struct CudaEngine::Impl {
   // the prefill's rows.
   RouterEpilogue Router(int layer, int32_t* experts, float* weights) const;
   // Layer's window, sinks and KV ring, for the decode step's attention and the
-  // prefill's.
-  AttentionMask Mask(int layer) const;
+  // prefill's; a gated layer's output gate read from q_projection (its rows).
+  AttentionMask Mask(int layer, const float* q_projection) const;
+  // Layer's Gated DeltaNet over `tokens` rows of its projections, into out
+  // (and out_q) and its state.
+  DeltaNetMixArgs DeltaNetArgs(int layer, const float* qkv, const float* z, const float* alpha,
+                               const float* beta, float* out, block_q8_1* out_q) const;
+  // Whether a Generate from position start keeps the Gated DeltaNet state:
+  // there is none, it starts anew (0), or the state is at start (every
+  // position fed so far). Otherwise the kept positions are fed again from 0.
+  bool StateResumesAt(int start) const {
+    return recurrent_buffer.bytes() == 0 || start == 0 || start == static_cast<int>(fed.size());
+  }
   // KvLayerRows's ring slack: the ubatch, or none (-1) with swa_full.
   int RingSlack() const { return options.swa_full ? -1 : options.ubatch; }
   // Layer's expert biases for the ranks' experts (none where the file has none).
@@ -290,6 +339,11 @@ struct CudaEngine::Impl {
   // token_host, and the step counter at first + count.
   absl::Status Prefill(int first, int count);
   absl::Status PrefillUbatch(int p0, int rows);
+  // A layer's token mixer over the ubatch's normed rows, its output projection
+  // added into x: attention (the KV append, then the causal attention) or a
+  // Gated DeltaNet (its projections, the mixer through the state in token order).
+  absl::Status PrefillAttention(int layer, int p0, int rows);
+  absl::Status PrefillDeltaNet(int layer, int rows);
   absl::Status PrefillExperts(int layer, int rows);
   // A leading dense layer's FFN over the ubatch's normed rows, added into x.
   absl::Status PrefillDenseFfn(int layer, int rows);
@@ -351,8 +405,13 @@ struct CudaEngine::Impl {
   float* q = nullptr;
   float* k = nullptr;
   float* q_rope = nullptr;  // q after QK-norm and RoPE, what attention reads
-  float* attn = nullptr;
+  float* attn = nullptr;  // the token mixer's output (attention's or a Gated DeltaNet's)
   float* router_logits = nullptr;
+  // A Gated DeltaNet layer's projections of the step's token.
+  float *dn_qkv = nullptr, *dn_z = nullptr, *dn_alpha = nullptr, *dn_beta = nullptr;
+  // Every Gated DeltaNet layer's state (LayerExperts::conv_state,
+  // delta_state), zeroed when a sequence starts at position 0.
+  CudaBuffer recurrent_buffer;
   float* act = nullptr;         // [k][n_ff_exp]
   // q8_1 blocks of h, attn, act ([k][n_ff_exp / 32]) and shexp_act, written by
   // their producers for the quantized matvecs; null where a length is not a

@@ -123,10 +123,23 @@ absl::Status CudaEngine::Impl::UploadDense() {
   MG_ASSIGN_OR_RETURN(output_norm, UploadVector(m.output_norm));
   for (const LayerTensors& lt : m.layers) {
     LayerWeights w;
-    MG_ASSIGN_OR_RETURN(w.wq, UploadMatrix(lt.wq));
-    MG_ASSIGN_OR_RETURN(w.wk, UploadMatrix(lt.wk));
-    MG_ASSIGN_OR_RETURN(w.wv, UploadMatrix(lt.wv));
-    MG_ASSIGN_OR_RETURN(w.wo, UploadMatrix(lt.wo));
+    if (lt.delta_net.qkv != nullptr) {
+      const LayerTensors::DeltaNet& d = lt.delta_net;
+      MG_ASSIGN_OR_RETURN(w.delta_net.qkv, UploadMatrix(d.qkv));
+      MG_ASSIGN_OR_RETURN(w.delta_net.gate, UploadMatrix(d.gate));
+      MG_ASSIGN_OR_RETURN(w.delta_net.alpha, UploadMatrix(d.alpha));
+      MG_ASSIGN_OR_RETURN(w.delta_net.beta, UploadMatrix(d.beta));
+      MG_ASSIGN_OR_RETURN(w.delta_net.out, UploadMatrix(d.out));
+      MG_ASSIGN_OR_RETURN(w.delta_net.conv, UploadVector(d.conv));
+      MG_ASSIGN_OR_RETURN(w.delta_net.dt_bias, UploadVector(d.dt_bias));
+      MG_ASSIGN_OR_RETURN(w.delta_net.ssm_a, UploadVector(d.a));
+      MG_ASSIGN_OR_RETURN(w.delta_net.norm, UploadVector(d.norm));
+    } else {
+      MG_ASSIGN_OR_RETURN(w.wq, UploadMatrix(lt.wq));
+      MG_ASSIGN_OR_RETURN(w.wk, UploadMatrix(lt.wk));
+      MG_ASSIGN_OR_RETURN(w.wv, UploadMatrix(lt.wv));
+      MG_ASSIGN_OR_RETURN(w.wo, UploadMatrix(lt.wo));
+    }
     if (lt.router != nullptr) {
       MG_ASSIGN_OR_RETURN(w.router, UploadMatrix(lt.router));
     }
@@ -176,14 +189,17 @@ uint64_t DenseBytes(const Model& m) {
   matrix(m.output);
   vector(m.output_norm);
   for (const LayerTensors& lt : m.layers) {
+    const LayerTensors::DeltaNet& d = lt.delta_net;
     for (const GgufTensor* t :
          {lt.wq, lt.wk, lt.wv, lt.wo, lt.router, lt.shexp_gate, lt.shexp_up, lt.shexp_down,
-          lt.shexp_gate_inp, lt.ffn_gate, lt.ffn_up, lt.ffn_down}) {
+          lt.shexp_gate_inp, lt.ffn_gate, lt.ffn_up, lt.ffn_down, d.qkv, d.gate, d.alpha, d.beta,
+          d.out}) {
       matrix(t);
     }
     for (const GgufTensor* t :
          {lt.attn_norm, lt.ffn_norm, lt.q_norm, lt.k_norm, lt.bq, lt.bk, lt.bv, lt.score_b, lt.bo,
-          lt.sinks, lt.router_b, lt.gate_exps_b, lt.up_exps_b, lt.down_exps_b}) {
+          lt.sinks, lt.router_b, lt.gate_exps_b, lt.up_exps_b, lt.down_exps_b, d.conv, d.dt_bias,
+          d.a, d.norm}) {
       vector(t);
     }
   }
@@ -378,6 +394,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const int top_k = cfg.n_expert_used;
   const size_t q_len = static_cast<size_t>(cfg.n_head) * cfg.head_dim;
   const size_t kv_len = static_cast<size_t>(cfg.n_head_kv) * cfg.head_dim;
+  const MixerWidths widths(cfg);
   const size_t max_ctx = static_cast<size_t>(options.max_ctx);
   const size_t f = sizeof(float);
   const size_t n_layer = static_cast<size_t>(cfg.n_layer);
@@ -388,8 +405,9 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_sampling = s.Add(sizeof(SamplingParams));
   const size_t o_prompt = s.Add((max_ctx + 1) * 4), o_out = s.Add(max_ctx * 4);
   const size_t o_x = s.Add(cfg.n_embd * f), o_h = s.Add(cfg.n_embd * f);
-  const size_t o_q = s.Add(q_len * f), o_k = s.Add(kv_len * f);
-  const size_t o_q_rope = s.Add(q_len * f), o_attn = s.Add(q_len * f);
+  const size_t o_q = s.Add(widths.q_rows * f), o_k = s.Add(kv_len * f);
+  const size_t o_q_rope = s.Add(q_len * f), o_attn = s.Add(widths.mixer_out * f);
+  const size_t o_dn = s.Add(widths.delta_net_inputs * f);
   const size_t o_router = s.Add(cfg.n_expert * f);
   const size_t o_act = s.Add(kk * cfg.n_ff_exp * f), o_eout = s.Add(kk * cfg.n_embd * f);
   const size_t n_shexp = static_cast<size_t>(std::max(cfg.n_ff_shexp, 1));
@@ -411,7 +429,8 @@ absl::Status CudaEngine::Impl::AllocateState() {
   auto add_q8_1 = [&s](size_t n) {
     return n % QK8_1 == 0 ? s.Add(n / QK8_1 * sizeof(block_q8_1)) : kNone;
   };
-  const size_t o_h_q = add_q8_1(cfg.n_embd), o_attn_q = add_q8_1(q_len);
+  const size_t o_h_q = add_q8_1(cfg.n_embd);
+  const size_t o_attn_q = q_len % QK8_1 == 0 ? add_q8_1(widths.mixer_out) : kNone;
   const size_t o_act_q = add_q8_1(kk * cfg.n_ff_exp);
   const size_t o_sa_q = cfg.n_ff_shexp > 0 ? add_q8_1(cfg.n_ff_shexp) : kNone;
   const size_t o_dense_q = cfg.n_ff_dense > 0 ? add_q8_1(cfg.n_ff_dense) : kNone;
@@ -436,6 +455,11 @@ absl::Status CudaEngine::Impl::AllocateState() {
   k = reinterpret_cast<float*>(at(o_k));
   q_rope = reinterpret_cast<float*>(at(o_q_rope));
   attn = reinterpret_cast<float*>(at(o_attn));
+  const DeltaNetShape& dn = cfg.delta_net;
+  dn_qkv = reinterpret_cast<float*>(at(o_dn));
+  dn_z = dn_qkv + dn.conv_dim();
+  dn_alpha = dn_z + dn.value_dim();
+  dn_beta = dn_alpha + dn.n_v_heads;
   router_logits = reinterpret_cast<float*>(at(o_router));
   act = reinterpret_cast<float*>(at(o_act));
   expert_out = reinterpret_cast<float*>(at(o_eout));
@@ -480,6 +504,16 @@ absl::Status CudaEngine::Impl::AllocateState() {
   MG_RETURN_IF_ERROR(Upload(rope_buffer.as<void>(), cos_sin.data(),
                             cos_sin.size() * sizeof(float), "the RoPE table"));
 
+  // Each Gated DeltaNet layer's conv state, then its delta state.
+  const int64_t conv_floats = delta_net_conv_state_floats(dn.n_v_heads, dn.head_dim, dn.d_conv);
+  const int64_t delta_floats = dn.delta_state_floats();
+  MG_ASSIGN_OR_RETURN(recurrent_buffer,
+                      CudaBuffer::Device(RecurrentBytes(cfg), "the Gated DeltaNet state"));
+  MG_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(recurrent_buffer.as<void>(), 0, recurrent_buffer.bytes(), main),
+                 "clearing the Gated DeltaNet state"));
+  float* next_state = recurrent_buffer.as<float>();
+
   rings = KvRingPositions(cfg, options.max_ctx, RingSlack());
   for (size_t l = 0; l < n_layer; ++l) {
     LayerExperts e;
@@ -503,6 +537,11 @@ absl::Status CudaEngine::Impl::AllocateState() {
     e.k_cache = kv_buffer.as<uint8_t>() + kv_offset;
     e.v_cache = kv_buffer.as<uint8_t>() + kv_offset + cache_bytes;
     kv_offset += 2 * cache_bytes;
+    if (!cfg.kv_layer(layer)) {
+      e.conv_state = next_state;
+      e.delta_state = next_state + conv_floats;
+      next_state += conv_floats + delta_floats;
+    }
     layer_experts.push_back(e);
   }
   // A dense layer's row of the routing record (the CPU backend's too).
@@ -570,6 +609,16 @@ uint64_t RecordBytes(const CudaEngineOptions& options, const ModelConfig& cfg) {
                      static_cast<uint64_t>(cfg.n_layer) * cfg.n_expert_used * 4;
 }
 
+uint64_t RecurrentBytes(const ModelConfig& cfg) {
+  const DeltaNetShape& dn = cfg.delta_net;
+  const uint64_t layers = static_cast<uint64_t>(cfg.n_layer - cfg.n_kv_layers());
+  if (layers == 0) return 0;
+  const uint64_t floats =
+      static_cast<uint64_t>(delta_net_conv_state_floats(dn.n_v_heads, dn.head_dim, dn.d_conv)) +
+      static_cast<uint64_t>(dn.delta_state_floats());
+  return layers * floats * sizeof(float);
+}
+
 // Scratch bytes the budget sets aside: the decode state (epilogue tickets and
 // the sampler's scratch included), attention partials and
 // the slack of 256-byte alignment, as AllocateState lays them out.
@@ -578,14 +627,17 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
   const uint64_t q_len = static_cast<uint64_t>(cfg.n_head) * cfg.head_dim;
   const uint64_t kv_len = static_cast<uint64_t>(cfg.n_head_kv) * cfg.head_dim;
   const uint64_t kk = static_cast<uint64_t>(cfg.n_expert_used);
-  const uint64_t floats = 3 * static_cast<uint64_t>(cfg.n_embd) + 3 * q_len + kv_len +
+  const MixerWidths widths(cfg);
+  const uint64_t floats = 3 * static_cast<uint64_t>(cfg.n_embd) + widths.q_rows + q_len +
+                          widths.mixer_out + widths.delta_net_inputs + kv_len +
                           static_cast<uint64_t>(cfg.n_expert) + kk * cfg.n_ff_exp +
                           kk * cfg.n_embd + static_cast<uint64_t>(cfg.n_ff_shexp) + 1 +
                           static_cast<uint64_t>(cfg.n_ff_dense) +
                           static_cast<uint64_t>(cfg.n_vocab);
   const uint64_t per_layer = static_cast<uint64_t>(cfg.n_layer) * kk * (4 + 4 + 4 + 4 + 1 + 4);
   // The q8_1 blocks of h, attn, act and shexp_act: 36 bytes per 32 floats, at most.
-  const uint64_t q8_1_bytes = (static_cast<uint64_t>(cfg.n_embd) + q_len + kk * cfg.n_ff_exp +
+  const uint64_t q8_1_bytes = (static_cast<uint64_t>(cfg.n_embd) + widths.mixer_out +
+                               kk * cfg.n_ff_exp +
                                cfg.n_ff_shexp + cfg.n_ff_dense) /
                               QK8_1 * sizeof(block_q8_1);
   const uint64_t ticket_bytes = (static_cast<uint64_t>(StepTickets(cfg)) + kk) * 4;

@@ -32,9 +32,9 @@ namespace {
 // Offsets of the prefill's buffers, laid out once for the budget and once for
 // the allocation.
 struct PrefillLayout : BufferLayout {
-  size_t positions, x, h, h16, q, k, v, q_rope, attn, attn16, router_logits, selection, weights,
-      entries, xg, xg16, gate, up, act, act16, yg, expert_out, shexp_out, shexp_logit, tile, ring0,
-      ring1;
+  size_t positions, x, h, h16, q, k, v, q_rope, attn, attn16, delta_net, router_logits, selection,
+      weights, entries, xg, xg16, gate, up, act, act16, yg, expert_out, shexp_out, shexp_logit,
+      tile, ring0, ring1;
 };
 
 int32_t UbatchOf(const CudaEngineOptions& options) {
@@ -59,20 +59,24 @@ PrefillLayout LayOut(const Model& m, const CudaEngineOptions& options) {
   const size_t kv_len = static_cast<size_t>(cfg.n_head_kv) * cfg.head_dim;
   const size_t kk = static_cast<size_t>(cfg.n_expert_used);
   const size_t ff = static_cast<size_t>(std::max({cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_ff_dense}));
-  // The tile holds any one weight matrix of a layer, f16.
-  const size_t tile =
-      std::max({q_len * embd, kv_len * embd, static_cast<size_t>(cfg.n_expert) * embd, ff * embd});
+  const MixerWidths widths(cfg);
+  // The tile holds any one weight matrix of a layer, f16 (a Gated DeltaNet's
+  // widest are its qkv and its ssm_out, value_dim x n_embd).
+  const size_t tile = std::max({widths.q_rows * embd, widths.mixer_out * embd, kv_len * embd,
+                                static_cast<size_t>(cfg.n_expert) * embd, ff * embd,
+                                static_cast<size_t>(cfg.delta_net.conv_dim()) * embd});
   PrefillLayout p;
   p.positions = p.Add(static_cast<size_t>(options.max_ctx) * 4);
   p.x = p.Add(t * embd * f);
   p.h = p.Add(t * embd * f);
   p.h16 = p.Add(t * embd * hf);
-  p.q = p.Add(t * q_len * f);
+  p.q = p.Add(t * widths.q_rows * f);
   p.k = p.Add(t * kv_len * f);
   p.v = p.Add(t * kv_len * f);
   p.q_rope = p.Add(t * q_len * f);
-  p.attn = p.Add(t * q_len * f);
-  p.attn16 = p.Add(t * q_len * hf);
+  p.attn = p.Add(t * widths.mixer_out * f);
+  p.attn16 = p.Add(t * widths.mixer_out * hf);
+  p.delta_net = p.Add(t * widths.delta_net_inputs * f);
   p.router_logits = p.Add(t * static_cast<size_t>(cfg.n_expert) * f);
   p.selection = p.Add(t * kk * 4);
   p.weights = p.Add(t * kk * f);
@@ -150,6 +154,12 @@ absl::Status CudaEngine::Impl::AllocatePrefill() {
   p.q_rope = f32(layout.q_rope);
   p.attn = f32(layout.attn);
   p.attn16 = f16(layout.attn16);
+  const DeltaNetShape& dn = cfg.delta_net;
+  const int64_t ub = p.ubatch;
+  p.dn_qkv = f32(layout.delta_net);
+  p.dn_z = p.dn_qkv + ub * dn.conv_dim();
+  p.dn_alpha = p.dn_z + ub * dn.value_dim();
+  p.dn_beta = p.dn_alpha + ub * dn.n_v_heads;
   p.router_logits = f32(layout.router_logits);
   p.selection = i32(layout.selection);
   p.weights = f32(layout.weights);
@@ -368,51 +378,18 @@ absl::Status CudaEngine::Impl::PrefillDenseFfn(int layer, int rows) {
 absl::Status CudaEngine::Impl::PrefillUbatch(int p0, int rows) {
   PrefillState& p = prefill;
   const int32_t embd = cfg.n_embd;
-  const int64_t q_len = static_cast<int64_t>(cfg.n_head) * cfg.head_dim;
-  const int64_t kv_len = static_cast<int64_t>(cfg.n_head_kv) * cfg.head_dim;
-  const bool kv_f16 = options.kv_type == KvCacheType::kF16;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
-  const int32_t* pos0 = p.positions + p0;
   MG_RETURN_IF_ERROR(
       CudaStatus(launch_embed_rows(token_embd, prompt + p0, rows, p.x, main), "prefill embedding"));
   for (int l = 0; l < cfg.n_layer; ++l) {
     const LayerWeights& w = layers[static_cast<size_t>(l)];
-    const LayerExperts& e = layer_experts[static_cast<size_t>(l)];
     const std::string name = absl::StrCat("prefill layer ", l);
     MG_RETURN_IF_ERROR(
         CudaStatus(launch_rmsnorm_rows(p.x, w.attn_norm, embd, rows, cfg.rms_eps, p.h, p.h16, main),
                    absl::StrCat(name, " attn_norm")));
-    struct Qkv {
-      const DeviceMatrix& w;
-      const float* bias;
-      float* out;
-      int64_t len;
-      const char* what;
-    };
-    for (const Qkv& m : {Qkv{w.wq, w.bq, p.q, q_len, " q"}, Qkv{w.wk, w.bk, p.k, kv_len, " k"},
-                         Qkv{w.wv, w.bv, p.v, kv_len, " v"}}) {
-      if (m.bias != nullptr) {
-        MG_RETURN_IF_ERROR(
-            CudaStatus(launch_fill_rows(m.bias, static_cast<int32_t>(m.len), rows, m.out, main),
-                       absl::StrCat(name, m.what, " bias")));
-      }
-      MG_RETURN_IF_ERROR(
-          Project(m.w, p.h, p.h16, rows, m.out, m.bias != nullptr, absl::StrCat(name, m.what)));
-    }
-    const QkvRope rope = Rope(l, pos0, p.q_rope);
-    MG_RETURN_IF_ERROR(CudaStatus(launch_rope_append_rows(p.q, p.k, p.v, rows, rope, main),
-                                  absl::StrCat(name, " rope and KV append")));
-    MG_RETURN_IF_ERROR(CudaStatus(
-        launch_attention_prefill(p.q_rope, e.k_cache, e.v_cache, kv_f16, pos0, rows, cfg.n_head,
-                                 cfg.n_head_kv, cfg.head_dim, scale, Mask(l), p.attn, main),
-        absl::StrCat(name, " attention")));
-    MG_RETURN_IF_ERROR(CudaStatus(launch_to_f16(p.attn, rows * q_len, p.attn16, main),
-                                  absl::StrCat(name, " attention to f16")));
-    MG_RETURN_IF_ERROR(
-        Project(w.wo, p.attn, p.attn16, rows, p.x, true, absl::StrCat(name, " attn_output")));
-    if (w.bo != nullptr) {
-      MG_RETURN_IF_ERROR(CudaStatus(launch_add_rows(w.bo, embd, rows, p.x, main),
-                                    absl::StrCat(name, " attn_output bias")));
+    if (cfg.mixer(l) == LayerMixer::kDeltaNet) {
+      MG_RETURN_IF_ERROR(PrefillDeltaNet(l, rows));
+    } else {
+      MG_RETURN_IF_ERROR(PrefillAttention(l, p0, rows));
     }
     MG_RETURN_IF_ERROR(
         CudaStatus(launch_rmsnorm_rows(p.x, w.ffn_norm, embd, rows, cfg.rms_eps, p.h, p.h16, main),
@@ -425,6 +402,78 @@ absl::Status CudaEngine::Impl::PrefillUbatch(int p0, int rows) {
   }
   ++host.prefill_ubatches;
   host.prefill_tokens += static_cast<uint64_t>(rows);
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Impl::PrefillDeltaNet(int layer, int rows) {
+  PrefillState& p = prefill;
+  const LayerWeights::DeltaNet& w = layers[static_cast<size_t>(layer)].delta_net;
+  const std::string name = absl::StrCat("prefill layer ", layer);
+  struct Input {
+    const DeviceMatrix& w;
+    float* out;
+    const char* what;
+  };
+  for (const Input& m : {Input{w.qkv, p.dn_qkv, " attn_qkv"}, Input{w.gate, p.dn_z, " attn_gate"},
+                         Input{w.alpha, p.dn_alpha, " ssm_alpha"},
+                         Input{w.beta, p.dn_beta, " ssm_beta"}}) {
+    MG_RETURN_IF_ERROR(Project(m.w, p.h, p.h16, rows, m.out, false, absl::StrCat(name, m.what)));
+  }
+  // The ubatch's tokens in order, through the state (the fused op's algorithm).
+  MG_RETURN_IF_ERROR(CudaStatus(
+      launch_delta_net_mix(
+          DeltaNetArgs(layer, p.dn_qkv, p.dn_z, p.dn_alpha, p.dn_beta, p.attn, nullptr), rows,
+          main),
+      absl::StrCat(name, " Gated DeltaNet")));
+  const int64_t n = static_cast<int64_t>(rows) * cfg.delta_net.value_dim();
+  MG_RETURN_IF_ERROR(CudaStatus(launch_to_f16(p.attn, n, p.attn16, main),
+                                absl::StrCat(name, " Gated DeltaNet to f16")));
+  return Project(w.out, p.attn, p.attn16, rows, p.x, true, absl::StrCat(name, " ssm_out"));
+}
+
+absl::Status CudaEngine::Impl::PrefillAttention(int l, int p0, int rows) {
+  PrefillState& p = prefill;
+  const LayerWeights& w = layers[static_cast<size_t>(l)];
+  const LayerExperts& e = layer_experts[static_cast<size_t>(l)];
+  const std::string name = absl::StrCat("prefill layer ", l);
+  const int32_t embd = cfg.n_embd;
+  const int64_t q_len = static_cast<int64_t>(cfg.n_head) * cfg.head_dim;
+  const int64_t kv_len = static_cast<int64_t>(cfg.n_head_kv) * cfg.head_dim;
+  const bool kv_f16 = options.kv_type == KvCacheType::kF16;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  const int32_t* pos0 = p.positions + p0;
+  struct Qkv {
+    const DeviceMatrix& w;
+    const float* bias;
+    float* out;
+    int64_t len;
+    const char* what;
+  };
+  for (const Qkv& m : {Qkv{w.wq, w.bq, p.q, w.wq.rows, " q"}, Qkv{w.wk, w.bk, p.k, kv_len, " k"},
+                       Qkv{w.wv, w.bv, p.v, kv_len, " v"}}) {
+    if (m.bias != nullptr) {
+      MG_RETURN_IF_ERROR(
+          CudaStatus(launch_fill_rows(m.bias, static_cast<int32_t>(m.len), rows, m.out, main),
+                     absl::StrCat(name, m.what, " bias")));
+    }
+    MG_RETURN_IF_ERROR(
+        Project(m.w, p.h, p.h16, rows, m.out, m.bias != nullptr, absl::StrCat(name, m.what)));
+  }
+  const QkvRope rope = Rope(l, pos0, p.q_rope);
+  MG_RETURN_IF_ERROR(CudaStatus(launch_rope_append_rows(p.q, p.k, p.v, rows, rope, main),
+                                absl::StrCat(name, " rope and KV append")));
+  MG_RETURN_IF_ERROR(CudaStatus(
+      launch_attention_prefill(p.q_rope, e.k_cache, e.v_cache, kv_f16, pos0, rows, cfg.n_head,
+                               cfg.n_head_kv, cfg.head_dim, scale, Mask(l, p.q), p.attn, main),
+      absl::StrCat(name, " attention")));
+  MG_RETURN_IF_ERROR(CudaStatus(launch_to_f16(p.attn, rows * q_len, p.attn16, main),
+                                absl::StrCat(name, " attention to f16")));
+  MG_RETURN_IF_ERROR(
+      Project(w.wo, p.attn, p.attn16, rows, p.x, true, absl::StrCat(name, " attn_output")));
+  if (w.bo != nullptr) {
+    MG_RETURN_IF_ERROR(CudaStatus(launch_add_rows(w.bo, embd, rows, p.x, main),
+                                  absl::StrCat(name, " attn_output bias")));
+  }
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <utility>
@@ -89,6 +90,7 @@ QkvRope CudaEngine::Impl::Rope(int layer, const int32_t* pos, float* q_out) cons
   rope.norm.eps = cfg.rms_eps;
   rope.norm.full = cfg.qk_norm_full;  // olmoe: all of q (and k) at once, qwen3moe each head
   rope.q_out = q_out;
+  rope.q_gated = cfg.mixer(layer) == LayerMixer::kGatedAttention;
   rope.kv_f16 = options.kv_type == KvCacheType::kF16;
   rope.k_cache = e.k_cache;
   rope.v_cache = e.v_cache;
@@ -96,12 +98,39 @@ QkvRope CudaEngine::Impl::Rope(int layer, const int32_t* pos, float* q_out) cons
   return rope;
 }
 
-AttentionMask CudaEngine::Impl::Mask(int layer) const {
+AttentionMask CudaEngine::Impl::Mask(int layer, const float* q_projection) const {
   AttentionMask mask;
   mask.window = cfg.swa_layer(layer) ? cfg.n_swa : 0;
   mask.sinks = layers[static_cast<size_t>(layer)].sinks;
   mask.kv_rows = layer_experts[static_cast<size_t>(layer)].kv_rows;
+  if (cfg.mixer(layer) == LayerMixer::kGatedAttention) mask.gate = q_projection;
   return mask;
+}
+
+DeltaNetMixArgs CudaEngine::Impl::DeltaNetArgs(int layer, const float* qkv, const float* z,
+                                               const float* alpha, const float* beta, float* out,
+                                               block_q8_1* out_q) const {
+  const LayerWeights::DeltaNet& w = layers[static_cast<size_t>(layer)].delta_net;
+  const LayerExperts& e = layer_experts[static_cast<size_t>(layer)];
+  DeltaNetMixArgs a;
+  a.n_k_heads = cfg.delta_net.n_k_heads;
+  a.n_v_heads = cfg.delta_net.n_v_heads;
+  a.head_dim = cfg.delta_net.head_dim;
+  a.d_conv = cfg.delta_net.d_conv;
+  a.eps = cfg.rms_eps;
+  a.conv_taps = w.conv;
+  a.dt_bias = w.dt_bias;
+  a.ssm_a = w.ssm_a;
+  a.norm = w.norm;
+  a.qkv = qkv;
+  a.z = z;
+  a.alpha = alpha;
+  a.beta_logit = beta;
+  a.conv_state = e.conv_state;
+  a.delta_state = e.delta_state;
+  a.out = out;
+  a.out_q = out_q;
+  return a;
 }
 
 ExpertBiases CudaEngine::Impl::Biases(int layer, const int32_t* experts) const {
@@ -163,6 +192,11 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     }
   }
   const GluAct glu_act = ExpertGlu();
+  // The token mixer's output projection (attn_out): attention's, or a Gated
+  // DeltaNet's ssm_out; both read attn.
+  const DeviceMatrix* wo = l >= 0 && cfg.mixer(l) == LayerMixer::kDeltaNet ? &w->delta_net.out
+                           : l >= 0                                      ? &w->wo
+                                                                         : nullptr;
   auto gate_up = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
     return [=, this] {
       return launch_expert_gate_up(pool->slots.as<uint8_t>(), pool->layout, ranks, pass, biases,
@@ -206,7 +240,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     }
     case StepOp::kAttention: {
       const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
-      const AttentionMask mask = Mask(l);
+      const AttentionMask mask = Mask(l, q);
       return [=, this] {
         return launch_attention_decode(q_rope, e->k_cache, e->v_cache,
                                        options.kv_type == KvCacheType::kF16, pos, cfg.n_head,
@@ -216,9 +250,20 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     }
     case StepOp::kAttnOut:
       return [=, this] {
-        return launch_matvec_residual(w->wo, attn, attn_q, w->bo, x, Norm(w->ffn_norm), tickets,
-                                      ms);
+        return launch_matvec_residual(*wo, attn, attn_q, w->bo, x, Norm(w->ffn_norm), tickets, ms);
       };
+    case StepOp::kDeltaNetProj: {
+      const LayerWeights::DeltaNet& d = w->delta_net;
+      const std::array<Projection, 4> jobs = {Projection{&d.qkv, nullptr, dn_qkv},
+                                              Projection{&d.gate, nullptr, dn_z},
+                                              Projection{&d.alpha, nullptr, dn_alpha},
+                                              Projection{&d.beta, nullptr, dn_beta}};
+      return [=, this] { return launch_projections(jobs.data(), 4, h, h_q, ms); };
+    }
+    case StepOp::kDeltaNetMix: {
+      const DeltaNetMixArgs args = DeltaNetArgs(l, dn_qkv, dn_z, dn_alpha, dn_beta, attn, attn_q);
+      return [=] { return launch_delta_net_mix(args, 1, ms); };
+    }
     case StepOp::kRouter: {
       const RouterEpilogue router = Router(l, e->selection, e->weights);
       return [=, this] {

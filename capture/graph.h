@@ -35,6 +35,9 @@ struct HostCounters {
   // Generates that fed their kept positions again from 0: the windowed
   // layers' KV rings no longer held them (CudaEngineOptions::swa_full).
   uint64_t ring_refills = 0;
+  // ... or a Gated DeltaNet's state was not at the position the Generate
+  // started from (it holds every position fed, and only those).
+  uint64_t state_refills = 0;
 };
 
 // OK for cudaSuccess; otherwise an error naming `what` and the CUDA error

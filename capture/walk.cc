@@ -19,6 +19,8 @@ constexpr OpInfo kOps[] = {
     {StepOp::kQkv, "qkv", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kAttention, "attention", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kAttnOut, "attn_out", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kDeltaNetProj, "delta_net_proj", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kDeltaNetMix, "delta_net_mix", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kRouter, "router", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kResidencyStep, "residency_step", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kStageAllSlots, "stage_all_slots", EntryKind::kKernel, WalkStream::kMain},
@@ -81,8 +83,14 @@ class WalkWriter {
   const WalkBinder& bind_;
 };
 
-void AddAttention(WalkWriter& w, int step, int layer) {
-  for (StepOp op : {StepOp::kQkv, StepOp::kAttention, StepOp::kAttnOut}) w.Add(op, step, layer);
+// The layer's token mixer, ending in its output projection's residual add.
+void AddMixer(const WalkConfig& c, WalkWriter& w, int step, int layer) {
+  static constexpr StepOp kAttention[] = {StepOp::kQkv, StepOp::kAttention, StepOp::kAttnOut};
+  static constexpr StepOp kDeltaNet[] = {StepOp::kDeltaNetProj, StepOp::kDeltaNetMix,
+                                         StepOp::kAttnOut};
+  const bool delta_net = !c.mixers.empty() &&
+                         c.mixers[static_cast<size_t>(layer)] == LayerMixer::kDeltaNet;
+  for (StepOp op : delta_net ? kDeltaNet : kAttention) w.Add(op, step, layer);
 }
 
 void AddSharedExpert(const WalkConfig& c, WalkWriter& w, int step, int layer) {
@@ -147,6 +155,7 @@ WalkConfig ModelWalkConfig(const ModelConfig& cfg, SlotMode slot_mode, bool spli
   c.shared_expert = cfg.n_ff_shexp > 0;
   c.shared_expert_gated = cfg.shexp_gated;
   c.n_dense_lead = cfg.n_layer_dense_lead;
+  c.mixers = cfg.mixers;
   return c;
 }
 
@@ -167,13 +176,15 @@ std::string EntryLabel(const WalkEntry& entry) {
 
 StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
   MG_CHECK(config.n_layer > 0 && config.steps > 0, "BuildWalk: no layers or no steps");
+  MG_CHECK(config.mixers.empty() || static_cast<int>(config.mixers.size()) == config.n_layer,
+           "BuildWalk: a mixer list not of n_layer");
   StepWalk walk;
   walk.config = config;
   WalkWriter w(walk, bind);
   for (int step = 0; step < config.steps; ++step) {
     w.Add(StepOp::kEmbed, step);
     for (int layer = 0; layer < config.n_layer; ++layer) {
-      AddAttention(w, step, layer);
+      AddMixer(config, w, step, layer);
       if (layer < config.n_dense_lead) {
         w.Add(StepOp::kDenseGateUp, step, layer);
         w.Add(StepOp::kDenseDown, step, layer);

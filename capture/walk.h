@@ -7,6 +7,8 @@
 // Per MoE layer (device residency, the default one pass):
 //   main: qkv attention attn_out router residency_step [shexp_*] stage_copy
 //         gate_up_ready down_ready
+// (a Gated DeltaNet layer, qwen35moe's: delta_net_proj delta_net_mix attn_out
+// in place of qkv attention attn_out; its state stays in device memory).
 // The stage copy runs on the main stream just before the pass: the pass's
 // blocks start while it copies (programmatic launch: the copy's blocks are
 // all running before any of the pass's starts, so a block waiting for a
@@ -64,7 +66,12 @@ enum class StepOp {
   kEmbed,  // also starts the step: its token and position (StepStart)
   kQkv,
   kAttention,
-  kAttnOut,
+  kAttnOut,  // the token mixer's output projection (attention's or a Gated DeltaNet's)
+  // A Gated DeltaNet layer's mixer in place of qkv and attention: its four
+  // input projections in one launch, then the conv, the delta rule and the
+  // gated norm (kernels/kernels.h: launch_delta_net_mix).
+  kDeltaNetProj,
+  kDeltaNetMix,
   kRouter,
   // The slot decision, one per arm.
   kResidencyStep,
@@ -129,6 +136,9 @@ struct WalkConfig {
   bool programmatic_launch = false;
   bool shared_expert = false;        // qwen2moe, glm4moe
   bool shared_expert_gated = false;  // qwen2moe: shexp_logit
+  // Each layer's token mixer (empty: attention everywhere); a Gated DeltaNet
+  // layer has delta_net_proj delta_net_mix in place of qkv attention.
+  std::vector<LayerMixer> mixers;
   int n_dense_lead = 0;              // glm4moe: leading layers with a dense FFN
   // Routing replay and record (moegraph bench): routing_step_end after each
   // sample.

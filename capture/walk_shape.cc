@@ -69,7 +69,7 @@ class Shaper {
         return launch;
       }
       case StepOp::kQkv:
-        return Qkv(e, *l);
+        return Projections(e, {Of(l->wq), Of(l->wk), Of(l->wv)});
       case StepOp::kAttention: {
         WalkLaunch launch =
             Plain(e, "attention_split_kernel",
@@ -78,7 +78,13 @@ class Shaper {
         return launch;
       }
       case StepOp::kAttnOut:
-        return Matvec(e, Of(l->wo));
+        return Matvec(e, Of(c_.mixer(e.layer) == LayerMixer::kDeltaNet ? l->delta_net.out : l->wo));
+      case StepOp::kDeltaNetProj:
+        return Projections(e, {Of(l->delta_net.qkv), Of(l->delta_net.gate),
+                               Of(l->delta_net.alpha), Of(l->delta_net.beta)});
+      case StepOp::kDeltaNetMix:
+        return Plain(e, "delta_net_mix_kernel",
+                     delta_net_mix_launch_geometry(c_.delta_net.n_v_heads));
       case StepOp::kRouter:
         return Matvec(e, Of(l->router));
       case StepOp::kResidencyStep:
@@ -174,26 +180,29 @@ class Shaper {
     return launch;
   }
 
-  static absl::StatusOr<WalkLaunch> Qkv(const WalkEntry& e, const LayerTensors& l) {
-    const Matrix m[3] = {Of(l.wq), Of(l.wk), Of(l.wv)};
-    GgmlType types[3];
-    int64_t rows[3];
+  // Matrices of one input in one qkv_kernel launch (launch_qkv,
+  // launch_projections).
+  static absl::StatusOr<WalkLaunch> Projections(const WalkEntry& e, const std::vector<Matrix>& m) {
+    std::vector<GgmlType> types;
+    std::vector<int64_t> rows;
     std::vector<std::string> names;
     uint64_t bytes = 0;
-    for (int j = 0; j < 3; ++j) {
-      MG_RETURN_IF_ERROR(MatvecTakes(m[j]));
+    for (const Matrix& j : m) {
+      MG_RETURN_IF_ERROR(MatvecTakes(j));
       // mxfp4 is left out of qkv_kernel's switch (qkv_supports_type).
-      if (m[j].type == GgmlType::kMXFP4 || m[j].cols != m[0].cols) {
+      if (j.type == GgmlType::kMXFP4 || j.cols != m[0].cols) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: qkv_kernel does not take %s rows of %d", m[j].name, TypeName(m[j].type),
-            m[j].cols));
+            "%s: qkv_kernel does not take %s rows of %d", j.name, TypeName(j.type), j.cols));
       }
-      types[j] = m[j].type;
-      rows[j] = m[j].rows;
-      names.push_back(TypeName(m[j].type));
-      bytes += m[j].bytes;
+      types.push_back(j.type);
+      rows.push_back(j.rows);
+      names.push_back(TypeName(j.type));
+      bytes += j.bytes;
     }
-    WalkLaunch launch = Plain(e, "qkv_kernel", qkv_launch_geometry(types, rows, m[0].cols));
+    WalkLaunch launch =
+        Plain(e, "qkv_kernel",
+              qkv_launch_geometry(types.data(), rows.data(), static_cast<int>(m.size()),
+                                  m[0].cols));
     launch.instance = absl::StrJoin(names, ", ");
     launch.weight_bytes = bytes;
     return launch;
@@ -203,6 +212,19 @@ class Shaper {
   const ModelConfig& c_;
   const WalkShapeOptions& options_;
 };
+
+}  // namespace
+
+std::string DeltaNetRefusal(const ModelConfig& c) {
+  return absl::StrFormat(
+      "the CUDA Gated DeltaNet takes ssm.state_size a multiple of 32 up to %d, ssm.conv_kernel "
+      "2 to %d and ssm.time_step_rank a multiple of ssm.group_count (this model: %d, %d, %d "
+      "value heads over %d)",
+      kDeltaNetMaxHeadDim, kDeltaNetMaxConv, c.delta_net.head_dim, c.delta_net.d_conv,
+      c.delta_net.n_v_heads, c.delta_net.n_k_heads);
+}
+
+namespace {
 
 // What the engine refuses of the options, by flag, before it allocates.
 absl::Status CheckOptions(const ModelConfig& c, const WalkShapeOptions& o) {
@@ -237,6 +259,11 @@ absl::Status CheckOptions(const ModelConfig& c, const WalkShapeOptions& o) {
         "model's head_dim is %d",
         c.head_dim));
   }
+  if (c.n_kv_layers() < c.n_layer &&
+      !delta_net_mix_supports(c.delta_net.n_k_heads, c.delta_net.n_v_heads,
+                              c.delta_net.head_dim, c.delta_net.d_conv)) {
+    return absl::InvalidArgumentError(DeltaNetRefusal(c));
+  }
   if (c.n_expert > kMaxRouterExperts || c.n_expert_used > kMaxTopK) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the CUDA router takes at most %d experts and top-%d (this model: %d, top-%d)",
@@ -252,7 +279,9 @@ std::string Dims(const dim3& d) { return absl::StrCat(d.x, ",", d.y, ",", d.z); 
 std::string KernelLabel(const WalkLaunch& launch) {
   if (launch.instance.empty()) return launch.kernel;
   // qkv_kernel is no template: its types are a switch per block.
-  if (launch.op == StepOp::kQkv) return absl::StrCat(launch.kernel, " (", launch.instance, ")");
+  if (launch.kernel == "qkv_kernel") {
+    return absl::StrCat(launch.kernel, " (", launch.instance, ")");
+  }
   return absl::StrCat(launch.kernel, "<", launch.instance, ">");
 }
 

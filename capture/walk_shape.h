@@ -34,7 +34,7 @@ struct WalkLaunch {
   StepOp op = StepOp::kEmbed;
   std::string kernel;  // the __global__ function
   // What picks its code: grouped_matvec_kernel's weight type,
-  // attention_split_kernel's KV element (f16, f32); qkv_kernel's three weight
+  // attention_split_kernel's KV element (f16, f32); qkv_kernel's weight
   // types (a block-uniform switch); else empty.
   std::string instance;
   dim3 grid;
@@ -49,6 +49,10 @@ struct WalkShape {
   StepWalk walk;  // one step, no callables: what the launches follow
   std::vector<WalkLaunch> launches;  // its kernel entries, in walk order
 };
+
+// Why the CUDA engine refuses a Gated DeltaNet of config's shape
+// (delta_net_mix_supports), naming the keys: the engine's error and inspect's.
+std::string DeltaNetRefusal(const ModelConfig& config);
 
 // Errors name the flag (--arm, --slots, --ctx, --kv-type) or the tensor a
 // kernel does not take, as the engine would refuse it.

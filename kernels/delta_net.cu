@@ -12,7 +12,7 @@
 namespace moegraph {
 namespace {
 
-constexpr int kMaxHeadDim = 256;
+constexpr int kMaxHeadDim = kDeltaNetMaxHeadDim;
 constexpr int kWarps = kDeltaNetThreads / 32;
 // Keys a lane holds of a state row.
 constexpr int kKeysPerLane = kMaxHeadDim / 32;
@@ -134,10 +134,8 @@ int64_t delta_net_conv_state_floats(int32_t n_v_heads, int32_t head_dim, int32_t
 
 cudaError_t launch_delta_net_mix(const DeltaNetMixArgs& args, int32_t tokens,
                                  cudaStream_t stream) {
-  const bool shape_ok = args.n_k_heads > 0 && args.n_v_heads > 0 &&
-                        args.n_v_heads % args.n_k_heads == 0 && args.head_dim > 0 &&
-                        args.head_dim % 32 == 0 && args.head_dim <= kMaxHeadDim &&
-                        args.d_conv >= 2 && args.d_conv <= kDeltaNetMaxConv;
+  const bool shape_ok =
+      delta_net_mix_supports(args.n_k_heads, args.n_v_heads, args.head_dim, args.d_conv);
   const bool buffers_ok = args.conv_taps != nullptr && args.dt_bias != nullptr &&
                           args.ssm_a != nullptr && args.norm != nullptr && args.qkv != nullptr &&
                           args.z != nullptr && args.alpha != nullptr &&

@@ -358,6 +358,14 @@ __device__ __forceinline__ float merged_value(float value, float x, float scale_
   return value * scale_state + x * scale_split;
 }
 
+// What element e of head row `head` (of a ubatch's rows of n_head: row t's
+// head h is t n_head + h) is multiplied by: sigmoid of its gate (gated
+// attention), else 1.
+__device__ __forceinline__ float output_gate(const AttentionMask& mask, int64_t head, int32_t e,
+                                             int32_t head_dim) {
+  return mask.gate == nullptr ? 1.0f : sigmoid(mask.gate[(2 * head + 1) * head_dim + e]);
+}
+
 // Partials of (query head, split), each [head_dim] weighted values, then max,
 // then sum; the last split of a block column to finish merges its heads.
 template <typename T>
@@ -431,7 +439,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
           value = merged_value(value, xs[u], scale_state, scale_split);
         }
       }
-      merged_out[first_at + i] = value / state.sum;
+      merged_out[first_at + i] = value / state.sum * output_gate(mask, heads.first + h, d, head_dim);
     }
     if (out_q != nullptr && head_dim % QK8_1 == 0) {
       const int64_t at = first_at + i;
@@ -497,7 +505,12 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
   for (int k = 0; k < kOutPerThread; ++k) {
     const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kAttentionThreads;
-    if (i < n) out[at + i] = acc[k] / state[i / head_dim].sum;
+    if (i < n) {
+      const int32_t h = i / head_dim;
+      out[at + i] = acc[k] / state[h].sum *
+                    output_gate(mask, row * n_head + heads.first + h,
+                                i % head_dim, head_dim);
+    }
   }
 }
 

@@ -164,6 +164,12 @@ __device__ inline void rope_head(const float* src, float scale, const float* __r
   }
 }
 
+// Where head h of q (j 0) or k (1) starts in its projection's row: a gated
+// q's heads are [query | gate].
+__device__ inline int64_t rope_source_head(const QkvRope& rope, int j, int32_t h) {
+  return static_cast<int64_t>(h) * rope.head_dim * (j == 0 && rope.q_gated ? 2 : 1);
+}
+
 // Head h of one token's q (j 0) or k (j 1) row src (read through L2), times
 // scale * the QK-norm weight when rope.use_norm (a full-width norm's head h
 // takes weight[h head_dim, + head_dim)), rotated at position p: q into
@@ -184,7 +190,8 @@ __device__ inline void rope_qk_head(const QkvRope& rope, int j, const float* src
   uint16_t* dst_f16 = j == 1 && rope.kv_f16 ? static_cast<uint16_t*>(rope.k_cache) + k_at : nullptr;
   const int32_t n_rot = rope.n_rot > 0 ? rope.n_rot : d;
   const float* cos_sin = rope.cos_sin + 2 * static_cast<int64_t>(p) * (n_rot / 2);
-  rope_head(src + head, scale, weight, d, n_rot, cos_sin, rope.rope_type, dst, dst_f16);
+  rope_head(src + rope_source_head(rope, j, h), scale, weight, d, n_rot, cos_sin, rope.rope_type,
+            dst, dst_f16);
 }
 
 // A lane's candidate for the router's next rank: the expert it would choose

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/launch_geometry.h"
 #include "kernels/mmvq_math.h"
 #include "kernels/moe_math.h"
 #include "kernels/nn_math.h"
@@ -86,9 +87,8 @@ uint64_t* programmatic_launch_counter();
 // channels of key head h % n_k_heads, its own v channels), q and k
 // l2-normalised, the delta rule on its state, rms_norm(o) * norm * silu(z).
 // The conv state is kept per value head (its q and k channels too), so no two
-// blocks share a word of it. head_dim a multiple of 32, at most 256;
-// d_conv 2..kDeltaNetMaxConv.
-inline constexpr int32_t kDeltaNetMaxConv = 8;
+// blocks share a word of it. The shapes delta_net_mix_supports
+// (kernels/launch_geometry.h) takes.
 struct DeltaNetMixArgs {
   int32_t n_k_heads = 0, n_v_heads = 0, head_dim = 0, d_conv = 0;
   float eps = 0.0f;                 // layer_norm_rms_epsilon: the l2 norms' and the gated norm's
@@ -203,6 +203,10 @@ struct QkvRope {
   bool use_norm = false;
   QkNorm norm;
   float* q_out = nullptr;
+  // Gated attention (qwen35moe): q's rows are per head [query | output gate],
+  // 2 head_dim of them; only the query is normed and turned (q_out stays
+  // [n_head][head_dim]). Not with a full-width norm.
+  bool q_gated = false;
   bool kv_f16 = false;
   void* k_cache = nullptr;
   void* v_cache = nullptr;
@@ -210,7 +214,7 @@ struct QkvRope {
 };
 
 // q, k and v (with their biases when not null) in one launch: three matrices
-// of any types against one input, written to q, k and v. With rope, the
+// of any types but mxfp4 against one input, written to q, k and v. With rope, the
 // attention's inputs: v goes to the cache (v may be null), and each head's last
 // block of q or k runs the QK-norm and RoPE into q_out or the k cache (q and k
 // keep the projections). tickets: n_head + n_head_kv.
@@ -218,6 +222,19 @@ cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const Dev
                        const float* x, const block_q8_1* xq, const float* bq, const float* bk,
                        const float* bv, float* q, float* k, float* v, const QkvRope* rope,
                        unsigned int* tickets, cudaStream_t stream);
+
+// Up to kMaxProjections matrices of any types but mxfp4 (qkv_supports_type)
+// against one input in one launch, launch_qkv's without its rope: each into
+// its out, plus its bias where not null. A Gated DeltaNet's qkv, z, alpha
+// and beta projections.
+inline constexpr int32_t kMaxProjections = 4;
+struct Projection {
+  const DeviceMatrix* w = nullptr;
+  const float* bias = nullptr;
+  float* out = nullptr;
+};
+cudaError_t launch_projections(const Projection* projections, int32_t n, const float* x,
+                               const block_q8_1* xq, cudaStream_t stream);
 
 // The router's top-k, run by its last block: logit_bias added (gpt-oss), then
 // by gating the softmax or the sigmoid of the logits (which replace them), the
@@ -257,10 +274,14 @@ cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& u
 // The caches are rings of kv_rows rows where kv_rows > 0 (a windowed layer's:
 // position p in row p mod kv_rows, at least window rows, and for a prefill at
 // least window + tokens - 1), else rows by position.
+// With gate set (qwen35moe's gated attention: the q projection's rows, each
+// head's [query | gate], 2 head_dim per head) the output is times
+// sigmoid(gate), head by head, before its q8_1 blocks.
 struct AttentionMask {
   int32_t window = 0;
   const float* sinks = nullptr;
   int32_t kv_rows = 0;
+  const float* gate = nullptr;
 };
 
 // Split-K decode attention over positions 0..*pos of the caches (f16 when
@@ -353,7 +374,8 @@ cudaError_t launch_combine_rows(const float* expert_out, const float* weights, i
                                 float* residual, cudaStream_t stream);
 
 // What launch_qkv's epilogues do for one token, for tokens rows of q, k and v
-// ([tokens][n_head or n_head_kv][head_dim], the GEMMs' output) at positions
+// ([tokens][n_head or n_head_kv][head_dim], the GEMMs' output; a gated q's
+// [tokens][n_head][2 head_dim]) at positions
 // *rope.pos + row: QK-norm and RoPE into row `row` of rope.q_out and into the
 // k cache's row, v's rows into the v cache's.
 cudaError_t launch_rope_append_rows(const float* q, const float* k, const float* v, int32_t tokens,

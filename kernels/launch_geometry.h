@@ -32,6 +32,17 @@ inline constexpr int kAttentionGroupHeads = 8;
 // launch_delta_net_mix: a block per value head, four warps; a warp walks its
 // share of the head's state rows, a lane every 32nd key of a row.
 inline constexpr int kDeltaNetThreads = 128;
+// The shapes it takes: a head's state rows of head_dim (a multiple of 32, at
+// most kDeltaNetMaxHeadDim: a lane holds head_dim / 32 keys in registers),
+// conv kernels of 2..kDeltaNetMaxConv taps, whole groups of value heads.
+inline constexpr int32_t kDeltaNetMaxHeadDim = 256;
+inline constexpr int32_t kDeltaNetMaxConv = 8;
+inline bool delta_net_mix_supports(int32_t n_k_heads, int32_t n_v_heads, int32_t head_dim,
+                                   int32_t d_conv) {
+  return n_k_heads > 0 && n_v_heads > 0 && n_v_heads % n_k_heads == 0 && head_dim > 0 &&
+         head_dim % 32 == 0 && head_dim <= kDeltaNetMaxHeadDim && d_conv >= 2 &&
+         d_conv <= kDeltaNetMaxConv;
+}
 // launch_residency_step and launch_hazard_step: one block each (the hazard
 // step's victim pass reads several dependent arrays per slot: more warps hide
 // more of that latency).
@@ -60,11 +71,12 @@ inline LaunchGeometry matvec_launch_geometry(GgmlType type, int64_t rows, int64_
           dim3(kMatvecThreads)};
 }
 
-// launch_qkv: q's, k's and v's row blocks one after another along x.
-inline LaunchGeometry qkv_launch_geometry(const GgmlType (&type)[3], const int64_t (&rows)[3],
+// launch_qkv and launch_projections: the n matrices' row blocks one after
+// another along x (q's, k's and v's).
+inline LaunchGeometry qkv_launch_geometry(const GgmlType* type, const int64_t* rows, int n,
                                           int64_t cols) {
   int64_t blocks = 0;
-  for (int j = 0; j < 3; ++j) blocks += matvec_row_blocks(type[j], rows[j], cols);
+  for (int j = 0; j < n; ++j) blocks += matvec_row_blocks(type[j], rows[j], cols);
   return {dim3(static_cast<unsigned>(blocks)), dim3(kMatvecThreads)};
 }
 

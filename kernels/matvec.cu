@@ -278,15 +278,17 @@ __global__ void __launch_bounds__(kMatvecThreads)
   if (a.tickets != nullptr) matvec_epilogue(a, &shared.epilogue);
 }
 
-// q, k and v: blocks [first_block[j], first_block[j + 1]) compute job j; v's
-// rows go straight to the cache row *pos.
+// Matrices of one input (q, k and v; or launch_projections' up to four):
+// blocks [first_block[j], first_block[j + 1]) compute job j of n_jobs; with
+// tickets (q, k and v's rope), v's rows go straight to the cache row *pos.
 struct QkvWeights {
-  const uint8_t* w[3];
+  const uint8_t* w[kMaxProjections];
 };
 struct QkvArgs {
-  MatvecArgs job[3];
-  GgmlType type[3];
-  int32_t first_block[4];
+  MatvecArgs job[kMaxProjections];
+  GgmlType type[kMaxProjections];
+  int32_t first_block[kMaxProjections + 1];
+  int32_t n_jobs = 0;
   QkvRope rope;
   unsigned int* tickets = nullptr;
 };
@@ -299,7 +301,9 @@ __device__ void qkv_rope_epilogue(const QkvArgs& a, int j, int32_t bx, EpilogueS
   const QkvRope& rope = a.rope;
   const int32_t d = rope.head_dim;
   const int32_t n_heads = j == 0 ? rope.n_head : rope.n_head_kv;
-  const int32_t rows = n_heads * d;
+  // A head's rows start every `stride` rows (a gated q's: 2 d), its query the first d.
+  const int32_t stride = static_cast<int32_t>(rope_source_head(rope, j, 1));
+  const int32_t rows = n_heads * stride;
   const int32_t per_block = a.job[j].geometry.rows_per_block;
   unsigned int* tickets = a.tickets + (j == 0 ? 0 : rope.n_head);
   const float* src = a.job[j].out;
@@ -312,11 +316,12 @@ __device__ void qkv_rope_epilogue(const QkvArgs& a, int j, int32_t bx, EpilogueS
   }
   const int32_t row0 = bx * per_block;
   const int32_t row_end = min(row0 + per_block, rows);
-  for (int32_t h = row0 / d; h * d < row_end; ++h) {
-    const int32_t blocks = ((h + 1) * d - 1) / per_block - h * d / per_block + 1;
+  for (int32_t h = row0 / stride; h * stride < row_end; ++h) {
+    if (h * stride + d <= row0) continue;  // the block holds only its gate's rows
+    const int32_t blocks = (h * stride + d - 1) / per_block - h * stride / per_block + 1;
     if (!last_block_done(tickets + h, blocks, shared)) continue;
     const float scale =
-        rope.use_norm ? block_rms_scale(src + h * d, d, rope.norm.eps, shared) : 1.0f;
+        rope.use_norm ? block_rms_scale(src + h * stride, d, rope.norm.eps, shared) : 1.0f;
     rope_qk_head(rope, j, src, scale, h, p, rope.q_out);
   }
 }
@@ -347,7 +352,8 @@ __global__ void __launch_bounds__(kMatvecThreads)
   wait_for_prior_grids();
   __shared__ MatvecShared shared;
   const int32_t block = blockIdx.x;
-  const int j = block >= a.first_block[2] ? 2 : block >= a.first_block[1] ? 1 : 0;
+  int j = 0;
+  while (j + 1 < a.n_jobs && block >= a.first_block[j + 1]) ++j;
   const int32_t bx = block - a.first_block[j];
   switch (a.type[j]) {
     case GgmlType::kQ8_0: return qkv_job<GgmlType::kQ8_0>(w, a, j, bx, &shared);
@@ -536,6 +542,30 @@ bool pair_output_ok(GgmlType type, int64_t cols, int64_t rows, const block_q8_1*
           (tickets != nullptr || matvec_geometry(type, cols).rows_per_block == kMaxRowsPerBlock));
 }
 
+// Jobs of one input into a (its first n_jobs of job), their weights into
+// weights: false where one is not computable.
+bool SetJobs(const Projection* jobs, int32_t n, const float* x, const block_q8_1* xq,
+             QkvWeights* weights, QkvArgs* a) {
+  if (n < 1 || n > kMaxProjections) return false;
+  a->n_jobs = n;
+  a->first_block[0] = 0;
+  for (int32_t j = 0; j < n; ++j) {
+    if (jobs[j].w == nullptr) return false;
+    const DeviceMatrix& w = *jobs[j].w;
+    if (!matrix_ok(w) || !qkv_supports_type(w.type, w.cols) || w.cols != jobs[0].w->cols ||
+        !input_ok(w.type, x, xq) || jobs[j].out == nullptr) {
+      return false;
+    }
+    weights->w[j] = static_cast<const uint8_t*>(w.data);
+    a->job[j] = DenseArgs(w, x, xq);
+    a->job[j].bias[0] = jobs[j].bias;
+    a->job[j].out = jobs[j].out;
+    a->type[j] = w.type;
+    a->first_block[j + 1] = a->first_block[j] + matvec_row_blocks(w.type, w.rows, w.cols);
+  }
+  return true;
+}
+
 }  // namespace
 
 bool matvec_supports_type(GgmlType type, int32_t cols) { return supported(type, cols); }
@@ -576,40 +606,37 @@ cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const Dev
                        const float* x, const block_q8_1* xq, const float* bq, const float* bk,
                        const float* bv, float* q, float* k, float* v, const QkvRope* rope,
                        unsigned int* tickets, cudaStream_t stream) {
-  const DeviceMatrix* w[3] = {&wq, &wk, &wv};
-  const float* bias[3] = {bq, bk, bv};
-  float* out[3] = {q, k, v};
+  Projection jobs[3] = {{&wq, bq, q}, {&wk, bk, k}, {&wv, bv, v}};
   QkvWeights weights;
   QkvArgs a;
   if (rope != nullptr) {
     const int32_t d = rope->head_dim;
-    if (rope->pos == nullptr || rope->cos_sin == nullptr || rope->n_head <= 0 || rope->n_head_kv <= 0 || d <= 0 || d % 2 != 0 ||
-        wq.rows != rope->n_head * d || wk.rows != rope->n_head_kv * d || wv.rows != wk.rows ||
-        rope->q_out == nullptr || rope->q_out == q || rope->k_cache == nullptr ||
-        rope->v_cache == nullptr || rope->kv_rows < 0 ||
-        (rope->rope_type != kRopeNorm && rope->rope_type != kRopeNeox) ||
+    const int32_t q_rows = rope->n_head * d * (rope->q_gated ? 2 : 1);
+    if (rope->pos == nullptr || rope->cos_sin == nullptr || rope->n_head <= 0 ||
+        rope->n_head_kv <= 0 || d <= 0 || d % 2 != 0 || wq.rows != q_rows ||
+        wk.rows != rope->n_head_kv * d || wv.rows != wk.rows || rope->q_out == nullptr ||
+        rope->q_out == q || rope->k_cache == nullptr || rope->v_cache == nullptr ||
+        rope->kv_rows < 0 || (rope->rope_type != kRopeNorm && rope->rope_type != kRopeNeox) ||
         (rope->use_norm && (rope->norm.q_weight == nullptr || rope->norm.k_weight == nullptr)) ||
-        tickets == nullptr) {
+        (rope->q_gated && rope->use_norm && rope->norm.full) || tickets == nullptr) {
       return cudaErrorInvalidValue;
     }
     a.rope = *rope;
     a.tickets = tickets;
-    out[2] = static_cast<float*>(rope->v_cache);  // the row at *pos, found in the kernel
+    jobs[2].out = static_cast<float*>(rope->v_cache);  // the row at *pos, found in the kernel
   }
-  a.first_block[0] = 0;
-  for (int j = 0; j < 3; ++j) {
-    if (!matrix_ok(*w[j]) || !qkv_supports_type(w[j]->type, w[j]->cols) ||
-        w[j]->cols != wq.cols || !input_ok(w[j]->type, x, xq) || out[j] == nullptr) {
-      return cudaErrorInvalidValue;
-    }
-    weights.w[j] = static_cast<const uint8_t*>(w[j]->data);
-    a.job[j] = DenseArgs(*w[j], x, xq);
-    a.job[j].bias[0] = bias[j];
-    a.job[j].out = out[j];
-    a.type[j] = w[j]->type;
-    a.first_block[j + 1] = a.first_block[j] + matvec_row_blocks(w[j]->type, w[j]->rows, w[j]->cols);
-  }
+  if (!SetJobs(jobs, 3, x, xq, &weights, &a)) return cudaErrorInvalidValue;
   return launch_kernel<qkv_kernel>(a.first_block[3], kMatvecThreads, stream, weights, a);
+}
+
+cudaError_t launch_projections(const Projection* projections, int32_t n, const float* x,
+                               const block_q8_1* xq, cudaStream_t stream) {
+  QkvWeights weights;
+  QkvArgs a;
+  if (projections == nullptr || !SetJobs(projections, n, x, xq, &weights, &a)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_kernel<qkv_kernel>(a.first_block[n], kMatvecThreads, stream, weights, a);
 }
 
 cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_1* xq,

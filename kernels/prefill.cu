@@ -150,15 +150,17 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   const int32_t n_heads = j == 0 ? rope.n_head : rope.n_head_kv;
   const int64_t row_len = static_cast<int64_t>(n_heads) * d;
-  const float* src = (j == 0 ? q : k) + row * row_len;
+  // A gated q's rows hold each head's gate after its query.
+  const float* src = (j == 0 ? q : k) + row * n_heads * rope_source_head(rope, j, 1);
   const float full_scale =
       rope.use_norm && rope.norm.full
           ? block_rms_scale(src, static_cast<int32_t>(row_len), rope.norm.eps, &shared)
           : 1.0f;
   for (int32_t h = 0; h < n_heads; ++h) {
-    const float scale = rope.use_norm && !rope.norm.full
-                            ? block_rms_scale(src + h * d, d, rope.norm.eps, &shared)
-                            : full_scale;
+    const float scale =
+        rope.use_norm && !rope.norm.full
+            ? block_rms_scale(src + rope_source_head(rope, j, h), d, rope.norm.eps, &shared)
+            : full_scale;
     rope_qk_head(rope, j, src, scale, h, p, rope.q_out + row * row_len);
   }
 }
@@ -262,7 +264,8 @@ cudaError_t launch_rope_append_rows(const float* q, const float* k, const float*
       rope.q_out == nullptr || rope.k_cache == nullptr || rope.v_cache == nullptr ||
       rope.kv_rows < 0 || (rope.kv_rows > 0 && rope.kv_rows < tokens) || rope.n_head <= 0 ||
       rope.n_head_kv <= 0 || rope.head_dim <= 0 || rope.head_dim % 2 != 0 ||
-      (rope.use_norm && (rope.norm.q_weight == nullptr || rope.norm.k_weight == nullptr))) {
+      (rope.use_norm && (rope.norm.q_weight == nullptr || rope.norm.k_weight == nullptr)) ||
+      (rope.q_gated && rope.use_norm && rope.norm.full)) {
     return cudaErrorInvalidValue;
   }
   return launch_kernel<rope_append_rows_kernel>(dim3(tokens, 3), kRowThreads, stream, q, k, v,

@@ -762,18 +762,6 @@ absl::StatusOr<Model> LoadModel(const GgufFile& file) {
   return m;
 }
 
-absl::Status CheckMixersRun(const ModelConfig& config, std::string_view backend) {
-  for (int il = 0; il < config.n_layer; ++il) {
-    if (config.mixer(il) == LayerMixer::kAttention) continue;
-    return absl::UnimplementedError(absl::StrCat(
-        Av(arch_gguf_name(config.arch)), ": layer ", il, " is a ",
-        config.mixer(il) == LayerMixer::kDeltaNet ? "Gated DeltaNet" : "gated attention",
-        " layer, which ", Av(backend), " does not run yet (issue 41: so far the oracle and the "
-        "CPU backend run it)"));
-  }
-  return absl::OkStatus();
-}
-
 WeightView weight_view(const GgufTensor& t) {
   WeightView v;
   v.data = t.data;

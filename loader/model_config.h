@@ -223,9 +223,6 @@ struct Model {
 
 absl::StatusOr<ModelConfig> LoadConfig(const GgufFile& file);
 
-// UnimplementedError naming the first layer whose token mixer `backend` does
-// not run yet (qwen35moe's on the CUDA engine so far, issue 41), else OK.
-absl::Status CheckMixersRun(const ModelConfig& config, std::string_view backend);
 absl::StatusOr<Model> LoadModel(const GgufFile& file);
 
 WeightView weight_view(const GgufTensor& t);

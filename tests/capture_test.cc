@@ -277,6 +277,38 @@ TEST(WalkTest, ADenseLeadingLayerRunsItsFfnAndNoExperts) {
   }
 }
 
+// qwen35moe: a Gated DeltaNet layer's mixer is its projections' one launch and
+// the mixer's (the state never leaves the device), then attn_out as attention's;
+// so every layer, either kind, has the same kernel nodes, and the rest of the
+// layer is unchanged. Qwen3.5-35B-A3B's plan: three DeltaNet layers, then one
+// gated attention layer.
+TEST(WalkTest, AGatedDeltaNetLayerRunsItsMixerInTwoLaunchesThenAttnOut) {
+  using M = LayerMixer;
+  using O = StepOp;
+  for (SlotMode mode : {SlotMode::kDevicePolicy, SlotMode::kResident, SlotMode::kHostPolicy}) {
+    WalkConfig c = Config(mode, 8);
+    c.shared_expert = c.shared_expert_gated = true;
+    const StepWalk attention = BuildWalk(c);
+    for (int il = 0; il < 8; ++il) {
+      c.mixers.push_back(il % 4 == 3 ? M::kGatedAttention : M::kDeltaNet);
+    }
+    const StepWalk walk = BuildWalk(c);
+    for (int il = 0; il < 8; ++il) {
+      SCOPED_TRACE(il);
+      std::vector<StepOp> ops = OpsOf(walk, 0, il);
+      std::vector<StepOp> want = OpsOf(attention, 0, il);
+      if (il % 4 != 3) {
+        ASSERT_EQ(std::vector<StepOp>(want.begin(), want.begin() + 2),
+                  (std::vector<StepOp>{O::kQkv, O::kAttention}));
+        want[0] = O::kDeltaNetProj;
+        want[1] = O::kDeltaNetMix;
+      }
+      EXPECT_EQ(ops, want);
+      EXPECT_EQ(KernelsInLayer(walk, il), KernelsInLayer(attention, il));
+    }
+  }
+}
+
 TEST(WalkTest, ArmsChangeOnlyTheSlotDecisionAndThePasses) {
   using O = StepOp;
   const std::vector<StepOp> resident = OpsOf(BuildWalk(Config(SlotMode::kResident)), 0, 1);

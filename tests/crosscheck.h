@@ -36,6 +36,11 @@ struct Backend {
 // Agreement to the digits the JSON keeps.
 constexpr double kClose = 1e-6;
 
+// A backend's greedy prompt runs in ubatches of kGreedyUbatch tokens: a Gated
+// DeltaNet's conv window and state, and the KV cache, cross ubatches within
+// greedy.json's prompt of 8.
+constexpr int kGreedyUbatch = 3;
+
 // Each backend's greedy tokens on greedy.json's f32 fixtures are llama.cpp's.
 void ExpectGreedyTokensEqualLlamaCpps(absl::Span<const Backend> backends);
 // Each backend's top-5 probabilities on teacher-forced.json's fixtures are

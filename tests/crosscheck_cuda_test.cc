@@ -20,8 +20,8 @@ namespace {
 // on the q5_1 one a single position goes past 4e-3 (4.3e-3, the size of the
 // oracle's router near-tie flips). The bound is 6e-3, the argmax checked where
 // llama.cpp's top two are 1.2e-2 apart. The same under every emulator seed.
-// Greedy: the default prompt path (the batched prefill) with an f32 KV cache,
-// as the f32 fixtures are compared.
+// Greedy: the default prompt path (the batched prefill, in ubatches of
+// kGreedyUbatch) with an f32 KV cache, as the f32 fixtures are compared.
 crosscheck::Backend CudaBackend() {
   crosscheck::Backend b;
   b.name = "cuda";
@@ -44,6 +44,7 @@ crosscheck::Backend CudaBackend() {
     options.max_ctx = static_cast<int>(prompt.size()) + n;
     options.n_slots = 3;
     options.kv_type = KvCacheType::kF32;
+    options.ubatch = crosscheck::kGreedyUbatch;
     absl::StatusOr<std::unique_ptr<CudaEngine>> engine = CudaEngine::Create(model, options);
     if (!engine.ok()) return engine.status();
     return (*engine)->Generate(prompt, n);

@@ -45,10 +45,6 @@ Backend OracleBackend(const char* name, double bound, int min_close, CreateOracl
   return b;
 }
 
-// For the greedy tokens, the prompt runs in ubatches of kGreedyUbatch: a
-// Gated DeltaNet's conv window and state cross ubatches within the prompt.
-constexpr int kGreedyUbatch = 3;
-
 absl::StatusOr<std::unique_ptr<Oracle>> CpuBackend(const Model& model, int max_ctx,
                                                    KvCacheType kv_type, bool batch_matmul = false,
                                                    int ubatch = CpuForwardOptions{}.ubatch) {
@@ -87,7 +83,7 @@ std::vector<Backend> Backends() {
           "cpu", 4e-4, 48,
           [](const Model& m, int ctx) { return CpuBackend(m, ctx, CpuForwardOptions{}.kv_type); },
           [](const Model& m, int ctx) {
-            return CpuBackend(m, ctx, KvCacheType::kF32, false, kGreedyUbatch);
+            return CpuBackend(m, ctx, KvCacheType::kF32, false, crosscheck::kGreedyUbatch);
           })};
   if (AmxInt8Available() || AvxVnniAvailable()) {
     backends.push_back(OracleBackend(
@@ -97,7 +93,7 @@ std::vector<Backend> Backends() {
         },
         [](const Model& m, int ctx) {
           return CpuBackend(m, ctx, KvCacheType::kF32, CpuForwardOptions{}.batch_matmul,
-                            kGreedyUbatch);
+                            crosscheck::kGreedyUbatch);
         }));
   }
   return backends;
@@ -108,7 +104,7 @@ TEST(CrosscheckTest, TeacherForcedProbabilitiesMatchLlamaCppOnEveryExpertType) {
 }
 
 // On f32 weights the oracle's and the CPU backend's greedy tokens are
-// llama.cpp's, the CPU backend's prompt in ubatches of kGreedyUbatch.
+// llama.cpp's, the CPU backend's prompt in ubatches of crosscheck::kGreedyUbatch.
 TEST(CrosscheckTest, GreedyTokensEqualLlamaCppsOnEveryArchitecture) {
   crosscheck::ExpectGreedyTokensEqualLlamaCpps(Backends());
 }

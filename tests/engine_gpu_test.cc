@@ -648,6 +648,50 @@ TEST_F(EngineArmsTest, AStoreOfAnotherModelIsAnErrorNamingTheStore) {
 
 // The attention kernel holds a head's q in shared memory: a wider head is
 // refused before anything is allocated, naming the file and the head_dim.
+// qwen35moe at the largest sizes issue 41 names, at a small width: 60 layers
+// (45 Gated DeltaNet, 15 gated attention; llama.cpp labels 60 layers
+// 397B-A17B, src/models/qwen35moe.cpp L28-33) of 512 experts, top-8, a gated
+// shared expert, q4_0 experts. The graph arm on 2 k slots a layer (960 of
+// 30,720) gives the resident arm's tokens and last logits bit for bit through
+// misses and evictions, the prompt batched.
+TEST(EngineScaleTest, Qwen35AtSixtyLayersOf512ExpertsDecodesAsTheResidentArm) {
+  SKIP_WITHOUT_DEVICE();
+  FixtureSpec spec;
+  spec.arch = Arch::kQwen35Moe;
+  spec.n_layer = 60;
+  spec.n_expert = 512;
+  spec.n_expert_used = 8;
+  spec.n_embd = 64;
+  spec.n_ff_exp = 32;
+  spec.ssm_head_dim = 32;
+  spec.expert_type = GgmlType::kQ4_0;
+  spec.router_skew = 1.0f;
+  spec.seed = 3;
+  absl::StatusOr<std::unique_ptr<LoadedModel>> loaded = LoadFixture(spec);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Model& model = (*loaded)->model;
+  ASSERT_EQ(model.config.n_kv_layers(), 15);
+  constexpr int kPredict = 6;
+  std::unique_ptr<CudaEngine> resident = MakeEngine(model, Arm::kResident, 0);
+  std::unique_ptr<CudaEngine> cached = MakeEngine(model, Arm::kGraph, 2 * 8 * 60);
+  ASSERT_TRUE(resident != nullptr && cached != nullptr);
+  absl::StatusOr<std::vector<int32_t>> want = resident->Generate(kPrompt, kPredict);
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::StatusOr<std::vector<int32_t>> got = cached->Generate(kPrompt, kPredict);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, *want);
+  absl::StatusOr<std::vector<float>> want_logits = resident->LastLogits();
+  absl::StatusOr<std::vector<float>> got_logits = cached->LastLogits();
+  ASSERT_TRUE(want_logits.ok() && got_logits.ok());
+  EXPECT_TRUE(BitEqual(*got_logits, *want_logits));
+  absl::StatusOr<EngineCounters> counters = cached->ReadCounters();
+  ASSERT_TRUE(counters.ok()) << counters.status();
+  EXPECT_EQ(counters->hits + counters->misses, uint64_t{kPredict - 1} * 60 * 8);
+  EXPECT_GT(counters->misses, 0u);
+  EXPECT_GT(counters->evictions, 0u);
+  EXPECT_EQ(cached->host_counters().prefill_tokens, kPrompt.size());
+}
+
 TEST_F(EngineArmsTest, AHeadWiderThanTheAttentionTakesIsAnErrorNamingIt) {
   FixtureSpec spec;
   spec.n_layer = 1;

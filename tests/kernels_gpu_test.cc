@@ -440,6 +440,47 @@ TEST_F(KernelsGpuTest, QkvIsThreeMatvecsInOneLaunch) {
             cudaErrorInvalidValue);
 }
 
+// A Gated DeltaNet's four projections (qkv, z, alpha, beta: Qwen3.5's rows
+// but narrower) in one launch are four matvecs bit for bit, whatever their
+// types; a job list of none, or of more than kMaxProjections, is refused.
+TEST_F(KernelsGpuTest, ProjectionsAreUpToFourMatvecsInOneLaunch) {
+  std::mt19937 rng(34);
+  const int32_t cols = 256;
+  const int32_t rows[4] = {384, 128, 4, 4};
+  using Types = std::array<GgmlType, 4>;
+  for (const Types& types :
+       {Types{GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF32, GgmlType::kF16},
+        Types{GgmlType::kQ6_K, GgmlType::kQ5_K, GgmlType::kQ8_0, GgmlType::kBF16}}) {
+    SCOPED_TRACE(TypeName(types[0]) + " " + TypeName(types[1]) + " " + TypeName(types[2]) + " " +
+                 TypeName(types[3]));
+    std::vector<std::unique_ptr<DeviceArray<uint8_t>>> w;
+    std::vector<std::unique_ptr<DeviceArray<float>>> out;
+    std::vector<DeviceMatrix> views;
+    for (int j = 0; j < 4; ++j) {
+      w.push_back(std::make_unique<DeviceArray<uint8_t>>(RandomMatrix(rng, types[j], rows[j], cols)));
+      out.push_back(std::make_unique<DeviceArray<float>>(rows[j]));
+      views.push_back(DeviceView(w[j]->get(), types[j], rows[j], cols));
+    }
+    const std::vector<float> x = Gaussian(rng, cols);
+    DeviceArray<float> d_x(x);
+    DeviceArray<block_q8_1> d_xq(Q8_1(x));
+    Projection jobs[kMaxProjections + 1];
+    for (int j = 0; j < 4; ++j) jobs[j] = {&views[j], nullptr, out[j]->get()};
+    ASSERT_EQ(launch_projections(jobs, 4, d_x.get(), d_xq.get(), stream_), cudaSuccess);
+    Sync();
+    for (int j = 0; j < 4; ++j) {
+      DeviceArray<float> d_one(rows[j]);
+      ASSERT_EQ(launch_matvec(views[j], d_x.get(), d_xq.get(), nullptr, d_one.get(), stream_),
+                cudaSuccess);
+      Sync();
+      EXPECT_EQ(out[j]->Download(), d_one.Download()) << "matrix " << j;
+    }
+    jobs[4] = jobs[0];
+    EXPECT_EQ(launch_projections(jobs, 5, d_x.get(), d_xq.get(), stream_), cudaErrorInvalidValue);
+    EXPECT_EQ(launch_projections(jobs, 0, d_x.get(), d_xq.get(), stream_), cudaErrorInvalidValue);
+  }
+}
+
 // q, k and v with the epilogue of each head: without a QK-norm, per head
 // (qwen3moe) and over all of q and k (olmoe), then RoPE, against the host's
 // matvecs, RmsNorm and Rope; v lands in the cache row, every other row is left

@@ -1,7 +1,8 @@
 // The batched prefill (capture/engine_prefill.cc) against the T=1 path it
 // replaces: the logits after prompts across ubatch boundaries and tails, the
-// greedy continuation against the CPU backend's on f32 fixtures, the slot
-// tables left as they were, and the door that brings the steps back.
+// greedy continuation against the CPU backend's on f32 fixtures, qwen35moe's
+// Gated DeltaNet state across calls, the slot tables left as they were, and
+// the door that brings the steps back.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -74,6 +75,25 @@ std::unique_ptr<LoadedModel> Fixture(uint64_t seed, GgmlType expert_type,
   return loaded.ok() ? std::move(*loaded) : nullptr;
 }
 
+// qwen35moe on f32 weights: Gated DeltaNet layers 0 and 2 (heads of
+// ssm_head_dim), gated attention layers 1 and 3 (full_attention_interval 2).
+std::unique_ptr<LoadedModel> Qwen35Fixture(uint64_t seed, int ssm_head_dim = 32) {
+  FixtureSpec spec;
+  spec.arch = Arch::kQwen35Moe;
+  spec.n_layer = 4;
+  spec.full_attention_interval = 2;
+  spec.ssm_head_dim = ssm_head_dim;
+  spec.n_expert = 8;
+  spec.n_expert_used = 2;
+  spec.expert_type = GgmlType::kF32;
+  spec.dense_type = GgmlType::kF32;
+  spec.router_skew = 0.8f;
+  spec.seed = seed;
+  absl::StatusOr<std::unique_ptr<LoadedModel>> loaded = LoadFixture(spec);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  return loaded.ok() ? std::move(*loaded) : nullptr;
+}
+
 std::unique_ptr<CudaEngine> MakeEngine(const Model& model, bool batched, int32_t slots,
                                        KvCacheType kv_type, int ubatch = 512) {
   CudaEngineOptions options;
@@ -97,6 +117,21 @@ struct PromptEngines {
   bool ok() const { return steps != nullptr && batched != nullptr && small != nullptr; }
   std::unique_ptr<CudaEngine> steps, batched, small;
 };
+
+// The prompt's last logits from the batched engines (one ubatch, ubatches of 8)
+// are the T=1 path's within an NMSE of bound.
+void ExpectBatchedLogitsAreTheSteps(const PromptEngines& engines,
+                                    const std::vector<int32_t>& prompt, double bound) {
+  ASSERT_TRUE(engines.steps->Generate(prompt, 1).ok());
+  absl::StatusOr<std::vector<float>> want = engines.steps->LastLogits();
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (CudaEngine* engine : {engines.batched.get(), engines.small.get()}) {
+    ASSERT_TRUE(engine->Generate(prompt, 1).ok());
+    absl::StatusOr<std::vector<float>> got = engine->LastLogits();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_LT(Nmse(*got, *want), bound);
+  }
+}
 
 class PrefillTest : public ::testing::Test {
  protected:
@@ -162,16 +197,7 @@ TEST_F(PrefillTest, GptOssPromptsGiveTheStepPathsLogits) {
   std::mt19937 rng(3);
   for (int n : {31, 200}) {
     SCOPED_TRACE("prompt " + std::to_string(n));
-    const std::vector<int32_t> prompt = RandomPrompt(rng, n, model.config.n_vocab);
-    ASSERT_TRUE(engines.steps->Generate(prompt, 1).ok());
-    absl::StatusOr<std::vector<float>> want = engines.steps->LastLogits();
-    ASSERT_TRUE(want.ok()) << want.status();
-    for (CudaEngine* engine : {engines.batched.get(), engines.small.get()}) {
-      ASSERT_TRUE(engine->Generate(prompt, 1).ok());
-      absl::StatusOr<std::vector<float>> got = engine->LastLogits();
-      ASSERT_TRUE(got.ok()) << got.status();
-      EXPECT_LT(Nmse(*got, *want), 1e-6);
-    }
+    ExpectBatchedLogitsAreTheSteps(engines, RandomPrompt(rng, n, model.config.n_vocab), 1e-6);
   }
   EXPECT_EQ(engines.batched->host_counters().prompt_steps, 0u);
   EXPECT_EQ(engines.small->host_counters().prefill_ubatches, 4u + 25u);  // 31 and 200 in 8s
@@ -260,6 +286,88 @@ TEST_F(PrefillTest, F32ContinuationsAreTheCpuBackendsTokens) {
   EXPECT_EQ(engine->host_counters().prompt_steps, 0u);
 }
 
+// qwen35moe (Gated DeltaNet layers around gated attention ones) on f32
+// weights: a prompt of 31 tokens in one ubatch and in ubatches of 8 (the conv
+// window and the state cross them) gives the T=1 path's last logits within the
+// f32 bound, and the greedy continuation of a prompt of 40 is the CPU
+// backend's (its f64 arithmetic) token for token.
+TEST_F(PrefillTest, Qwen35PromptsGiveTheStepPathsLogitsAndTheCpuBackendsTokens) {
+  const uint64_t seed = FixtureSeed();
+  std::unique_ptr<LoadedModel> loaded = Qwen35Fixture(seed);
+  ASSERT_NE(loaded, nullptr);
+  const Model& model = loaded->model;
+  ASSERT_EQ(model.config.n_kv_layers(), 2);
+  PromptEngines engines(model, KvCacheType::kF32);
+  ASSERT_TRUE(engines.ok());
+  std::mt19937 rng(static_cast<uint32_t>(seed) + 20);
+  ExpectBatchedLogitsAreTheSteps(engines, RandomPrompt(rng, 31, model.config.n_vocab), 1e-6);
+  EXPECT_EQ(engines.small->host_counters().prefill_ubatches, 4u);  // 8, 8, 8, 7
+  EXPECT_EQ(engines.batched->host_counters().prompt_steps, 0u);
+
+  CpuBackendOptions cpu_options;
+  cpu_options.max_ctx = kMaxCtx;
+  cpu_options.resident = true;
+  cpu_options.oracle_arithmetic = true;
+  absl::StatusOr<std::unique_ptr<CpuBackend>> cpu = CpuBackend::Create(model, nullptr, cpu_options);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const std::vector<int32_t> longer = RandomPrompt(rng, 40, model.config.n_vocab);
+  absl::StatusOr<std::vector<int32_t>> cpu_tokens = (*cpu)->Generate(longer, 8);
+  ASSERT_TRUE(cpu_tokens.ok()) << cpu_tokens.status();
+  absl::StatusOr<std::vector<int32_t>> tokens = engines.small->Generate(longer, 8);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(*tokens, *cpu_tokens);
+}
+
+// The Gated DeltaNet state holds every position fed and only those: a chat's
+// next turn from the end continues it (no refill), and three turns give the
+// tokens of the whole conversation run at once; a rewind (or an edit) feeds
+// the kept positions again from 0 (one state refill, ResumePosition 0) and
+// gives the tokens of a fresh engine fed the same ids.
+TEST_F(PrefillTest, Qwen35StateResumesOnlyAtItsEnd) {
+  std::unique_ptr<LoadedModel> loaded = Qwen35Fixture(FixtureSeed());
+  ASSERT_NE(loaded, nullptr);
+  const Model& model = loaded->model;
+  const int n_vocab = model.config.n_vocab;
+  std::unique_ptr<CudaEngine> chat = MakeEngine(model, true, 3, KvCacheType::kF32, 8);
+  ASSERT_NE(chat, nullptr);
+  std::mt19937 rng(7);
+  std::vector<int32_t> conversation;  // every id fed so far
+  int fed = 0;
+  for (int turn = 0; turn < 3; ++turn) {
+    SCOPED_TRACE("turn " + std::to_string(turn));
+    const std::vector<int32_t> question = RandomPrompt(rng, 5 + 4 * turn, n_vocab);
+    EXPECT_EQ(chat->ResumePosition(fed), fed);
+    absl::StatusOr<std::vector<int32_t>> reply =
+        chat->Generate(question, 6, nullptr, nullptr, fed);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    conversation.insert(conversation.end(), question.begin(), question.end());
+    conversation.insert(conversation.end(), reply->begin(), reply->end() - 1);
+    fed = static_cast<int>(conversation.size());
+    // The conversation up to this reply at once gives the reply.
+    std::unique_ptr<CudaEngine> once = MakeEngine(model, true, 3, KvCacheType::kF32, 8);
+    ASSERT_NE(once, nullptr);
+    const std::vector<int32_t> head(conversation.begin(), conversation.end() - 5);
+    absl::StatusOr<std::vector<int32_t>> whole = once->Generate(head, 6);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(*whole, *reply);
+  }
+  EXPECT_EQ(chat->host_counters().state_refills, 0u);
+
+  const std::vector<int32_t> edit = RandomPrompt(rng, 4, n_vocab);
+  EXPECT_EQ(chat->ResumePosition(10), 0);
+  absl::StatusOr<std::vector<int32_t>> rewound = chat->Generate(edit, 6, nullptr, nullptr, 10);
+  ASSERT_TRUE(rewound.ok()) << rewound.status();
+  EXPECT_EQ(chat->host_counters().state_refills, 1u);
+  std::vector<int32_t> ids(conversation.begin(), conversation.begin() + 10);
+  ids.insert(ids.end(), edit.begin(), edit.end());
+  std::unique_ptr<CudaEngine> fresh = MakeEngine(model, true, 3, KvCacheType::kF32, 8);
+  ASSERT_NE(fresh, nullptr);
+  absl::StatusOr<std::vector<int32_t>> want = fresh->Generate(ids, 6);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(*rewound, *want);
+  EXPECT_EQ(fresh->host_counters().state_refills, 0u);
+}
+
 // A warm cache, then a 700-token prompt: the slot table, owners, stamps and
 // segments (every array of the policy's state) as they were, while the
 // prefill read experts in place and streamed the others.
@@ -295,6 +403,22 @@ TEST_F(PrefillTest, APromptLeavesTheDecodeSetAsItWas) {
   EXPECT_LE(in_place + streamed, 2u * 2 * 8);
   EXPECT_EQ(host.prefill_bytes_streamed - before.prefill_bytes_streamed,
             streamed * engine->pools()[0].block_bytes);
+}
+
+// A Gated DeltaNet head the mixer kernel cannot hold (ssm.state_size 16, not
+// a multiple of a warp) is refused naming the key, before any allocation.
+TEST_F(PrefillTest, Qwen35AStateSizeTheKernelDoesNotTakeIsNamed) {
+  std::unique_ptr<LoadedModel> loaded = Qwen35Fixture(1, 16);
+  ASSERT_NE(loaded, nullptr);
+  CudaEngineOptions options;
+  options.max_ctx = 64;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine = CudaEngine::Create(loaded->model, options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(engine.status().message()).find("ssm.state_size"), std::string::npos)
+      << engine.status();
+  EXPECT_NE(std::string(engine.status().message()).find("this model: 16"), std::string::npos)
+      << engine.status();
 }
 
 TEST_F(PrefillTest, AUbatchOfNoTokensIsAnErrorNamingTheFlag) {

@@ -5,7 +5,8 @@
 // launcher whose grid drifts from kernels/launch_geometry.h, or a walk that
 // changes without the shape, fails here. Fixtures: qwen3moe, qwen2moe (a gated
 // shared expert), glm4moe (a leading dense layer, an ungated shared expert),
-// each with other weight types.
+// qwen35moe (Gated DeltaNet layers around a gated attention one), each with
+// other weight types.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -74,6 +75,7 @@ TEST_P(WalkShapeTest, EveryLaunchOfAStepIsTheShapesRow) {
   spec.n_ff_exp = 256;
   spec.n_expert = 8;
   spec.n_expert_used = 2;
+  spec.full_attention_interval = 2;  // qwen35moe: DeltaNet, gated attention, DeltaNet
   absl::StatusOr<std::unique_ptr<LoadedModel>> loaded = LoadFixture(spec);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const Model& model = (*loaded)->model;
@@ -134,6 +136,7 @@ std::vector<ShapeCase> Cases() {
       {Arch::kQwen3Moe, GgmlType::kQ8_0, GgmlType::kQ4_K},
       {Arch::kQwen2Moe, GgmlType::kQ6_K, GgmlType::kQ8_0},
       {Arch::kGlm4Moe, GgmlType::kQ8_0, GgmlType::kQ5_0},
+      {Arch::kQwen35Moe, GgmlType::kQ6_K, GgmlType::kQ4_K},
   };
   std::vector<ShapeCase> cases;
   for (const auto& m : models) {

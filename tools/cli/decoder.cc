@@ -449,7 +449,7 @@ absl::StatusOr<std::vector<int32_t>> Decoder::Generate(absl::Span<const int32_t>
 }
 
 int Decoder::ResumePosition(int start) const {
-  return cuda_ != nullptr ? start : cpu_->ResumePosition(start);
+  return cuda_ != nullptr ? cuda_->ResumePosition(start) : cpu_->ResumePosition(start);
 }
 
 absl::Status Decoder::SetSampling(const SamplingParams& sampling) {

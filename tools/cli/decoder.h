@@ -109,8 +109,7 @@ class Decoder {
                                                 const TokenSink& sink);
 
   // The first position a Generate from start computes again
-  // (Oracle::ResumePosition; start on CUDA, whose KV cache keeps every
-  // position).
+  // (Oracle::ResumePosition, CudaEngine::ResumePosition).
   int ResumePosition(int start) const;
 
   // The sampling of later Generate calls (on CUDA one small upload; the
