@@ -14,8 +14,9 @@ namespace {
 
 constexpr int kMaxHeadDim = kDeltaNetMaxHeadDim;
 constexpr int kWarps = kDeltaNetThreads / 32;
-// Keys a lane holds of a state row.
+// Keys a lane holds of a state row, and the rows a warp loads at once.
 constexpr int kKeysPerLane = kMaxHeadDim / 32;
+constexpr int kRowsAtOnce = 4;
 
 // The model's channel of the head's channel j: q, k (both of key head g),
 // then v (of value head h).
@@ -26,8 +27,12 @@ __device__ inline int32_t model_channel(int32_t j, int32_t d, int32_t g, int32_t
   return 2 * key_dim + h * d + (j - 2 * d);
 }
 
+// The delta state, the stream the kernel reads and writes at every token, is
+// its first parameter and nothing else is (tests/kernel_shape_test.py traces
+// its loads to it, as the matvecs' weights).
 __global__ void __launch_bounds__(kDeltaNetThreads)
-    delta_net_mix_kernel(const DeltaNetMixArgs a, int32_t tokens) {
+    delta_net_mix_kernel(float* __restrict__ delta_state, const DeltaNetMixArgs a,
+                         int32_t tokens) {
   wait_for_prior_grids();
   __shared__ float y[3 * kMaxHeadDim];  // the conv's outputs: q, k, v
   __shared__ float o[kMaxHeadDim];
@@ -37,7 +42,7 @@ __global__ void __launch_bounds__(kDeltaNetThreads)
   const int32_t key_dim = a.n_k_heads * d, value_dim = a.n_v_heads * d;
   const int32_t conv_dim = 2 * key_dim + value_dim;
   float* const conv_state = a.conv_state + static_cast<int64_t>(h) * 3 * d * held;
-  float* const m = a.delta_state + static_cast<int64_t>(h) * d * d;
+  float* const m = delta_state + static_cast<int64_t>(h) * d * d;
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
 
   for (int32_t t = 0; t < tokens; ++t) {
@@ -77,26 +82,40 @@ __global__ void __launch_bounds__(kDeltaNetThreads)
     const float decay = delta_net_decay(a.alpha[at], a.dt_bias[h], a.ssm_a[h]);
     const float beta = sigmoid(a.beta_logit[at]);
 
-    // 3. The delta rule, a warp a row at a time (rows j = warp, warp + 4, ...):
-    // its dots with k and q, then m_j = decay m_j + delta_j k.
-    for (int32_t j = warp; j < d; j += kWarps) {
-      float* row = m + static_cast<int64_t>(j) * d;
-      float r[kKeysPerLane];
-      float mk = 0.0f, mq = 0.0f;
+    // 3. The delta rule, a warp kRowsAtOnce rows at a time (rows j0 .. j0 + 3,
+    // j0 = 4 warp, then + 4 kWarps): all their loads first, so a lane has 4 x
+    // head_dim / 32 in flight; then each row's dots with k and q and
+    // m_j = decay m_j + delta_j k. head_dim is a multiple of 32, so whole
+    // groups of rows.
+    for (int32_t j0 = warp * kRowsAtOnce; j0 < d; j0 += kWarps * kRowsAtOnce) {
+      float r[kRowsAtOnce][kKeysPerLane];
 #pragma unroll
-      for (int32_t u = 0; u < kKeysPerLane; ++u) {
-        r[u] = u < d / 32 ? row[lane + 32 * u] : 0.0f;
-        mk += r[u] * k[u];
-        mq += r[u] * q[u];
-      }
-      mk = warp_sum(mk);
-      mq = warp_sum(mq);
-      const float delta = (y[2 * d + j] - decay * mk) * beta;
+      for (int32_t i = 0; i < kRowsAtOnce; ++i) {
+        const float* row = m + static_cast<int64_t>(j0 + i) * d;
 #pragma unroll
-      for (int32_t u = 0; u < kKeysPerLane; ++u) {
-        if (u < d / 32) row[lane + 32 * u] = fmaf(delta, k[u], decay * r[u]);
+        for (int32_t u = 0; u < kKeysPerLane; ++u) {
+          r[i][u] = u < d / 32 ? row[lane + 32 * u] : 0.0f;
+        }
       }
-      if (lane == 0) o[j] = (decay * mq + delta * kq) * scale;
+#pragma unroll
+      for (int32_t i = 0; i < kRowsAtOnce; ++i) {
+        const int32_t j = j0 + i;
+        float mk = 0.0f, mq = 0.0f;
+#pragma unroll
+        for (int32_t u = 0; u < kKeysPerLane; ++u) {
+          mk += r[i][u] * k[u];
+          mq += r[i][u] * q[u];
+        }
+        mk = warp_sum(mk);
+        mq = warp_sum(mq);
+        const float delta = (y[2 * d + j] - decay * mk) * beta;
+        float* row = m + static_cast<int64_t>(j) * d;
+#pragma unroll
+        for (int32_t u = 0; u < kKeysPerLane; ++u) {
+          if (u < d / 32) row[lane + 32 * u] = fmaf(delta, k[u], decay * r[i][u]);
+        }
+        if (lane == 0) o[j] = (decay * mq + delta * kq) * scale;
+      }
     }
     __syncthreads();
 
@@ -143,7 +162,8 @@ cudaError_t launch_delta_net_mix(const DeltaNetMixArgs& args, int32_t tokens,
                           args.delta_state != nullptr && args.out != nullptr;
   if (!shape_ok || !buffers_ok || tokens < 1) return cudaErrorInvalidValue;
   const LaunchGeometry g = delta_net_mix_launch_geometry(args.n_v_heads);
-  return launch_kernel<delta_net_mix_kernel>(g.grid, g.block, stream, args, tokens);
+  return launch_kernel<delta_net_mix_kernel>(g.grid, g.block, stream, args.delta_state, args,
+                                             tokens);
 }
 
 }  // namespace moegraph

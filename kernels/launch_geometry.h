@@ -29,9 +29,11 @@ inline constexpr int kEmbedThreads = 256;
 inline constexpr int kAttentionThreads = 128;
 inline constexpr int kAttentionSplitPositions = 128;
 inline constexpr int kAttentionGroupHeads = 8;
-// launch_delta_net_mix: a block per value head, four warps; a warp walks its
-// share of the head's state rows, a lane every 32nd key of a row.
-inline constexpr int kDeltaNetThreads = 128;
+// launch_delta_net_mix: a block per value head, eight warps; a warp walks its
+// share of the head's state rows four at a time, a lane every 32nd key of a
+// row (the four rows' loads in flight together: 16 KiB a block at head_dim
+// 128; 167 registers, so eight warps and not sixteen).
+inline constexpr int kDeltaNetThreads = 256;
 // The shapes it takes: a head's state rows of head_dim (a multiple of 32, at
 // most kDeltaNetMaxHeadDim: a lane holds head_dim / 32 keys in registers),
 // conv kernels of 2..kDeltaNetMaxConv taps, whole groups of value heads.

@@ -72,6 +72,14 @@ ptxas -v:
   table indexed by weights, generic loads, a call's parameters) and must find
   exactly its weight loads.
 
+The Gated DeltaNet's state (kernels/delta_net.cu, param 0 of
+delta_net_mix_kernel) is streamed at every token as a matvec's weights are,
+but its loop is no dot product with one consumer: stream_runs counts, in
+program order, the state loads issued before an instruction first reads one
+of them. Every run must hold >= MIN_STATE_IN_FLIGHT (16: four rows of a
+head_dim-128 state at a lane's 4 keys each). The kernel before it loaded a
+row's keys one at a time, each used at once: runs of 1.
+
 Usage: kernel_shape_test.py NVCC SOURCE_DIR ARCH   (exit 0: pass, 1: fail)
 """
 import collections
@@ -90,6 +98,7 @@ GGML_CONTROL_TYPES = (8, 12, 14)
 GGML_BUNDLE = os.path.join("tools", "llama-crosscheck", "node_modules", "node-llama-cpp", "llama",
                            "gitRelease.bundle")
 MIN_IN_FLIGHT = 4
+MIN_STATE_IN_FLIGHT = 16
 
 # --- PTX parsing -------------------------------------------------------------------------------
 
@@ -402,6 +411,33 @@ def weight_window(body, kernel, consumer):
     return result
 
 
+def stream_runs(body, kernel):
+    """Loads of the param-0 stream in flight at each first use of one (a kernel
+    whose K loop is not a dot product's: delta_net_mix_kernel's state rows).
+
+    In program order, a run collects the stream loads (as weight_window's: their
+    address derives from param 0) until an instruction reads a register one of
+    them wrote, or one's address does; that use ends the run. Returns the runs'
+    load counts, in order: their minimum is what the thread has in flight when it
+    must first wait.
+    """
+    instructions, _ = parse_body(body, kernel)
+    kinds = taint(instructions)
+    runs, run, pending = [], 0, set()
+    for ins in instructions:
+        weight = ins.is_load() and ins.space() in ("global", "") and any(
+            kinds.get(r, 0) & PARAM_VALUE for r in ins.addr)
+        if pending and any(r in pending for r in ins.srcs):
+            runs.append(run)
+            run, pending = 0, set()
+        if weight:
+            run += 1
+            pending.update(ins.dests)
+    if run:
+        runs.append(run)
+    return runs
+
+
 def width_summary(loads):
     """'2×32b, 1×4x32b': how many loads of each width (type bits, times the vector count)."""
     counts = collections.Counter((load.bits * load.vector, load.vector) for load in loads)
@@ -627,7 +663,7 @@ def main():
                             dense_path], check=True)
             dense_ptx = open(dense_path).read()
             other_ptx = []
-            for source in ("moe.cu", "tokens.cu", "dequant.cu", "prefill.cu"):
+            for source in ("moe.cu", "tokens.cu", "dequant.cu", "prefill.cu", "delta_net.cu"):
                 path = os.path.join(work, source + ".ptx")
                 subprocess.run([nvcc, "-O3", f"-arch=sm_{arch}", "-std=c++17", f"-I{source_dir}",
                                 "-ptx", os.path.join(source_dir, "kernels", source), "-o", path],
@@ -772,6 +808,22 @@ def main():
         row, problems = weight_row(label, window, props.get(name), ours=True)
         rows.append(row)
         failures.extend(problems)
+
+    # The Gated DeltaNet's state stream (delta_net_mix_kernel's param 0): a
+    # lane's loads of its state rows in flight at their first use.
+    delta_net_seen = False
+    for text in other_ptx:
+        for name, body in entries(strip_comments(text)).items():
+            if "delta_net_mix_kernel" not in name:
+                continue
+            delta_net_seen = True
+            runs = stream_runs(body, name)
+            print(f"delta_net_mix_kernel: state loads in flight at each first use {runs}")
+            if not runs or min(runs) < MIN_STATE_IN_FLIGHT:
+                failures.append(f"delta_net_mix_kernel: state loads in flight {runs}, fewer than "
+                                f"{MIN_STATE_IN_FLIGHT} at a first use")
+    if not delta_net_seen:
+        failures.append("no delta_net_mix_kernel")
 
     for detail in ggml_details:
         print(detail)
