@@ -15,7 +15,7 @@ namespace moegraph {
 struct BudgetInputs {
   uint64_t free_vram_bytes = 0;
   uint64_t dense_bytes = 0;     // non-expert weights on the device
-  uint64_t kv_bytes = 0;        // KV cache at max context
+  uint64_t kv_bytes = 0;        // KV cache at max context (and a Gated DeltaNet state)
   uint64_t scratch_bytes = 0;   // activations and other per-step buffers
   uint64_t rail_bytes = 0;      // safety margin left free
   uint64_t block_bytes = 0;     // one slot: one expert of one layer, padded
