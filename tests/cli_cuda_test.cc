@@ -133,6 +133,35 @@ TEST_F(CliCudaTest, ChatContinuesOnTheDeviceAsOnTheCpu) {
   EXPECT_EQ(TurnLines(cuda.err), turns) << cuda.err;
 }
 
+// qwen35moe (Gated DeltaNet layers around gated attention ones, f32): a chat on
+// the device carries the layers' state between turns (the CPU backend from
+// its checkpoints, the device from where it ended): the same replies, the same
+// prefills at the same positions.
+TEST_F(CliCudaTest, AQwen35ChatKeepsItsStateOnTheDeviceAsOnTheCpu) {
+  const std::string fixture = TempPath("cli_cuda_qwen35.gguf");
+  const ProcessResult made = testing_util::RunProcess(
+      {MOEGRAPH_BIN, "make-fixture", "--arch", "qwen35moe", "--layers", "4",
+       "--full-attn-interval", "2", "--experts", "16", "--top-k", "4", "--ssm-head-dim", "32",
+       "--quant", "f32", "--seed", "7", "-o", fixture},
+      "");
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  const std::string input = "first message\nsecond one\nand a third\n";
+  const std::vector<std::string> args = {MOEGRAPH_BIN, "chat", "-m", fixture, "-n", "5",
+                                         "--ctx", "256"};
+  std::vector<std::string> cpu_args = args, cuda_args = args;
+  cpu_args.insert(cpu_args.end(), {"--backend", "cpu"});
+  cuda_args.insert(cuda_args.end(), {"--backend", "cuda"});
+  const ProcessResult cpu = testing_util::RunProcess(cpu_args, input);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const ProcessResult cuda = testing_util::RunProcess(cuda_args, input);
+  ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+  EXPECT_EQ(cuda.out, cpu.out);
+  const std::vector<std::string> turns = TurnLines(cpu.err);
+  ASSERT_EQ(turns.size(), 3u) << cpu.err;
+  EXPECT_EQ(TurnLines(cuda.err), turns) << cuda.err;
+  std::filesystem::remove(fixture);
+}
+
 TEST_F(CliCudaTest, BenchOnOneRoutingTraceCountsWhatTheCpuBackendCounts) {
   const std::string trace = TempPath("cli_cuda_routing.mgtr");
   const ProcessResult record =
