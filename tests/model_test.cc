@@ -489,7 +489,7 @@ TEST(LoadModel, Glm4MoeReadsItsDenseLayersScoreBiasAndSharedExpert) {
 // without it every full_attention_interval-th layer gated attention; the Gated
 // DeltaNet's tensors in place of q/k/v/o; no KV rows for its layers; the MTP
 // block after them (block_count 5, nextn_predict_layers 1, its flag false) not a
-// decode layer; the CUDA engine refuses it naming the layer.
+// decode layer.
 TEST(LoadModel, Qwen35MoeReadsItsLayerPlanDeltaNetAndGatedAttention) {
   FixtureSpec spec;
   spec.arch = Arch::kQwen35Moe;
