@@ -114,15 +114,17 @@ std::vector<std::string> TurnLines(const std::string& err) {
   return out;
 }
 
-// A chat on the device keeps its KV cache between turns as the CPU backend
-// does: the same replies, the same prefills at the same positions.
-TEST_F(CliCudaTest, ChatContinuesOnTheDeviceAsOnTheCpu) {
+// Three turns of `moegraph chat -m fixture -n 5` on the CPU and on the device
+// (cuda_flags added): the same replies, the same prefills at the same positions.
+void ExpectTheDevicesChatIsTheCpus(const std::string& fixture,
+                                   const std::vector<std::string>& cuda_flags) {
   const std::string input = "first message\nsecond one\nand a third\n";
-  const std::vector<std::string> args = {MOEGRAPH_BIN, "chat", "-m",    fixture_path(),
+  const std::vector<std::string> args = {MOEGRAPH_BIN, "chat", "-m",    fixture,
                                          "-n",         "5",    "--ctx", "256"};
   std::vector<std::string> cpu_args = args, cuda_args = args;
   cpu_args.insert(cpu_args.end(), {"--backend", "cpu"});
-  cuda_args.insert(cuda_args.end(), {"--backend", "cuda", "--steps-per-launch", "2"});
+  cuda_args.insert(cuda_args.end(), {"--backend", "cuda"});
+  cuda_args.insert(cuda_args.end(), cuda_flags.begin(), cuda_flags.end());
   const ProcessResult cpu = testing_util::RunProcess(cpu_args, input);
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
   const ProcessResult cuda = testing_util::RunProcess(cuda_args, input);
@@ -133,10 +135,15 @@ TEST_F(CliCudaTest, ChatContinuesOnTheDeviceAsOnTheCpu) {
   EXPECT_EQ(TurnLines(cuda.err), turns) << cuda.err;
 }
 
+// A chat on the device keeps its KV cache between turns as the CPU backend does
+// (two steps a graph launch).
+TEST_F(CliCudaTest, ChatContinuesOnTheDeviceAsOnTheCpu) {
+  ExpectTheDevicesChatIsTheCpus(fixture_path(), {"--steps-per-launch", "2"});
+}
+
 // qwen35moe (Gated DeltaNet layers around gated attention ones, f32): a chat on
 // the device carries the layers' state between turns (the CPU backend from
-// its checkpoints, the device from where it ended): the same replies, the same
-// prefills at the same positions.
+// its checkpoints, the device from where it ended).
 TEST_F(CliCudaTest, AQwen35ChatKeepsItsStateOnTheDeviceAsOnTheCpu) {
   const std::string fixture = TempPath("cli_cuda_qwen35.gguf");
   const ProcessResult made = testing_util::RunProcess(
@@ -145,20 +152,7 @@ TEST_F(CliCudaTest, AQwen35ChatKeepsItsStateOnTheDeviceAsOnTheCpu) {
        "--quant", "f32", "--seed", "7", "-o", fixture},
       "");
   ASSERT_EQ(made.exit_code, 0) << made.err;
-  const std::string input = "first message\nsecond one\nand a third\n";
-  const std::vector<std::string> args = {MOEGRAPH_BIN, "chat", "-m", fixture, "-n", "5",
-                                         "--ctx", "256"};
-  std::vector<std::string> cpu_args = args, cuda_args = args;
-  cpu_args.insert(cpu_args.end(), {"--backend", "cpu"});
-  cuda_args.insert(cuda_args.end(), {"--backend", "cuda"});
-  const ProcessResult cpu = testing_util::RunProcess(cpu_args, input);
-  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
-  const ProcessResult cuda = testing_util::RunProcess(cuda_args, input);
-  ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
-  EXPECT_EQ(cuda.out, cpu.out);
-  const std::vector<std::string> turns = TurnLines(cpu.err);
-  ASSERT_EQ(turns.size(), 3u) << cpu.err;
-  EXPECT_EQ(TurnLines(cuda.err), turns) << cuda.err;
+  ExpectTheDevicesChatIsTheCpus(fixture, {});
   std::filesystem::remove(fixture);
 }
 
