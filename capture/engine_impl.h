@@ -112,6 +112,9 @@ struct BufferLayout {
 struct LayerWeights {
   DeviceMatrix wq, wk, wv, wo, router;
   DeviceMatrix shexp_gate, shexp_up, shexp_down, shexp_gate_inp;
+  // Where the router computes the shared expert's gate (SharedGateInRouter):
+  // router's rows and then shexp_gate_inp's in one buffer, which those two view.
+  DeviceMatrix router_and_gate;
   DeviceMatrix ffn_gate, ffn_up, ffn_down;  // a leading dense layer's FFN (glm4moe)
   const float* score_b = nullptr;           // glm4moe's exp_probs_b
   const float* attn_norm = nullptr;
@@ -280,6 +283,9 @@ struct CudaEngine::Impl {
                     std::shared_ptr<const ExpertStore> experts, const LoadProgressFn& progress);
   absl::Status UploadDense();
   absl::StatusOr<DeviceMatrix> UploadMatrix(const GgufTensor* t);
+  // The router's rows and then the shared gate's row in one buffer.
+  absl::StatusOr<DeviceMatrix> UploadRouterAndGate(const GgufTensor* router,
+                                                   const GgufTensor* gate);
   absl::StatusOr<const float*> UploadVector(const GgufTensor* t);
   absl::Status PlanPools(uint64_t free_bytes, uint64_t dense_bytes, uint64_t kv_bytes,
                          uint64_t scratch_bytes);
@@ -380,6 +386,10 @@ struct CudaEngine::Impl {
   DeviceMatrix token_embd, output;
   const float* output_norm = nullptr;
   std::vector<LayerWeights> layers;
+  // Per layer: its shared expert is rank k of the expert passes
+  // (SharedExpertInPasses, capture/walk_shape.h).
+  std::vector<bool> shared_expert_in_passes;
+  std::vector<bool> shared_gate_in_router;  // per layer (SharedGateInRouter)
 
   std::vector<DevicePool> pools;
   std::vector<SlotPoolInfo> pool_infos;
@@ -412,15 +422,15 @@ struct CudaEngine::Impl {
   // Every Gated DeltaNet layer's state (LayerExperts::conv_state,
   // delta_state), zeroed when a sequence starts at position 0.
   CudaBuffer recurrent_buffer;
-  float* act = nullptr;         // [k][n_ff_exp]
-  // q8_1 blocks of h, attn, act ([k][n_ff_exp / 32]) and shexp_act, written by
+  float* act = nullptr;         // [PassRanks][n_ff_exp]
+  // q8_1 blocks of h, attn, act ([PassRanks][n_ff_exp / 32]) and shexp_act, written by
   // their producers for the quantized matvecs; null where a length is not a
   // multiple of 32 (then only element-type matrices read that vector).
   block_q8_1* h_q = nullptr;
   block_q8_1* attn_q = nullptr;
   block_q8_1* act_q = nullptr;
   block_q8_1* shexp_act_q = nullptr;
-  float* expert_out = nullptr;  // [k][n_embd]
+  float* expert_out = nullptr;  // [PassRanks][n_embd]
   float* shexp_act = nullptr;
   float* shexp_out = nullptr;
   float* shexp_logit = nullptr;

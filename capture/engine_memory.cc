@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "capture/engine_impl.h"
+#include "capture/walk_shape.h"
 #include "loader/quant.h"
 #include "loader/status_util.h"
 #include "reference/ops.h"
@@ -38,11 +39,17 @@ std::vector<int32_t> SplitSlots(int64_t n_slots, const std::vector<SizeClass>& c
 // The dimensions of a head RoPE turns (n_rot 0: all of them).
 int32_t RotatedDims(const ModelConfig& cfg) { return cfg.n_rot > 0 ? cfg.n_rot : cfg.head_dim; }
 
-// The step's tickets: its gate/up pairs are the experts' (k ranks), the shared
-// expert's and a leading dense layer's.
+// The most ranks an expert pass has: k, and the shared expert's where it can
+// ride the passes (SharedExpertInPasses: its FFN as wide as an expert's).
+int32_t PassRanks(const ModelConfig& cfg) {
+  return cfg.n_expert_used + (cfg.n_ff_shexp > 0 && cfg.n_ff_shexp == cfg.n_ff_exp ? 1 : 0);
+}
+
+// The step's tickets: its gate/up pairs are the experts' (PassRanks), the
+// shared expert's and a leading dense layer's.
 int32_t StepTickets(const ModelConfig& cfg) {
   const int32_t pair_rows =
-      std::max({cfg.n_ff_exp * cfg.n_expert_used, cfg.n_ff_shexp, cfg.n_ff_dense});
+      std::max({cfg.n_ff_exp * PassRanks(cfg), cfg.n_ff_shexp, cfg.n_ff_dense});
   return step_tickets(cfg.n_embd, cfg.n_head, cfg.n_head_kv, pair_rows);
 }
 
@@ -116,13 +123,34 @@ absl::StatusOr<const float*> CudaEngine::Impl::UploadVector(const GgufTensor* t)
   return out;
 }
 
+absl::StatusOr<DeviceMatrix> CudaEngine::Impl::UploadRouterAndGate(const GgufTensor* router,
+                                                                   const GgufTensor* gate) {
+  const WeightView view = weight_view(*router);
+  DeviceMatrix m;
+  m.type = view.type;
+  m.cols = static_cast<int32_t>(view.cols);
+  m.rows = static_cast<int32_t>(view.rows) + 1;
+  m.row_bytes = view.row_bytes;
+  MG_ASSIGN_OR_RETURN(CudaBuffer buffer,
+                      CudaBuffer::Device(router->nbytes + gate->nbytes, router->name));
+  MG_RETURN_IF_ERROR(Upload(buffer.as<void>(), router->data, router->nbytes, router->name));
+  MG_RETURN_IF_ERROR(
+      Upload(buffer.as<uint8_t>() + router->nbytes, gate->data, gate->nbytes, gate->name));
+  dense_bytes += router->nbytes + gate->nbytes;
+  m.data = buffer.as<void>();
+  dense.push_back(std::move(buffer));
+  return m;
+}
+
 absl::Status CudaEngine::Impl::UploadDense() {
   const Model& m = *model;
+  shared_gate_in_router = SharedGateInRouter(m);
   MG_ASSIGN_OR_RETURN(token_embd, UploadMatrix(m.token_embd));
   MG_ASSIGN_OR_RETURN(output, UploadMatrix(m.output));
   MG_ASSIGN_OR_RETURN(output_norm, UploadVector(m.output_norm));
   for (const LayerTensors& lt : m.layers) {
     LayerWeights w;
+    const bool gate_in_router = shared_gate_in_router[layers.size()];
     if (lt.delta_net.qkv != nullptr) {
       const LayerTensors::DeltaNet& d = lt.delta_net;
       MG_ASSIGN_OR_RETURN(w.delta_net.qkv, UploadMatrix(d.qkv));
@@ -140,7 +168,15 @@ absl::Status CudaEngine::Impl::UploadDense() {
       MG_ASSIGN_OR_RETURN(w.wv, UploadMatrix(lt.wv));
       MG_ASSIGN_OR_RETURN(w.wo, UploadMatrix(lt.wo));
     }
-    if (lt.router != nullptr) {
+    if (gate_in_router) {
+      MG_ASSIGN_OR_RETURN(w.router_and_gate, UploadRouterAndGate(lt.router, lt.shexp_gate_inp));
+      w.router = w.router_and_gate;
+      w.router.rows -= 1;
+      w.shexp_gate_inp = w.router_and_gate;
+      w.shexp_gate_inp.rows = 1;
+      w.shexp_gate_inp.data = static_cast<const uint8_t*>(w.router_and_gate.data) +
+                              lt.router->nbytes;
+    } else if (lt.router != nullptr) {
       MG_ASSIGN_OR_RETURN(w.router, UploadMatrix(lt.router));
     }
     if (lt.shexp_gate != nullptr) {
@@ -148,7 +184,7 @@ absl::Status CudaEngine::Impl::UploadDense() {
       MG_ASSIGN_OR_RETURN(w.shexp_up, UploadMatrix(lt.shexp_up));
       MG_ASSIGN_OR_RETURN(w.shexp_down, UploadMatrix(lt.shexp_down));
     }
-    if (lt.shexp_gate_inp != nullptr) {
+    if (lt.shexp_gate_inp != nullptr && !gate_in_router) {
       MG_ASSIGN_OR_RETURN(w.shexp_gate_inp, UploadMatrix(lt.shexp_gate_inp));
     }
     if (lt.ffn_gate != nullptr) {
@@ -408,8 +444,9 @@ absl::Status CudaEngine::Impl::AllocateState() {
   const size_t o_q = s.Add(widths.q_rows * f), o_k = s.Add(kv_len * f);
   const size_t o_q_rope = s.Add(q_len * f), o_attn = s.Add(widths.mixer_out * f);
   const size_t o_dn = s.Add(widths.delta_net_inputs * f);
-  const size_t o_router = s.Add(cfg.n_expert * f);
-  const size_t o_act = s.Add(kk * cfg.n_ff_exp * f), o_eout = s.Add(kk * cfg.n_embd * f);
+  const size_t o_router = s.Add((cfg.n_expert + 1) * f);  // + the shared gate's logit
+  const size_t ranks = static_cast<size_t>(PassRanks(cfg));
+  const size_t o_act = s.Add(ranks * cfg.n_ff_exp * f), o_eout = s.Add(ranks * cfg.n_embd * f);
   const size_t n_shexp = static_cast<size_t>(std::max(cfg.n_ff_shexp, 1));
   const size_t o_sa = s.Add(n_shexp * f);
   const size_t o_sout = s.Add(cfg.n_embd * f), o_slogit = s.Add(f);
@@ -431,7 +468,7 @@ absl::Status CudaEngine::Impl::AllocateState() {
   };
   const size_t o_h_q = add_q8_1(cfg.n_embd);
   const size_t o_attn_q = q_len % QK8_1 == 0 ? add_q8_1(widths.mixer_out) : kNone;
-  const size_t o_act_q = add_q8_1(kk * cfg.n_ff_exp);
+  const size_t o_act_q = add_q8_1(ranks * cfg.n_ff_exp);
   const size_t o_sa_q = cfg.n_ff_shexp > 0 ? add_q8_1(cfg.n_ff_shexp) : kNone;
   const size_t o_dense_q = cfg.n_ff_dense > 0 ? add_q8_1(cfg.n_ff_dense) : kNone;
 
@@ -627,17 +664,18 @@ uint64_t ScratchBytes(const ModelConfig& cfg, int max_ctx) {
   const uint64_t q_len = static_cast<uint64_t>(cfg.n_head) * cfg.head_dim;
   const uint64_t kv_len = static_cast<uint64_t>(cfg.n_head_kv) * cfg.head_dim;
   const uint64_t kk = static_cast<uint64_t>(cfg.n_expert_used);
+  const uint64_t ranks = static_cast<uint64_t>(PassRanks(cfg));
   const MixerWidths widths(cfg);
   const uint64_t floats = 3 * static_cast<uint64_t>(cfg.n_embd) + widths.q_rows + q_len +
                           widths.mixer_out + widths.delta_net_inputs + kv_len +
-                          static_cast<uint64_t>(cfg.n_expert) + kk * cfg.n_ff_exp +
-                          kk * cfg.n_embd + static_cast<uint64_t>(cfg.n_ff_shexp) + 1 +
+                          static_cast<uint64_t>(cfg.n_expert) + 1 + ranks * cfg.n_ff_exp +
+                          ranks * cfg.n_embd + static_cast<uint64_t>(cfg.n_ff_shexp) + 1 +
                           static_cast<uint64_t>(cfg.n_ff_dense) +
                           static_cast<uint64_t>(cfg.n_vocab);
   const uint64_t per_layer = static_cast<uint64_t>(cfg.n_layer) * kk * (4 + 4 + 4 + 4 + 1 + 4);
   // The q8_1 blocks of h, attn, act and shexp_act: 36 bytes per 32 floats, at most.
   const uint64_t q8_1_bytes = (static_cast<uint64_t>(cfg.n_embd) + widths.mixer_out +
-                               kk * cfg.n_ff_exp +
+                               ranks * cfg.n_ff_exp +
                                cfg.n_ff_shexp + cfg.n_ff_dense) /
                               QK8_1 * sizeof(block_q8_1);
   const uint64_t ticket_bytes = (static_cast<uint64_t>(StepTickets(cfg)) + kk) * 4;

@@ -24,6 +24,8 @@ WalkConfig CudaEngine::Impl::MakeWalkConfig(int steps) const {
   WalkConfig c =
       ModelWalkConfig(cfg, slot_mode, options.doors.split_passes, programmatic_launch);
   c.steps = steps;
+  c.shared_expert_in_passes = shared_expert_in_passes;
+  c.shared_gate_in_router = shared_gate_in_router;
   c.routing_step_end = options.routing_trace != nullptr || options.routing_record_steps > 0;
   c.record_logits = options.record_logits;
   return c;
@@ -190,6 +192,9 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       ranks.slot_of_rank = e->slot_of_rank;
       ranks.missed = e->missed;
     }
+    if (shared_expert_in_passes[static_cast<size_t>(l)]) {
+      ranks.shared = {&w->shexp_gate, &w->shexp_up, &w->shexp_down};
+    }
   }
   const GluAct glu_act = ExpertGlu();
   // The token mixer's output projection (attn_out): attention's, or a Gated
@@ -215,7 +220,9 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     CombineEpilogue combine;
     combine.weights = e->weights;
     combine.shexp_out = shexp ? shexp_out : nullptr;
-    combine.shexp_logit = shexp && cfg.shexp_gated ? shexp_logit : nullptr;
+    combine.shexp_logit = !shexp || !cfg.shexp_gated ? nullptr
+                          : shared_gate_in_router[static_cast<size_t>(l)] ? router_logits + cfg.n_expert
+                                                                          : shexp_logit;
     combine.residual = x;
     combine.norm = Norm(next_norm);
     return [=, this] {
@@ -265,9 +272,11 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       return [=] { return launch_delta_net_mix(args, 1, ms); };
     }
     case StepOp::kRouter: {
-      const RouterEpilogue router = Router(l, e->selection, e->weights);
+      RouterEpilogue router = Router(l, e->selection, e->weights);
+      router.shared_gate_row = shared_gate_in_router[static_cast<size_t>(l)];
+      const DeviceMatrix* weights = router.shared_gate_row ? &w->router_and_gate : &w->router;
       return [=, this] {
-        return launch_router(w->router, h, h_q, router_logits, router, tickets, ms);
+        return launch_router(*weights, h, h_q, router_logits, router, tickets, ms);
       };
     }
     case StepOp::kResidencyStep: {

@@ -93,11 +93,21 @@ void AddMixer(const WalkConfig& c, WalkWriter& w, int step, int layer) {
   for (StepOp op : delta_net ? kDeltaNet : kAttention) w.Add(op, step, layer);
 }
 
+bool LayerFlag(const std::vector<bool>& flags, int layer) {
+  return !flags.empty() && flags[static_cast<size_t>(layer)];
+}
+
+// The shared expert's own launches: its gate/up and down unless it rides the
+// expert passes, its gate logit unless the router computes it.
 void AddSharedExpert(const WalkConfig& c, WalkWriter& w, int step, int layer) {
   if (!c.shared_expert) return;
-  w.Add(StepOp::kShexpGateUp, step, layer);
-  w.Add(StepOp::kShexpDown, step, layer);
-  if (c.shared_expert_gated) w.Add(StepOp::kShexpLogit, step, layer);
+  if (!LayerFlag(c.shared_expert_in_passes, layer)) {
+    w.Add(StepOp::kShexpGateUp, step, layer);
+    w.Add(StepOp::kShexpDown, step, layer);
+  }
+  if (c.shared_expert_gated && !LayerFlag(c.shared_gate_in_router, layer)) {
+    w.Add(StepOp::kShexpLogit, step, layer);
+  }
 }
 
 void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
@@ -178,6 +188,11 @@ StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
   MG_CHECK(config.n_layer > 0 && config.steps > 0, "BuildWalk: no layers or no steps");
   MG_CHECK(config.mixers.empty() || static_cast<int>(config.mixers.size()) == config.n_layer,
            "BuildWalk: a mixer list not of n_layer");
+  for (const std::vector<bool>* flags :
+       {&config.shared_expert_in_passes, &config.shared_gate_in_router}) {
+    MG_CHECK(flags->empty() || static_cast<int>(flags->size()) == config.n_layer,
+             "BuildWalk: a per-layer shared-expert list not of n_layer");
+  }
   StepWalk walk;
   walk.config = config;
   WalkWriter w(walk, bind);

@@ -134,8 +134,16 @@ struct WalkConfig {
   bool split_passes = false;
   // Kernels launched with programmatic dependent launch (MOEGRAPH_PDL, sm_90+).
   bool programmatic_launch = false;
-  bool shared_expert = false;        // qwen2moe, glm4moe
-  bool shared_expert_gated = false;  // qwen2moe: shexp_logit
+  bool shared_expert = false;        // qwen2moe, glm4moe, qwen35moe
+  bool shared_expert_gated = false;  // qwen2moe, qwen35moe: shexp_logit
+  // Per layer (empty: none): the shared expert rides the expert passes as one
+  // more rank (ExpertRanks::shared, capture/walk_shape.h's
+  // SharedExpertInPasses), with no shexp_gate_up or shexp_down of its own.
+  std::vector<bool> shared_expert_in_passes;
+  // Per layer (empty: none): the shared expert's gate logit is the router's
+  // last row (RouterEpilogue::shared_gate_row, SharedGateInRouter), with no
+  // shexp_logit of its own.
+  std::vector<bool> shared_gate_in_router;
   // Each layer's token mixer (empty: attention everywhere); a Gated DeltaNet
   // layer has delta_net_proj delta_net_mix in place of qkv attention.
   std::vector<LayerMixer> mixers;

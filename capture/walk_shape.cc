@@ -54,13 +54,19 @@ Matrix Expert(const Model& model, int layer, ExpertProj proj) {
 
 class Shaper {
  public:
-  Shaper(const Model& model, const WalkShapeOptions& options)
-      : model_(model), c_(model.config), options_(options) {}
+  Shaper(const Model& model, const WalkShapeOptions& options, const WalkConfig& walk)
+      : model_(model), c_(model.config), options_(options), walk_(walk) {}
 
   absl::StatusOr<WalkLaunch> Launch(const WalkEntry& e) const {
     const LayerTensors* l =
         e.layer >= 0 ? &model_.layers[static_cast<size_t>(e.layer)] : nullptr;
     const int32_t k = c_.n_expert_used;
+    // The expert passes' ranks: k, and the shared expert where it rides them.
+    const int32_t pass_ranks =
+        k + (e.layer >= 0 && !walk_.shared_expert_in_passes.empty() &&
+                     walk_.shared_expert_in_passes[static_cast<size_t>(e.layer)]
+                 ? 1
+                 : 0);
     switch (e.op) {
       case StepOp::kEmbed: {
         // One row of the table per token.
@@ -85,8 +91,14 @@ class Shaper {
       case StepOp::kDeltaNetMix:
         return Plain(e, "delta_net_mix_kernel",
                      delta_net_mix_launch_geometry(c_.delta_net.n_v_heads));
-      case StepOp::kRouter:
-        return Matvec(e, Of(l->router));
+      case StepOp::kRouter: {
+        Matrix router = Of(l->router);
+        if (walk_.shared_gate_in_router[static_cast<size_t>(e.layer)]) {
+          router.rows += 1;
+          router.bytes += Of(l->shexp_gate_inp).bytes;
+        }
+        return Matvec(e, router);
+      }
       case StepOp::kResidencyStep:
         return Doors{}.policy == ResidencyPolicy::kHazard
                    ? Plain(e, "hazard_step_kernel", hazard_step_launch_geometry())
@@ -96,19 +108,19 @@ class Shaper {
       // Copies from host memory over PCIe: no weight bytes from device memory.
       case StepOp::kStageCopy:
         return Plain(e, "stage_copy_kernel", stage_copy_launch_geometry(k));
-      // Each pass's grid covers all k ranks; a block whose rank is in another
-      // pass exits, so a split pass reads at most the k experts counted here.
+      // Each pass's grid covers all its ranks; a block whose rank is in another
+      // pass exits, so a split pass reads at most the experts counted here.
       case StepOp::kGateUpHits:
       case StepOp::kGateUpMisses:
       case StepOp::kGateUpAll:
       case StepOp::kGateUpReady:
         return Pair(e, Expert(model_, e.layer, ExpertProj::kGate),
-                    Expert(model_, e.layer, ExpertProj::kUp), k);
+                    Expert(model_, e.layer, ExpertProj::kUp), pass_ranks);
       case StepOp::kDownHits:
       case StepOp::kDownMisses:
       case StepOp::kDownAll:
       case StepOp::kDownReady:
-        return Matvec(e, Expert(model_, e.layer, ExpertProj::kDown), k);
+        return Matvec(e, Expert(model_, e.layer, ExpertProj::kDown), pass_ranks);
       case StepOp::kShexpGateUp:
         return Pair(e, Of(l->shexp_gate), Of(l->shexp_up), 1);
       case StepOp::kShexpDown:
@@ -211,9 +223,46 @@ class Shaper {
   const Model& model_;
   const ModelConfig& c_;
   const WalkShapeOptions& options_;
+  const WalkConfig& walk_;
 };
 
+bool SameView(const WeightView& a, const WeightView& b) {
+  return a.type == b.type && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
+}
+
 }  // namespace
+
+std::vector<bool> SharedExpertInPasses(const Model& model) {
+  const ModelConfig& c = model.config;
+  std::vector<bool> in_passes(static_cast<size_t>(c.n_layer), false);
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerTensors& t = model.layers[static_cast<size_t>(l)];
+    if (!c.moe_layer(l) || t.shexp_gate == nullptr || t.shexp_up == nullptr ||
+        t.shexp_down == nullptr || t.gate_exps_b != nullptr || t.up_exps_b != nullptr ||
+        t.down_exps_b != nullptr) {
+      continue;
+    }
+    in_passes[static_cast<size_t>(l)] =
+        SameView(weight_view(*t.shexp_gate), model.expert(l, ExpertProj::kGate, 0)) &&
+        SameView(weight_view(*t.shexp_up), model.expert(l, ExpertProj::kUp, 0)) &&
+        SameView(weight_view(*t.shexp_down), model.expert(l, ExpertProj::kDown, 0));
+  }
+  return in_passes;
+}
+
+std::vector<bool> SharedGateInRouter(const Model& model) {
+  const ModelConfig& c = model.config;
+  std::vector<bool> in_router(static_cast<size_t>(c.n_layer), false);
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerTensors& t = model.layers[static_cast<size_t>(l)];
+    if (t.router == nullptr || t.shexp_gate_inp == nullptr) continue;
+    const WeightView router = weight_view(*t.router), gate = weight_view(*t.shexp_gate_inp);
+    in_router[static_cast<size_t>(l)] = gate.rows == 1 && router.type == gate.type &&
+                                        router.cols == gate.cols &&
+                                        router.row_bytes == gate.row_bytes;
+  }
+  return in_router;
+}
 
 std::string DeltaNetRefusal(const ModelConfig& c) {
   return absl::StrFormat(
@@ -291,10 +340,13 @@ absl::StatusOr<WalkShape> ShapeWalk(const Model& model, const WalkShapeOptions& 
   // The walk the engine runs for one step of the arm, its doors at their defaults.
   const Doors doors;
   WalkShape shape;
-  shape.walk = BuildWalk(ModelWalkConfig(
+  WalkConfig config = ModelWalkConfig(
       c, options.arm == Arm::kResident ? SlotMode::kResident : SlotMode::kDevicePolicy,
-      doors.split_passes, doors.programmatic_launch));
-  const Shaper shaper(model, options);
+      doors.split_passes, doors.programmatic_launch);
+  config.shared_expert_in_passes = SharedExpertInPasses(model);
+  config.shared_gate_in_router = SharedGateInRouter(model);
+  shape.walk = BuildWalk(config);
+  const Shaper shaper(model, options, shape.walk.config);
   for (const WalkEntry& entry : shape.walk.entries) {
     if (entry.kind != EntryKind::kKernel) continue;
     MG_ASSIGN_OR_RETURN(WalkLaunch launch, shaper.Launch(entry));

@@ -54,6 +54,19 @@ struct WalkShape {
 // (delta_net_mix_supports), naming the keys: the engine's error and inspect's.
 std::string DeltaNetRefusal(const ModelConfig& config);
 
+// Per layer, whether its shared expert rides the CUDA expert passes as rank k
+// (ExpertRanks::shared): a MoE layer whose shared gate, up and down have its
+// routed experts' types and shapes, and no expert biases. Then its gate/up and
+// down are no launches of their own (2 kernel nodes fewer a layer). The engine
+// and inspect --walk both decide by it.
+std::vector<bool> SharedExpertInPasses(const Model& model);
+
+// Per layer, whether the router's launch computes the shared expert's gate
+// logit as its last row (RouterEpilogue::shared_gate_row): a gate of the
+// router's type and row length (both f32 in llama-quantize's files, which never
+// quantize ffn_gate_inp tensors). One kernel node fewer a layer.
+std::vector<bool> SharedGateInRouter(const Model& model);
+
 // Errors name the flag (--arm, --slots, --ctx, --kv-type) or the tensor a
 // kernel does not take, as the engine would refuse it.
 absl::StatusOr<WalkShape> ShapeWalk(const Model& model, const WalkShapeOptions& options);

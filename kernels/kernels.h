@@ -252,10 +252,14 @@ struct RouterEpilogue {
   int32_t* experts = nullptr;
   float* weights = nullptr;
   RoutingReplay replay;  // with ids set, the trace's choice over the router's
+  // W's last row is the shared expert's gate (qwen2moe, qwen35moe): its logit
+  // is left in logits[n_expert], outside the top-k, and needs no launch of its own.
+  bool shared_gate_row = false;
 };
 
-// logits[rows] = W x, then its top-k (rows = n_expert <= kMaxRouterExperts,
-// k <= kMaxTopK, kernels/moe_math.h). tickets: 1.
+// logits[rows] = W x, then the top-k of its first n_expert = rows (rows - 1
+// with shared_gate_row) <= kMaxRouterExperts, k <= kMaxTopK,
+// kernels/moe_math.h. tickets: 1.
 cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
                           float* logits, const RouterEpilogue& router, unsigned int* tickets,
                           cudaStream_t stream);
@@ -438,12 +442,27 @@ cudaError_t launch_stage_copy(const uint8_t* host_blocks, const DeviceBlockLayou
 // resident arm, whose pool holds every expert of the layer in the slot its key
 // names, has no decision and no flags: slot_of_rank is the layer's selection,
 // first_slot the key of its expert 0, missed null (every rank a hit).
+// With shared set, the passes have one more rank after the k routed ones, rank
+// k: the layer's shared expert (qwen2moe, glm4moe, qwen35moe), its matrices of
+// the slots' types and shapes (shared_expert_fits_slots), always a hit and
+// never counted as an expert computed. Its gate/up and down then need no
+// launches of their own, and act and expert_out hold k + 1 ranks.
+struct SharedExpertMatrices {
+  const DeviceMatrix* gate = nullptr;
+  const DeviceMatrix* up = nullptr;
+  const DeviceMatrix* down = nullptr;
+};
 struct ExpertRanks {
   int32_t k = 0;
   const int32_t* slot_of_rank = nullptr;
   const uint8_t* missed = nullptr;
   int32_t first_slot = 0;
+  SharedExpertMatrices shared;
 };
+
+// Whether the shared expert's matrices can ride the expert passes as rank k:
+// each of its projection's type, shape and row bytes in layout.
+bool shared_expert_fits_slots(const DeviceBlockLayout& layout, const SharedExpertMatrices& shared);
 
 // gpt-oss's expert biases, each null or [n_expert][n_ff] (down: [n_expert][n_embd]),
 // rank r adding row experts[r] (the layer's selection): all null, or experts set.
@@ -476,7 +495,9 @@ cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& la
                                const block_q8_1* act_q, float* expert_out, cudaStream_t stream);
 
 // The end of the FFN, run by the last down pass: residual += sum over r in rank
-// order of weights[r] * expert_out[r] (+ shexp_out when not null, times
+// order of weights[r] * expert_out[r] (+ the shared expert's output: rank k's
+// expert_out with ranks.shared set, whatever shexp_out says, else shexp_out
+// when not null; times
 // sigmoid(*shexp_logit) when that is not null: qwen2moe's gate), then norm of
 // the residual (the next layer's attn_norm, or output_norm).
 struct CombineEpilogue {

@@ -49,10 +49,12 @@ size_t packed_row_bytes(GgmlType type, int64_t cols) {
 }
 
 // A launch's weights: fixed (dense: w[0], and w[1] for a pair) or, with slots
-// set, found per rank: slots + (its slot: MatvecArgs) * block_bytes + offset[p].
+// set, found per rank: slots + (its slot: MatvecArgs) * block_bytes + offset[p];
+// with shared set too, the last rank's are shared[p] (the shared expert's).
 struct MatvecWeights {
   const uint8_t* w[2] = {nullptr, nullptr};
   const uint8_t* slots = nullptr;
+  const uint8_t* shared[2] = {nullptr, nullptr};
 };
 
 // The rest of a launch: shapes, activations, outputs, epilogues.
@@ -134,11 +136,13 @@ __device__ void quantize_out_group(const MatvecArgs& a, int32_t row0, EpilogueSh
 
 // Rows [rows_per_block bx, + rows_per_block) of rank blockIdx.y by the whole
 // block, M matrices (a pair: 2), into out (or out_f16); flag: the rank's miss
-// flag (kRank*), for the count of the rank's first block.
+// flag (kRank*), for the count of the rank's first block; shared_rank: the
+// rank is the shared expert's (weights.shared, not a slot).
 template <GgmlType T, int M>
 __device__ __forceinline__ void matvec_block(const MatvecWeights& weights, const MatvecArgs& a,
-                                             int32_t bx, uint8_t flag, float* out_base,
-                                             uint16_t* out_f16, MatvecShared* shared) {
+                                             int32_t bx, uint8_t flag, bool shared_rank,
+                                             float* out_base, uint16_t* out_f16,
+                                             MatvecShared* shared) {
   const int32_t r = blockIdx.y;
   const int threads = a.geometry.threads_per_row;
   const int rows_per_block = a.geometry.rows_per_block;
@@ -147,8 +151,9 @@ __device__ __forceinline__ void matvec_block(const MatvecWeights& weights, const
   const int32_t row0 = bx * rows_per_block;
   const int32_t row = row0 + i;
   const bool live = row < a.rows;
-  const uint8_t* base[2] = {weights.w[0], weights.w[1]};
-  if (weights.slots != nullptr) {
+  const uint8_t* base[2] = {shared_rank ? weights.shared[0] : weights.w[0],
+                            shared_rank ? weights.shared[1] : weights.w[1]};
+  if (weights.slots != nullptr && !shared_rank) {
     const uint8_t* block =
         weights.slots + static_cast<size_t>(a.first_slot + a.slot_of_rank[r]) * a.block_bytes;
     base[0] = block + a.offset[0];
@@ -216,21 +221,25 @@ __device__ RowGroup row_group_of(const MatvecArgs& a, int32_t bx) {
 }
 
 // Rows [32 g, + 32) of the ranks' outputs into the residual, ranks in order
-// (every rank's blocks of these rows are done), then, in the last block to get
-// here, the norm of the whole residual.
-__device__ void combine_epilogue(const MatvecArgs& a, EpilogueShared* shared) {
+// (every rank's blocks of these rows are done), the shared expert's last
+// (c.shexp_out: with has_shared_rank, the last rank's output, which is not also a
+// routed one), then, in the last block to get here, the norm of the whole
+// residual.
+__device__ void combine_epilogue(const MatvecArgs& a, bool has_shared_rank,
+                                 EpilogueShared* shared) {
   const CombineEpilogue& c = a.combine;
   const RowGroup group = row_group_of(a, blockIdx.x);
   const int32_t row0 = group.index * kMaxRowsPerBlock;
   if (!last_block_done(a.tickets + 1 + group.index, group.blocks * gridDim.y, shared)) return;
+  const int32_t routed = static_cast<int32_t>(gridDim.y) - (has_shared_rank ? 1 : 0);
   for (int32_t i = threadIdx.x; i < kMaxRowsPerBlock && row0 + i < a.rows; i += kMatvecThreads) {
     const int32_t row = row0 + i;
     float acc = 0.0f;
-    for (int32_t r = 0; r < static_cast<int32_t>(gridDim.y); ++r) {
+    for (int32_t r = 0; r < routed; ++r) {
       acc += c.weights[r] * __ldcg(a.out + r * a.out_stride + row);
     }
     if (c.shexp_out != nullptr) {
-      acc += (c.shexp_logit != nullptr ? sigmoid(*c.shexp_logit) : 1.0f) * c.shexp_out[row];
+      acc += (c.shexp_logit != nullptr ? sigmoid(*c.shexp_logit) : 1.0f) * __ldcg(c.shexp_out + row);
     }
     c.residual[row] += acc;
   }
@@ -244,14 +253,16 @@ __device__ void combine_epilogue(const MatvecArgs& a, EpilogueShared* shared) {
 // The launch's epilogue (its tickets are set): the combine, or the router's
 // top-k or the norm of out in the last block. Inlined: a call's saved
 // registers spilled to the stack (ptxas: 4-8 bytes, 8 more registers).
-__device__ __forceinline__ void matvec_epilogue(const MatvecArgs& a, EpilogueShared* shared) {
+__device__ __forceinline__ void matvec_epilogue(const MatvecArgs& a, bool has_shared_rank,
+                                                EpilogueShared* shared) {
   if (a.combine.residual != nullptr) {
-    combine_epilogue(a, shared);
+    combine_epilogue(a, has_shared_rank, shared);
     return;
   }
   if (!last_block_done(a.tickets, gridDim.x * gridDim.y, shared)) return;
   if (a.router.experts != nullptr) {
-    warp_router_topk(a.out, a.rows, a.router, a.router.experts, a.router.weights, shared);
+    warp_router_topk(a.out, a.rows - (a.router.shared_gate_row ? 1 : 0), a.router,
+                     a.router.experts, a.router.weights, shared);
   } else {
     run_norm_epilogue(a.norm, a.out, a.rows, shared);
   }
@@ -263,19 +274,23 @@ __global__ void __launch_bounds__(kMatvecThreads)
                           const __grid_constant__ MatvecArgs a) {
   wait_for_prior_grids_unless(a.overlaps_copy);
   __shared__ MatvecShared shared;
+  // The shared expert's rank, the last where the launch has one: a hit, in no slot.
+  const bool shared_rank = weights.shared[0] != nullptr && blockIdx.y + 1 == gridDim.y;
   // The rank's flag, read once (the resident arm's and dense launches': a hit).
-  const uint8_t flag = a.missed != nullptr ? a.missed[blockIdx.y] : kRankHit;
+  const uint8_t flag = a.missed != nullptr && !shared_rank ? a.missed[blockIdx.y] : kRankHit;
   if (rank_in_pass(a.pass, flag)) {
     // Here, not in matvec_block: there the poll loop cost q3_K's instance a
     // spill (ptxas: 8-byte frame), as the count did iq4_nl's here.
     if (rank_waits_for_copy(a.pass, flag)) wait_for_rank_copy(a.missed + blockIdx.y);
     if (a.pair) {
-      matvec_block<T, 2>(weights, a, blockIdx.x, flag, a.out, a.out_f16, &shared);
+      matvec_block<T, 2>(weights, a, blockIdx.x, flag, shared_rank, a.out, a.out_f16, &shared);
     } else {
-      matvec_block<T, 1>(weights, a, blockIdx.x, flag, a.out, a.out_f16, &shared);
+      matvec_block<T, 1>(weights, a, blockIdx.x, flag, shared_rank, a.out, a.out_f16, &shared);
     }
   }
-  if (a.tickets != nullptr) matvec_epilogue(a, &shared.epilogue);
+  // Read again here, not kept across the loop: kept, it cost mxfp4's and
+  // iq4_nl's instances a spill (ptxas: 4 bytes).
+  if (a.tickets != nullptr) matvec_epilogue(a, weights.shared[0] != nullptr, &shared.epilogue);
 }
 
 // Matrices of one input (q, k and v; or launch_projections' up to four):
@@ -343,7 +358,7 @@ __device__ __forceinline__ void qkv_job(const QkvWeights& w, const QkvArgs& a, i
       out = static_cast<float*>(a.rope.v_cache) + row;
     }
   }
-  matvec_block<T, 1>(weights, job, bx, kRankHit, out, out_f16, shared);
+  matvec_block<T, 1>(weights, job, bx, kRankHit, false, out, out_f16, shared);
   if (a.tickets != nullptr && j < 2) qkv_rope_epilogue(a, j, bx, &shared->epilogue);
 }
 
@@ -466,11 +481,15 @@ MatvecLaunch Dense(const DeviceMatrix& w, const float* x, const block_q8_1* xq) 
   return l;
 }
 
-// An expert pass over the ranks of pass: weights through the slot table.
+// An expert pass over the ranks of pass: weights through the slot table, and
+// the shared expert's (when it rides the pass) from shared_0 and shared_1.
 MatvecLaunch Experts(const uint8_t* slots, const DeviceBlockLayout& layout,
-                     const ExpertRanks& ranks, ExpertPass pass) {
+                     const ExpertRanks& ranks, ExpertPass pass, const DeviceMatrix* shared_0,
+                     const DeviceMatrix* shared_1) {
   MatvecLaunch l;
   l.weights.slots = slots;
+  if (shared_0 != nullptr) l.weights.shared[0] = static_cast<const uint8_t*>(shared_0->data);
+  if (shared_1 != nullptr) l.weights.shared[1] = static_cast<const uint8_t*>(shared_1->data);
   l.args.block_bytes = layout.block_bytes;
   l.args.slot_of_rank = ranks.slot_of_rank;
   l.args.missed = ranks.missed;
@@ -483,7 +502,7 @@ MatvecLaunch Experts(const uint8_t* slots, const DeviceBlockLayout& layout,
 MatvecLaunch Down(const uint8_t* slots, const DeviceBlockLayout& layout, const ExpertRanks& ranks,
                   ExpertPass pass, const ExpertBiases& biases, const float* act,
                   const block_q8_1* act_q, float* expert_out) {
-  MatvecLaunch l = Experts(slots, layout, ranks, pass);
+  MatvecLaunch l = Experts(slots, layout, ranks, pass, ranks.shared.down, nullptr);
   MatvecArgs& a = l.args;
   a.bias[0] = biases.down;
   a.experts = biases.experts;
@@ -500,12 +519,24 @@ MatvecLaunch Down(const uint8_t* slots, const DeviceBlockLayout& layout, const E
   return l;
 }
 
-// The ranks' slots: a slot decision's, or the resident arm's (only its one
-// pass over every rank: nothing is missed).
-bool ranks_ok(const ExpertRanks& r, ExpertPass pass) {
-  return r.k > 0 && r.k <= kMaxTopK && r.slot_of_rank != nullptr && r.first_slot >= 0 &&
-         (r.missed != nullptr || pass == ExpertPass::kAll);
+bool same_shape(const DeviceMatrix& m, GgmlType type, int64_t rows, int64_t cols,
+                size_t row_bytes) {
+  return m.data != nullptr && m.type == type && m.rows == rows && m.cols == cols &&
+         m.row_bytes == row_bytes;
 }
+
+// The ranks' slots: a slot decision's, or the resident arm's (only its one
+// pass over every rank: nothing is missed); a shared expert that fits them.
+bool ranks_ok(const ExpertRanks& r, ExpertPass pass, const DeviceBlockLayout& layout) {
+  const SharedExpertMatrices& s = r.shared;
+  const bool no_shared = s.gate == nullptr && s.up == nullptr && s.down == nullptr;
+  return r.k > 0 && r.k <= kMaxTopK && r.slot_of_rank != nullptr && r.first_slot >= 0 &&
+         (r.missed != nullptr || pass == ExpertPass::kAll) &&
+         (no_shared || shared_expert_fits_slots(layout, s));
+}
+
+// The ranks a pass's grid covers: k, and the shared expert's.
+int32_t grid_ranks(const ExpertRanks& r) { return r.k + (r.shared.gate != nullptr ? 1 : 0); }
 
 // No replay, or a trace with its step and a row for the layer.
 bool replay_ok(const RoutingReplay& t) {
@@ -513,9 +544,11 @@ bool replay_ok(const RoutingReplay& t) {
          (t.step != nullptr && t.n_layer > 0 && t.layer >= 0 && t.layer < t.n_layer);
 }
 
-// Biases, where set, come with the ranks' expert ids.
-bool biases_ok(const ExpertBiases& b) {
-  return b.experts != nullptr || (b.gate == nullptr && b.up == nullptr && b.down == nullptr);
+// Biases, where set, come with the ranks' expert ids (none with a shared
+// expert's rank, which has no expert id).
+bool biases_ok(const ExpertBiases& b, const ExpertRanks& r) {
+  const bool none = b.gate == nullptr && b.up == nullptr && b.down == nullptr;
+  return r.shared.gate != nullptr ? none && b.experts == nullptr : b.experts != nullptr || none;
 }
 
 bool layout_ok(const uint8_t* slots, const DeviceBlockLayout& layout) {
@@ -569,6 +602,16 @@ bool SetJobs(const Projection* jobs, int32_t n, const float* x, const block_q8_1
 }  // namespace
 
 bool matvec_supports_type(GgmlType type, int32_t cols) { return supported(type, cols); }
+
+bool shared_expert_fits_slots(const DeviceBlockLayout& l, const SharedExpertMatrices& s) {
+  return s.gate != nullptr && s.up != nullptr && s.down != nullptr &&
+         same_shape(*s.gate, l.type[0], l.n_ff, l.n_embd, l.row_bytes[0]) &&
+         same_shape(*s.up, l.type[1], l.n_ff, l.n_embd, l.row_bytes[1]) &&
+         same_shape(*s.down, l.type[2], l.n_embd, l.n_ff, l.row_bytes[2]) &&
+         rows_aligned(l.type[0], s.gate->data, l.row_bytes[0]) &&
+         rows_aligned(l.type[1], s.up->data, l.row_bytes[1]) &&
+         rows_aligned(l.type[2], s.down->data, l.row_bytes[2]);
+}
 
 bool qkv_supports_type(GgmlType type, int32_t cols) {
   return supported(type, cols) && type != GgmlType::kMXFP4;
@@ -642,8 +685,9 @@ cudaError_t launch_projections(const Projection* projections, int32_t n, const f
 cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
                           float* logits, const RouterEpilogue& router, unsigned int* tickets,
                           cudaStream_t stream) {
+  const int32_t n_expert = w.rows - (router.shared_gate_row ? 1 : 0);
   if (!matrix_ok(w) || !input_ok(w.type, x, xq) || logits == nullptr ||
-      w.rows > kMaxRouterExperts || router.k <= 0 || router.k > kMaxTopK || router.k > w.rows ||
+      n_expert > kMaxRouterExperts || router.k <= 0 || router.k > kMaxTopK || router.k > n_expert ||
       router.experts == nullptr || router.weights == nullptr || tickets == nullptr ||
       !replay_ok(router.replay)) {
     return cudaErrorInvalidValue;
@@ -679,13 +723,13 @@ cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout&
                                   const float* x, const block_q8_1* xq, float* act,
                                   block_q8_1* act_q, DeviceCounters* counters,
                                   unsigned int* tickets, cudaStream_t stream) {
-  if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases) ||
-      layout.type[0] != layout.type[1] || !ranks_ok(ranks, pass) ||
+  if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases, ranks) ||
+      layout.type[0] != layout.type[1] || !ranks_ok(ranks, pass, layout) ||
       !input_ok(layout.type[0], x, xq) || act == nullptr || counters == nullptr ||
       !pair_output_ok(layout.type[0], layout.n_embd, layout.n_ff, act_q, tickets)) {
     return cudaErrorInvalidValue;
   }
-  MatvecLaunch l = Experts(slots, layout, ranks, pass);
+  MatvecLaunch l = Experts(slots, layout, ranks, pass, ranks.shared.gate, ranks.shared.up);
   MatvecArgs& a = l.args;
   a.offset[0] = layout.offset[0];
   a.offset[1] = layout.offset[1];
@@ -707,19 +751,19 @@ cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout&
   a.out_stride = layout.n_ff;
   a.overlaps_copy = pass == ExpertPass::kReady;
   a.counters = counters;
-  return launch_grouped(layout.type[0], l, ranks.k, stream);
+  return launch_grouped(layout.type[0], l, grid_ranks(ranks), stream);
 }
 
 cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& layout,
                                const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases, const float* act,
                                const block_q8_1* act_q, float* expert_out, cudaStream_t stream) {
-  if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases) ||
-      !ranks_ok(ranks, pass) || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr) {
+  if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases, ranks) ||
+      !ranks_ok(ranks, pass, layout) || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr) {
     return cudaErrorInvalidValue;
   }
   return launch_grouped(layout.type[2],
-                        Down(slots, layout, ranks, pass, biases, act, act_q, expert_out), ranks.k,
-                        stream);
+                        Down(slots, layout, ranks, pass, biases, act, act_q, expert_out),
+                        grid_ranks(ranks), stream);
 }
 
 cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLayout& layout,
@@ -727,8 +771,8 @@ cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLa
                                        const float* act, const block_q8_1* act_q, float* expert_out,
                                        const CombineEpilogue& combine, unsigned int* tickets,
                                        cudaStream_t stream) {
-  if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases) ||
-      !ranks_ok(ranks, pass) || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr ||
+  if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases, ranks) ||
+      !ranks_ok(ranks, pass, layout) || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr ||
       combine.weights == nullptr || combine.residual == nullptr ||
       !norm_epilogue_ok(combine.norm, layout.n_embd) || tickets == nullptr) {
     return cudaErrorInvalidValue;
@@ -736,7 +780,10 @@ cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLa
   MatvecLaunch l = Down(slots, layout, ranks, pass, biases, act, act_q, expert_out);
   l.args.tickets = tickets;
   l.args.combine = combine;
-  return launch_grouped(layout.type[2], l, ranks.k, stream);
+  if (ranks.shared.down != nullptr) {
+    l.args.combine.shexp_out = expert_out + static_cast<int64_t>(ranks.k) * layout.n_embd;
+  }
+  return launch_grouped(layout.type[2], l, grid_ranks(ranks), stream);
 }
 
 int32_t step_tickets(int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t pair_rows) {

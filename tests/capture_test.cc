@@ -261,6 +261,36 @@ TEST(WalkTest, SharedExpertRunsBeforeTheCopyOrOverlapsItWhenSplit) {
                                  O::kJoinWait, O::kGateUpMisses, O::kDownMisses}));
 }
 
+// A shared expert that rides the expert passes (rank k) has no gate/up or down
+// launch of its own, and one whose gate is the router's last row no logit
+// launch: a MoE layer of qwen35moe has 6 kernel nodes resident and 8 on the
+// graph arm, where it had 9 and 11.
+TEST(WalkTest, ASharedExpertInTheExpertPassesAndItsGateInTheRouterHaveNoLaunches) {
+  using O = StepOp;
+  for (SlotMode mode : {SlotMode::kDevicePolicy, SlotMode::kResident, SlotMode::kHostPolicy}) {
+    for (bool split : {false, true}) {
+      SCOPED_TRACE(std::to_string(static_cast<int>(mode)) + (split ? " split" : ""));
+      WalkConfig c = Config(mode, 2);
+      c.split_passes = split;
+      c.shared_expert = c.shared_expert_gated = true;
+      const StepWalk own = BuildWalk(c);
+      c.shared_expert_in_passes = {true, false};
+      const StepWalk in_passes = BuildWalk(c);
+      c.shared_gate_in_router = {true, false};
+      const StepWalk folded = BuildWalk(c);
+      std::vector<StepOp> want = OpsOf(own, 0, 0);
+      std::erase_if(want, [](StepOp op) { return op == O::kShexpGateUp || op == O::kShexpDown; });
+      EXPECT_EQ(OpsOf(in_passes, 0, 0), want);
+      std::erase(want, O::kShexpLogit);
+      EXPECT_EQ(OpsOf(folded, 0, 0), want);
+      EXPECT_EQ(KernelsInLayer(folded, 0), KernelsInLayer(own, 0) - 3);
+      EXPECT_EQ(OpsOf(folded, 0, 1), OpsOf(own, 0, 1));
+      if (mode == SlotMode::kResident) EXPECT_EQ(KernelsInLayer(folded, 0), 6);
+      if (mode == SlotMode::kDevicePolicy && !split) EXPECT_EQ(KernelsInLayer(folded, 0), 8);
+    }
+  }
+}
+
 // glm4moe's leading dense layers: attention, then the dense FFN's two launches,
 // no routing and nothing on the copy stream; the MoE layers after them as ever.
 TEST(WalkTest, ADenseLeadingLayerRunsItsFfnAndNoExperts) {

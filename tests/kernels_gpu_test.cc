@@ -1049,6 +1049,52 @@ TEST_F(RouterTest, TopKMatchesReference) {
   }
 }
 
+// The shared expert's gate as the router's last row (shared_gate_row): its
+// logit is the one launch_matvec gives, left in logits[n_expert] and kept out
+// of the top-k (here it is the largest logit), whose experts and weights are
+// those of the router alone.
+TEST_F(RouterTest, ASharedGateRowGivesItsLogitAndLeavesTheTopKAlone) {
+  std::mt19937 rng(14);
+  const int32_t n_expert = 60, n_embd = 256, k = 4;
+  std::vector<float> w = Gaussian(rng, (n_expert + 1) * n_embd);
+  const std::vector<float> x = Gaussian(rng, n_embd);
+  for (int32_t i = 0; i < n_embd; ++i) w[n_expert * n_embd + i] = 8.0f * x[i];
+  DeviceArray<float> d_w(w), d_x(x), d_gate_logit(1), d_logits_alone(n_expert),
+      d_logits(n_expert + 1), d_weights_alone(k), d_weights(k);
+  DeviceArray<int32_t> d_experts_alone(k), d_experts(k);
+  DeviceArray<unsigned int> d_tickets(std::vector<unsigned int>{0});
+  const auto* bytes = reinterpret_cast<const uint8_t*>(d_w.get());
+  const auto route = [&](int32_t rows, bool shared_gate_row, DeviceArray<float>& logits,
+                         DeviceArray<int32_t>& experts, DeviceArray<float>& weights) {
+    RouterEpilogue router;
+    router.k = k;
+    router.norm_topk = true;
+    router.experts = experts.get();
+    router.weights = weights.get();
+    router.shared_gate_row = shared_gate_row;
+    return launch_router(DeviceView(bytes, GgmlType::kF32, rows, n_embd), d_x.get(), nullptr,
+                         logits.get(), router, d_tickets.get(), stream_);
+  };
+  ASSERT_EQ(route(n_expert, false, d_logits_alone, d_experts_alone, d_weights_alone), cudaSuccess);
+  ASSERT_EQ(launch_matvec(DeviceView(bytes + n_expert * n_embd * sizeof(float), GgmlType::kF32, 1,
+                                     n_embd),
+                          d_x.get(), nullptr, nullptr, d_gate_logit.get(), stream_),
+            cudaSuccess);
+  ASSERT_EQ(route(n_expert + 1, true, d_logits, d_experts, d_weights), cudaSuccess);
+  Sync();
+  const std::vector<float> logits = d_logits.Download();
+  EXPECT_EQ(f32_to_bits(logits[n_expert]), f32_to_bits(d_gate_logit.Download()[0]));
+  EXPECT_GT(logits[n_expert], 10.0f);  // it would have been chosen first
+  EXPECT_EQ(std::vector<float>(logits.begin(), logits.end() - 1), d_logits_alone.Download());
+  EXPECT_EQ(d_experts.Download(), d_experts_alone.Download());
+  EXPECT_EQ(d_weights.Download(), d_weights_alone.Download());
+  EXPECT_EQ(d_tickets.Download()[0], 0u);
+  // Without the flag the same rows route over n_expert + 1.
+  ASSERT_EQ(route(n_expert + 1, false, d_logits, d_experts, d_weights), cudaSuccess);
+  Sync();
+  EXPECT_EQ(d_experts.Download()[0], n_expert);
+}
+
 // A NaN logit makes every probability NaN (the sum is NaN). The router must
 // still pick k distinct valid experts, as select_topk does, and sampling must
 // give sample_token's token (the argmax, 0) instead of leaving a stale one.
@@ -1322,6 +1368,40 @@ TEST_F(KernelsGpuTest, StageCopyCopiesExactlyTheMissedBlocks) {
 // Expert blocks in slots, passes A (hits) + B (misses) against one kAll pass and
 // against the reference SwiGLU FFN of each expert; the last down pass combines
 // the ranks into the residual and runs the norm after it.
+// An expert block of gate and up of gate_up rows and down of down rows, each
+// projection 256-byte aligned, as the pools lay them out.
+DeviceBlockLayout SlotLayout(GgmlType gate_up, GgmlType down, int32_t n_embd, int32_t n_ff) {
+  DeviceBlockLayout layout{};
+  layout.type[0] = layout.type[1] = gate_up;
+  layout.type[2] = down;
+  layout.row_bytes[0] = layout.row_bytes[1] = ggml_row_size(gate_up, n_embd);
+  layout.row_bytes[2] = ggml_row_size(down, n_ff);
+  layout.n_embd = n_embd;
+  layout.n_ff = n_ff;
+  size_t offset = 0;
+  for (int p = 0; p < 3; ++p) {
+    layout.offset[p] = offset;
+    const size_t bytes = layout.row_bytes[p] * (p < 2 ? n_ff : n_embd);
+    offset += (bytes + 255) / 256 * 256;
+  }
+  layout.block_bytes = offset;
+  return layout;
+}
+
+// n_slots blocks of layout, each projection random.
+std::vector<uint8_t> RandomSlots(std::mt19937& rng, const DeviceBlockLayout& layout,
+                                 int32_t n_slots) {
+  std::vector<uint8_t> slots(n_slots * layout.block_bytes, 0);
+  for (int32_t s = 0; s < n_slots; ++s) {
+    for (int p = 0; p < 3; ++p) {
+      const std::vector<uint8_t> w = RandomMatrix(rng, layout.type[p], p < 2 ? layout.n_ff : layout.n_embd,
+                                                  p < 2 ? layout.n_embd : layout.n_ff);
+      std::copy(w.begin(), w.end(), slots.begin() + s * layout.block_bytes + layout.offset[p]);
+    }
+  }
+  return slots;
+}
+
 TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit) {
   struct Types {
     GgmlType gate_up, down;
@@ -1334,28 +1414,8 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
                  (types.oss ? " biases, swiglu_oai" : ""));
     std::mt19937 rng(10);
     const int32_t n_embd = 256, n_ff = 512, n_slots = 6, k = 4;
-    DeviceBlockLayout layout{};
-    layout.type[0] = layout.type[1] = types.gate_up;
-    layout.type[2] = types.down;
-    layout.row_bytes[0] = layout.row_bytes[1] = ggml_row_size(types.gate_up, n_embd);
-    layout.row_bytes[2] = ggml_row_size(types.down, n_ff);
-    layout.n_embd = n_embd;
-    layout.n_ff = n_ff;
-    size_t offset = 0;
-    for (int p = 0; p < 3; ++p) {
-      layout.offset[p] = offset;
-      const size_t bytes = layout.row_bytes[p] * (p < 2 ? n_ff : n_embd);
-      offset += (bytes + 255) / 256 * 256;
-    }
-    layout.block_bytes = offset;
-    std::vector<uint8_t> slots(n_slots * layout.block_bytes, 0);
-    for (int32_t s = 0; s < n_slots; ++s) {
-      for (int p = 0; p < 3; ++p) {
-        const std::vector<uint8_t> w =
-            RandomMatrix(rng, layout.type[p], p < 2 ? n_ff : n_embd, p < 2 ? n_embd : n_ff);
-        std::copy(w.begin(), w.end(), slots.begin() + s * layout.block_bytes + layout.offset[p]);
-      }
-    }
+    const DeviceBlockLayout layout = SlotLayout(types.gate_up, types.down, n_embd, n_ff);
+    const std::vector<uint8_t> slots = RandomSlots(rng, layout, n_slots);
     const std::vector<int32_t> slot_of_rank = {3, 1, 5, 2};
     const std::vector<uint8_t> missed = {0, 1, 1, 0};
     // The ranks' expert ids index the bias arrays of 8 experts; biases of sd 4
@@ -1548,6 +1608,154 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     }
     EXPECT_LT(Nmse(sum_split, expected_sum),
               std::max(F32Bound(types.gate_up), F32Bound(types.down)));
+  }
+}
+
+// The shared expert as rank k of the expert passes (ExpertRanks::shared) gives
+// the bits of its own launches (launch_matvec_swiglu, launch_matvec, the
+// combine reading shexp_out), on every pass split and on the resident arm's
+// ranks, and is never counted as an expert computed.
+TEST_F(KernelsGpuTest, ASharedExpertRidingTheExpertPassesGivesItsOwnLaunchesBits) {
+  for (auto [gate_up_type, down_type] :
+       {std::pair{GgmlType::kQ4_K, GgmlType::kQ6_K}, std::pair{GgmlType::kQ8_0, GgmlType::kQ8_0},
+        std::pair{GgmlType::kF32, GgmlType::kBF16}}) {
+    SCOPED_TRACE(TypeName(gate_up_type) + "/" + TypeName(down_type));
+    std::mt19937 rng(12);
+    const int32_t n_embd = 256, n_ff = 512, n_slots = 6, k = 4;
+    const DeviceBlockLayout layout = SlotLayout(gate_up_type, down_type, n_embd, n_ff);
+    DeviceArray<uint8_t> d_slots(RandomSlots(rng, layout, n_slots));
+    DeviceArray<uint8_t> d_gate(RandomMatrix(rng, gate_up_type, n_ff, n_embd)),
+        d_up(RandomMatrix(rng, gate_up_type, n_ff, n_embd)),
+        d_down(RandomMatrix(rng, down_type, n_embd, n_ff));
+    const DeviceMatrix gate = DeviceView(d_gate.get(), gate_up_type, n_ff, n_embd);
+    const DeviceMatrix up = DeviceView(d_up.get(), gate_up_type, n_ff, n_embd);
+    const DeviceMatrix down = DeviceView(d_down.get(), down_type, n_embd, n_ff);
+    const std::vector<float> x = Gaussian(rng, n_embd), residual = Gaussian(rng, n_embd),
+                             norm_weight = Gaussian(rng, n_embd);
+    DeviceArray<float> d_x(x), d_weights(std::vector<float>{0.4f, 0.3f, 0.2f, 0.1f}),
+        d_logit(std::vector<float>{0.7f}), d_norm_weight(norm_weight);
+    DeviceArray<block_q8_1> d_xq(Q8_1(x));
+    DeviceArray<int32_t> d_slot_of_rank(std::vector<int32_t>{3, 1, 5, 2});
+    const std::vector<uint8_t> missed = {0, 1, 1, 0};
+    DeviceArray<uint8_t> d_missed(missed);
+    DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
+    const std::vector<unsigned int> zero_tickets(step_tickets(n_embd, 1, 1, (k + 1) * n_ff), 0);
+    DeviceArray<unsigned int> d_tickets(zero_tickets);
+    ExpertRanks ranks;
+    ranks.k = k;
+    ranks.slot_of_rank = d_slot_of_rank.get();
+    ranks.missed = d_missed.get();
+
+    // One FFN: its residual, next norm and the outputs of every rank.
+    struct Ffn {
+      explicit Ffn(int32_t ranks, int32_t n_embd, int32_t n_ff, const std::vector<float>& residual)
+          : act(ranks * n_ff), out(ranks * n_embd), sum(residual), h(n_embd),
+            act_q(ranks * n_ff / QK8_1), h_q(n_embd / QK8_1) {}
+      DeviceArray<float> act, out, sum, h;
+      DeviceArray<block_q8_1> act_q, h_q;
+    };
+    const auto run = [&](const std::vector<ExpertPass>& passes, Ffn& f,
+                         const float* shexp_out) {
+      for (size_t i = 0; i < passes.size(); ++i) {
+        ASSERT_EQ(launch_expert_gate_up(d_slots.get(), layout, ranks, passes[i], ExpertBiases{},
+                                        GluAct::kSilu, d_x.get(), d_xq.get(), f.act.get(),
+                                        f.act_q.get(), d_counters.get(), d_tickets.get(), stream_),
+                  cudaSuccess);
+        if (i + 1 < passes.size()) {
+          ASSERT_EQ(launch_expert_down(d_slots.get(), layout, ranks, passes[i], ExpertBiases{},
+                                       f.act.get(), f.act_q.get(), f.out.get(), stream_),
+                    cudaSuccess);
+          continue;
+        }
+        CombineEpilogue combine;
+        combine.weights = d_weights.get();
+        combine.shexp_out = shexp_out;
+        combine.shexp_logit = d_logit.get();
+        combine.residual = f.sum.get();
+        combine.norm.weight = d_norm_weight.get();
+        combine.norm.eps = 1e-6f;
+        combine.norm.out = f.h.get();
+        combine.norm.out_q = f.h_q.get();
+        ASSERT_EQ(launch_expert_down_combine(d_slots.get(), layout, ranks, passes[i],
+                                             ExpertBiases{}, f.act.get(), f.act_q.get(),
+                                             f.out.get(), combine, d_tickets.get(), stream_),
+                  cudaSuccess);
+      }
+    };
+
+    // The shared expert's own launches, then the routed ranks' one pass.
+    DeviceArray<float> d_shexp_act(n_ff), d_shexp_out(n_embd);
+    DeviceArray<block_q8_1> d_shexp_act_q(n_ff / QK8_1);
+    ASSERT_EQ(launch_matvec_swiglu(gate, up, d_x.get(), d_xq.get(), d_shexp_act.get(),
+                                   d_shexp_act_q.get(), d_tickets.get(), stream_),
+              cudaSuccess);
+    ASSERT_EQ(launch_matvec(down, d_shexp_act.get(), d_shexp_act_q.get(), nullptr,
+                            d_shexp_out.get(), stream_),
+              cudaSuccess);
+    Ffn own(k, n_embd, n_ff, residual);
+    run({ExpertPass::kAll}, own, d_shexp_out.get());
+    Sync();
+    const std::vector<float> shexp_act = d_shexp_act.Download();
+    const std::vector<float> shexp_out = d_shexp_out.Download();
+    const std::vector<float> own_out = own.out.Download();
+
+    // Rank k: a hits pass and a misses pass, the one kAll pass, the kReady
+    // pass, and the resident arm's ranks.
+    ranks.shared = {&gate, &up, &down};
+    const auto expect_own_bits = [&](Ffn& f, const std::vector<float>& routed_out) {
+      const std::vector<float> act = f.act.Download(), out = f.out.Download();
+      EXPECT_EQ(std::vector<float>(act.begin() + k * n_ff, act.end()), shexp_act);
+      EXPECT_EQ(std::vector<float>(out.begin() + k * n_embd, out.end()), shexp_out);
+      EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + k * n_embd), routed_out);
+      EXPECT_EQ(f.sum.Download(), own.sum.Download());
+      EXPECT_EQ(f.h.Download(), own.h.Download());
+      EXPECT_TRUE(SameBlocks(f.h_q.Download(), own.h_q.Download()));
+      EXPECT_EQ(d_tickets.Download(), zero_tickets);
+    };
+    const DeviceCounters before = d_counters.Download()[0];
+    Ffn split(k + 1, n_embd, n_ff, residual);
+    run({ExpertPass::kHits, ExpertPass::kMisses}, split, nullptr);
+    Ffn all(k + 1, n_embd, n_ff, residual);
+    run({ExpertPass::kAll}, all, nullptr);
+    Sync();
+    expect_own_bits(split, own_out);
+    expect_own_bits(all, own_out);
+    const DeviceCounters after = d_counters.Download()[0];
+    EXPECT_EQ(after.pass_a_experts - before.pass_a_experts, 2u + 4u);  // the hits, then kAll
+    EXPECT_EQ(after.pass_b_experts - before.pass_b_experts, 2u);       // the misses
+
+    std::vector<uint8_t> copied = missed;
+    for (uint8_t& m : copied) m = m != kRankHit ? kRankCopied : kRankHit;
+    d_missed.Upload(copied);
+    Ffn ready(k + 1, n_embd, n_ff, residual);
+    run({ExpertPass::kReady}, ready, nullptr);
+    Sync();
+    expect_own_bits(ready, own_out);
+
+    // The resident arm: slots first_slot + selection[r], no flags.
+    const DeviceArray<int32_t> d_selection(std::vector<int32_t>{2, 0, 4, 1});
+    ranks.slot_of_rank = d_selection.get();
+    ranks.missed = nullptr;
+    ranks.first_slot = 1;
+    Ffn resident(k + 1, n_embd, n_ff, residual);
+    run({ExpertPass::kAll}, resident, nullptr);
+    Sync();
+    expect_own_bits(resident, own_out);  // slot 1 + {2, 0, 4, 1}: the same slots
+
+    // A shared expert not of the slots' types, or beside expert biases, is refused.
+    const DeviceMatrix down_as_gate = DeviceView(d_down.get(), down_type, n_ff, n_embd);
+    ranks.shared = {&gate, &up, &down_as_gate};
+    EXPECT_EQ(launch_expert_down(d_slots.get(), layout, ranks, ExpertPass::kAll, ExpertBiases{},
+                                 resident.act.get(), resident.act_q.get(), resident.out.get(),
+                                 stream_),
+              cudaErrorInvalidValue);
+    ranks.shared = {&gate, &up, &down};
+    const DeviceArray<float> d_bias(std::vector<float>(8 * n_embd, 0.5f));
+    EXPECT_EQ(launch_expert_down(d_slots.get(), layout, ranks, ExpertPass::kAll,
+                                 ExpertBiases{d_selection.get(), nullptr, nullptr, d_bias.get()},
+                                 resident.act.get(), resident.act_q.get(), resident.out.get(),
+                                 stream_),
+              cudaErrorInvalidValue);
   }
 }
 

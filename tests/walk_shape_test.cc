@@ -108,6 +108,21 @@ TEST_P(WalkShapeTest, EveryLaunchOfAStepIsTheShapesRow) {
     for (const WalkLaunch& l : shape->launches) rows += l.layer == layer;
     EXPECT_EQ(rows, KernelsInLayer(walk, layer)) << "layer " << layer;
   }
+  // The shared expert rides the expert passes where its gate, up and down are
+  // the experts' types and shapes (here: one type for all and qwen35moe's or
+  // glm4moe's expert-wide shared FFN), its gate (f32 as the router) in the
+  // router: then a layer has the node budget of qwen3moe's, plus nothing.
+  const ModelConfig& cfg = model.config;
+  const std::vector<bool> in_passes = SharedExpertInPasses(model);
+  const std::vector<bool> in_router = SharedGateInRouter(model);
+  for (int layer = 0; layer < cfg.n_layer; ++layer) {
+    const bool rides = cfg.moe_layer(layer) && cfg.n_ff_shexp == cfg.n_ff_exp &&
+                       c.dense == c.expert;
+    EXPECT_EQ(in_passes[static_cast<size_t>(layer)], rides) << "layer " << layer;
+    EXPECT_EQ(in_router[static_cast<size_t>(layer)], cfg.moe_layer(layer) && cfg.shexp_gated)
+        << "layer " << layer;
+    if (rides) EXPECT_LE(KernelsInLayer(walk, layer), c.arm == Arm::kResident ? 6 : 8);
+  }
 
   std::vector<RecordedLaunch> launched;
   {
@@ -137,6 +152,7 @@ std::vector<ShapeCase> Cases() {
       {Arch::kQwen2Moe, GgmlType::kQ6_K, GgmlType::kQ8_0},
       {Arch::kGlm4Moe, GgmlType::kQ8_0, GgmlType::kQ5_0},
       {Arch::kQwen35Moe, GgmlType::kQ6_K, GgmlType::kQ4_K},
+      {Arch::kQwen35Moe, GgmlType::kQ4_K, GgmlType::kQ4_K},  // the shared expert in the passes
   };
   std::vector<ShapeCase> cases;
   for (const auto& m : models) {
