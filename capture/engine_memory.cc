@@ -46,11 +46,13 @@ int32_t PassRanks(const ModelConfig& cfg) {
 }
 
 // The step's tickets: its gate/up pairs are the experts' (PassRanks), the
-// shared expert's and a leading dense layer's.
+// shared expert's and a leading dense layer's; the Gated DeltaNet's, one a
+// value head.
 int32_t StepTickets(const ModelConfig& cfg) {
   const int32_t pair_rows =
       std::max({cfg.n_ff_exp * PassRanks(cfg), cfg.n_ff_shexp, cfg.n_ff_dense});
-  return step_tickets(cfg.n_embd, cfg.n_head, cfg.n_head_kv, pair_rows);
+  return std::max(step_tickets(cfg.n_embd, cfg.n_head, cfg.n_head_kv, pair_rows),
+                  cfg.delta_net.n_v_heads);
 }
 
 DeviceBlockLayout ToDeviceLayout(const ExpertBlockLayout& layout, const ModelConfig& cfg) {

@@ -132,6 +132,7 @@ DeltaNetMixArgs CudaEngine::Impl::DeltaNetArgs(int layer, const float* qkv, cons
   a.delta_state = e.delta_state;
   a.out = out;
   a.out_q = out_q;
+  a.tickets = tickets;
   return a;
 }
 

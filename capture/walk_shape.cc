@@ -90,7 +90,8 @@ class Shaper {
                                Of(l->delta_net.alpha), Of(l->delta_net.beta)});
       case StepOp::kDeltaNetMix:
         return Plain(e, "delta_net_mix_kernel",
-                     delta_net_mix_launch_geometry(c_.delta_net.n_v_heads));
+                     delta_net_mix_launch_geometry(c_.delta_net.n_v_heads,
+                                                   c_.delta_net.head_dim));
       case StepOp::kRouter: {
         Matrix router = Of(l->router);
         if (walk_.shared_gate_in_router[static_cast<size_t>(e.layer)]) {

@@ -82,13 +82,14 @@ uint64_t* programmatic_launch_counter();
 // The Gated DeltaNet mixer of one layer (qwen35moe, issue 41): the CPU
 // backend's CpuDeltaNetMix (cpu/delta_net.h) on the device, from the layer's
 // projections of `tokens` consecutive tokens to the gated norm's output, the
-// per-element math of kernels/delta_net_math.h. A block per value head h runs
-// the tokens in order: the causal conv and silu of its channels (the q and k
-// channels of key head h % n_k_heads, its own v channels), q and k
-// l2-normalised, the delta rule on its state, rms_norm(o) * norm * silu(z).
-// The conv state is kept per value head (its q and k channels too), so no two
-// blocks share a word of it. The shapes delta_net_mix_supports
-// (kernels/launch_geometry.h) takes.
+// per-element math of kernels/delta_net_math.h. A block per value head h and
+// kDeltaNetRowsPerBlock of its state rows runs the tokens in order: the causal
+// conv and silu of its channels (the q and k channels of key head
+// h % n_k_heads, its rows' v channels), q and k l2-normalised, the delta rule
+// on its rows; the head's last block then rms_norm(o) * norm * silu(z). The
+// conv state is kept per block (the q and k channels in each of a head's
+// blocks), so no two blocks share a word of it. The shapes
+// delta_net_mix_supports (kernels/launch_geometry.h) takes.
 struct DeltaNetMixArgs {
   int32_t n_k_heads = 0, n_v_heads = 0, head_dim = 0, d_conv = 0;
   float eps = 0.0f;                 // layer_norm_rms_epsilon: the l2 norms' and the gated norm's
@@ -100,10 +101,13 @@ struct DeltaNetMixArgs {
   const float* z = nullptr;          // [tokens][value_dim]
   const float* alpha = nullptr;      // [tokens][n_v_heads]
   const float* beta_logit = nullptr;  // [tokens][n_v_heads]
-  float* conv_state = nullptr;   // [n_v_heads][3 head_dim][d_conv - 1], oldest input first
+  // [n_v_heads][head_dim / 32 blocks][2 head_dim + 32 channels][d_conv - 1],
+  // oldest input first
+  float* conv_state = nullptr;
   float* delta_state = nullptr;  // [n_v_heads][head_dim value j][head_dim key i]
   float* out = nullptr;          // [tokens][value_dim]
   block_q8_1* out_q = nullptr;   // null, or out's q8_1 blocks (ssm_out's input)
+  unsigned int* tickets = nullptr;  // [n_v_heads], zero (left zero)
 };
 // The floats of conv_state (zero for a new sequence; delta_state holds
 // n_v_heads * head_dim^2).

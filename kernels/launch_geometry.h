@@ -29,11 +29,13 @@ inline constexpr int kEmbedThreads = 256;
 inline constexpr int kAttentionThreads = 128;
 inline constexpr int kAttentionSplitPositions = 128;
 inline constexpr int kAttentionGroupHeads = 8;
-// launch_delta_net_mix: a block per value head, eight warps; a warp walks its
-// share of the head's state rows four at a time, a lane every 32nd key of a
-// row (the four rows' loads in flight together: 16 KiB a block at head_dim
-// 128; 167 registers, so eight warps and not sixteen).
+// launch_delta_net_mix: a block per (value head, kDeltaNetRowsPerBlock of its
+// state rows), eight warps of four rows each, a lane every 32nd key of a row
+// (the four rows' loads in flight together: 16 KiB a block at head_dim 128;
+// 167 registers, so eight warps and not sixteen). Qwen3.5-35B-A3B's 32 value
+// heads of 128 make 128 blocks, about one an SM: 2 MiB of state in flight.
 inline constexpr int kDeltaNetThreads = 256;
+inline constexpr int32_t kDeltaNetRowsPerBlock = 32;
 // The shapes it takes: a head's state rows of head_dim (a multiple of 32, at
 // most kDeltaNetMaxHeadDim: a lane holds head_dim / 32 keys in registers),
 // conv kernels of 2..kDeltaNetMaxConv taps, whole groups of value heads.
@@ -83,8 +85,10 @@ inline LaunchGeometry qkv_launch_geometry(const GgmlType* type, const int64_t* r
 }
 
 inline LaunchGeometry embed_launch_geometry() { return {dim3(1), dim3(kEmbedThreads)}; }
-inline LaunchGeometry delta_net_mix_launch_geometry(int32_t n_v_heads) {
-  return {dim3(static_cast<unsigned>(n_v_heads)), dim3(kDeltaNetThreads)};
+inline LaunchGeometry delta_net_mix_launch_geometry(int32_t n_v_heads, int32_t head_dim) {
+  return {dim3(static_cast<unsigned>(n_v_heads),
+               static_cast<unsigned>(head_dim / kDeltaNetRowsPerBlock)),
+          dim3(kDeltaNetThreads)};
 }
 
 // The attention's splits of a context of max_ctx positions.

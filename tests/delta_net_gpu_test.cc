@@ -89,6 +89,8 @@ TEST_P(DeltaNetGpuTest, CallsFromAZeroStateFollowTheCpuBackend) {
   args.conv_state = DeviceCopy(std::vector<float>(
       delta_net_conv_state_floats(hv, d, shape.d_conv), 0.0f));
   args.delta_state = DeviceCopy(std::vector<float>(shape.delta_state_floats(), 0.0f));
+  const std::vector<unsigned int> zero_tickets(hv, 0);
+  args.tickets = DeviceCopy(zero_tickets);
 
   // A prompt of 5 tokens (longer than the conv's window), a decode step, 3 more.
   for (const int tokens : {5, 1, 3}) {
@@ -112,6 +114,7 @@ TEST_P(DeltaNetGpuTest, CallsFromAZeroStateFollowTheCpuBackend) {
     CpuDeltaNetMix(shape, weights, kEps, tokens, qkv.data(), z.data(), alpha.data(), beta.data(),
                    pool, &cpu_state, want.data());
     EXPECT_LT(WorstRelative(got, want), 1e-4);
+    EXPECT_EQ(HostCopy(args.tickets, zero_tickets.size()), zero_tickets);
     const std::vector<block_q8_1> got_q = HostCopy(call.out_q, got.size() / QK8_1);
     for (size_t b = 0; b < got_q.size(); ++b) {
       block_q8_1 want_q;
@@ -130,7 +133,8 @@ TEST_P(DeltaNetGpuTest, CallsFromAZeroStateFollowTheCpuBackend) {
   for (const void* p :
        {static_cast<const void*>(args.conv_taps), static_cast<const void*>(args.dt_bias),
         static_cast<const void*>(args.ssm_a), static_cast<const void*>(args.norm),
-        static_cast<const void*>(args.conv_state), static_cast<const void*>(args.delta_state)}) {
+        static_cast<const void*>(args.conv_state), static_cast<const void*>(args.delta_state),
+        static_cast<const void*>(args.tickets)}) {
     cudaFree(const_cast<void*>(p));
   }
 }
