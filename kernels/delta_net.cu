@@ -42,8 +42,10 @@ __device__ inline int32_t model_channel(int32_t j, int32_t d, int32_t g, int32_t
 // itself and keeps its own copy of their conv state (no block overwrites a
 // word another reads). The gated norm needs all of a head's rows: each block
 // leaves its rows of o in out, and the head's last block to finish
-// (a.tickets[h]) norms every token's row of the head in place.
-__global__ void __launch_bounds__(kDeltaNetThreads)
+// (a.tickets[h]) norms every token's row of the head in place. One block an
+// SM is asked for: without it ptxas held the kernel to 128 registers and
+// spilled the rows kept across tokens (184 bytes).
+__global__ void __launch_bounds__(kDeltaNetThreads, 1)
     delta_net_mix_kernel(float* __restrict__ delta_state, const DeltaNetMixArgs a,
                          int32_t tokens) {
   wait_for_prior_grids();
@@ -61,6 +63,18 @@ __global__ void __launch_bounds__(kDeltaNetThreads)
       a.conv_state + (static_cast<int64_t>(h) * gridDim.y + s) * channels * held;
   float* const m = delta_state + static_cast<int64_t>(h) * d * d;
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
+
+  // The warp's kRowsAtOnce state rows (first_row + 4 warp .. + 3), a lane
+  // every 32nd key, held in registers across the tokens: all their loads
+  // first, so a lane has 4 x head_dim / 32 in flight; stored after the last.
+  const int32_t j0 = first_row + warp * kRowsAtOnce;
+  float r[kRowsAtOnce][kKeysPerLane];
+#pragma unroll
+  for (int32_t i = 0; i < kRowsAtOnce; ++i) {
+    const float* row = m + static_cast<int64_t>(j0 + i) * d;
+#pragma unroll
+    for (int32_t u = 0; u < kKeysPerLane; ++u) r[i][u] = u < d / 32 ? row[lane + 32 * u] : 0.0f;
+  }
 
   for (int32_t t = 0; t < tokens; ++t) {
     // 1. The conv and silu of the block's channels at token t.
@@ -99,20 +113,8 @@ __global__ void __launch_bounds__(kDeltaNetThreads)
     const float decay = delta_net_decay(a.alpha[at], a.dt_bias[h], a.ssm_a[h]);
     const float beta = sigmoid(a.beta_logit[at]);
 
-    // 3. The delta rule on the warp's kRowsAtOnce rows (first_row + 4 warp ..
-    // + 3): all their loads first, so a lane has 4 x head_dim / 32 in flight;
-    // then each row's dots with k and q and m_j = decay m_j + delta_j k, and
-    // its o (before the norm) into out.
-    const int32_t j0 = first_row + warp * kRowsAtOnce;
-    float r[kRowsAtOnce][kKeysPerLane];
-#pragma unroll
-    for (int32_t i = 0; i < kRowsAtOnce; ++i) {
-      const float* row = m + static_cast<int64_t>(j0 + i) * d;
-#pragma unroll
-      for (int32_t u = 0; u < kKeysPerLane; ++u) {
-        r[i][u] = u < d / 32 ? row[lane + 32 * u] : 0.0f;
-      }
-    }
+    // 3. The delta rule on the warp's rows: each row's dots with k and q,
+    // m_j = decay m_j + delta_j k, and its o (before the norm) into out.
     const int64_t row_at = static_cast<int64_t>(t) * value_dim + static_cast<int64_t>(h) * d;
 #pragma unroll
     for (int32_t i = 0; i < kRowsAtOnce; ++i) {
@@ -126,14 +128,20 @@ __global__ void __launch_bounds__(kDeltaNetThreads)
       mk = warp_sum(mk);
       mq = warp_sum(mq);
       const float delta = (y[2 * d + j - first_row] - decay * mk) * beta;
-      float* row = m + static_cast<int64_t>(j) * d;
 #pragma unroll
-      for (int32_t u = 0; u < kKeysPerLane; ++u) {
-        if (u < d / 32) row[lane + 32 * u] = fmaf(delta, k[u], decay * r[i][u]);
-      }
+      for (int32_t u = 0; u < kKeysPerLane; ++u) r[i][u] = fmaf(delta, k[u], decay * r[i][u]);
       if (lane == 0) a.out[row_at + j] = (decay * mq + delta * kq) * scale;
     }
     __syncthreads();
+  }
+
+#pragma unroll
+  for (int32_t i = 0; i < kRowsAtOnce; ++i) {
+    float* row = m + static_cast<int64_t>(j0 + i) * d;
+#pragma unroll
+    for (int32_t u = 0; u < kKeysPerLane; ++u) {
+      if (u < d / 32) row[lane + 32 * u] = r[i][u];
+    }
   }
 
   // 4. Each channel's last d_conv - 1 inputs become its state, oldest first

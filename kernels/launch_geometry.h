@@ -32,8 +32,9 @@ inline constexpr int kAttentionGroupHeads = 8;
 // launch_delta_net_mix: a block per (value head, kDeltaNetRowsPerBlock of its
 // state rows), eight warps of four rows each, a lane every 32nd key of a row
 // (the four rows' loads in flight together: 16 KiB a block at head_dim 128;
-// 167 registers, so eight warps and not sixteen). Qwen3.5-35B-A3B's 32 value
-// heads of 128 make 128 blocks, about one an SM: 2 MiB of state in flight.
+// the rows held in registers across a call's tokens: 190 registers, one block
+// an SM). Qwen3.5-35B-A3B's 32 value heads of 128 make 128 blocks, about one
+// an SM: 2 MiB of state in flight.
 inline constexpr int kDeltaNetThreads = 256;
 inline constexpr int32_t kDeltaNetRowsPerBlock = 32;
 // The shapes it takes: a head's state rows of head_dim (a multiple of 32, at
