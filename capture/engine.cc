@@ -188,10 +188,8 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
     arm = d.graph ? Arm::kGraph : Arm::kEager;
   }
 
-  if (cfg.n_kv_layers() < cfg.n_layer &&
-      !delta_net_mix_supports(cfg.delta_net.n_k_heads, cfg.delta_net.n_v_heads,
-                              cfg.delta_net.head_dim, cfg.delta_net.d_conv)) {
-    return absl::InvalidArgumentError(absl::StrCat(m.file->path(), ": ", DeltaNetRefusal(cfg)));
+  if (absl::Status shape = CheckDeltaNetShape(cfg); !shape.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(m.file->path(), ": ", shape.message()));
   }
   for (const LayerTensors& lt : m.layers) {
     const LayerTensors::DeltaNet& dn = lt.delta_net;

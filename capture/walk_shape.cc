@@ -231,6 +231,50 @@ bool SameView(const WeightView& a, const WeightView& b) {
   return a.type == b.type && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
 }
 
+// What the engine refuses of the options, by flag, before it allocates.
+absl::Status CheckOptions(const ModelConfig& c, const WalkShapeOptions& o) {
+  if (o.arm != Arm::kResident && o.arm != Arm::kGraph) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--arm ", Av(ArmName(o.arm)), ": inspect --walk shows the resident and graph arms"));
+  }
+  if (o.slots < 0 || (o.slots > 0 && o.slots < c.n_expert_used)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--slots %d must be auto (0) or at least the model's top-k %d", o.slots, c.n_expert_used));
+  }
+  if (o.arm == Arm::kResident && o.slots != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--slots %d: the resident arm holds every expert (%d), no slot count",
+                        o.slots, c.n_moe_layer() * c.n_expert));
+  }
+  if (o.max_ctx < 1 ||
+      attention_decode_launch_geometry(c.n_head, c.n_head_kv, o.max_ctx).grid.y > 65535) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--ctx %d: the attention takes 1 to %d positions", o.max_ctx,
+        65535 * kAttentionSplitPositions));
+  }
+  if (c.head_dim > 256 || c.n_head % c.n_head_kv != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the CUDA attention takes a head_dim of at most 256 and whole GQA groups (this model: "
+        "%d, %d heads over %d)",
+        c.head_dim, c.n_head, c.n_head_kv));
+  }
+  if (o.kv_type == KvCacheType::kF16 && c.head_dim % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--kv-type f16: the CUDA attention reads an f16 cache in 8-element loads and this "
+        "model's head_dim is %d",
+        c.head_dim));
+  }
+  MG_RETURN_IF_ERROR(CheckDeltaNetShape(c));
+  if (c.n_expert > kMaxRouterExperts || c.n_expert_used > kMaxTopK) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the CUDA router takes at most %d experts and top-%d (this model: %d, top-%d)",
+        kMaxRouterExperts, kMaxTopK, c.n_expert, c.n_expert_used));
+  }
+  return absl::OkStatus();
+}
+
+std::string Dims(const dim3& d) { return absl::StrCat(d.x, ",", d.y, ",", d.z); }
+
 }  // namespace
 
 std::vector<bool> SharedExpertInPasses(const Model& model) {
@@ -265,66 +309,19 @@ std::vector<bool> SharedGateInRouter(const Model& model) {
   return in_router;
 }
 
-std::string DeltaNetRefusal(const ModelConfig& c) {
-  return absl::StrFormat(
+absl::Status CheckDeltaNetShape(const ModelConfig& c) {
+  const DeltaNetShape& dn = c.delta_net;
+  if (c.n_kv_layers() == c.n_layer ||
+      delta_net_mix_supports(dn.n_k_heads, dn.n_v_heads, dn.head_dim, dn.d_conv)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
       "the CUDA Gated DeltaNet takes ssm.state_size a multiple of 32 up to %d, ssm.conv_kernel "
       "2 to %d and ssm.time_step_rank a multiple of ssm.group_count (this model: %d, %d, %d "
       "value heads over %d)",
-      kDeltaNetMaxHeadDim, kDeltaNetMaxConv, c.delta_net.head_dim, c.delta_net.d_conv,
-      c.delta_net.n_v_heads, c.delta_net.n_k_heads);
+      kDeltaNetMaxHeadDim, kDeltaNetMaxConv, dn.head_dim, dn.d_conv, dn.n_v_heads,
+      dn.n_k_heads));
 }
-
-namespace {
-
-// What the engine refuses of the options, by flag, before it allocates.
-absl::Status CheckOptions(const ModelConfig& c, const WalkShapeOptions& o) {
-  if (o.arm != Arm::kResident && o.arm != Arm::kGraph) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--arm ", Av(ArmName(o.arm)), ": inspect --walk shows the resident and graph arms"));
-  }
-  if (o.slots < 0 || (o.slots > 0 && o.slots < c.n_expert_used)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--slots %d must be auto (0) or at least the model's top-k %d", o.slots, c.n_expert_used));
-  }
-  if (o.arm == Arm::kResident && o.slots != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--slots %d: the resident arm holds every expert (%d), no slot count",
-                        o.slots, c.n_moe_layer() * c.n_expert));
-  }
-  if (o.max_ctx < 1 ||
-      attention_decode_launch_geometry(c.n_head, c.n_head_kv, o.max_ctx).grid.y > 65535) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--ctx %d: the attention takes 1 to %d positions", o.max_ctx,
-        65535 * kAttentionSplitPositions));
-  }
-  if (c.head_dim > 256 || c.n_head % c.n_head_kv != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the CUDA attention takes a head_dim of at most 256 and whole GQA groups (this model: "
-        "%d, %d heads over %d)",
-        c.head_dim, c.n_head, c.n_head_kv));
-  }
-  if (o.kv_type == KvCacheType::kF16 && c.head_dim % 8 != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--kv-type f16: the CUDA attention reads an f16 cache in 8-element loads and this "
-        "model's head_dim is %d",
-        c.head_dim));
-  }
-  if (c.n_kv_layers() < c.n_layer &&
-      !delta_net_mix_supports(c.delta_net.n_k_heads, c.delta_net.n_v_heads,
-                              c.delta_net.head_dim, c.delta_net.d_conv)) {
-    return absl::InvalidArgumentError(DeltaNetRefusal(c));
-  }
-  if (c.n_expert > kMaxRouterExperts || c.n_expert_used > kMaxTopK) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the CUDA router takes at most %d experts and top-%d (this model: %d, top-%d)",
-        kMaxRouterExperts, kMaxTopK, c.n_expert, c.n_expert_used));
-  }
-  return absl::OkStatus();
-}
-
-std::string Dims(const dim3& d) { return absl::StrCat(d.x, ",", d.y, ",", d.z); }
-
-}  // namespace
 
 std::string KernelLabel(const WalkLaunch& launch) {
   if (launch.instance.empty()) return launch.kernel;

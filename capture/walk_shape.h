@@ -50,9 +50,9 @@ struct WalkShape {
   std::vector<WalkLaunch> launches;  // its kernel entries, in walk order
 };
 
-// Why the CUDA engine refuses a Gated DeltaNet of config's shape
-// (delta_net_mix_supports), naming the keys: the engine's error and inspect's.
-std::string DeltaNetRefusal(const ModelConfig& config);
+// Whether the CUDA engine takes config's Gated DeltaNet layers, if it has any
+// (delta_net_mix_supports); the error names the keys: the engine's and inspect's.
+absl::Status CheckDeltaNetShape(const ModelConfig& config);
 
 // Per layer, whether its shared expert rides the CUDA expert passes as rank k
 // (ExpertRanks::shared): a MoE layer whose shared gate, up and down have its
