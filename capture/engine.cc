@@ -336,18 +336,9 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
   MG_RETURN_IF_ERROR(AllocateState());
   MG_RETURN_IF_ERROR(AllocatePrefill());
   // The pools' layouts are the file's experts' (ExpertLayoutOf), so where the
-  // file says the shared expert rides the passes, it fits their slots.
+  // file says the shared expert rides the passes it fits their slots (the
+  // expert launchers check it again: shared_expert_fits_slots).
   shared_expert_in_passes = SharedExpertInPasses(m);
-  for (int l = 0; l < cfg.n_layer; ++l) {
-    const LayerExperts& e = layer_experts[static_cast<size_t>(l)];
-    const LayerWeights& w = layers[static_cast<size_t>(l)];
-    if (shared_expert_in_passes[static_cast<size_t>(l)] &&
-        !shared_expert_fits_slots(pools[static_cast<size_t>(e.size_class)].layout,
-                                  {&w.shexp_gate, &w.shexp_up, &w.shexp_down})) {
-      return absl::InternalError(
-          absl::StrCat("layer ", l, ": the shared expert does not fit the expert slots"));
-    }
-  }
   for (size_t c = 0; c < pools.size(); ++c) {
     const SlotPoolInfo& p = pools[c].info;
     pool_infos.push_back(p);

@@ -221,9 +221,11 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     CombineEpilogue combine;
     combine.weights = e->weights;
     combine.shexp_out = shexp ? shexp_out : nullptr;
-    combine.shexp_logit = !shexp || !cfg.shexp_gated ? nullptr
-                          : shared_gate_in_router[static_cast<size_t>(l)] ? router_logits + cfg.n_expert
-                                                                          : shexp_logit;
+    if (shexp && cfg.shexp_gated) {
+      combine.shexp_logit = shared_gate_in_router[static_cast<size_t>(l)]
+                                ? router_logits + cfg.n_expert
+                                : shexp_logit;
+    }
     combine.residual = x;
     combine.norm = Norm(next_norm);
     return [=, this] {

@@ -61,12 +61,10 @@ class Shaper {
     const LayerTensors* l =
         e.layer >= 0 ? &model_.layers[static_cast<size_t>(e.layer)] : nullptr;
     const int32_t k = c_.n_expert_used;
-    // The expert passes' ranks: k, and the shared expert where it rides them.
+    // The expert passes' ranks: k, and the shared expert where it rides them
+    // (ShapeWalk sets both per-layer lists).
     const int32_t pass_ranks =
-        k + (e.layer >= 0 && !walk_.shared_expert_in_passes.empty() &&
-                     walk_.shared_expert_in_passes[static_cast<size_t>(e.layer)]
-                 ? 1
-                 : 0);
+        k + (e.layer >= 0 && walk_.shared_expert_in_passes[static_cast<size_t>(e.layer)] ? 1 : 0);
     switch (e.op) {
       case StepOp::kEmbed: {
         // One row of the table per token.

@@ -239,7 +239,8 @@ __device__ void combine_epilogue(const MatvecArgs& a, bool has_shared_rank,
       acc += c.weights[r] * __ldcg(a.out + r * a.out_stride + row);
     }
     if (c.shexp_out != nullptr) {
-      acc += (c.shexp_logit != nullptr ? sigmoid(*c.shexp_logit) : 1.0f) * __ldcg(c.shexp_out + row);
+      acc += (c.shexp_logit != nullptr ? sigmoid(*c.shexp_logit) : 1.0f) *
+             __ldcg(c.shexp_out + row);
     }
     c.residual[row] += acc;
   }
@@ -758,7 +759,8 @@ cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& la
                                const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases, const float* act,
                                const block_q8_1* act_q, float* expert_out, cudaStream_t stream) {
   if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases, ranks) ||
-      !ranks_ok(ranks, pass, layout) || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr) {
+      !ranks_ok(ranks, pass, layout) || !input_ok(layout.type[2], act, act_q) ||
+      expert_out == nullptr) {
     return cudaErrorInvalidValue;
   }
   return launch_grouped(layout.type[2],
@@ -772,8 +774,8 @@ cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLa
                                        const CombineEpilogue& combine, unsigned int* tickets,
                                        cudaStream_t stream) {
   if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases, ranks) ||
-      !ranks_ok(ranks, pass, layout) || !input_ok(layout.type[2], act, act_q) || expert_out == nullptr ||
-      combine.weights == nullptr || combine.residual == nullptr ||
+      !ranks_ok(ranks, pass, layout) || !input_ok(layout.type[2], act, act_q) ||
+      expert_out == nullptr || combine.weights == nullptr || combine.residual == nullptr ||
       !norm_epilogue_ok(combine.norm, layout.n_embd) || tickets == nullptr) {
     return cudaErrorInvalidValue;
   }

@@ -1394,8 +1394,9 @@ std::vector<uint8_t> RandomSlots(std::mt19937& rng, const DeviceBlockLayout& lay
   std::vector<uint8_t> slots(n_slots * layout.block_bytes, 0);
   for (int32_t s = 0; s < n_slots; ++s) {
     for (int p = 0; p < 3; ++p) {
-      const std::vector<uint8_t> w = RandomMatrix(rng, layout.type[p], p < 2 ? layout.n_ff : layout.n_embd,
-                                                  p < 2 ? layout.n_embd : layout.n_ff);
+      const std::vector<uint8_t> w =
+          RandomMatrix(rng, layout.type[p], p < 2 ? layout.n_ff : layout.n_embd,
+                       p < 2 ? layout.n_embd : layout.n_ff);
       std::copy(w.begin(), w.end(), slots.begin() + s * layout.block_bytes + layout.offset[p]);
     }
   }
