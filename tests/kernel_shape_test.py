@@ -411,15 +411,15 @@ def weight_window(body, kernel, consumer):
     return result
 
 
-def stream_runs(body, kernel):
+def stream_runs(body, kernel, in_bytes=False):
     """Loads of the param-0 stream in flight at each first use of one (a kernel
     whose K loop is not a dot product's: delta_net_mix_kernel's state rows).
 
     In program order, a run collects the stream loads (as weight_window's: their
     address derives from param 0) until an instruction reads a register one of
     them wrote, or one's address does; that use ends the run. Returns the runs'
-    load counts, in order: their minimum is what the thread has in flight when it
-    must first wait.
+    load counts (their bytes with in_bytes), in order: their minimum is what the
+    thread has in flight when it must first wait.
     """
     instructions, _ = parse_body(body, kernel)
     kinds = taint(instructions)
@@ -431,7 +431,8 @@ def stream_runs(body, kernel):
             runs.append(run)
             run, pending = 0, set()
         if weight:
-            run += 1
+            bits, vector = ins.width()
+            run += bits * vector // 8 if in_bytes else 1
             pending.update(ins.dests)
     if run:
         runs.append(run)
