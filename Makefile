@@ -30,8 +30,10 @@ fixture: build
 	  --embd 256 --ff 256 --heads 8 --kv-heads 4 --vocab 512 --quant q8_0,expert=q4_K \
 	  --router-skew 2 --seed 1 -o $(FIXTURE)
 
-# The replay benchmark on the fixture: CUDA when a device exists, else the CPU backend.
+# The model trained here answering a prompt (models/, tools/train-moe), then the
+# replay benchmark on the fixture: CUDA when a device exists, else the CPU backend.
 run: fixture
+	$(MOEGRAPH) run -m models/kjv-moe-f16.gguf -p "And God said unto Moses," -n 48
 	$(MOEGRAPH) bench -m $(FIXTURE) --arms resident,graph,host,stage --slots 16,32 -n 32 -r 2
 
 # Release tests, then the sanitizer tree: the GGUF reader's tests under

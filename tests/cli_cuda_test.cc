@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -62,6 +63,60 @@ class CliCudaTest : public testing_util::FixtureFileTest {
     }
   }
 };
+
+// perplexity's chunks on the device (each position a recorded decode step) and
+// on the CPU backend: the same perplexity, and a base saved on one read by the
+// other as no divergence, on the resident and graph arms.
+TEST_F(CliCudaTest, PerplexityOnTheDeviceIsTheCpuBackends) {
+  const std::string text = TempPath("cuda-ppl.txt");
+  {
+    std::FILE* f = std::fopen(text.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    for (int i = 0; i < 80; ++i) std::fprintf(f, "%c", "abc defg,hij.\n"[(i * 7 + i / 5) % 14]);
+    std::fclose(f);
+  }
+  const std::string base = TempPath("cuda-ppl.base");
+  const ProcessResult cpu = Moegraph("perplexity", fixture_path(), "cpu",
+                                     "-f " + text + " -c 32 --kl-divergence-base " + base);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const std::string final_line = "Final estimate: PPL = ";
+  const auto ppl = [&](const std::string& out) {
+    const size_t at = out.find(final_line);
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + final_line.size()));
+  };
+  const double want = ppl(cpu.out);
+  ASSERT_GT(want, 0) << cpu.out;
+  for (const std::string arm : {"resident", "graph"}) {
+    const ProcessResult cuda =
+        Moegraph("perplexity", fixture_path(), "cuda", "-f " + text + " -c 32 --arm " + arm);
+    ASSERT_EQ(cuda.exit_code, 0) << arm << ": " << cuda.err;
+    EXPECT_NEAR(ppl(cuda.out), want, 1e-4 * want) << arm << ": " << cuda.out;
+    const ProcessResult kl = Moegraph("perplexity", fixture_path(), "cuda",
+                                      "--kl-divergence --kl-divergence-base " + base + " --arm " +
+                                          arm);
+    ASSERT_EQ(kl.exit_code, 0) << arm << ": " << kl.err;
+    EXPECT_TRUE(testing_util::Contains(kl.err, "Same top p")) << kl.err;  // the chunk table
+  }
+}
+
+// The trained model's perplexity over the first two chunks of 128 of its
+// held-out text on the device: llama.cpp's running value after chunk 2
+// (tests/data/kjv-moe/llama.json, tools/llama-crosscheck/kjv-moe.sh) within 0.1%.
+TEST_F(CliCudaTest, TheTrainedModelsPerplexityOnTheDeviceIsLlamaCpps) {
+  std::ifstream in(MOEGRAPH_SOURCE_DIR "/tests/data/kjv-moe/llama.json");
+  const nlohmann::json want = nlohmann::json::parse(in)["perplexity"][1];
+  ASSERT_EQ(want["n_ctx"].get<int>(), 128);
+  const double ppl = want["per_chunk"][1].get<double>();
+  const ProcessResult r = RunProcessWithArgs(
+      {MOEGRAPH_BIN, "perplexity", "-m", MOEGRAPH_SOURCE_DIR "/models/kjv-moe-f16.gguf", "-f",
+       MOEGRAPH_SOURCE_DIR "/models/kjv-held-out.txt", "--backend", "cuda"},
+      "-c 128 --chunks 2 --arm resident");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string label = "Final estimate: PPL = ";
+  const size_t at = r.out.find(label);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NEAR(std::stod(r.out.substr(at + label.size())), ppl, 1e-3 * ppl) << r.out;
+}
 
 TEST_F(CliCudaTest, EveryArmPrintsTheCpuBackendsTokens) {
   const std::string flags = "--tokens 1,2,3,4,5 -n 12 --slots 12";

@@ -26,9 +26,9 @@ using testing_util::IdsAfter;
 using testing_util::ProcessResult;
 using testing_util::RunProcess;
 
-const std::vector<std::string> kCommands = {"inspect",  "make-fixture", "run",      "chat",
-                                            "serve",    "bench",        "tokenize", "trace",
-                                            "simulate", "gguf-split"};
+const std::vector<std::string> kCommands = {"inspect",  "make-fixture", "run",        "chat",
+                                            "serve",    "bench",        "tokenize",   "trace",
+                                            "simulate", "gguf-split",   "perplexity", "quantize"};
 
 // The names of the flags tools/cli/*.cc define with ABSL_FLAG.
 std::set<std::string> DefinedFlags() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's shell blocks run as a user pastes them: every ```sh block, in
 # order, in one bash session (-e: any command that fails fails the test), from
-# a folder where build/, vocab/ and ../shared are this tree's, with one chat
+# a folder where build/, vocab/, models/ and ../shared are this tree's, with one chat
 # message and /exit on stdin for `chat`. `make run` and `make test` are left
 # out: they build and test this very tree, which is what runs this test.
 # Exit 77 (skipped) without tools/fetch-vocab.sh's vocabulary or curl.
@@ -19,6 +19,7 @@ trap 'kill $(jobs -p) 2> /dev/null || true; rm -rf "$work"' EXIT
 mkdir "$work/checkout"
 ln -s "$build_dir" "$work/checkout/build"
 ln -s "$vocab" "$work/checkout/vocab"
+ln -s "$source_dir/models" "$work/checkout/models"
 ln -s "$(cd "$shared" && pwd)" "$work/shared"
 
 # The blocks, with the two make lines left out.
@@ -39,7 +40,8 @@ if ! timeout 900 bash -euo pipefail "$work/readme.sh" < "$work/stdin" > "$work/o
 fi
 # What the blocks print that a user would look for.
 for expected in "wrote tiny.gguf" "generated:" "| model |" "chat.completion" "data: [DONE]" \
-  "moegraph_requests_total" "passed, 0 failed" "usage: moegraph run"; do
+  "moegraph_requests_total" "passed, 0 failed" "usage: moegraph run" \
+  "Final estimate: PPL = 26.5" "Same top p:" "children of Israel"; do
   grep -qF -- "$expected" "$work/out" || { echo "FAIL: no '$expected' on stdout"; exit 1; }
 done
 grep -q "^turn 1: prefill" "$work/err" || { echo "FAIL: chat answered no turn"; exit 1; }

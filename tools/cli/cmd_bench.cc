@@ -623,20 +623,6 @@ absl::StatusOr<Doors> ArmDoors(Arm arm) {
   return resolved.doors;
 }
 
-// Writes a backend's routing in the trace format of path's extension.
-absl::Status WriteRouting(const std::vector<int32_t>& routing, const ModelConfig& cfg,
-                          const std::string& path) {
-  RoutingTrace trace;
-  trace.n_layer = cfg.n_layer;
-  trace.n_expert = cfg.n_expert;
-  trace.k = cfg.n_expert_used;
-  const size_t row = static_cast<size_t>(cfg.n_layer) * static_cast<size_t>(cfg.n_expert_used);
-  trace.n_steps = static_cast<int64_t>(routing.size() / row);
-  trace.ids.assign(routing.begin(), routing.end());
-  const absl::Status status = WriteTrace(trace, path);
-  return status.ok() ? status : Prefixed(status, absl::StrCat("--record-routing ", path));
-}
-
 absl::Status Bench() {
   const std::string path = absl::GetFlag(FLAGS_m);
   if (path.empty()) return absl::InvalidArgumentError("-m FILE is required");
@@ -814,7 +800,7 @@ absl::Status Bench() {
         const size_t recorder = static_cast<size_t>(
             std::find(members.begin(), members.end(), size_t{0}) - members.begin());
         MG_ASSIGN_OR_RETURN(const std::vector<int32_t> routing, targets[recorder]->Routing());
-        MG_RETURN_IF_ERROR(WriteRouting(routing, cfg, record_path));
+        MG_RETURN_IF_ERROR(WriteRoutingRecord(routing, cfg, record_path));
       }
     }
   }

@@ -244,6 +244,32 @@ std::vector<CommandSpec> MakeCommands() {
                "print the CUDA runtime's reason when there is no device (default: "
                "false)"}},
              LoadFlags()})});
+  c.push_back({"perplexity",
+               "-m FILE (-f FILE | --kl-divergence --kl-divergence-base BASE) [flags]",
+               "perplexity over a text's chunks, or KL divergence against a base run, as "
+               "llama-perplexity measures them",
+               RunPerplexity,
+               Join({{kModel,
+                      {"f", "FILE", "the text (llama.cpp's wiki.test.raw, say)"},
+                      {"p", "TEXT", "the text itself, instead of -f"},
+                      {"ctx", "N",
+                       "tokens a chunk; its second half is scored (default: 512, as "
+                       "llama-perplexity)"},
+                      {"b", "N",
+                       "positions a forward pass takes at once (with -ub, the smaller); below -c "
+                       "or a multiple of it (default: 2048)"},
+                      {"chunks", "N", "score the first N chunks; -1: all (default: -1)"},
+                      {"kl_divergence_base", "FILE",
+                       "without --kl-divergence: also save each scored position's "
+                       "log-probabilities here (llama.cpp's format); with it: the base to "
+                       "compare with"},
+                      {"kl_divergence", "",
+                       "KL divergence, perplexity ratio and token probability statistics "
+                       "against --kl-divergence-base, on its tokens (default: false)"},
+                      {"record_routing", "FILE",
+                       "cpu: write the experts every scored chunk's positions chose, in order, "
+                       "as a routing trace (.jsonl or binary) for moegraph simulate"}},
+                     Engine()})});
   c.push_back({"tokenize",
                "-m FILE (-p TEXT | -f FILE) [flags]",
                "text to token ids with the file's vocabulary, like llama-tokenize",
@@ -268,6 +294,11 @@ std::vector<CommandSpec> MakeCommands() {
          "tensor data past N megabytes (M, 10^6 bytes) or gigabytes (G, 10^9)"},
         {"no_tensor_first_split", "", "shard 1 holds the metadata only (default: false)"},
         {"dry_run", "", "print each shard's tensors and bytes, write nothing (default: false)"}}});
+  c.push_back({"quantize", "IN.gguf OUT.gguf TYPE",
+               "rewrite a GGUF model with its weight matrices in TYPE, as llama-quantize --pure "
+               "does (norms, routers and 1-D tensors kept)",
+               RunQuantize,
+               {}});
   c.push_back(
       {"trace",
        "stats FILE [-o md|json] | synth [flags] -o FILE | convert IN OUT",
@@ -334,6 +365,7 @@ constexpr Alias kAliases[] = {
     {"sp", "special"},
     {"ncmoe", "n_cpu_moe"},
     {"ubatch_size", "ub"},
+    {"batch_size", "b"},
     {"lm", "load_mode"},
     {"v", "verbose"},
     {"log_verbose", "verbose"},

@@ -42,6 +42,8 @@ ABSL_DECLARE_FLAG(std::string, p);
 ABSL_DECLARE_FLAG(std::string, f);
 // Shared by run and chat: print control tokens' text too.
 ABSL_DECLARE_FLAG(bool, special);
+// Shared by bench and perplexity: write the routing the run used to this trace file.
+ABSL_DECLARE_FLAG(std::string, record_routing);
 
 namespace moegraph {
 
@@ -104,5 +106,7 @@ int RunTokenize(const std::vector<std::string>& args);
 int RunChat(const std::vector<std::string>& args);
 int RunServe(const std::vector<std::string>& args);
 int RunGgufSplit(const std::vector<std::string>& args);
+int RunPerplexity(const std::vector<std::string>& args);
+int RunQuantize(const std::vector<std::string>& args);
 
 }  // namespace moegraph

@@ -21,6 +21,7 @@
 #include "loader/placement.h"
 #include "loader/status_util.h"
 #include "residency/simulator.h"
+#include "residency/trace.h"
 #include "tools/cli/commands.h"
 
 // What each flag means to each command: tools/cli/command_line.cc.
@@ -376,6 +377,10 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
     options.steps_per_launch = flags.steps_per_launch;
     options.ubatch = flags.cpu.ubatch;
     options.swa_full = flags.cpu.swa_full;
+    if (flags.every_position_logits) {
+      options.record_logits = true;
+      options.doors.batched_prefill = false;
+    }
     MG_ASSIGN_OR_RETURN(d->cuda_, CudaEngine::Create(model, options, TerminalProgress("experts")));
     std::fprintf(info, "%s\n", d->cuda_->banner().c_str());
     return d;
@@ -446,6 +451,35 @@ absl::StatusOr<std::vector<int32_t>> Decoder::Generate(absl::Span<const int32_t>
   }
   cpu_->Truncate(start);
   return cpu_->Generate(prompt, n_predict, stats, sink, sampling_);
+}
+
+absl::StatusOr<std::vector<float>> Decoder::AllLogits(absl::Span<const int32_t> tokens) {
+  if (cuda_ != nullptr) {
+    MG_RETURN_IF_ERROR(cuda_->Generate(tokens, 1).status());
+    return cuda_->ReadLogitsRecord(0, static_cast<int>(tokens.size()));
+  }
+  cpu_->Reset();
+  return cpu_->Forward(tokens);
+}
+
+absl::StatusOr<std::vector<int32_t>> Decoder::Routing() const {
+  if (cuda_ != nullptr) {
+    return absl::InvalidArgumentError("--record-routing: the CPU backend records routing here");
+  }
+  return cpu_->routing();
+}
+
+absl::Status WriteRoutingRecord(const std::vector<int32_t>& routing, const ModelConfig& cfg,
+                                const std::string& path) {
+  RoutingTrace trace;
+  trace.n_layer = cfg.n_layer;
+  trace.n_expert = cfg.n_expert;
+  trace.k = cfg.n_expert_used;
+  const size_t row = static_cast<size_t>(cfg.n_layer) * static_cast<size_t>(cfg.n_expert_used);
+  trace.n_steps = static_cast<int64_t>(routing.size() / row);
+  trace.ids.assign(routing.begin(), routing.end());
+  const absl::Status status = WriteTrace(trace, path);
+  return status.ok() ? status : Prefixed(status, absl::StrCat("--record-routing ", path));
 }
 
 int Decoder::ResumePosition(int start) const {

@@ -39,6 +39,9 @@ struct DecoderFlags {
   SamplingParams sampling;  // --seed unset: a random seed, drawn here
   CpuForwardOptions cpu;    // -t, --kv-type, -ub, --swa-full (the last three on both backends)
   LoadOptions load;         // --load-mode, or --mmap / --no-mmap / --mlock
+  // Every position's logits kept (perplexity): on CUDA each prompt position a
+  // recorded decode step (no batched prefill).
+  bool every_position_logits = false;
 };
 
 // --load-mode auto|none|mmap|mlock|mmap+mlock (llama.cpp's), or its older
@@ -92,6 +95,11 @@ std::string DescribeSampling(const SamplingParams& p);
 // default, or with --verbose), the backend note, the sampling.
 std::string StartupLines(const DecoderFlags& flags);
 
+// Writes a backend's routing record (k ids per layer per step, rank order) as
+// a trace in the format of path's extension; errors name --record-routing.
+absl::Status WriteRoutingRecord(const std::vector<int32_t>& routing, const ModelConfig& cfg,
+                                const std::string& path);
+
 class Decoder {
  public:
   // Makes the backend for model with a KV cache of max_ctx positions, printing
@@ -107,6 +115,15 @@ class Decoder {
   absl::StatusOr<std::vector<int32_t>> Generate(absl::Span<const int32_t> prompt, int n_predict,
                                                 int start, GenerateStats* stats,
                                                 const TokenSink& sink);
+
+  // The logits of every position of tokens from an empty context, T rows of
+  // n_vocab (perplexity's chunks). On CUDA the decoder must have been created
+  // with every_position_logits.
+  absl::StatusOr<std::vector<float>> AllLogits(absl::Span<const int32_t> tokens);
+
+  // The CPU backend's routing so far (CpuBackend::routing()); the CUDA engine
+  // records none here.
+  absl::StatusOr<std::vector<int32_t>> Routing() const;
 
   // The first position a Generate from start computes again
   // (Oracle::ResumePosition, CudaEngine::ResumePosition).
