@@ -315,6 +315,36 @@ void Server::RunJob(Job& job) {
   job.cv.notify_all();
 }
 
+namespace {
+
+// Registers a POST route whose handler gets the whole body. httplib fills
+// req.body itself only under its own 8 KB cap for form-urlencoded bodies (the
+// type curl -d sends by default; llama-server lifted the same cap): read
+// through a content reader, every body is held to --max-body alone.
+using BodyHandler =
+    std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)>;
+void PostWithBody(httplib::Server& s, const std::string& path, BodyHandler handler) {
+  s.Post(path, [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
+                                              const httplib::ContentReader& reader) {
+    if (req.is_multipart_form_data()) {
+      return SendError(res, 415, "send the request as JSON, not multipart/form-data");
+    }
+    std::string body;
+    const bool read = reader([&body](const char* data, size_t n) {
+      body.append(data, n);
+      return true;
+    });
+    // httplib set 413 past --max-body; the error handler writes the object.
+    if (!read) {
+      if (res.status < 400) res.status = 400;
+      return;
+    }
+    handler(req, body, res);
+  });
+}
+
+}  // namespace
+
 void Server::RegisterRoutes() {
   httplib::Server& s = *http_;
   // A connection holds a thread while its request waits: enough for a full
@@ -370,8 +400,9 @@ void Server::RegisterRoutes() {
     res.set_content(Metrics(), "text/plain; version=0.0.4");
   });
 
-  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    const json body = json::parse(req.body, nullptr, false);
+  PostWithBody(s, "/tokenize", [this](const httplib::Request&, const std::string& text,
+                                     httplib::Response& res) {
+    const json body = json::parse(text, nullptr, false);
     if (body.is_discarded() || !body.is_object() || !body.contains("content") ||
         !body["content"].is_string()) {
       return SendError(res, 400, "'content' must be a string", "content");
@@ -382,8 +413,9 @@ void Server::RegisterRoutes() {
     if (!ids.ok()) return SendError(res, 400, std::string(ids.status().message()), "content");
     res.set_content(Dump({{"tokens", *ids}}), "application/json");
   });
-  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    const json body = json::parse(req.body, nullptr, false);
+  PostWithBody(s, "/detokenize", [this](const httplib::Request&, const std::string& text,
+                                       httplib::Response& res) {
+    const json body = json::parse(text, nullptr, false);
     if (body.is_discarded() || !body.is_object() || !body.contains("tokens") ||
         !body["tokens"].is_array()) {
       return SendError(res, 400, "'tokens' must be an array of token ids", "tokens");
@@ -404,12 +436,13 @@ void Server::RegisterRoutes() {
   });
 
   for (const bool chat : {false, true}) {
-    s.Post(
-        chat ? "/v1/chat/completions" : "/v1/completions",
-        [this, chat](const httplib::Request& req, httplib::Response& res) {
+    PostWithBody(
+        s, chat ? "/v1/chat/completions" : "/v1/completions",
+        [this, chat](const httplib::Request& req, const std::string& body,
+                     httplib::Response& res) {
           ++requests_;
           absl::StatusOr<CompletionRequest> parsed =
-              ParseCompletionRequest(req.body, chat, options_.defaults, options_.ctx);
+              ParseCompletionRequest(body, chat, options_.defaults, options_.ctx);
           if (!parsed.ok()) {
             return SendError(res, 400, std::string(parsed.status().message()),
                              ErrorField(parsed.status()));

@@ -278,6 +278,38 @@ TEST_F(CliServeTest, BadRequestsGetErrorObjectsAndTheServerGoesOn) {
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 
+// curl -d sends application/x-www-form-urlencoded: a 100 KB body of that type
+// is read as the JSON it is (httplib alone caps such bodies at 8 KB), held to
+// --max-body like any other; a multipart body is refused by name.
+TEST_F(CliServeTest, FormEncodedBodiesOverEightKilobytesAreReadAsJson) {
+  std::unique_ptr<httplib::Client> c = Serve({"--max-body", "200000"});
+  const std::string request = R"({"prompt": "Hello", "max_tokens": 4})";
+  const std::string padded = request + std::string(100000, ' ');
+  const httplib::Result ok =
+      c->Post("/v1/completions", padded, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(ok->status, 200) << ok->body;
+  EXPECT_EQ(json::parse(ok->body)["choices"][0]["text"], RunText("Hello", 4));
+  const httplib::Result tokens = c->Post(
+      "/tokenize", R"({"content": "Hello"})" + std::string(50000, ' '),
+      "application/x-www-form-urlencoded");
+  ASSERT_TRUE(tokens);
+  EXPECT_EQ(tokens->status, 200) << tokens->body;
+
+  const httplib::Result over = c->Post("/v1/completions", request + std::string(300000, ' '),
+                                       "application/x-www-form-urlencoded");
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over->status, 413);
+  EXPECT_NE(over->body.find("--max-body"), std::string::npos) << over->body;
+  const httplib::Result multipart = c->Post(
+      "/v1/completions", "--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n1\r\n--b--\r\n",
+      "multipart/form-data; boundary=b");
+  ASSERT_TRUE(multipart);
+  EXPECT_EQ(multipart->status, 415);
+  EXPECT_NE(multipart->body.find("JSON"), std::string::npos) << multipart->body;
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
 // SIGTERM while one request generates and two wait: the running one ends at a
 // token boundary with its last chunk and [DONE], the waiting ones get 503, and
 // the process exits 0.
@@ -691,7 +723,7 @@ TEST_F(CliServeTest, TwoThousandHostileRequestsLeaveItServing) {
 }
 
 // A port another server holds is refused (no SO_REUSEPORT sharing): the second
-// serve exits 1 naming the port, the first still answers. --alias names the
+// serve exits 1 naming the port before it reads the weights, the first still answers. --alias names the
 // model. A synthetic vocabulary is enough for both.
 TEST(CliServePortTest, ATakenPortIsRefusedAndTheFirstServerStillAnswers) {
   const std::string fixture = testing_util::TempPath("serve-port.gguf");
@@ -700,10 +732,12 @@ TEST(CliServePortTest, ATakenPortIsRefusedAndTheFirstServerStillAnswers) {
   const int port = first.Start({"-m", fixture, "--backend", "cpu", "--alias", "my-model"});
   ASSERT_GT(port, 0) << first.Log();
   // timeout(1) ends a second server that wrongly listened, so the test fails, not hangs.
+  // It binds before it reads the weights (--load-mode none says "load:" when it reads).
   const ProcessResult second =
       RunProcess({"/usr/bin/timeout", "60", MOEGRAPH_BIN, "serve", "-m", fixture, "--backend",
-                  "cpu", "--port", std::to_string(port)});
+                  "cpu", "--port", std::to_string(port), "--load-mode", "none"});
   EXPECT_EQ(second.exit_code, 1) << second.err;
+  EXPECT_FALSE(testing_util::Contains(second.err, "load: ")) << second.err;
   EXPECT_TRUE(
       testing_util::Contains(second.err, "--host 127.0.0.1 --port " + std::to_string(port) +
                                              ": the port is in use (another server listens there)"))

@@ -58,6 +58,35 @@ TEST_F(CliTokenizeTest, OneTokenALineOrTheIdsAsAList) {
   EXPECT_GT(plain.out.size(), list.out.size());
 }
 
+// -p and -f's text has its escapes processed as llama.cpp's
+// string_process_escapes does, unless --no-escape: the escaped spelling
+// tokenizes as the characters themselves.
+TEST_F(CliTokenizeTest, EscapesAreProcessedAsLlamaCppDoes) {
+  const std::string escaped = R"(a\nb\t\x41\"\'\\ \q \x4 \xZZ end\)";
+  const std::string meant = "a\nb\tA\"'\\ \\q \\x4 \\xZZ end\\";
+  const ProcessResult raw = Tokenize({"-m", fixture_path(), "-p", meant, "--ids", "--no-escape"});
+  ASSERT_EQ(raw.exit_code, 0) << raw.err;
+  for (const std::string& flag : {"", "-e", "--escape"}) {
+    std::vector<std::string> args = {"-m", fixture_path(), "-p", escaped, "--ids"};
+    if (!flag.empty()) args.push_back(flag);
+    const ProcessResult r = Tokenize(args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, raw.out) << flag;
+  }
+  const ProcessResult kept = Tokenize({"-m", fixture_path(), "-p", escaped, "--ids", "--no-escape"});
+  ASSERT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_NE(kept.out, raw.out);
+  const std::string file = TempPath("escapes.txt");
+  {
+    std::ofstream out(file, std::ios::binary);
+    out << escaped;
+  }
+  const ProcessResult from_file = Tokenize({"-m", fixture_path(), "-f", file, "--ids"});
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
+  EXPECT_EQ(from_file.out, raw.out);
+  std::remove(file.c_str());
+}
+
 // SentencePiece: BOS, a space in front, pairs merged by score ("el" outscores
 // "ll" in the fixture's vocabulary).
 TEST_F(CliTokenizeTest, SentencePieceVocabulariesTokenizeToo) {

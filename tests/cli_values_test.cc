@@ -192,5 +192,48 @@ TEST_F(CliValuesTest, AContextAboveTheModelsIsAWarningAndMinusOneRunsToTheEnd) {
   EXPECT_TRUE(Contains(to_end.out, "= 13;")) << to_end.out;
 }
 
+// Every check that needs only the header runs before the weights are read
+// (--load-mode none reads them and says so on a "load:" line): a bad value
+// fails at once whatever the file's size, as llama-server binds its port first.
+TEST_F(CliValuesTest, ChecksThatNeedNoWeightsFailBeforeTheWeightsAreRead) {
+  const std::string junk = testing_util::TempPath("junk-prompt.txt");
+  {
+    std::FILE* f = std::fopen(junk.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite("\xff\xfe\x00abc", 1, 6, f);
+    std::fclose(f);
+  }
+  const std::vector<Case> cases = {
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--ctx", "1000000000"}, "KV cache of"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1,2,3", "-n", "8", "--ctx", "4"}, "--ctx 4 is too small"},
+      {{"run", "-m", "FIXTURE", "-f", "/dev/null"}, "the prompt has no tokens"},
+      {{"run", "-m", "FIXTURE", "-f", junk}, "not valid UTF-8"},
+      {{"run", "-m", "FIXTURE", "--tokens", "100000"}, "outside the vocabulary"},
+      {{"chat", "-m", "FIXTURE", "--chat-template", "bogus"}, "--chat-template"},
+      {{"chat", "-m", "FIXTURE", "--ctx", "1000000000"}, "KV cache of"},
+      {{"bench", "-m", "FIXTURE", "--routing-trace", "/nonexistent"}, "--routing-trace"},
+      {{"bench", "-m", "FIXTURE", "--ctx", "1000000000", "-p", "0", "-n", "1"}, "KV cache of"},
+      {{"perplexity", "-m", "FIXTURE", "-f", "/dev/null"}, "0 tokens"},
+      {{"serve", "-m", "FIXTURE", "--host", "192.0.2.1", "--port", "0"}, "--host 192.0.2.1"},
+      {{"serve", "-m", "FIXTURE", "--ctx", "1000000000", "--port", "0"}, "KV cache of"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {"/usr/bin/timeout", "60", MOEGRAPH_BIN};
+    for (const std::string& a : c.args) argv.push_back(a == "FIXTURE" ? *fixture_ : a);
+    argv.insert(argv.end(), {"--backend", "cpu", "--load-mode", "none"});
+    const ProcessResult r = RunProcess(argv);
+    const std::string all = r.out + r.err;
+    EXPECT_EQ(r.exit_code, 1) << all;
+    EXPECT_TRUE(Contains(all, c.named)) << c.named << " not in: " << all;
+    EXPECT_FALSE(Contains(all, "load: ")) << "the weights were read first: " << all;
+  }
+  // The same flags that are fine read them.
+  const ProcessResult ok = RunProcess({MOEGRAPH_BIN, "run", "-m", *fixture_, "--tokens", "1",
+                                       "-n", "2", "--backend", "cpu", "--load-mode", "none"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(Contains(ok.err, "load: ")) << ok.err;
+  std::filesystem::remove(junk);
+}
+
 }  // namespace
 }  // namespace moegraph

@@ -632,7 +632,7 @@ absl::Status Bench() {
     MG_ASSIGN_OR_RETURN(Doors d, ArmDoors(arm));
     doors.push_back(d);
   }
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, OpenModelFile(path, plan.load, stderr));
+  MG_ASSIGN_OR_RETURN(const std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
   const ModelConfig& cfg = model.config;
 
@@ -659,6 +659,7 @@ absl::Status Bench() {
   // Notes go to stderr: stdout holds the table (or JSON, CSV) alone.
   std::FILE* notes = stderr;
   MG_RETURN_IF_ERROR(CheckContext(model, plan.cuda, plan.cpu, plan.ctx, notes));
+  MG_RETURN_IF_ERROR(ReadWeights(file.get(), plan.load, notes));
   if (!plan.backend_note.empty()) std::fprintf(notes, "note: %s\n", plan.backend_note.c_str());
   if (plan.cuda && (plan.threads.size() > 1 || !absl::GetFlag(FLAGS_t).empty())) {
     std::fprintf(notes, "note: -t applies to the CPU backend only\n");

@@ -171,13 +171,15 @@ absl::Status Chat() {
   if (ctx == 0) ctx = kChatDefaultContext;
   MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
 
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, OpenModelFile(path, flags.load, stderr));
+  MG_ASSIGN_OR_RETURN(const std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
   MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(*file));
   MG_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer,
                       Tokenizer::Create(std::move(vocab)));
   std::string template_source;
   MG_ASSIGN_OR_RETURN(const ChatTemplate chat_template, PickTemplate(*file, &template_source));
+  MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, ctx, stderr));
+  MG_RETURN_IF_ERROR(ReadWeights(file.get(), flags.load, stderr));
 
   std::fprintf(stderr, "%schat template: %s (%s); context %d; %s\n", StartupLines(flags).c_str(),
                std::string(ChatTemplateName(chat_template)).c_str(), template_source.c_str(), ctx,

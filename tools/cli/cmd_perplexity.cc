@@ -91,8 +91,8 @@ absl::Status Perplexity() {
   if (path.empty()) return absl::InvalidArgumentError("-m FILE is required");
   const int batch = absl::GetFlag(FLAGS_b);
   MG_ASSIGN_OR_RETURN(DecoderFlags flags, ReadDecoderFlags());
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> header, GgufFile::Open(path));
-  MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(*header));
+  MG_ASSIGN_OR_RETURN(const std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(*file));
   const bool add_bos = vocab.add_bos;
   const int32_t bos = vocab.bos;
   MG_ASSIGN_OR_RETURN(Scoring s, PlanScoring(vocab));
@@ -112,11 +112,9 @@ absl::Status Perplexity() {
     MG_ASSIGN_OR_RETURN(writer, BaseLogitsWriter::Create(base_out, s.n_ctx, vocab.size(),
                                                          s.tokens, s.n_chunk));
   }
-  header.reset();
 
   flags.every_position_logits = true;
   flags.cpu.ubatch = std::min(flags.cpu.ubatch, batch);
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, OpenModelFile(path, flags.load, stderr));
   MG_ASSIGN_OR_RETURN(Model model, LoadModel(*file));
   if (model.config.n_vocab != vocab.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -124,6 +122,8 @@ absl::Status Perplexity() {
         "llama.cpp's",
         path, model.config.n_vocab, vocab.size()));
   }
+  MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, s.n_ctx, stderr));
+  MG_RETURN_IF_ERROR(ReadWeights(file.get(), flags.load, stderr));
   std::fputs(StartupLines(flags).c_str(), stderr);
   MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder,
                       Decoder::Create(model, flags, s.n_ctx, stderr));

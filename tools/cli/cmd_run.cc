@@ -104,16 +104,14 @@ absl::Status Run() {
   }
   MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
 
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = OpenModelFile(path, flags.load, stderr);
-  if (!file.ok()) return file.status();
-  absl::StatusOr<Model> model = LoadModel(**file);
-  if (!model.ok()) return model.status();
+  MG_ASSIGN_OR_RETURN(const std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
 
   // Text: the file's own tokenizer, specials parsed and BOS added as llama-cli does.
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t>& prompt = source.ids;
   if (source.text.has_value()) {
-    MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(**file));
+    MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(*file));
     MG_ASSIGN_OR_RETURN(tokenizer, Tokenizer::Create(std::move(vocab)));
     absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Tokenize(*source.text, true, true);
     if (!ids.ok())
@@ -122,10 +120,10 @@ absl::Status Run() {
     prompt = std::move(*ids);
   }
   for (size_t i = 0; i < prompt.size(); ++i) {
-    if (prompt[i] < 0 || prompt[i] >= model->config.n_vocab) {
+    if (prompt[i] < 0 || prompt[i] >= model.config.n_vocab) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "--tokens: token %d (position %d) is outside the vocabulary [0, %d) of %s", prompt[i], i,
-          model->config.n_vocab, path));
+          model.config.n_vocab, path));
     }
   }
   // Generate feeds every generated token back but the last.
@@ -133,7 +131,7 @@ absl::Status Run() {
   int ctx = ctx_flag;
   int n_predict = n_flag;
   if (n_flag == kUntilTheEnd) {
-    const int trained = model->config.n_ctx_train;
+    const int trained = model.config.n_ctx_train;
     if (ctx == 0) ctx = trained > 0 ? std::min(kUntilTheEndContext, trained) : kUntilTheEndContext;
     if (n_prompt >= ctx) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -171,9 +169,11 @@ absl::Status Run() {
       return true;
     };
   }
+  MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, ctx, out.info));
+  MG_RETURN_IF_ERROR(ReadWeights(file.get(), flags.load, stderr));
   std::fputs(StartupLines(flags).c_str(), out.info);
   MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder,
-                      Decoder::Create(*model, flags, ctx, out.info));
+                      Decoder::Create(model, flags, ctx, out.info));
   GenerateStats stats;
   absl::StatusOr<std::vector<int32_t>> generated =
       decoder->Generate(prompt, n_predict, /*start=*/0, &stats, out.sink);

@@ -1,6 +1,7 @@
 // moegraph serve: the OpenAI-compatible HTTP server (server/) over the engine
-// `run` makes (the CPU backend or CUDA, the same flags). The model loads before
-// the port opens. SIGINT and SIGTERM stop it: the listener closes, the running
+// `run` makes (the CPU backend or CUDA, the same flags). The port is bound
+// before the weights are read (as llama-server binds first): a taken port fails
+// at once, and a client that connects meanwhile waits for the load. SIGINT and SIGTERM stop it: the listener closes, the running
 // generation ends at a token boundary, the queued requests get 503, exit 0.
 #include <pthread.h>
 #include <signal.h>
@@ -40,10 +41,11 @@ namespace {
 
 constexpr int kServeDefaultContext = 4096;
 
-// The decoder as the server's engine.
+// The decoder as the server's engine (given once the weights are in, before
+// Server::Serve calls it).
 class DecoderEngine final : public CompletionEngine {
  public:
-  explicit DecoderEngine(Decoder* decoder) : decoder_(decoder) {}
+  void Use(Decoder* decoder) { decoder_ = decoder; }
   absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt, int start,
                                                 int n_predict, const SamplingParams& sampling,
                                                 const TokenSink& sink) override {
@@ -58,7 +60,7 @@ class DecoderEngine final : public CompletionEngine {
   }
 
  private:
-  Decoder* decoder_;
+  Decoder* decoder_ = nullptr;
 };
 
 absl::Status Serve() {
@@ -105,7 +107,7 @@ absl::Status Serve() {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, OpenModelFile(path, flags.load, stderr));
+  MG_ASSIGN_OR_RETURN(const std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
   MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(*file));
   MG_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer,
@@ -113,15 +115,18 @@ absl::Status Serve() {
   MG_ASSIGN_OR_RETURN(const ChatTemplate chat_template, FileChatTemplate(*file));
   const std::string alias = absl::GetFlag(FLAGS_alias);
   options.model_name = alias.empty() ? std::filesystem::path(path).filename().string() : alias;
+  MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, options.ctx, stderr));
 
+  DecoderEngine engine;
+  Server server(options, &engine, tokenizer.get(), chat_template);
+  MG_ASSIGN_OR_RETURN(const int port, server.Bind());
+  MG_RETURN_IF_ERROR(ReadWeights(file.get(), flags.load, stderr));
   std::fprintf(stderr, "%s(requests may name their own sampling)\nchat template: %s; context %d\n",
                StartupLines(flags).c_str(), std::string(ChatTemplateName(chat_template)).c_str(),
                options.ctx);
   MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder,
                       Decoder::Create(model, flags, options.ctx, stderr));
-  DecoderEngine engine(decoder.get());
-  Server server(options, &engine, tokenizer.get(), chat_template);
-  MG_ASSIGN_OR_RETURN(const int port, server.Bind());
+  engine.Use(decoder.get());
   std::fprintf(stderr, "serve: listening on http://%s:%d (%s)\n", options.host.c_str(), port,
                options.api_key.empty() ? "no API key" : "API key required");
   std::fflush(stderr);

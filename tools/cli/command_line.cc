@@ -24,6 +24,11 @@ namespace {
 // ---- the flags each command reads ----
 
 const FlagDoc kModel = {"m", "FILE", "model file (GGUF)"};
+// -p and -f's text (run, tokenize, perplexity), as llama.cpp's common arguments.
+const FlagDoc kEscape = {"escape", "",
+                         "process escapes in the text of -p and -f (\\n \\r \\t \\' \\\" \\\\ "
+                         "\\xHH), as llama.cpp does (default: true)"};
+const FlagDoc kNoEscape = {"no_escape", "", "take the text of -p and -f as it is"};
 
 std::vector<FlagDoc> Sampling(absl::string_view seed_default) {
   return {
@@ -170,6 +175,8 @@ std::vector<CommandSpec> MakeCommands() {
                Join({{kModel,
                       {"p", "TEXT", "the prompt, tokenized with the file's vocabulary"},
                       {"f", "FILE", "read the prompt from this file"},
+                      kEscape,
+                      kNoEscape,
                       {"tokens", "IDS", "the prompt as token ids (1,2,3); the output is ids too"},
                       {"n", "N",
                        "tokens to generate; -1: until end-of-generation or the context is full "
@@ -252,6 +259,8 @@ std::vector<CommandSpec> MakeCommands() {
                Join({{kModel,
                       {"f", "FILE", "the text (llama.cpp's wiki.test.raw, say)"},
                       {"p", "TEXT", "the text itself, instead of -f"},
+                      kEscape,
+                      kNoEscape,
                       {"ctx", "N",
                        "tokens a chunk; its second half is scored (default: 512, as "
                        "llama-perplexity)"},
@@ -277,6 +286,8 @@ std::vector<CommandSpec> MakeCommands() {
                {kModel,
                 {"p", "TEXT", "the text"},
                 {"f", "FILE", "read the text from this file"},
+                kEscape,
+                kNoEscape,
                 {"ids", "", "print [1, 2, 3] instead of one id -> 'piece' a line (default: false)"},
                 {"no_bos", "", "add no BOS or EOS (default: false)"},
                 {"no_parse_special", "",
@@ -353,6 +364,7 @@ constexpr Alias kAliases[] = {
     {"model", "m"},
     {"prompt", "p"},
     {"file", "f"},
+    {"e", "escape"},
     {"n_predict", "n"},
     {"predict", "n"},
     {"ctk", "kv_type"},

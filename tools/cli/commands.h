@@ -93,8 +93,13 @@ inline int RunModelCommand(const char* name, const std::vector<std::string>& arg
   return 0;
 }
 
-// The text of -p or -f (not both; a file that cannot be read names it), or none.
+// The text of -p or -f (not both; a file that cannot be read names it), or
+// none; its escapes processed unless --no-escape.
 absl::StatusOr<std::optional<std::string>> PromptText();
+
+// llama.cpp's string_process_escapes (common/common.cpp): \n \r \t \' \" \\
+// and \xHH become their characters; any other backslash stays.
+std::string ProcessEscapes(std::string_view text);
 
 int RunInspect(const std::vector<std::string>& args);
 int RunMakeFixture(const std::vector<std::string>& args);

@@ -233,16 +233,12 @@ absl::StatusOr<CpuForwardOptions> ReadCpuFlags() {
   return options;
 }
 
-absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions& cpu, int ctx,
-                          std::FILE* info) {
-  const ModelConfig& cfg = model.config;
-  if (cfg.n_ctx_train > 0 && ctx > cfg.n_ctx_train) {
-    std::fprintf(info,
-                 "warning: a context of %d positions is above the %d the model was trained for "
-                 "(%s.context_length); text past them may degrade\n",
-                 ctx, cfg.n_ctx_train, std::string(arch_gguf_name(cfg.arch)).c_str());
-  }
+namespace {
+
+// The CPU backend's KV cache and recurrent state against MemAvailable.
+absl::Status CheckKvMemory(const Model& model, bool cuda, const CpuForwardOptions& cpu, int ctx) {
   if (cuda) return absl::OkStatus();
+  const ModelConfig& cfg = model.config;
   const KvCacheType kv_type = cpu.kv_type;
   const uint64_t kv = KvCacheBytes(cfg, ctx, kv_type, cpu.ring_slack());
   const uint64_t state = RecurrentStateBytes(cfg) * (1 + kStateCheckpoints);
@@ -261,6 +257,20 @@ absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions
         Gib(available)));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions& cpu, int ctx,
+                          std::FILE* info) {
+  const ModelConfig& cfg = model.config;
+  if (cfg.n_ctx_train > 0 && ctx > cfg.n_ctx_train) {
+    std::fprintf(info,
+                 "warning: a context of %d positions is above the %d the model was trained for "
+                 "(%s.context_length); text past them may degrade\n",
+                 ctx, cfg.n_ctx_train, std::string(arch_gguf_name(cfg.arch)).c_str());
+  }
+  return CheckKvMemory(model, cuda, cpu, ctx);
 }
 
 absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
@@ -328,9 +338,8 @@ absl::StatusOr<LoadOptions> ReadLoadFlags(bool cuda) {
   return options;
 }
 
-absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path,
-                                                        const LoadOptions& load, std::FILE* info) {
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+absl::Status ReadWeights(GgufFile* file, const LoadOptions& load, std::FILE* info) {
+  const std::string& path = file->path();
   LoadOptions options = load;
   const bool reads = load.mode != LoadMode::kMap || load.fault_in || load.lock;
   if (reads && !options.progress) options.progress = TerminalProgress(path);
@@ -348,7 +357,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path,
                  seconds, seconds > 0 ? Mib(bytes) / seconds : 0.0,
                  file->locked() ? ", locked" : "");
   }
-  return file;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
@@ -356,7 +365,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
                                                          std::FILE* info) {
   auto d = std::unique_ptr<Decoder>(new Decoder());
   d->sampling_ = flags.sampling;
-  MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, max_ctx, info));
+  MG_RETURN_IF_ERROR(CheckKvMemory(model, flags.cuda, flags.cpu, max_ctx));
   if (flags.cuda) {
     CudaEngineOptions options;
     options.sampling = flags.sampling;

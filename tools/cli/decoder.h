@@ -51,10 +51,13 @@ struct DecoderFlags {
 // memory at load anyway).
 absl::StatusOr<LoadOptions> ReadLoadFlags(bool cuda);
 
-// GgufFile::Open and Load(load): the load's errors name --load-mode; where
-// bytes are read or faulted in, a line on info says how many and how fast.
-absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path,
-                                                        const LoadOptions& load, std::FILE* info);
+// file->Load(load), a command's last step before its engine starts: every
+// check that needs only the header (GgufFile::Open maps it and LoadModel
+// binds its tensors; neither reads them) runs before it, so a bad flag or
+// input fails in milliseconds whatever the file's size. Errors name
+// --load-mode; where bytes are read or faulted in, a line on info says how
+// many and how fast.
+absl::Status ReadWeights(GgufFile* file, const LoadOptions& load, std::FILE* info);
 
 // One -t value: 0 is the physical cores; above the logical CPUs it is clamped
 // to them with a warning on stderr; negative or not a number is an error.
@@ -81,7 +84,8 @@ absl::StatusOr<bool> BackendIsCuda(std::string* note);
 // a warning on info above the file's context_length (as llama.cpp warns), an
 // error with the arithmetic when the CPU backend's KV cache (cpu's type and
 // rings) is more than the host has available (the CUDA engine checks its
-// device memory itself).
+// device memory itself). Decoder::Create checks the memory again once the
+// weights are in.
 absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions& cpu, int ctx,
                           std::FILE* info);
 

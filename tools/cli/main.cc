@@ -7,11 +7,13 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "tools/cli/command_line.h"
@@ -24,6 +26,8 @@ ABSL_FLAG(std::string, p, "", "the prompt text, or bench's prompt lengths");
 ABSL_FLAG(std::string, f, "", "read the text from this file instead of -p");
 ABSL_FLAG(int32_t, ctx, 0, "context size");
 ABSL_FLAG(bool, verbose, false, "more start-up lines");
+ABSL_FLAG(bool, escape, true, "process escapes in -p and -f's text, as llama.cpp does");
+ABSL_FLAG(bool, no_escape, false, "take -p and -f's text as it is");
 
 namespace moegraph {
 
@@ -50,15 +54,51 @@ absl::StatusOr<int32_t> TokensToGenerate(int32_t command_default) {
   return n;
 }
 
+std::string ProcessEscapes(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\\' || i + 1 == text.size()) {
+      out += text[i];
+      continue;
+    }
+    const char c = text[++i];
+    switch (c) {
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case '\'':
+      case '"':
+      case '\\': out += c; break;
+      default: {
+        // \xHH with two hex digits is that byte; anything else stays as it was.
+        const auto hex = [](char h) {
+          return absl::ascii_isdigit(h) ? h - '0' : (h | 0x20) - 'a' + 10;
+        };
+        if (c == 'x' && i + 2 < text.size() && absl::ascii_isxdigit(text[i + 1]) &&
+            absl::ascii_isxdigit(text[i + 2])) {
+          out += static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2]));
+          i += 2;
+        } else {
+          out += '\\';
+          out += c;
+        }
+      }
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<std::optional<std::string>> PromptText() {
   const std::string path = absl::GetFlag(FLAGS_f);
   const std::string prompt = absl::GetFlag(FLAGS_p);
   if (!path.empty() && !prompt.empty()) {
     return absl::InvalidArgumentError("-p TEXT and -f FILE: give one of them");
   }
+  const bool escape = absl::GetFlag(FLAGS_escape) && !absl::GetFlag(FLAGS_no_escape);
   if (path.empty()) {
     if (prompt.empty()) return std::optional<std::string>();
-    return std::optional<std::string>(prompt);
+    return std::optional<std::string>(escape ? ProcessEscapes(prompt) : prompt);
   }
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
@@ -68,7 +108,7 @@ absl::StatusOr<std::optional<std::string>> PromptText() {
   if (!in) return absl::NotFoundError("-f " + path + ": cannot read the file");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return absl::DataLossError("-f " + path + ": reading the file failed");
-  return std::optional<std::string>(std::move(text));
+  return std::optional<std::string>(escape ? ProcessEscapes(text) : std::move(text));
 }
 
 }  // namespace moegraph
