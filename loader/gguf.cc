@@ -639,23 +639,24 @@ absl::Status GgufFile::Parse() {
     return header_error(4, absl::StrCat("GGUF v", version_, " is newer than v", kMaxVersion));
   }
 
-  int64_t n_tensors = 0;
-  int64_t n_kv = 0;
+  // uint64 counts (the GGUF spec's), printed as such.
+  uint64_t n_tensors = 0;
+  uint64_t n_kv = 0;
   if (!c.Read(&n_tensors)) return header_error(8, "file ends inside n_tensors");
   if (!c.Read(&n_kv)) return header_error(16, "file ends inside n_kv");
   // Bounded by the smallest record, so no count can drive an allocation larger
   // than the file (CVE-2024-21836, CVE-2024-23605).
-  if (n_tensors < 0 || static_cast<uint64_t>(n_tensors) > c.remaining() / kMinTensorInfoBytes) {
+  if (n_tensors > c.remaining() / kMinTensorInfoBytes) {
     return header_error(8, absl::StrCat("n_tensors ", n_tensors, " does not fit in the ",
                                         c.remaining(), " bytes after the header"));
   }
-  if (n_kv < 0 || static_cast<uint64_t>(n_kv) > c.remaining() / kMinKvBytes) {
+  if (n_kv > c.remaining() / kMinKvBytes) {
     return header_error(16, absl::StrCat("n_kv ", n_kv, " does not fit in the ", c.remaining(),
                                          " bytes after the header"));
   }
 
   kvs_.reserve(static_cast<size_t>(n_kv));
-  for (int64_t i = 0; i < n_kv; ++i) {
+  for (uint64_t i = 0; i < n_kv; ++i) {
     GgufKV kv;
     kv.offset = c.pos();
     std::string_view key;
@@ -685,7 +686,7 @@ absl::Status GgufFile::Parse() {
   }
 
   tensors_.reserve(static_cast<size_t>(n_tensors));
-  for (int64_t i = 0; i < n_tensors; ++i) {
+  for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensor t;
     t.info_offset = c.pos();
     std::string_view name;

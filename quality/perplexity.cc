@@ -61,8 +61,8 @@ absl::StatusOr<int> PerplexityChunks(int64_t n_tokens, int n_ctx, int max_chunks
   }
   if (n_tokens < 2 * int64_t{n_ctx}) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %d tokens; perplexity at -c %d needs at least %d (two chunks, as llama.cpp asks)",
-        text_file, n_tokens, n_ctx, 2 * int64_t{n_ctx}));
+        "%s: %d token%s; perplexity at -c %d needs at least %d (two chunks, as llama.cpp asks)",
+        text_file, n_tokens, n_tokens == 1 ? "" : "s", n_ctx, 2 * int64_t{n_ctx}));
   }
   if (max_chunks == 0) return absl::InvalidArgumentError("--chunks 0: no chunk to score");
   const int64_t all = n_tokens / n_ctx;

@@ -54,12 +54,14 @@ absl::StatusOr<SlotLayout> PartitionSlots(const CacheConfig& config) {
   // the last layer's (the remainder goes to the first layers).
   if (!per_layer && config.n_slots < config.k) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--slots %d is below --top-k %d: a step needs a slot for each selected expert",
+        "--slots %d is below the %d experts a token selects (the model's expert_used_count): a "
+        "step needs a slot for each",
         config.n_slots, config.k));
   }
   if (per_layer && config.n_slots / config.n_layer < config.k) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--slots %d with --pool per-layer gives layer %d %d slots, fewer than --top-k %d",
+        "--slots %d with --pool per-layer gives layer %d %d slots, fewer than the %d experts a "
+        "token selects",
         config.n_slots, config.n_layer - 1, config.n_slots / config.n_layer, config.k));
   }
 

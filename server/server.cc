@@ -468,9 +468,10 @@ void Server::RegisterRoutes() {
           if (prompt_tokens + std::max(job->request.max_tokens, 1) - 1 > options_.ctx) {
             return SendError(
                 res, 400,
-                absl::StrFormat("the prompt (%d tokens) and max_tokens (%d) exceed the context "
+                absl::StrFormat("the prompt (%d token%s) and max_tokens (%d) exceed the context "
                                 "of %d tokens (--ctx)",
-                                prompt_tokens, job->request.max_tokens, options_.ctx),
+                                prompt_tokens, prompt_tokens == 1 ? "" : "s",
+                                job->request.max_tokens, options_.ctx),
                 chat ? "messages" : "prompt");
           }
           job->socket = FindPeerSocket(req.remote_addr, req.remote_port);

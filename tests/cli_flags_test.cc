@@ -132,6 +132,21 @@ TEST(CliFlagsTest, AnotherCommandsFlagOrAMisspellingIsAnErrorNamingItAndTheNeare
   r = RunProcess({MOEGRAPH_BIN, "tokenize", "-m", "x.gguf", "-p", "a", "-r=3"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(Contains(r.err, "-r is not a flag of tokenize")) << r.err;
+  // A value Abseil cannot parse is named as written, not by Abseil's own words.
+  r = RunProcess({MOEGRAPH_BIN, "run", "-m", "x.gguf", "--top-k", "abc"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Contains(r.err, "moegraph run: --top-k 'abc' is not an integer")) << r.err;
+  EXPECT_FALSE(Contains(r.err, "Illegal value")) << r.err;
+  r = RunProcess({MOEGRAPH_BIN, "run", "-m", "x.gguf", "--temperature=warm"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Contains(r.err, "--temperature 'warm' is not a number")) << r.err;
+  r = RunProcess({MOEGRAPH_BIN, "bench", "-m", "x.gguf", "-r", "many"});
+  EXPECT_TRUE(Contains(r.err, "-r 'many' is not an integer")) << r.err;
+  // One letter is an edit from every one-letter flag: no hint.
+  r = RunProcess({MOEGRAPH_BIN, "run", "-m", "x.gguf", "-x", "1"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Contains(r.err, "-x is not a flag of run; 'moegraph run --help' lists them"))
+      << r.err;
   r = RunProcess({MOEGRAPH_BIN, "inspect", "--made-up", "x.gguf"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(Contains(r.err, "--made-up is not a flag of inspect")) << r.err;

@@ -254,7 +254,7 @@ TEST_F(CliRunTest, BadSlotCountsNameTheFlag) {
   const CommandResult below =
       RunMoegraph("-m " + fixture_path() + " --tokens 1 -n 2 --slots 1", true);
   EXPECT_EQ(below.exit_code, 1);
-  EXPECT_NE(below.output.find("--slots 1 is below --top-k 2"), std::string::npos)
+  EXPECT_NE(below.output.find("--slots 1 is below the 2 experts a token selects"), std::string::npos)
       << below.output;
   const CommandResult word =
       RunMoegraph("-m " + fixture_path() + " --tokens 1 -n 2 --slots many", true);

@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -35,6 +37,7 @@ namespace moegraph {
 namespace {
 
 using nlohmann::json;
+using testing_util::Contains;
 using testing_util::ProcessResult;
 using testing_util::RunProcess;
 
@@ -750,6 +753,29 @@ TEST(CliServePortTest, ATakenPortIsRefusedAndTheFirstServerStillAnswers) {
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "my-model") << models->body;
   EXPECT_EQ(first.Stop(SIGTERM), 0) << first.Log();
+  std::remove(fixture.c_str());
+}
+
+// An IPv6 address is printed in brackets, as a URL takes it, and answers there.
+TEST(CliServePortTest, AnIpv6AddressIsAUrlInBrackets) {
+  std::ifstream inet6("/proc/net/if_inet6");
+  const std::string addresses((std::istreambuf_iterator<char>(inet6)),
+                              std::istreambuf_iterator<char>());
+  if (!Contains(addresses, "00000000000000000000000000000001")) {
+    GTEST_SKIP() << "no IPv6 loopback (::1) on this machine";
+  }
+  const std::string fixture = testing_util::TempPath("serve-ipv6.gguf");
+  ASSERT_EQ(RunProcess({MOEGRAPH_BIN, "make-fixture", "-o", fixture}).exit_code, 0);
+  testing_util::ServeProcess server(MOEGRAPH_BIN);
+  const int port = server.Start({"-m", fixture, "--backend", "cpu", "--host", "::1"});
+  ASSERT_GT(port, 0) << server.Log();
+  EXPECT_TRUE(Contains(server.Log(), "listening on http://[::1]:" + std::to_string(port)))
+      << server.Log();
+  httplib::Client client("::1", port);
+  const httplib::Result health = client.Get("/health");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.Log();
   std::remove(fixture.c_str());
 }
 

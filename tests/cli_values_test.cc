@@ -81,7 +81,6 @@ TEST_F(CliValuesTest, EveryBadValueExitsOneOrTwoNamingTheFlagWithoutAllocating) 
       {{"run", "-m", "FIXTURE", "--tokens", "1", "--ctx", "-5"}, "--ctx -5 must not be negative"},
       {{"run", "-m", "FIXTURE", "--tokens", "1,2,3", "-n", "4", "--ctx", "5"},
        "--ctx 5 is too small"},
-      {{"run", "-m", "FIXTURE", "--tokens", "1", "-n", "2000000000"}, "-n"},
       {{"run", "-m", "FIXTURE", "--tokens", "1", "-n", "-2"}, "-n -2"},
       {{"run", "-m", "FIXTURE", "--tokens", "1", "-n", "many"}, "-n 'many'"},
       {{"run", "-m", "FIXTURE", "--tokens", "1", "-n", "-1", "--ctx", "1"}, "--ctx 1"},
@@ -233,6 +232,27 @@ TEST_F(CliValuesTest, ChecksThatNeedNoWeightsFailBeforeTheWeightsAreRead) {
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_TRUE(Contains(ok.err, "load: ")) << ok.err;
   std::filesystem::remove(junk);
+}
+
+// As llama.cpp's -c 0, run's default context is at most the model's: a huge -n
+// never sizes the KV cache; generation stops when the context is full, with a
+// note (the fixture's context_length is 64).
+TEST_F(CliValuesTest, AHugeMinusNStopsAtTheModelsContextWithoutSizingMemory) {
+  const std::string small = testing_util::TempPath("ctx64.gguf");
+  const ProcessResult made =
+      RunProcess({MOEGRAPH_BIN, "make-fixture", "--ctx", "64", "-o", small});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  const ProcessResult r = RunProcess({MOEGRAPH_BIN, "run", "-m", small, "--tokens", "1,2,3", "-n",
+                                      "2000000000", "--backend", "cpu"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(testing_util::IdsAfter(r.out, "generated").size(), 62u) << r.out;
+  EXPECT_TRUE(Contains(r.err, "note: -n 2000000000: the context (--ctx 0: 64 positions")) << r.err;
+  // An explicit --ctx still must hold the prompt and -n.
+  const ProcessResult explicit_ctx = RunProcess({MOEGRAPH_BIN, "run", "-m", small, "--tokens",
+                                                 "1", "-n", "2000000000", "--ctx", "128"});
+  EXPECT_EQ(explicit_ctx.exit_code, 1);
+  EXPECT_TRUE(Contains(explicit_ctx.err, "--ctx 128 is too small")) << explicit_ctx.err;
+  std::filesystem::remove(small);
 }
 
 }  // namespace

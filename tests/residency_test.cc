@@ -38,14 +38,14 @@ LayerStep StepLayer0(ResidencyCache& cache, std::vector<int32_t> experts) {
 
 TEST(ResidencyCacheCreate, RefusesAGlobalPoolSmallerThanTopK) {
   const std::string message = CreateError(Config(4, 8, 2, 1, 0.5));
-  EXPECT_NE(message.find("--slots 1 is below --top-k 2"), std::string::npos) << message;
+  EXPECT_NE(message.find("--slots 1 is below the 2 experts a token selects"), std::string::npos) << message;
 }
 
 TEST(ResidencyCacheCreate, RefusesAPerLayerPartitionLeavingALayerShort) {
   // 16 slots over 32 layers: layers 0..15 get one slot, layers 16..31 none.
   const std::string message = CreateError(Config(32, 8, 2, 16, 0.0, PoolMode::kPerLayer));
-  EXPECT_NE(message.find(
-                "--slots 16 with --pool per-layer gives layer 31 0 slots, fewer than --top-k 2"),
+  EXPECT_NE(message.find("--slots 16 with --pool per-layer gives layer 31 0 slots, fewer than "
+                         "the 2 experts a token selects"),
             std::string::npos)
       << message;
   // 63 slots: the last layer gets 1 while k = 2; 64 gives every layer 2.

@@ -38,11 +38,11 @@ int ServeProcess::Start(const std::vector<std::string>& args) {
   const int spawned = posix_spawn(&pid_, cargv[0], &actions, nullptr, cargv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) return -1;
-  const std::regex listening(R"(listening on http://127\.0\.0\.1:(\d+))");
+  const std::regex listening(R"(listening on http://(127\.0\.0\.1|\[::1\]):(\d+))");
   for (int i = 0; i < 3000; ++i) {
     std::smatch m;
     const std::string log = Log();
-    if (std::regex_search(log, m, listening)) return std::stoi(m[1]);
+    if (std::regex_search(log, m, listening)) return std::stoi(m[2]);
     if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
       pid_ = -1;
       return -1;

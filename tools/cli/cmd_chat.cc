@@ -302,9 +302,9 @@ absl::Status Chat() {
     chat.seen = prefill.rendered + reply;
     const int taken = static_cast<int>(generated->size()) - (last_taken && !ended ? 0 : 1);
     std::fprintf(stderr,
-                 "turn %d: prefill %d tokens at positions %d..%d, %d generated (%s); %.2f tok/s "
+                 "turn %d: prefill %d token%s at positions %d..%d, %d generated (%s); %.2f tok/s "
                  "prefill, %.2f tok/s generation\n",
-                 turn, static_cast<int>(prompt.size()), start,
+                 turn, static_cast<int>(prompt.size()), prompt.size() == 1 ? "" : "s", start,
                  start + static_cast<int>(prompt.size()) - 1, taken, ended_by.c_str(),
                  stats.prompt_seconds > 0 ? stats.prompt_tokens / stats.prompt_seconds : 0.0,
                  stats.decode_seconds > 0 ? stats.decode_steps / stats.decode_seconds : 0.0);

@@ -100,7 +100,9 @@ absl::Status Run() {
   const int ctx_flag = absl::GetFlag(FLAGS_ctx);
   if (ctx_flag < 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--ctx %d must not be negative (0: room for the prompt and -n)", ctx_flag));
+        absl::StrFormat("--ctx %d must not be negative (0: the prompt and -n, at most the "
+                        "model's context length)",
+                        ctx_flag));
   }
   MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
 
@@ -135,22 +137,33 @@ absl::Status Run() {
     if (ctx == 0) ctx = trained > 0 ? std::min(kUntilTheEndContext, trained) : kUntilTheEndContext;
     if (n_prompt >= ctx) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--ctx %d: the prompt's %d tokens leave no room to generate (-n -1)", ctx, n_prompt));
+          "--ctx %d: the prompt's %d token%s leave no room to generate (-n -1)", ctx, n_prompt,
+          n_prompt == 1 ? "" : "s"));
     }
     n_predict = ctx - n_prompt + 1;
   } else {
     const int64_t needed = int64_t{n_prompt} + (n_predict > 0 ? n_predict - 1 : 0);
-    if (needed > std::numeric_limits<int32_t>::max()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "-n %d: the prompt's %d tokens and -n need %d positions, more than a context holds",
-          n_predict, n_prompt, needed));
-    }
     if (ctx > 0 && ctx < needed) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("--ctx %d is too small: the prompt's %d tokens and -n %d need %d", ctx,
-                          n_prompt, n_predict, needed));
+          absl::StrFormat("--ctx %d is too small: the prompt's %d token%s and -n %d need %d", ctx,
+                          n_prompt, n_prompt == 1 ? "" : "s", n_predict, needed));
     }
-    if (ctx == 0) ctx = static_cast<int>(needed);
+    if (ctx == 0) {
+      // As llama.cpp's -c 0, the context is at most the model's: -n never
+      // sizes memory past it; a longer -n stops when the context is full.
+      const int trained = model.config.n_ctx_train;
+      const int64_t most = std::max<int64_t>(trained > 0 ? trained : kUntilTheEndContext,
+                                             int64_t{n_prompt} + 1);
+      ctx = static_cast<int>(std::min(needed, most));
+      if (needed > ctx) {
+        n_predict = ctx - n_prompt + 1;
+        std::fprintf(stderr,
+                     "note: -n %d: the context (--ctx 0: %d positions, the model's context "
+                     "length) holds %d generated tokens after the prompt's %d; generation stops "
+                     "there (--ctx N sizes it)\n",
+                     n_flag, ctx, n_predict, n_prompt);
+      }
+    }
   }
 
   RunOutput out;

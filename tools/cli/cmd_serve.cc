@@ -127,7 +127,10 @@ absl::Status Serve() {
   MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder,
                       Decoder::Create(model, flags, options.ctx, stderr));
   engine.Use(decoder.get());
-  std::fprintf(stderr, "serve: listening on http://%s:%d (%s)\n", options.host.c_str(), port,
+  // An IPv6 address goes in brackets in a URL (RFC 3986).
+  const std::string url_host =
+      options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
+  std::fprintf(stderr, "serve: listening on http://%s:%d (%s)\n", url_host.c_str(), port,
                options.api_key.empty() ? "no API key" : "API key required");
   std::fflush(stderr);
 

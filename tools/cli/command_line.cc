@@ -182,8 +182,9 @@ std::vector<CommandSpec> MakeCommands() {
                        "tokens to generate; -1: until end-of-generation or the context is full "
                        "(default: 16)"},
                       {"ctx", "N",
-                       "KV cache positions (default: 0: the prompt and -n; with -n -1, 4096 or the "
-                       "model's context length if smaller)"},
+                       "KV cache positions (default: 0: the prompt and -n, at most the model's "
+                       "context length; with -n -1, 4096 or the model's context length if "
+                       "smaller)"},
                       {"ignore_eos", "", "go on past end-of-generation tokens (default: false)"},
                       {"special", "", "print control tokens' text too (default: false)"}},
                      Sampling("the sampler's seed; -1: random (default: random, printed)"),
@@ -467,6 +468,8 @@ size_t EditDistance(absl::string_view a, absl::string_view b) {
 // The command's flag (or llama.cpp spelling of one) nearest to name, if near.
 std::optional<std::string> Nearest(const CommandSpec& c, absl::string_view name) {
   std::optional<std::string> best;
+  // One letter is one edit from every other one-letter flag: no hint.
+  if (name.size() <= 1) return best;
   size_t best_distance = name.size() <= 3 ? 1 : 2;
   auto consider = [&](absl::string_view candidate) {
     const size_t d = EditDistance(name, candidate);
@@ -658,6 +661,19 @@ absl::StatusOr<CommandLine> Rewrite(const CommandSpec& c, const std::vector<std:
         }
       }
       kv_types.emplace_back(as_written, *value);
+    }
+    // A value Abseil would refuse gets moegraph's message naming the flag as
+    // written, not Abseil's "Illegal value ... for flag 'top_k'". (ParseFrom
+    // sets the value ParseCommandLine sets again next.)
+    std::string parse_error;
+    if (absl::CommandLineFlag* f = absl::FindCommandLineFlag(flag_name);
+        f != nullptr && value.has_value() && !f->ParseFrom(*value, &parse_error)) {
+      const bool integer = f->IsOfType<int32_t>() || f->IsOfType<int64_t>() ||
+                           f->IsOfType<uint32_t>() || f->IsOfType<uint64_t>();
+      const bool real = f->IsOfType<double>() || f->IsOfType<float>();
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s '%s' is not %s", as_written, *value,
+                          integer ? "an integer" : real ? "a number" : "a value it takes"));
     }
     std::string rewritten = absl::StrCat("--", negated ? "no" : "", flag_name);
     if (value.has_value()) absl::StrAppend(&rewritten, "=", *value);
