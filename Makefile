@@ -34,7 +34,7 @@ fixture: build
 # replay benchmark on the fixture: CUDA when a device exists, else the CPU backend.
 run: fixture
 	$(MOEGRAPH) run -m models/kjv-moe-f16.gguf -p "And God said unto Moses," -n 48
-	$(MOEGRAPH) bench -m $(FIXTURE) --arms resident,graph,host,stage --slots 16,32 -n 32 -r 2
+	$(MOEGRAPH) bench -m $(FIXTURE) --arms resident,graph,host,stage --slots 16,32 -p 0 -n 32 -r 2
 
 # Release tests, then the sanitizer tree: the GGUF reader's tests under
 # ASan+UBSan and the libFuzzer target for FUZZ_SECONDS; then the emulated tree.

@@ -76,7 +76,8 @@ TEST_F(CliBenchTest, MarkdownHasOneRowPerArmSlotsAndTest) {
 TEST_F(CliBenchTest, JsonParsesWithEveryFieldAndOneSamplePerRepetition) {
   constexpr int kReps = 3;
   const ProcessResult r = Bench(
-      fixture_path(), "--arms graph,stage --slots 4,auto -n 4 -o json -r " + std::to_string(kReps));
+      fixture_path(),
+      "--arms graph,stage --slots 4,auto -p 0 -n 4 -o json -r " + std::to_string(kReps));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_TRUE(JsonChecker(r.out).Valid()) << r.out;
   const std::vector<std::map<std::string, std::string>> rows = BenchJsonRows(r.out);
@@ -120,16 +121,20 @@ TEST_F(CliBenchTest, BadFlagsExitNonZeroNamingTheFlag) {
                                    {"-r 0", "-r"},
                                    {"-o xml", "-o"},
                                    {"-p 4,x", "-p"},
-                                   {"-n 4,4", "-n"},
+                                   {"-n 4,-4", "-n"},
                                    {"-t 1,-1", "-t"},
                                    {"-pg 4", "-pg"},
                                    {"-pg 0,4", "-pg"},
+                                   {"-pg 4,4 -pg 4", "-pg"},
+                                   {"--mmap=2", "--mmap"},
                                    {"--steps-per-launch 5000", "--steps-per-launch"},
                                    {"-p 0 -n 0", "-n"},
                                    {"--routing-trace /nonexistent/t.mgtr", "/nonexistent/t.mgtr"}};
   for (const Case& c : cases) {
-    // Defaults first, so that the case's own -n or -r wins.
-    const ProcessResult r = Bench(fixture_path(), "-n 2 -r 1 " + c.args);
+    // -r: the case's own wins; -n: a list that grows, so only where the case has none.
+    const ProcessResult r = Bench(
+        fixture_path(),
+        (testing_util::Contains(c.args, "-n ") ? "-r 1 " : "-n 2 -r 1 ") + c.args);
     EXPECT_NE(r.exit_code, 0) << c.args;
     EXPECT_TRUE(testing_util::Contains(r.err, c.named)) << c.args;
   }
@@ -165,7 +170,7 @@ TEST_F(CliBenchTest, TraceOfAnotherGeometryIsAnErrorNamingTheFile) {
 
 TEST_F(CliBenchTest, RecordedRoutingReplaysToTheSameHitsAndMisses) {
   // 6 slots for 2 layers x 8 experts, top-2: a mix of hits and misses.
-  const std::string flags = "--arms graph,eager --slots 6 -n 6 -r 2 -o json";
+  const std::string flags = "--arms graph,eager --slots 6 -p 0 -n 6 -r 2 -o json";
   const std::string first = TempPath("routing_a.mgtr");
   const std::string again = TempPath("routing_b.mgtr");
   const std::string replayed = TempPath("routing_c.jsonl");
@@ -218,16 +223,61 @@ TEST_F(CliBenchTest, ListsExpandToARowPerCombination) {
                   rows[0].at("n_prompt") + " " + rows[0].at("n_gen"));
   }
   const std::vector<std::string> want = {
-      "1 \"pp2\" 2 0", "1 \"pp3\" 3 0", "1 \"tg4\" 1 4", "1 \"tg5\" 1 5", "1 \"pp2+tg3\" 2 3",
-      "2 \"pp2\" 2 0", "2 \"pp3\" 3 0", "2 \"tg4\" 1 4", "2 \"tg5\" 1 5", "2 \"pp2+tg3\" 2 3"};
+      "1 \"pp2\" 2 0", "1 \"pp3\" 3 0", "1 \"tg4\" 0 4", "1 \"tg5\" 0 5", "1 \"pp2+tg3\" 2 3",
+      "2 \"pp2\" 2 0", "2 \"pp3\" 3 0", "2 \"tg4\" 0 4", "2 \"tg5\" 0 5", "2 \"pp2+tg3\" 2 3"};
   EXPECT_EQ(got, want) << r.out;
+}
+
+// llama-bench's command line as its users type it: a repeated -p, -n, -pg or
+// -t adds to its list (a value twice is a row twice), -pg 512,512 is a pair,
+// -fa takes a list (ignored) and --mmap 0 reads the file; -p defaults to 512;
+// the rows carry llama-bench's field names, a tg row n_prompt 0.
+TEST_F(CliBenchTest, LlamaBenchsCommandLineGivesItsRowsAndFields) {
+  const ProcessResult r = Bench(fixture_path(),
+                                "--arms resident -p 512,1024 -n 0 -pg 512,128 -p 64 -t 1,2 -r 1 "
+                                "-fa 0,1 --mmap 0 -pg 8,8 -o json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(testing_util::Contains(r.err, "-fa is ignored")) << r.err;
+  EXPECT_TRUE(testing_util::Contains(r.err, "read into memory")) << r.err;  // --mmap 0
+  const std::vector<std::map<std::string, std::string>> rows = BenchJsonRows(r.out);
+  std::vector<std::string> got;
+  for (const auto& row : rows) {
+    for (const char* key :
+         {"model_filename", "model_type", "model_size", "model_n_params", "n_threads", "n_prompt",
+          "n_gen", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts"}) {
+      EXPECT_EQ(row.count(key), 1u) << key << " missing in " << r.out;
+    }
+    got.push_back(row.at("n_threads") + " " + row.at("n_prompt") + " " + row.at("n_gen"));
+    // One sample: avg_ns is it, and avg_ts is the tokens over it.
+    const std::string ns = row.at("samples_ns");
+    EXPECT_EQ(ns, "[" + row.at("avg_ns") + "]");
+    double avg_ns = 0, avg_ts = 0;
+    ASSERT_TRUE(absl::SimpleAtod(row.at("avg_ns"), &avg_ns));
+    ASSERT_TRUE(absl::SimpleAtod(row.at("avg_ts"), &avg_ts));
+    int n_prompt = 0, n_gen = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(row.at("n_prompt"), &n_prompt));
+    ASSERT_TRUE(absl::SimpleAtoi(row.at("n_gen"), &n_gen));
+    EXPECT_NEAR(avg_ts, (n_prompt + n_gen) / (avg_ns * 1e-9), avg_ts * 1e-3) << row.at("avg_ns");
+  }
+  const std::vector<std::string> want = {"1 512 0", "1 1024 0", "1 64 0", "1 512 128", "1 8 8",
+                                         "2 512 0", "2 1024 0", "2 64 0", "2 512 128", "2 8 8"};
+  EXPECT_EQ(got, want) << r.out;
+
+  // The defaults are llama-bench's: pp512 and tg128 (tg rows' n_prompt 0).
+  const ProcessResult d = Bench(fixture_path(), "--arms resident -r 1 -o json");
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const std::vector<std::map<std::string, std::string>> defaults = BenchJsonRows(d.out);
+  ASSERT_EQ(defaults.size(), 2u) << d.out;
+  EXPECT_EQ(defaults[0].at("test"), "\"pp512\"");
+  EXPECT_EQ(defaults[1].at("test"), "\"tg128\"");
+  EXPECT_EQ(defaults[1].at("n_prompt"), "0");
 }
 
 // -o csv: a header and a row per test that Python's csv module reads back, with
 // the values of the JSON rows.
 TEST_F(CliBenchTest, CsvParsesWithPythonsCsvModule) {
   const ProcessResult csv =
-      Bench(fixture_path(), "--arms resident,graph --slots 4 -n 3 -r 2 -o csv");
+      Bench(fixture_path(), "--arms resident,graph --slots 4 -p 0 -n 3 -r 2 -o csv");
   ASSERT_EQ(csv.exit_code, 0) << csv.err;
   const std::string path = TempPath("bench.csv");
   {
@@ -242,7 +292,7 @@ TEST_F(CliBenchTest, CsvParsesWithPythonsCsvModule) {
        "import csv, sys\n"
        "rows = list(csv.DictReader(open(sys.argv[1], newline='')))\n"
        "for r in rows: print(r['arm'], r['test'], r['slots'], len(r['samples_ts'].split()), "
-       "float(r['avg_ts']) > 0, r['model'])\n",
+       "float(r['avg_ts']) > 0, r['model_type'])\n",
        path});
   ASSERT_EQ(py.exit_code, 0) << py.err;
   EXPECT_EQ(py.out,

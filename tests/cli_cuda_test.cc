@@ -215,7 +215,7 @@ TEST_F(CliCudaTest, BenchOnOneRoutingTraceCountsWhatTheCpuBackendCounts) {
   const std::string trace = TempPath("cli_cuda_routing.mgtr");
   const ProcessResult record =
       Moegraph("bench", fixture_path(), "cpu",
-               "--arms graph --slots 12 -n 8 -r 1 --record-routing " + trace);
+               "--arms graph --slots 12 -p 0 -n 8 -r 1 --record-routing " + trace);
   ASSERT_EQ(record.exit_code, 0) << record.err;
 
   const std::string flags =

@@ -52,6 +52,8 @@
 // Defined with the decoding flags (tools/cli/decoder.cc).
 ABSL_DECLARE_FLAG(int32_t, steps_per_launch);
 ABSL_DECLARE_FLAG(std::string, t);
+ABSL_DECLARE_FLAG(int32_t, ub);
+ABSL_DECLARE_FLAG(std::string, kv_type);
 
 // What each flag means: tools/cli/command_line.cc.
 ABSL_FLAG(std::string, arms, "resident,graph,eager,host,stage", "arms to compare");
@@ -63,7 +65,9 @@ ABSL_FLAG(std::string, record_routing, "", "write the routing the run used here"
 namespace moegraph {
 namespace {
 
-constexpr int kDefaultGenerate = 128;  // -n when not given (run's default is 16)
+// llama-bench's defaults: -p 512 -n 128 (run's -n is 16).
+constexpr int kDefaultPrompt = 512;
+constexpr int kDefaultGenerate = 128;
 
 double Mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
@@ -351,7 +355,8 @@ RowStats Summarize(const Row& row, const BenchTest& test) {
 }
 
 struct ModelInfo {
-  std::string name;  // "qwen3moe 4L 16x top-4 q4_K"
+  std::string filename;  // as -m gave it
+  std::string name;      // "qwen3moe 4L 16x top-4 q4_K"
   uint64_t size_bytes = 0;
   uint64_t params = 0;
 };
@@ -363,6 +368,7 @@ ModelInfo DescribeModel(const Model& model) {
       "%s %dL %dx top-%d %s", Av(arch_gguf_name(c.arch)), c.n_layer, c.n_expert, c.n_expert_used,
       ggml_type_name(
           static_cast<uint32_t>(model.expert(c.n_layer_dense_lead, ExpertProj::kGate, 0).type)));
+  info.filename = model.file->path();
   info.size_bytes = model.file->total_size();
   for (const GgufTensor& t : model.file->tensors()) {
     info.params += static_cast<uint64_t>(t.n_elements());
@@ -417,27 +423,45 @@ std::vector<std::pair<std::string, std::string>> RowFields(const ModelInfo& mode
                                                            const BenchTest& test, const Row& row) {
   const bool cpu = backend == "cpu";
   const RowStats s = Summarize(row, test);
-  std::vector<std::string> ts;
+  std::vector<std::string> ts, ns;
   for (double t : s.ts) ts.push_back(JsonNumber(t));
+  for (const Sample& x : row.samples) ns.push_back(absl::StrCat(std::llround(x.seconds * 1e9)));
+  double avg_ns = 0, stddev_ns = 0;
+  for (const Sample& x : row.samples) avg_ns += x.seconds * 1e9 / row.samples.size();
+  if (row.samples.size() > 1) {
+    for (const Sample& x : row.samples) stddev_ns += std::pow(x.seconds * 1e9 - avg_ns, 2);
+    stddev_ns = std::sqrt(stddev_ns / static_cast<double>(row.samples.size() - 1));
+  }
   auto quoted = [](std::string_view text) { return absl::StrCat("\"", Av(text), "\""); };
+  // llama-bench's fields under its names first (tools/llama-bench's
+  // test::get_fields, samples_ns and samples_ts), then moegraph's own.
   return {
-      {"model", quoted(model.name)},
-      {"size_bytes", absl::StrCat(model.size_bytes)},
-      {"params", absl::StrCat(model.params)},
-      {"backend", quoted(backend)},
+      {"model_filename", quoted(model.filename)},
+      {"model_type", quoted(model.name)},
+      {"model_size", absl::StrCat(model.size_bytes)},
+      {"model_n_params", absl::StrCat(model.params)},
+      {"backends", quoted(backend)},
+      {"n_ubatch", absl::StrCat(absl::GetFlag(FLAGS_ub))},
       {"n_threads", row.threads > 0 ? absl::StrCat(row.threads) : "null"},
+      {"type_k", quoted(absl::GetFlag(FLAGS_kv_type))},
+      {"type_v", quoted(absl::GetFlag(FLAGS_kv_type))},
+      {"n_prompt", absl::StrCat(test.n_prompt)},
+      {"n_gen", absl::StrCat(test.n_gen)},
+      {"n_depth", "0"},
+      {"avg_ns", absl::StrCat(std::llround(avg_ns))},
+      {"stddev_ns", absl::StrCat(std::llround(stddev_ns))},
+      {"avg_ts", JsonNumber(s.avg_ts)},
+      {"stddev_ts", JsonNumber(s.stddev_ts)},
+      {"samples_ns", absl::StrCat("[", absl::StrJoin(ns, ", "), "]")},
+      {"samples_ts", absl::StrCat("[", absl::StrJoin(ts, ", "), "]")},
+      {"backend", quoted(backend)},
       {"arm", quoted(ArmName(row.arm))},
       {"slots", absl::StrCat(row.slots)},
       {"slots_requested", row.slots_requested > 0    ? absl::StrCat(row.slots_requested)
                           : row.slots_requested == 0 ? quoted("auto")
                                                      : "null"},
       {"test", quoted(test.name)},
-      {"n_prompt", absl::StrCat(test.n_prompt)},
-      {"n_gen", absl::StrCat(test.n_gen)},
       {"steps_per_launch", absl::StrCat(absl::GetFlag(FLAGS_steps_per_launch))},
-      {"samples_ts", absl::StrCat("[", absl::StrJoin(ts, ", "), "]")},
-      {"avg_ts", JsonNumber(s.avg_ts)},
-      {"stddev_ts", JsonNumber(s.stddev_ts)},
       {"hits", absl::StrCat(s.hits)},
       {"misses", absl::StrCat(s.misses)},
       {"hit_rate", JsonNumber(s.hit_rate())},
@@ -522,39 +546,42 @@ absl::StatusOr<std::vector<int>> ParseCountList(std::string_view flag, const std
       return absl::InvalidArgumentError(absl::StrFormat("%s '%s': '%s' is not a count (0 or more)",
                                                         flag, text, std::string(word)));
     }
-    if (std::find(out.begin(), out.end(), n) != out.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s '%s': '%s' is listed twice", flag, text, std::string(word)));
-    }
     out.push_back(n);
   }
   return out;
 }
 
-// The tests of -p, -n and -pg, in llama-bench's order.
+// The tests of -p (default 512), -n (default 128) and -pg, in llama-bench's
+// order; a value listed twice is a row twice, as there.
 absl::StatusOr<std::vector<BenchTest>> MakeTests() {
   std::vector<BenchTest> tests;
-  if (const std::string text = absl::GetFlag(FLAGS_p); !text.empty()) {
-    MG_ASSIGN_OR_RETURN(const std::vector<int> ps, ParseCountList("-p", text));
-    for (const int p : ps) {
-      if (p > 0) tests.push_back({absl::StrCat("pp", p), p, 0, false, p, p, 0});
-    }
+  const std::string p_text = absl::GetFlag(FLAGS_p);
+  MG_ASSIGN_OR_RETURN(
+      const std::vector<int> ps,
+      ParseCountList("-p", p_text.empty() ? absl::StrCat(kDefaultPrompt) : p_text));
+  for (const int p : ps) {
+    if (p > 0) tests.push_back({absl::StrCat("pp", p), p, 0, false, p, p, 0});
   }
   const std::string n_text = absl::GetFlag(FLAGS_n);
   MG_ASSIGN_OR_RETURN(
       const std::vector<int> ns,
       ParseCountList("-n", n_text.empty() ? absl::StrCat(kDefaultGenerate) : n_text));
+  // A tg row feeds one token to start from; llama-bench's n_prompt is 0.
   for (const int n : ns) {
-    if (n > 0) tests.push_back({absl::StrCat("tg", n), 1, n, true, n, 1, n});
+    if (n > 0) tests.push_back({absl::StrCat("tg", n), 1, n, true, n, 0, n});
   }
   if (const std::string text = absl::GetFlag(FLAGS_pg); !text.empty()) {
     MG_ASSIGN_OR_RETURN(const std::vector<int> pg, ParseCountList("-pg", text));
-    if (pg.size() != 2 || pg[0] < 1 || pg[1] < 1) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "-pg '%s': a prompt length and a token count, both positive (e.g. 512,128)", text));
+    for (size_t i = 0; i < pg.size(); i += 2) {
+      if (i + 1 == pg.size() || pg[i] < 1 || pg[i + 1] < 1) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "-pg '%s': pairs of a prompt length and a token count, both positive (e.g. 512,128; "
+            "each -pg adds one)",
+            text));
+      }
+      tests.push_back({absl::StrCat("pp", pg[i], "+tg", pg[i + 1]), pg[i], pg[i + 1], true,
+                       pg[i] + pg[i + 1], pg[i], pg[i + 1]});
     }
-    tests.push_back(
-        {absl::StrCat("pp", pg[0], "+tg", pg[1]), pg[0], pg[1], true, pg[0] + pg[1], pg[0], pg[1]});
   }
   if (tests.empty()) return absl::InvalidArgumentError("-p 0 and -n 0 leave no test to run");
   return tests;
@@ -601,10 +628,6 @@ absl::StatusOr<Plan> MakePlan() {
   for (absl::string_view part : absl::StrSplit(threads, ',')) {
     MG_ASSIGN_OR_RETURN(int t, ParseThreads(absl::StripAsciiWhitespace(part)));
     if (t == 0) t = PhysicalCores();
-    if (std::find(plan.threads.begin(), plan.threads.end(), t) != plan.threads.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("-t '%s': %d threads are listed twice", threads, t));
-    }
     plan.threads.push_back(t);
   }
   return plan;

@@ -230,10 +230,11 @@ std::vector<CommandSpec> MakeCommands() {
        "arms side by side, llama-bench style", RunBench,
        Join({{kModel,
               {"p", "N[,N...]",
-               "prompt tokens of a pp test, one per value; 0: none (default: none)"},
+               "prompt tokens of a pp test, one per value; given twice, the lists join; 0: none "
+               "(default: 512)"},
               {"n", "N[,N...]", "tokens of a tg test, one per value; 0: none (default: 128)"},
-              {"pg", "P,N",
-               "a pp+tg test: a P-token prompt, then N tokens, all timed (default: none)"},
+              {"pg", "P,N[,P,N...]",
+               "a pp+tg test a pair: a P-token prompt, then N tokens, all timed (default: none)"},
               {"arms", "A[,A...]", "arms to compare (default: resident,graph,eager,host,stage)"},
               {"slots", "N[,N...]", "slot counts, auto allowed (default: auto)"},
               {"t", "N[,N...]", "cpu: thread counts, a row each (default: the physical cores)"},
@@ -380,6 +381,7 @@ constexpr Alias kAliases[] = {
     {"ubatch_size", "ub"},
     {"batch_size", "b"},
     {"lm", "load_mode"},
+    {"mmp", "mmap"},
     {"v", "verbose"},
     {"log_verbose", "verbose"},
     {"a", "alias"},
@@ -412,8 +414,12 @@ constexpr Ignored kIgnored[] = {
      "every dense weight goes to the GPU and experts to its slots (--slots, --n-cpu-moe), so "
      "-ngl is ignored",
      ""},
-    {"fa", Ignored::kOneOf, "run,chat,serve,bench",
+    {"fa", Ignored::kOneOf, "run,chat,serve",
      "attention is moegraph's own kernel on every backend, so -fa is ignored", ""},
+    {"fa", Ignored::kValue, "bench",
+     "attention is moegraph's own kernel on every backend, so -fa is ignored (one row, not one "
+     "a value)",
+     ""},
     {"jinja", Ignored::kNone, "run,chat,serve",
      "the chat template is detected from the file's tokenizer.chat_template, as llama.cpp "
      "detects it, so --jinja is ignored",
@@ -648,6 +654,20 @@ absl::StatusOr<CommandLine> Rewrite(const CommandSpec& c, const std::vector<std:
       if (!negated) return absl::InvalidArgumentError(UnknownFlagError(c, as_written, name));
     }
     const std::string flag_name = negated ? name.substr(2) : name;
+    if (c.name == "bench" && flag_name == "mmap" && !negated) {
+      // llama-bench's --mmap takes 0 or 1: 0 reads the file (--load-mode none).
+      const bool valued = flag->value.has_value() ||
+                          (i + 1 < args.size() && (args[i + 1] == "0" || args[i + 1] == "1"));
+      if (valued) {
+        MG_ASSIGN_OR_RETURN(const std::optional<std::string> value, take_value(true));
+        if (*value != "0" && *value != "1") {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "%s '%s': bench takes one of 0 (read the file) or 1 (map it)", as_written, *value));
+        }
+        out.args.push_back(*value == "0" ? "--load_mode=none" : "--load_mode=mmap");
+        continue;
+      }
+    }
     const bool boolean = IsBoolFlag(flag_name);
     MG_ASSIGN_OR_RETURN(const std::optional<std::string> value, take_value(!boolean));
     if (flag_name == "kv_type" && value.has_value()) {
@@ -677,6 +697,17 @@ absl::StatusOr<CommandLine> Rewrite(const CommandSpec& c, const std::vector<std:
     }
     std::string rewritten = absl::StrCat("--", negated ? "no" : "", flag_name);
     if (value.has_value()) absl::StrAppend(&rewritten, "=", *value);
+    // bench's lists grow with each repetition of their flag, as llama-bench's do.
+    const std::string prefix = absl::StrCat("--", flag_name, "=");
+    const bool appends = c.name == "bench" && value.has_value() &&
+                         (flag_name == "p" || flag_name == "n" || flag_name == "pg" ||
+                          flag_name == "t" || flag_name == "slots");
+    auto earlier = std::find_if(out.args.begin(), out.args.end(),
+                                [&](const std::string& a) { return a.starts_with(prefix); });
+    if (appends && earlier != out.args.end()) {
+      absl::StrAppend(&*earlier, ",", *value);
+      continue;
+    }
     out.args.push_back(std::move(rewritten));
   }
   return out;
