@@ -14,15 +14,15 @@
 namespace moegraph {
 namespace {
 
-// How long a worker spins for the next job before it sleeps on a futex: long
-// enough to span the caller's serial work between two jobs of a step (norms,
-// routing), short enough that an idle pool soon leaves its cores to others.
-constexpr std::chrono::microseconds kWorkerSpin{300};
-// The caller waits for the units other threads hold: it spins, then yields
-// (on an idle machine a yield returns at once; on a busy one it lets a
-// descheduled worker run), then sleeps on a futex.
-constexpr std::chrono::microseconds kCallerSpin{50};
-constexpr std::chrono::microseconds kCallerYield{2000};
+// How long a waiting thread spins (pausing, never yielding) before it sleeps
+// on a futex: longer than any gap between two jobs of a decode step (the
+// caller's serial work: norms, routing, sampling), so within a step no thread
+// sleeps and none pays a wake-up, as llama.cpp's spinning pool; short enough
+// that an idle pool soon leaves its cores to others. No sched_yield: a yield
+// hands the core to any runnable process, a `nice 19` one included, for a
+// whole time slice; a futex sleep lets the kernel run what was waited for.
+constexpr std::chrono::microseconds kWorkerSpin{3000};
+constexpr std::chrono::microseconds kCallerSpin{3000};
 
 void Pause() {
 #if defined(__x86_64__)
@@ -32,19 +32,15 @@ void Pause() {
 #endif
 }
 
-// Spins until pred() holds or budget passes, each round of checks after a
-// pause (or, with yield, a sched_yield); returns pred()'s last value.
+// Spins until pred() holds or budget passes, each check after a pause;
+// returns pred()'s last value.
 template <typename Pred>
-bool SpinUntil(Pred pred, std::chrono::microseconds budget, bool yield = false) {
+bool SpinUntil(Pred pred, std::chrono::microseconds budget) {
   if (pred()) return true;
   const auto until = std::chrono::steady_clock::now() + budget;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
-      if (yield) {
-        sched_yield();
-      } else {
-        Pause();
-      }
+      Pause();
       if (pred()) return true;
     }
     if (std::chrono::steady_clock::now() >= until) return false;
@@ -140,9 +136,9 @@ void ThreadPool::Run(int64_t n_tasks, absl::FunctionRef<void(int64_t)> fn) {
   published_.store(job);
   if (sleeping_workers_.load() > 0) published_.notify_all();
   TakeUnits(job);
-  // Wait for units other threads hold: spin a little, then sleep.
+  // Wait for units other threads hold: spin, then sleep.
   const auto all_done = [&] { return done_.load(std::memory_order_acquire) == units; };
-  if (!SpinUntil(all_done, kCallerSpin) && !SpinUntil(all_done, kCallerYield, /*yield=*/true)) {
+  if (!SpinUntil(all_done, kCallerSpin)) {
     caller_sleeping_.store(true);
     for (uint32_t d = done_.load(); d != units; d = done_.load()) done_.wait(d);
     caller_sleeping_.store(false);

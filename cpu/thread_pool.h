@@ -3,9 +3,11 @@
 // and the job ends when its tasks are done, not when every worker has checked
 // in: a worker the OS has descheduled (another process wants the core) delays
 // at most the one task it holds, and a worker that never woke up during a job
-// takes no part in it. Waits spin briefly (a decode step runs hundreds of
-// short jobs; a futex wake for each would cost more than the job), then sleep
-// on a futex, so a waiting thread gives its core to the thread it waits for.
+// takes no part in it. Waits spin, pausing, for up to 3 ms (longer than the
+// gaps between a decode step's hundreds of short jobs: no thread sleeps inside
+// a step, so none pays a wake-up and no lower-priority process takes its core
+// mid-step), then sleep on a futex; they never sched_yield (a yield gives the
+// core to any runnable process, a niced one included).
 #pragma once
 
 #include <atomic>

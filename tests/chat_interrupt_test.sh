@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# moegraph chat and Ctrl-C (SIGINT): during a reply it stops that reply, not
-# the program (the next line is the next turn, EOF then ends the chat with
-# status 0); while the chat waits for a line it ends the program (status 130).
+# moegraph chat and run and Ctrl-C (SIGINT), as llama-cli takes it: during a
+# chat's reply it stops that reply, not the program (the next line is the next
+# turn, EOF then ends the chat with status 0); while the chat waits for a line
+# it ends the program with its summary (status 130); a run stops at the next
+# token and prints its summary (status 130).
 # Usage: chat_interrupt_test.sh MOEGRAPH_BIN
 set -euo pipefail
 bin=$1
@@ -53,4 +55,16 @@ status=0
 wait "$pid" || status=$?
 exec 3>&-
 [[ $status == 130 ]] || fail "Ctrl-C at the prompt ended the chat with status $status, not 130"
+grep -q "generated" "$work/err" || fail "Ctrl-C at the prompt printed no summary"
+
+"$bin" run -m "$work/chat.gguf" --backend cpu -p "a text that will not end" -n -1 --ctx 100000 \
+  > "$work/out" 2> "$work/err" &
+pid=$!
+wait_for "$work/err" "backend cpu: "
+sleep 1
+kill -INT "$pid"
+status=0
+wait "$pid" || status=$?
+[[ $status == 130 ]] || fail "Ctrl-C ended run with status $status, not 130"
+grep -q "generated" "$work/err" || fail "Ctrl-C ended run without its summary"
 echo "chat_interrupt_test: OK"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The CPU backend's decode beside busy processes: `moegraph run` at -t 1 and -t
 # 2 on a 32 MiB fixture (4 layers, 16 experts top-4, embd 512, q8_0 dense, q4_K
-# experts), idle and beside 2 busy-looping processes per logical CPU, each
-# binary given (a moegraph of another commit, to compare pools side by side),
-# repetitions interleaved. Prints a markdown table of decode tok/s (the mean of
-# REPS runs) and the -t 2 / -t 1 ratio. Not part of `make test`: speed is a
-# benchmark (ThreadPoolUnderLoadTest asserts the ratio).
+# experts), idle, beside one `nice -n 19` busy loop (lower-priority work: the
+# pool must keep its cores) and beside 2 busy-looping processes per logical CPU
+# (equal priority: it must share them), each binary given (a moegraph of
+# another commit, to compare pools side by side), repetitions interleaved.
+# Prints a markdown table of decode tok/s (the mean of REPS runs), the -t 2 /
+# -t 1 ratio and -t 2 against its idle rate. Not part of `make test`: speed is
+# a benchmark (ThreadPoolUnderLoadTest asserts the equal-priority ratio).
 # Usage: [REPS=N] tools/cpu-under-load.sh MOEGRAPH [MOEGRAPH ...]
 set -euo pipefail
 [[ $# -ge 1 ]] || { echo "usage: [REPS=N] $0 MOEGRAPH [MOEGRAPH ...]" >&2; exit 2; }
@@ -28,11 +30,21 @@ decode_rate() {
 }
 
 cpus=$(nproc)
-printf '| binary | busy processes | tg128 t/s at -t 1 | tg128 t/s at -t 2 | -t 2 / -t 1 |\n'
-printf '| --- | ---: | ---: | ---: | ---: |\n'
-for busy in 0 $((2 * cpus)); do
+printf '| binary | busy processes | tg128 t/s at -t 1 | tg128 t/s at -t 2 | -t 2 / -t 1 | -t 2 / idle -t 2 |\n'
+printf '| --- | --- | ---: | ---: | ---: | ---: |\n'
+declare -A idle=()
+for load in none nice19 "$((2 * cpus))"; do
+  case $load in
+    none) busy=0 ;;
+    nice19) busy=1 ;;
+    *) busy=$load ;;
+  esac
   for ((i = 0; i < busy; ++i)); do
-    bash -c 'while :; do :; done' &
+    if [[ $load == nice19 ]]; then
+      nice -n 19 bash -c 'while :; do :; done' &
+    else
+      bash -c 'while :; do :; done' &
+    fi
     busy_pids+=($!)
   done
   sleep 1
@@ -46,9 +58,11 @@ for busy in 0 $((2 * cpus)); do
     done
   done
   for bin in "$@"; do
-    awk -v bin="$bin" -v busy="$busy" -v one="${sum["$bin 1"]}" -v two="${sum["$bin 2"]}" \
-      -v reps="$reps" 'BEGIN { printf "| %s | %d | %.1f | %.1f | %.2f |\n", bin, busy,
-        one / reps, two / reps, two / one }'
+    [[ $load == none ]] && idle["$bin"]=${sum["$bin 2"]}
+    label=$([[ $load == nice19 ]] && echo "1 at nice 19" || echo "$busy")
+    awk -v bin="$bin" -v label="$label" -v one="${sum["$bin 1"]}" -v two="${sum["$bin 2"]}" \
+      -v idle2="${idle["$bin"]}" -v reps="$reps" 'BEGIN { printf "| %s | %s | %.1f | %.1f | %.2f | %.2f |\n",
+        bin, label, one / reps, two / reps, two / one, two / idle2 }'
   done
   unset sum
   stop_busy

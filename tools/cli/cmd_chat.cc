@@ -7,12 +7,11 @@
 // turn). When a turn does not fit in the context, the oldest turns are dropped
 // and the rest prefilled again from position 0 (llama.cpp's context shift drops
 // tokens; whole turns keep the template's structure). Ctrl-C stops the reply
-// being written, not the program. /exit, /clear and /help are commands.
-#include <signal.h>
+// being written, not the program; at the prompt it ends the chat with its
+// summary (status 130). /exit, /clear and /help are commands.
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -45,20 +44,6 @@ namespace moegraph {
 namespace {
 
 constexpr int kChatDefaultContext = 4096;
-
-std::atomic<bool> g_generating{false};
-std::atomic<bool> g_interrupted{false};
-
-// Ctrl-C during a reply ends the reply; anywhere else it ends the program.
-void OnInterrupt(int) {
-  if (g_generating.load()) {
-    g_interrupted.store(true);
-    return;
-  }
-  constexpr char kNewline[] = "\n";
-  (void)!write(STDERR_FILENO, kNewline, 1);
-  _exit(130);
-}
 
 // text as a JSON string, for --verbose-prompt.
 std::string Quoted(const std::string& text) {
@@ -184,12 +169,14 @@ absl::Status Chat() {
   std::fprintf(stderr, "%schat template: %s (%s); context %d; %s\n", StartupLines(flags).c_str(),
                std::string(ChatTemplateName(chat_template)).c_str(), template_source.c_str(), ctx,
                kCommandsHelp);
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder, Decoder::Create(model, flags, ctx, stderr));
-
-  struct sigaction action = {};
-  action.sa_handler = OnInterrupt;
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &action, nullptr);
+  // Ctrl-C during a reply ends the reply; at the prompt it ends the chat with
+  // its summary (status 130), as llama-cli's.
+  std::unique_ptr<Decoder> decoder;
+  {
+    const InterruptsBlocked blocked;
+    MG_ASSIGN_OR_RETURN(decoder, Decoder::Create(model, flags, ctx, stderr));
+  }
+  CatchInterrupts();
 
   const bool terminal = isatty(STDIN_FILENO) != 0;
   const bool special = absl::GetFlag(FLAGS_special);
@@ -211,7 +198,12 @@ absl::Status Chat() {
       std::fputs("> ", stdout);
       std::fflush(stdout);
     }
-    if (!std::getline(std::cin, line)) break;
+    if (!std::getline(std::cin, line)) {
+      // EOF (Ctrl-D) or Ctrl-C: on a terminal the summary starts its own line.
+      if (terminal) std::fputc('\n', stdout);
+      std::fflush(stdout);
+      break;
+    }
     const absl::string_view command = absl::StripAsciiWhitespace(line);
     if (command.empty()) continue;
     if (command == "/exit" || command == "/quit") break;
@@ -265,7 +257,7 @@ absl::Status Chat() {
     std::string ended_by = n_predict < n_flag || n_flag == kUntilTheEnd ? "context full" : "-n";
     bool last_taken = true;
     const TokenSink sink = [&](int32_t token) {
-      if (g_interrupted.load()) {
+      if (Interrupted()) {
         ended_by = "interrupted";
         last_taken = false;
         return false;
@@ -280,14 +272,13 @@ absl::Status Chat() {
       std::fflush(stdout);
       return true;
     };
-    g_interrupted.store(false);
-    g_generating.store(true);
     GenerateStats stats;
     const std::vector<int32_t>& prompt = prefill.tokens;
     const int start = prefill.start;
     absl::StatusOr<std::vector<int32_t>> generated =
         decoder->Generate(prompt, n_predict, start, &stats, sink);
-    g_generating.store(false);
+    // That Ctrl-C ended the reply, not the chat.
+    ClearInterrupted();
     const std::string rest = stream.Flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
@@ -315,7 +306,9 @@ absl::Status Chat() {
     generated_total += static_cast<size_t>(taken);
     ++turn;
   }
-  return decoder->PrintSummary(stderr, total, generated_total);
+  MG_RETURN_IF_ERROR(decoder->PrintSummary(stderr, total, generated_total));
+  if (Interrupted()) ExitInterrupted();
+  return absl::OkStatus();
 }
 
 }  // namespace

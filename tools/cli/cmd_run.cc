@@ -185,11 +185,23 @@ absl::Status Run() {
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, ctx, out.info));
   MG_RETURN_IF_ERROR(ReadWeights(file.get(), flags.load, stderr));
   std::fputs(StartupLines(flags).c_str(), out.info);
-  MG_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder,
-                      Decoder::Create(model, flags, ctx, out.info));
+  std::unique_ptr<Decoder> decoder;
+  {
+    const InterruptsBlocked blocked;
+    MG_ASSIGN_OR_RETURN(decoder, Decoder::Create(model, flags, ctx, out.info));
+  }
+  // Ctrl-C ends the generation at the next token; the summary follows (130).
+  // (Ids with several steps a launch keep no sink: it would add a readback a
+  // launch; there the run goes on to -n before its summary, and a second
+  // Ctrl-C ends it at once.)
+  CatchInterrupts();
+  TokenSink sink;
+  if (out.sink || flags.steps_per_launch == 1) {
+    sink = [&out](int32_t token) { return !Interrupted() && (!out.sink || out.sink(token)); };
+  }
   GenerateStats stats;
   absl::StatusOr<std::vector<int32_t>> generated =
-      decoder->Generate(prompt, n_predict, /*start=*/0, &stats, out.sink);
+      decoder->Generate(prompt, n_predict, /*start=*/0, &stats, sink);
   if (tokenizer != nullptr) {
     // The text ends its line before the summary starts one (on a terminal the
     // two streams share the screen).
@@ -200,7 +212,9 @@ absl::Status Run() {
   }
   if (!generated.ok()) return generated.status();
   if (out.print_ids) PrintTokens(prompt, *generated);
-  return decoder->PrintSummary(out.info, stats, generated->size());
+  MG_RETURN_IF_ERROR(decoder->PrintSummary(out.info, stats, generated->size()));
+  if (Interrupted()) ExitInterrupted();
+  return absl::OkStatus();
 }
 
 }  // namespace

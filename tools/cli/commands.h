@@ -4,6 +4,8 @@
 // them; flags shared by several commands are declared here.
 #pragma once
 
+#include <signal.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -96,6 +98,28 @@ inline int RunModelCommand(const char* name, const std::vector<std::string>& arg
 // The text of -p or -f (not both; a file that cannot be read names it), or
 // none; its escapes processed unless --no-escape.
 absl::StatusOr<std::optional<std::string>> PromptText();
+
+// Ctrl-C in run and chat, as llama-cli takes it: the first sets Interrupted()
+// (a generation stops at its next token; a read of stdin returns, the handler
+// not restarting it) and the command prints its summary and calls
+// ExitInterrupted(); a second ends the process at once. Both exit 130.
+void CatchInterrupts();
+bool Interrupted();
+void ClearInterrupted();
+[[noreturn]] void ExitInterrupted();
+// While one lives, SIGINT is blocked on this thread, so threads started then
+// (the CPU pool's, the CUDA runtime's) never take it and it lands on the main
+// thread, whose blocking read it interrupts.
+class InterruptsBlocked {
+ public:
+  InterruptsBlocked();
+  ~InterruptsBlocked();
+  InterruptsBlocked(const InterruptsBlocked&) = delete;
+  InterruptsBlocked& operator=(const InterruptsBlocked&) = delete;
+
+ private:
+  sigset_t previous_;
+};
 
 // llama.cpp's string_process_escapes (common/common.cpp): \n \r \t \' \" \\
 // and \xHH become their characters; any other backslash stays.

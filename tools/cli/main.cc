@@ -1,5 +1,10 @@
 // moegraph: one binary, git-style subcommands, Abseil flags behind llama.cpp's
 // spellings (tools/cli/command_line.h).
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -53,6 +58,47 @@ absl::StatusOr<int32_t> TokensToGenerate(int32_t command_default) {
   }
   return n;
 }
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+void OnInterrupt(int) {
+  if (g_interrupted.exchange(true)) {
+    constexpr char kNewline[] = "\n";
+    (void)!write(STDERR_FILENO, kNewline, 1);
+    _exit(130);
+  }
+}
+
+}  // namespace
+
+void CatchInterrupts() {
+  struct sigaction action = {};
+  action.sa_handler = OnInterrupt;
+  action.sa_flags = 0;  // no SA_RESTART: a blocking read of stdin returns
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+bool Interrupted() { return g_interrupted.load(); }
+
+void ClearInterrupted() { g_interrupted.store(false); }
+
+void ExitInterrupted() {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(130);
+}
+
+InterruptsBlocked::InterruptsBlocked() {
+  sigset_t block;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &block, &previous_);
+}
+
+InterruptsBlocked::~InterruptsBlocked() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
 
 std::string ProcessEscapes(std::string_view text) {
   std::string out;
