@@ -347,9 +347,13 @@ void PostWithBody(httplib::Server& s, const std::string& path, BodyHandler handl
 
 void Server::RegisterRoutes() {
   httplib::Server& s = *http_;
-  // A connection holds a thread while its request waits: enough for a full
-  // queue, the running request and a few more (health checks, metrics).
-  const size_t threads = static_cast<size_t>(std::min(options_.max_queue, 1024)) + 8;
+  // A connection holds a thread while its request waits or while a slow client
+  // sends it (up to --timeout): enough for a full queue, the running request
+  // and a few hundred clients more, so health checks and metrics still find a
+  // thread beside half-sent requests (an idle thread costs only its stack's
+  // address space).
+  constexpr size_t kSlowClients = 256;
+  const size_t threads = static_cast<size_t>(std::min(options_.max_queue, 1024)) + kSlowClients;
   s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_payload_max_length(options_.max_body_bytes);
   s.set_read_timeout(options_.timeout_seconds, 0);

@@ -580,6 +580,35 @@ std::string RawExchange(int port, const std::string& bytes, int timeout_ms) {
   return reply.substr(0, reply.find("\r\n"));
 }
 
+// Clients that send half a request and wait hold a connection thread each
+// until --timeout: 40 of them leave /health answering at once (a stall would
+// last the 10 s timeout).
+TEST_F(CliServeTest, FortyHalfSentRequestsDoNotStallHealth) {
+  std::unique_ptr<httplib::Client> c = Serve({"--timeout", "10"});
+  std::vector<int> held;
+  for (int i = 0; i < 40; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le";
+    ASSERT_GT(send(fd, half.data(), half.size(), MSG_NOSIGNAL), 0);
+    held.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // all accepted and reading
+  const auto start = std::chrono::steady_clock::now();
+  const httplib::Result health = c->Get("/health");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  EXPECT_LT(seconds, 5.0) << "/health waited for the half-sent requests' timeout";
+  for (const int fd : held) close(fd);
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
 // The numbers of the request ids in the server's per-request log lines, in the
 // order the engine finished them ("serve: cmpl-N: prompt ...").
 std::vector<int> FinishedIds(const std::string& log) {
