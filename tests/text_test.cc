@@ -179,6 +179,14 @@ FixtureVocab SpmVocab(float score_ab, float score_bc) {
   return v;
 }
 
+// Each byte that is not part of valid UTF-8 becomes U+FFFD; valid text is kept.
+TEST(TokenizerTest, InvalidUtf8BytesAreReplacedOneByOne) {
+  EXPECT_EQ(ReplaceInvalidUtf8("plain \xC3\xA9"), "plain \xC3\xA9");
+  EXPECT_EQ(ReplaceInvalidUtf8("a\x98" "b\xC3"), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+  EXPECT_EQ(ReplaceInvalidUtf8("\xE2\x82"), "\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(FindInvalidUtf8(ReplaceInvalidUtf8("\xFF\xFE\x80 ok")), std::string_view::npos);
+}
+
 TEST(SentencePieceTest, TheHighestScoringPairMergesFirstTiesGoLeft) {
   for (const auto& [ab, bc, want] :
        {std::tuple{-2.0f, -3.0f, std::vector<int32_t>{kSpmAb, kSpmC}},

@@ -82,6 +82,18 @@ size_t FindInvalidUtf8(std::string_view text) {
   return std::string_view::npos;
 }
 
+std::string ReplaceInvalidUtf8(std::string_view text) {
+  std::string out;
+  for (size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos;
+       bad = FindInvalidUtf8(text)) {
+    out.append(text.substr(0, bad));
+    out.append("\xEF\xBF\xBD");
+    text.remove_prefix(bad + 1);
+  }
+  out.append(text);
+  return out;
+}
+
 std::string EncodeUtf8(uint32_t codepoint) {
   std::string out;
   if (codepoint < 0x80) {

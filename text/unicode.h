@@ -18,6 +18,10 @@ int Utf8SequenceLength(uint8_t lead);
 // surrogates and codepoints past U+10FFFF are invalid), or npos.
 size_t FindInvalidUtf8(std::string_view text);
 
+// The text with each byte FindInvalidUtf8 finds replaced by U+FFFD, one at a
+// time (what JSON output with nlohmann's replace handler writes).
+std::string ReplaceInvalidUtf8(std::string_view text);
+
 std::string EncodeUtf8(uint32_t codepoint);
 
 // Byte b as the byte-level alphabet writes it: printable Latin-1 bytes as

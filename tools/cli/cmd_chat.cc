@@ -31,6 +31,7 @@
 #include "loader/status_util.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
+#include "text/unicode.h"
 #include "text/vocab.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/decoder.h"
@@ -217,15 +218,23 @@ absl::Status Chat() {
       continue;
     }
     chat.messages.push_back({"user", line});
-    // Drop the oldest turns until this one and its reply's room fit.
+    // When this turn and its reply's room do not fit, drop the oldest turns
+    // until what is prefilled again takes at most half the context, as
+    // llama-cli's context shift discards half at once: the next turns then
+    // extend the cache instead of prefilling it all again each time.
     int dropped = 0;
     MG_ASSIGN_OR_RETURN(Prefill prefill,
                         PlanPrefill(chat_template, *tokenizer, chat, /*keep_cache=*/true, turn));
-    while (prefill.start + static_cast<int>(prefill.tokens.size()) + reply_room > ctx &&
-           DropOldestTurn(chat)) {
-      ++dropped;
-      MG_ASSIGN_OR_RETURN(prefill, PlanPrefill(chat_template, *tokenizer, chat,
-                                               /*keep_cache=*/false, turn));
+    if (prefill.start + static_cast<int>(prefill.tokens.size()) + reply_room > ctx) {
+      const auto fits = [&] {
+        const int used = prefill.start + static_cast<int>(prefill.tokens.size()) + reply_room;
+        return dropped > 0 && used <= ctx / 2;
+      };
+      while (!fits() && DropOldestTurn(chat)) {
+        ++dropped;
+        MG_ASSIGN_OR_RETURN(prefill, PlanPrefill(chat_template, *tokenizer, chat,
+                                                 /*keep_cache=*/false, turn));
+      }
     }
     if (dropped > 0) {
       std::fprintf(stderr,
@@ -289,8 +298,11 @@ absl::Status Chat() {
     chat.n_past = start + static_cast<int>(prompt.size()) + static_cast<int>(generated->size()) - 1;
     const bool ended = ended_by == "end of generation";
     chat.unfed = last_taken && !ended ? std::optional<int32_t>(generated->back()) : std::nullopt;
-    chat.messages.push_back({"assistant", reply});
-    chat.seen = prefill.rendered + reply;
+    // Rendered into later turns and tokenized again: bytes a reply cut inside
+    // a character (or a model wrote) are not UTF-8 there, so U+FFFD, as JSON has it.
+    const std::string said = ReplaceInvalidUtf8(reply);
+    chat.messages.push_back({"assistant", said});
+    chat.seen = prefill.rendered + said;
     const int taken = static_cast<int>(generated->size()) - (last_taken && !ended ? 0 : 1);
     std::fprintf(stderr,
                  "turn %d: prefill %d token%s at positions %d..%d, %d generated (%s); %.2f tok/s "
