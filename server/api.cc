@@ -1,6 +1,8 @@
 #include "server/api.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <random>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -54,11 +56,28 @@ absl::Status ReadMessages(const json& body, std::vector<ChatMessage>* out) {
       return FieldError(at + ".role",
                         absl::StrCat("'", r, "' is not one of system, user, assistant"));
     }
+    // A string, or OpenAI's array of parts: the text parts joined by newlines,
+    // as llama.cpp's concat_content_parts (common/chat.cpp) joins them.
     const auto content = m.find("content");
-    if (content == m.end() || !content->is_string()) {
-      return FieldError(at + ".content", "must be a string");
+    std::string text;
+    if (content != m.end() && content->is_array()) {
+      for (size_t p = 0; p < content->size(); ++p) {
+        const json& part = (*content)[p];
+        const std::string part_at = absl::StrCat(at, ".content[", p, "]");
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+            !part.contains("text") || !part["text"].is_string()) {
+          return FieldError(part_at, "must be a text part ({\"type\": \"text\", \"text\": ...}); "
+                                     "this server reads text only");
+        }
+        if (!text.empty()) text += '\n';
+        text += part["text"].get<std::string>();
+      }
+    } else if (content == m.end() || !content->is_string()) {
+      return FieldError(at + ".content", "must be a string or an array of text parts");
+    } else {
+      text = content->get<std::string>();
     }
-    out->push_back({r, content->get<std::string>()});
+    out->push_back({r, std::move(text)});
   }
   return absl::OkStatus();
 }
@@ -101,9 +120,24 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_t
   if (chat) {
     if (absl::Status s = ReadMessages(body, &r.messages); !s.ok()) return s;
   } else {
-    const auto it = body.find("prompt");
-    if (it == body.end() || !it->is_string()) return FieldError("prompt", "must be a string");
-    r.prompt = it->get<std::string>();
+    // A string, token ids, or a one-element array of either (OpenAI's batch
+    // form; one prompt a request here).
+    json prompt = body.contains("prompt") ? body["prompt"] : json();
+    if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) {
+      prompt = prompt[0];
+    }
+    if (prompt.is_string()) {
+      r.prompt = prompt.get<std::string>();
+    } else if (prompt.is_array() && !prompt.empty()) {
+      for (const json& id : prompt) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+          return FieldError("prompt", "must be a string or an array of token ids");
+        }
+        r.prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+      }
+    } else {
+      return FieldError("prompt", "must be a string or an array of token ids (one prompt)");
+    }
   }
   const char* tokens_field =
       body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
@@ -132,7 +166,12 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_t
   if (!(*top_p > 0.0f && *top_p <= 1.0f)) return FieldError("top_p", "must be in (0, 1]");
   if (!(*min_p >= 0.0f && *min_p <= 1.0f)) return FieldError("min_p", "must be in [0, 1]");
   if (*top_k < 0 || *top_k > INT32_MAX) return FieldError("top_k", "must be 0 (off) or positive");
-  if (*seed < 0) return FieldError("seed", "must not be negative");
+  // -1 is a random seed, as llama-server's LLAMA_DEFAULT_SEED.
+  if (*seed == -1) {
+    std::random_device device;
+    *seed = static_cast<int64_t>((uint64_t{device()} << 32 | device()) >> 1);
+  }
+  if (*seed < 0) return FieldError("seed", "must not be negative (-1: random)");
   r.sampling.temperature = *temperature;
   r.sampling.top_p = *top_p;
   r.sampling.min_p = *min_p;

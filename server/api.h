@@ -20,7 +20,8 @@ namespace moegraph {
 struct CompletionRequest {
   bool chat = false;
   std::vector<ChatMessage> messages;  // chat
-  std::string prompt;                 // completions
+  std::string prompt;                 // completions: text, or
+  std::vector<int32_t> prompt_ids;    // its token ids (fed as they are, no BOS added)
   int max_tokens = -1;                // -1: until end of generation or the context
   SamplingParams sampling;
   std::vector<std::string> stop;

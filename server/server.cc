@@ -249,9 +249,11 @@ void Server::RunJob(Job& job) {
     job.text += text;
     job.cv.notify_all();
   };
+  bool shut_down = false;  // SIGTERM ended the generation: an error, not a finish
   const TokenSink sink = [&](int32_t token) {
     if (job.cancelled || stopping_) {
-      finish = "stop";
+      finish = job.cancelled ? "stop" : "shutdown";
+      shut_down = !job.cancelled;
       return false;
     }
     if (tokenizer_->vocab().IsEog(token)) {
@@ -307,6 +309,11 @@ void Server::RunJob(Job& job) {
     job.status = 500;
     job.error = std::string(generated.status().message());
     ++failed_;
+  } else if (shut_down) {
+    job.status = 503;
+    job.error = absl::StrFormat(
+        "the server is shutting down: the generation ended after %d token%s", taken,
+        taken == 1 ? "" : "s");
   }
   job.finish_reason = finish;
   job.completion_tokens = taken;
@@ -363,8 +370,19 @@ void Server::RegisterRoutes() {
   // with Nagle's algorithm each waits for the client's delayed ACK (40 ms).
   s.set_tcp_nodelay(true);
 
+  // CORS, as llama-server answers it: any origin may call (a browser UI on
+  // another port), and a preflight OPTIONS is answered before the key check
+  // (browsers send it without credentials).
+  s.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+  s.Options(".*", [](const httplib::Request& req, httplib::Response& res) {
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+    res.set_header("Access-Control-Allow-Headers", asked.empty() ? "*" : asked);
+    res.set_header("Access-Control-Max-Age", "86400");
+    res.status = 204;
+  });
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.api_key.empty() || req.path == "/health") {
+    if (options_.api_key.empty() || req.path == "/health" || req.method == "OPTIONS") {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     const std::string header = req.get_header_value("Authorization");
@@ -454,7 +472,18 @@ void Server::RegisterRoutes() {
           auto job = std::make_shared<Job>();
           job->request = std::move(*parsed);
           job->created = NowSeconds();
-          {
+          if (!job->request.prompt_ids.empty()) {
+            const int32_t n_vocab = static_cast<int32_t>(tokenizer_->vocab().size());
+            for (const int32_t id : job->request.prompt_ids) {
+              if (id >= n_vocab) {
+                return SendError(
+                    res, 400,
+                    absl::StrCat("'prompt' holds ", id, ", not an id in [0, ", n_vocab, ")"),
+                    "prompt");
+              }
+            }
+            job->prompt = job->request.prompt_ids;
+          } else {
             const std::string text =
                 chat ? ApplyChatTemplate(chat_template_, job->request.messages, true)
                      : job->request.prompt;

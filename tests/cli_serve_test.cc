@@ -138,6 +138,10 @@ class CliServeTest : public ::testing::Test {
     EXPECT_EQ(data.back(), "[DONE]");
     for (size_t i = 0; i + 1 < data.size(); ++i) {
       const json chunk = json::parse(data[i]);
+      if (chunk.contains("error")) {  // an error event ends the stream
+        *last_chunk = chunk;
+        continue;
+      }
       const json& choice = chunk["choices"][0];
       if (choice.contains("delta") && choice["delta"].contains("content")) {
         text += choice["delta"]["content"].get<std::string>();
@@ -281,6 +285,42 @@ TEST_F(CliServeTest, BadRequestsGetErrorObjectsAndTheServerGoesOn) {
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 
+// A browser's CORS preflight is answered without the API key and every reply
+// allows any origin; OpenAI's content parts and a token-id prompt give the
+// replies their text and token forms give.
+TEST_F(CliServeTest, CorsContentPartsAndTokenIdPrompts) {
+  std::unique_ptr<httplib::Client> c = Serve({"--api-key", "k"});
+  const httplib::Result preflight =
+      c->Options("/v1/chat/completions", {{"Origin", "http://localhost:3000"},
+                                          {"Access-Control-Request-Method", "POST"},
+                                          {"Access-Control-Request-Headers", "authorization"}});
+  ASSERT_TRUE(preflight);
+  EXPECT_EQ(preflight->status, 204) << preflight->body;
+  EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), "*");
+  EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Headers"), "authorization");
+  c->set_bearer_token_auth("k");
+  const json parts = Post(*c, "/v1/chat/completions",
+                          {{"messages", {{{"role", "user"},
+                                          {"content", {{{"type", "text"}, {"text", "Hi"}}}}}}},
+                           {"max_tokens", 6}});
+  const json plain = Post(*c, "/v1/chat/completions",
+                          {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 6}});
+  EXPECT_EQ(parts["choices"][0]["message"], plain["choices"][0]["message"]);
+  const httplib::Result health = c->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->get_header_value("Access-Control-Allow-Origin"), "*");
+
+  const httplib::Result ids = c->Post("/tokenize", R"({"content": "Hello"})", "application/json");
+  ASSERT_TRUE(ids);
+  const json tokens = json::parse(ids->body)["tokens"];
+  const json by_ids = Post(*c, "/v1/completions", {{"prompt", tokens}, {"max_tokens", 4}});
+  const json by_text = Post(*c, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 4}});
+  EXPECT_EQ(by_ids["choices"][0]["text"], by_text["choices"][0]["text"]);
+  EXPECT_EQ(by_ids["usage"]["prompt_tokens"], tokens.size());
+  Post(*c, "/v1/completions", {{"prompt", {1, 1 << 30}}, {"max_tokens", 4}}, 400);
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
 // curl -d sends application/x-www-form-urlencoded: a 100 KB body of that type
 // is read as the JSON it is (httplib alone caps such bodies at 8 KB), held to
 // --max-body like any other; a multipart body is refused by name.
@@ -314,8 +354,8 @@ TEST_F(CliServeTest, FormEncodedBodiesOverEightKilobytesAreReadAsJson) {
 }
 
 // SIGTERM while one request generates and two wait: the running one ends at a
-// token boundary with its last chunk and [DONE], the waiting ones get 503, and
-// the process exits 0.
+// token boundary with an error event (503: not a finish_reason, since it did
+// not finish) and [DONE], the waiting ones get 503, and the process exits 0.
 TEST_F(CliServeTest, SigtermEndsTheRunningGenerationAndAnswersTheQueueWith503) {
   std::unique_ptr<httplib::Client> c = Serve({"--max-queue", "4", "--ctx", "4096"});
   json last_chunk;
@@ -350,9 +390,12 @@ TEST_F(CliServeTest, SigtermEndsTheRunningGenerationAndAnswersTheQueueWith503) {
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
   running.join();
   for (std::thread& t : waiting) t.join();
-  ASSERT_TRUE(last_chunk.contains("usage")) << last_chunk.dump();
-  EXPECT_EQ(last_chunk["choices"][0]["finish_reason"], "stop");
-  EXPECT_LT(last_chunk["usage"]["completion_tokens"].get<int>(), 4000);
+  ASSERT_TRUE(last_chunk.contains("error")) << last_chunk.dump();
+  EXPECT_EQ(last_chunk["error"]["code"], 503) << last_chunk.dump();
+  EXPECT_TRUE(testing_util::Contains(last_chunk["error"]["message"].get<std::string>(),
+                                     "shutting down: the generation ended after"))
+      << last_chunk.dump();
+  EXPECT_FALSE(streamed.empty());
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(statuses[i], 503) << errors[i];
     EXPECT_TRUE(testing_util::Contains(errors[i], "shutting down")) << errors[i];

@@ -45,6 +45,42 @@ TEST(ServerApiTest, ChatRequestFieldsAndDefaults) {
   EXPECT_EQ(c->stop, std::vector<std::string>{"."});
 }
 
+// What OpenAI clients and llama-server's users send: content as an array of
+// text parts (joined by newlines, as llama.cpp's concat_content_parts), a
+// prompt as token ids or a one-prompt batch, seed -1 (random).
+TEST(ServerApiTest, ContentPartsTokenIdPromptsAndARandomSeed) {
+  absl::StatusOr<CompletionRequest> parts = Chat(
+      R"({"messages":[{"role":"user","content":[{"type":"text","text":"Hi"},
+                                                 {"type":"text","text":"there"}]}]})");
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  EXPECT_EQ(parts->messages[0].content, "Hi\nthere");
+  const absl::StatusOr<CompletionRequest> image = Chat(
+      R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})");
+  ASSERT_FALSE(image.ok());
+  EXPECT_NE(std::string(image.status().message()).find("'messages[0].content[0]'"),
+            std::string::npos)
+      << image.status();
+
+  for (const char* body : {R"({"prompt":[1, 2, 3]})", R"({"prompt":[[1, 2, 3]]})"}) {
+    absl::StatusOr<CompletionRequest> ids = ParseCompletionRequest(body, false, {}, kContext);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    EXPECT_EQ(ids->prompt_ids, (std::vector<int32_t>{1, 2, 3})) << body;
+  }
+  absl::StatusOr<CompletionRequest> batch =
+      ParseCompletionRequest(R"({"prompt":["one prompt"]})", false, {}, kContext);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->prompt, "one prompt");
+  for (const char* bad : {R"({"prompt":[1, -2]})", R"({"prompt":["a", "b"]})", R"({"prompt":[]})"}) {
+    EXPECT_FALSE(ParseCompletionRequest(bad, false, {}, kContext).ok()) << bad;
+  }
+
+  // -1: a seed drawn per request (63 bits: two draws do not collide).
+  const auto seed = [](const char* body) { return Chat(body)->sampling.seed; };
+  const char* random = R"({"messages":[{"role":"user","content":"x"}],"seed":-1})";
+  EXPECT_NE(seed(random), seed(random));
+  EXPECT_EQ(seed(R"({"messages":[{"role":"user","content":"x"}],"seed":5})"), 5u);
+}
+
 TEST(ServerApiTest, EveryBadFieldIsNamed) {
   const struct {
     const char* body;
