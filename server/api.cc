@@ -269,4 +269,42 @@ json ChunkJson(bool chat, std::string_view id, int64_t created, std::string_view
   return chunk;
 }
 
+json NativeCompletionJson(std::string_view model, std::string_view text,
+                          std::string_view stop_type, const Usage* usage) {
+  json reply = {{"content", text}, {"stop", usage != nullptr}, {"id_slot", 0}};
+  if (usage != nullptr) {
+    reply["model"] = model;
+    reply["tokens_predicted"] = usage->completion_tokens;
+    reply["tokens_evaluated"] = usage->prompt_tokens;
+    reply["tokens_cached"] = usage->cached_tokens;
+    reply["stop_type"] = stop_type;
+  }
+  return reply;
+}
+
+absl::StatusOr<CompletionRequest> ParseNativeCompletionRequest(std::string_view body_text,
+                                                               const SamplingParams& defaults,
+                                                               int max_tokens_limit) {
+  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    return absl::InvalidArgumentError("the body is not valid JSON (or not valid UTF-8)");
+  }
+  if (!body.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
+  absl::StatusOr<int64_t> n_predict = Integer(body, "n_predict", -1);
+  if (!n_predict.ok()) return n_predict.status();
+  if (*n_predict == 0 || *n_predict < -1 || *n_predict > max_tokens_limit) {
+    return FieldError("n_predict", absl::StrFormat("is %d; it must be -1 (until the end) or in "
+                                                   "[1, %d] (the context)",
+                                                   *n_predict, max_tokens_limit));
+  }
+  body.erase("n_predict");
+  body.erase("max_tokens");
+  body.erase("max_completion_tokens");
+  if (*n_predict > 0) body["max_tokens"] = *n_predict;
+  absl::StatusOr<CompletionRequest> r =
+      ParseCompletionRequest(body.dump(), /*chat=*/false, defaults, max_tokens_limit);
+  if (r.ok() && *n_predict < 0) r->max_tokens = -1;
+  return r;
+}
+
 }  // namespace moegraph

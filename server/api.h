@@ -80,4 +80,17 @@ nlohmann::json CompletionJson(bool chat, std::string_view id, int64_t created,
 nlohmann::json ChunkJson(bool chat, std::string_view id, int64_t created, std::string_view model,
                          std::string_view text, std::string_view finish_reason, const Usage* usage);
 
+// llama-server's own /completion (tools/server/README): a reply or a stream
+// event: {"content", "stop"}, and on the last (stop true) "model",
+// "tokens_predicted", "tokens_evaluated", "stop_type" ("eos", "word" or
+// "limit") and "id_slot".
+nlohmann::json NativeCompletionJson(std::string_view model, std::string_view text,
+                                    std::string_view stop_type, const Usage* usage);
+
+// Its request: n_predict (-1 or absent: until the end) in place of
+// max_tokens, else the /v1/completions fields; errors name n_predict.
+absl::StatusOr<CompletionRequest> ParseNativeCompletionRequest(std::string_view body,
+                                                               const SamplingParams& defaults,
+                                                               int max_tokens_limit);
+
 }  // namespace moegraph

@@ -106,6 +106,7 @@ struct Server::Job {
   int status = 200;  // with error: the HTTP status
   std::string error;
   std::string finish_reason;
+  std::string stop_type;  // llama-server's: eos, word or limit
   int completion_tokens = 0;
   int cached_tokens = 0;               // prompt tokens whose KV the last request left
   std::atomic<bool> cancelled{false};  // the client went away
@@ -250,6 +251,7 @@ void Server::RunJob(Job& job) {
     job.cv.notify_all();
   };
   bool shut_down = false;  // SIGTERM ended the generation: an error, not a finish
+  std::string stop_type = "limit";
   const TokenSink sink = [&](int32_t token) {
     if (job.cancelled || stopping_) {
       finish = job.cancelled ? "stop" : "shutdown";
@@ -258,6 +260,7 @@ void Server::RunJob(Job& job) {
     }
     if (tokenizer_->vocab().IsEog(token)) {
       finish = "stop";
+      stop_type = "eos";
       return false;
     }
     if (++taken == 1) {
@@ -268,6 +271,7 @@ void Server::RunJob(Job& job) {
     emit(stops.Push(utf8.Push(tokenizer_->Piece(token, /*special=*/false))));
     if (stops.stopped()) {
       finish = "stop";
+      stop_type = "word";
       return false;
     }
     return true;
@@ -316,6 +320,7 @@ void Server::RunJob(Job& job) {
         taken == 1 ? "" : "s");
   }
   job.finish_reason = finish;
+  job.stop_type = stop_type;
   job.completion_tokens = taken;
   job.cached_tokens = cached;
   job.done = true;
@@ -418,6 +423,33 @@ void Server::RegisterRoutes() {
                         {"meta", {{"n_ctx", options_.ctx}}}};
     res.set_content(Dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
   });
+  // llama-server's /props and /slots, for its clients and web UIs: one slot.
+  s.Get("/props", [this](const httplib::Request&, httplib::Response& res) {
+    const SamplingParams& d = options_.defaults;
+    const json settings = {{"n_ctx", options_.ctx},
+                           {"params",
+                            {{"temperature", d.temperature},
+                             {"top_k", d.top_k},
+                             {"top_p", d.top_p},
+                             {"min_p", d.min_p},
+                             {"seed", d.seed}}}};
+    res.set_content(Dump({{"default_generation_settings", settings},
+                          {"total_slots", 1},
+                          {"model_alias", options_.model_name},
+                          {"model_path", options_.model_name},
+                          {"chat_template", std::string(ChatTemplateName(chat_template_))},
+                          {"build_info", "moegraph"}}),
+                    "application/json");
+  });
+  s.Get("/slots", [this](const httplib::Request&, httplib::Response& res) {
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy = engine_busy_;
+    }
+    const json slot = {{"id", 0}, {"n_ctx", options_.ctx}, {"is_processing", busy}};
+    res.set_content(Dump(json::array({slot})), "application/json");
+  });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(Metrics(), "text/plain; version=0.0.4");
   });
@@ -457,14 +489,24 @@ void Server::RegisterRoutes() {
                     "application/json");
   });
 
-  for (const bool chat : {false, true}) {
+  // OpenAI's two endpoints, and llama-server's own /completion (native: its
+  // request and reply shapes).
+  struct Route {
+    const char* path;
+    bool chat, native;
+  };
+  for (const Route route : {Route{"/v1/completions", false, false},
+                            Route{"/v1/chat/completions", true, false},
+                            Route{"/completion", false, true}}) {
+    const bool chat = route.chat, native = route.native;
     PostWithBody(
-        s, chat ? "/v1/chat/completions" : "/v1/completions",
-        [this, chat](const httplib::Request& req, const std::string& body,
-                     httplib::Response& res) {
+        s, route.path,
+        [this, chat, native](const httplib::Request& req, const std::string& body,
+                             httplib::Response& res) {
           ++requests_;
           absl::StatusOr<CompletionRequest> parsed =
-              ParseCompletionRequest(body, chat, options_.defaults, options_.ctx);
+              native ? ParseNativeCompletionRequest(body, options_.defaults, options_.ctx)
+                     : ParseCompletionRequest(body, chat, options_.defaults, options_.ctx);
           if (!parsed.ok()) {
             return SendError(res, 400, std::string(parsed.status().message()),
                              ErrorField(parsed.status()));
@@ -524,13 +566,16 @@ void Server::RegisterRoutes() {
                 if (job->ClientLeft()) job->cancelled = true;
               }
             }
+            const Usage usage{prompt_tokens, job->completion_tokens, job->cached_tokens};
             if (job->status != 200) {
               SendError(res, job->status, job->error);
+            } else if (native) {
+              res.set_content(
+                  Dump(NativeCompletionJson(model, job->text, job->stop_type, &usage)),
+                  "application/json");
             } else {
-              res.set_content(Dump(CompletionJson(
-                                  chat, job->id, job->created, model, job->text,
-                                  job->finish_reason,
-                                  {prompt_tokens, job->completion_tokens, job->cached_tokens})),
+              res.set_content(Dump(CompletionJson(chat, job->id, job->created, model, job->text,
+                                                  job->finish_reason, usage)),
                               "application/json");
             }
             Responded();  // httplib writes a whole reply whether or not it stops
@@ -538,7 +583,7 @@ void Server::RegisterRoutes() {
           }
           res.set_chunked_content_provider(
               "text/event-stream",
-              [job, chat, model, prompt_tokens](size_t, httplib::DataSink& sink) {
+              [job, chat, native, model, prompt_tokens](size_t, httplib::DataSink& sink) {
                 std::unique_lock<std::mutex> lock(job->mu);
                 while (!job->done && job->text.empty()) {
                   job->cv.wait_for(lock, kClientCheck);
@@ -549,10 +594,10 @@ void Server::RegisterRoutes() {
                 }
                 std::string events;
                 if (!job->text.empty()) {
-                  events +=
-                      "data: " +
-                      Dump(ChunkJson(chat, job->id, job->created, model, job->text, "", nullptr)) +
-                      "\n\n";
+                  const json chunk =
+                      native ? NativeCompletionJson(model, job->text, "", nullptr)
+                             : ChunkJson(chat, job->id, job->created, model, job->text, "", nullptr);
+                  events += "data: " + Dump(chunk) + "\n\n";
                   job->text.clear();
                 }
                 if (job->done) {
@@ -560,12 +605,14 @@ void Server::RegisterRoutes() {
                     events += "data: " + Dump(ErrorJson(job->error, job->status)) + "\n\n";
                   } else {
                     const Usage usage{prompt_tokens, job->completion_tokens, job->cached_tokens};
-                    events += "data: " +
-                              Dump(ChunkJson(chat, job->id, job->created, model, "",
-                                             job->finish_reason, &usage)) +
-                              "\n\n";
+                    const json last =
+                        native ? NativeCompletionJson(model, "", job->stop_type, &usage)
+                               : ChunkJson(chat, job->id, job->created, model, "",
+                                           job->finish_reason, &usage);
+                    events += "data: " + Dump(last) + "\n\n";
                   }
-                  events += "data: [DONE]\n\n";
+                  // llama-server's /completion stream has no [DONE].
+                  if (!native) events += "data: [DONE]\n\n";
                 }
                 const bool done = job->done;
                 lock.unlock();

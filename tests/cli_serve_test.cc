@@ -321,6 +321,50 @@ TEST_F(CliServeTest, CorsContentPartsAndTokenIdPrompts) {
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 
+// llama-server's own endpoints for its clients: /completion (n_predict,
+// content, stop, tokens_predicted; a stream without [DONE]), /props and
+// /slots; its --slots switch (no count) is taken with a note.
+TEST_F(CliServeTest, LlamaServersCompletionPropsAndSlots) {
+  std::unique_ptr<httplib::Client> c = Serve({"--ctx", "512", "--slots"});
+  EXPECT_TRUE(Contains(server_.Log(), "llama-server's switch for the /slots endpoint"))
+      << server_.Log();
+  const json whole = Post(*c, "/completion", {{"prompt", "Hello"}, {"n_predict", 4}});
+  EXPECT_EQ(whole["content"], RunText("Hello", 4)) << whole.dump();
+  EXPECT_EQ(whole["stop"], true);
+  EXPECT_EQ(whole["tokens_predicted"], 4);
+  EXPECT_EQ(whole["tokens_evaluated"], TokenCount("Hello"));
+  EXPECT_EQ(whole["stop_type"], "limit");
+  Post(*c, "/completion", {{"prompt", "Hello"}, {"n_predict", 0}}, 400);
+
+  const httplib::Result stream = c->Post(
+      "/completion", json{{"prompt", "Hello"}, {"n_predict", 4}, {"stream", true}}.dump(),
+      "application/json");
+  ASSERT_TRUE(stream);
+  std::string text;
+  json last;
+  const std::regex event(R"(data: (.*)\n\n)");
+  for (auto it = std::sregex_iterator(stream->body.begin(), stream->body.end(), event);
+       it != std::sregex_iterator(); ++it) {
+    last = json::parse((*it)[1].str());
+    text += last["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, whole["content"]);
+  EXPECT_EQ(last["stop"], true) << stream->body;
+  EXPECT_FALSE(Contains(stream->body, "[DONE]"));
+
+  const httplib::Result props = c->Get("/props");
+  ASSERT_TRUE(props);
+  const json p = json::parse(props->body);
+  EXPECT_EQ(p["total_slots"], 1);
+  EXPECT_EQ(p["default_generation_settings"]["n_ctx"], 512);
+  const httplib::Result slots = c->Get("/slots");
+  ASSERT_TRUE(slots);
+  const json s = json::parse(slots->body);
+  ASSERT_EQ(s.size(), 1u) << slots->body;
+  EXPECT_EQ(s[0]["is_processing"], false);
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
 // curl -d sends application/x-www-form-urlencoded: a 100 KB body of that type
 // is read as the JSON it is (httplib alone caps such bodies at 8 KB), held to
 // --max-body like any other; a multipart body is refused by name.

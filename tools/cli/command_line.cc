@@ -647,6 +647,21 @@ absl::StatusOr<CommandLine> Rewrite(const CommandSpec& c, const std::vector<std:
       out.notes.push_back(absl::StrCat("note: ", as_written, ": ", ignored->note));
       continue;
     }
+    if (c.name == "serve" && (name == "slots" || name == "no_slots") &&
+        !flag->value.has_value()) {
+      // llama-server's --slots/--no-slots switch its /slots endpoint; here
+      // --slots N sizes the expert cache. A --slots with no count after it is
+      // llama-server's switch: /slots is always on.
+      const bool counted = name != "no_slots" && i + 1 < args.size() &&
+                           !args[i + 1].starts_with("-");
+      if (!counted) {
+        out.notes.push_back(absl::StrCat(
+            "note: ", as_written,
+            ": llama-server's switch for the /slots endpoint, which is always on here (--slots "
+            "N sets the expert cache's slots)"));
+        continue;
+      }
+    }
     bool negated = false;
     if (!Reads(c, name)) {
       // --noflag for a boolean flag.
