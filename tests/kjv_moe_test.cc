@@ -11,7 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -157,6 +159,28 @@ double After(const std::string& out, const std::string& label) {
   return at == std::string::npos ? NAN : std::stod(out.substr(at + label.size()));
 }
 
+// The perplexity of the held-out text under a unigram model fitted to that
+// text itself: exp of its tokens' entropy, the least any unigram model scores.
+double SelfUnigramPerplexity() {
+  std::unique_ptr<Loaded> l = Load(kModel);
+  absl::StatusOr<Vocab> vocab = Vocab::FromGguf(*l->file);
+  EXPECT_TRUE(vocab.ok()) << vocab.status();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Create(std::move(*vocab));
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::ifstream in(kText, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<std::vector<int32_t>> ids = (*tokenizer)->Tokenize(text, false, false);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  std::vector<double> counts(static_cast<size_t>(l->model.config.n_vocab), 0.0);
+  for (const int32_t id : *ids) counts[static_cast<size_t>(id)] += 1;
+  const double n = static_cast<double>(ids->size());
+  double entropy = 0;
+  for (const double c : counts) {
+    if (c > 0) entropy -= c / n * std::log(c / n);
+  }
+  return std::exp(entropy);
+}
+
 TEST(KjvMoeTest, PerplexityOfTheHeldOutChaptersIsLlamaCpps) {
   const nlohmann::json want = Expected()["perplexity"][0];
   const ProcessResult r = testing_util::RunProcess(
@@ -166,6 +190,51 @@ TEST(KjvMoeTest, PerplexityOfTheHeldOutChaptersIsLlamaCpps) {
   const double ppl = After(r.out, "Final estimate: PPL = ");
   EXPECT_NEAR(ppl, want["ppl"].get<double>(), 1e-3 * want["ppl"].get<double>()) << r.out;
   EXPECT_NE(r.err.find(absl::StrCat("[", want["chunks"].get<int>(), "]")), std::string::npos);
+  // The model has learned: far below the best unigram model of the same text.
+  const double unigram = SelfUnigramPerplexity();
+  RecordProperty("perplexity", absl::StrCat(ppl));
+  RecordProperty("self_unigram_perplexity", absl::StrCat(unigram));
+  std::printf("held-out perplexity %.4f; the text's own unigram perplexity %.2f\n", ppl, unigram);
+  EXPECT_LT(ppl, unigram / 4) << "unigram " << unigram;
+}
+
+// The instrument can fail: a copy with one tensor's signs flipped diverges from
+// the base far more than a q8_0 copy does.
+TEST(KjvMoeTest, ATensorPerturbedDivergesFarMoreThanQ8_0) {
+  const std::string base = TempPath("kjv-moe-perturb.base");
+  const std::string q8 = TempPath("kjv-moe-perturb-q8_0.gguf");
+  const std::string bent = TempPath("kjv-moe-perturbed.gguf");
+  ProcessResult r = testing_util::RunProcess(
+      {MOEGRAPH_BIN, "perplexity", "-m", kModel, "-f", kText, "-c", "512", "--chunks", "2",
+       "--backend", "cpu", "--kl-divergence-base", base});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = testing_util::RunProcess({MOEGRAPH_BIN, "quantize", kModel, q8, "q8_0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  {
+    std::unique_ptr<Loaded> l = Load(kModel);
+    const GgufTensor* t = l->file->FindTensor("blk.3.attn_output.weight");
+    ASSERT_NE(t, nullptr);
+    ASSERT_EQ(t->ggml_type(), GgmlType::kF16);
+    std::ifstream in(kModel, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const uint64_t at = l->file->data_offset() + t->offset;
+    for (uint64_t i = 1; i < t->nbytes; i += 2) bytes[at + i] ^= static_cast<char>(0x80);
+    std::ofstream out(bent, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  double kld[2];
+  const std::string copies[2] = {q8, bent};
+  for (int i = 0; i < 2; ++i) {
+    r = testing_util::RunProcess({MOEGRAPH_BIN, "perplexity", "-m", copies[i], "--backend", "cpu",
+                                  "--kl-divergence-base", base, "--kl-divergence"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    kld[i] = After(r.out, "Mean    KLD: ");
+  }
+  std::printf("mean KLD from f16: q8_0 %.6f, blk.3.attn_output.weight's signs flipped %.6f\n",
+              kld[0], kld[1]);
+  EXPECT_GT(kld[1], 20 * kld[0]) << "q8_0 " << kld[0] << ", perturbed " << kld[1];
+  EXPECT_GT(kld[1], 0.05);
+  for (const std::string& p : {base, q8, bent}) std::remove(p.c_str());
 }
 
 TEST(KjvMoeTest, TheKlDivergenceOfAQ4KCopyIsLlamaCpps) {
