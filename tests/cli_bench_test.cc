@@ -230,12 +230,13 @@ TEST_F(CliBenchTest, ListsExpandToARowPerCombination) {
 
 // llama-bench's command line as its users type it: a repeated -p, -n, -pg or
 // -t adds to its list (a value twice is a row twice), -pg 512,512 is a pair,
-// -fa takes a list (ignored) and --mmap 0 reads the file; -p defaults to 512;
+// -fa takes a list (ignored), --mmap 0 reads the file, -ub takes a list;
+// -p defaults to 512;
 // the rows carry llama-bench's field names, a tg row n_prompt 0.
 TEST_F(CliBenchTest, LlamaBenchsCommandLineGivesItsRowsAndFields) {
   const ProcessResult r = Bench(fixture_path(),
                                 "--arms resident -p 512,1024 -n 0 -pg 512,128 -p 64 -t 1,2 -r 1 "
-                                "-fa 0,1 --mmap 0 -pg 8,8 -o json");
+                                "-fa 0,1 --mmap 0 -pg 8,8 -ub 512 -o json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(testing_util::Contains(r.err, "-fa is ignored")) << r.err;
   EXPECT_TRUE(testing_util::Contains(r.err, "read into memory")) << r.err;  // --mmap 0
@@ -262,6 +263,14 @@ TEST_F(CliBenchTest, LlamaBenchsCommandLineGivesItsRowsAndFields) {
   const std::vector<std::string> want = {"1 512 0", "1 1024 0", "1 64 0", "1 512 128", "1 8 8",
                                          "2 512 0", "2 1024 0", "2 64 0", "2 512 128", "2 8 8"};
   EXPECT_EQ(got, want) << r.out;
+
+  // -ub lists too: a row group each, inside each thread count.
+  const ProcessResult ub = Bench(fixture_path(), "--arms resident -p 64 -n 0 -t 1 -ub 8,16 "
+                                                 "-ub 32 -r 1 -o json");
+  ASSERT_EQ(ub.exit_code, 0) << ub.err;
+  std::vector<std::string> ubatches;
+  for (const auto& row : BenchJsonRows(ub.out)) ubatches.push_back(row.at("n_ubatch"));
+  EXPECT_EQ(ubatches, (std::vector<std::string>{"8", "16", "32"})) << ub.out;
 
   // The defaults are llama-bench's: pp512 and tg128 (tg rows' n_prompt 0).
   const ProcessResult d = Bench(fixture_path(), "--arms resident -r 1 -o json");

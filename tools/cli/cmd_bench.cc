@@ -52,7 +52,7 @@
 // Defined with the decoding flags (tools/cli/decoder.cc).
 ABSL_DECLARE_FLAG(int32_t, steps_per_launch);
 ABSL_DECLARE_FLAG(std::string, t);
-ABSL_DECLARE_FLAG(int32_t, ub);
+ABSL_DECLARE_FLAG(std::string, ub);
 ABSL_DECLARE_FLAG(std::string, kv_type);
 
 // What each flag means: tools/cli/command_line.cc.
@@ -195,7 +195,7 @@ class CudaTarget final : public Target {
  public:
   static absl::StatusOr<std::unique_ptr<Target>> Create(
       const Model& model, std::shared_ptr<const ExpertStore> experts, const Doors& doors,
-      int32_t slots, int32_t sharing_engines, int ctx, const RoutingTrace* trace,
+      int32_t slots, int32_t sharing_engines, int ctx, int32_t ubatch, const RoutingTrace* trace,
       int64_t record_steps) {
     CudaEngineOptions options;
     options.max_ctx = ctx;
@@ -204,7 +204,7 @@ class CudaTarget final : public Target {
     options.sharing_engines = sharing_engines;
     options.doors = doors;
     options.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
-    MG_ASSIGN_OR_RETURN(options.ubatch, ReadUbatch());
+    options.ubatch = ubatch;
     options.routing_trace = trace;
     options.routing_record_steps = record_steps;
     auto target = std::unique_ptr<CudaTarget>(new CudaTarget());
@@ -303,6 +303,7 @@ bool UsesSlots(Arm arm) { return arm != Arm::kResident && arm != Arm::kStage; }
 
 struct Row {
   int threads = 0;  // the CPU backend's; 0 on CUDA
+  int32_t ubatch = 0;
   Arm arm = Arm::kGraph;
   int32_t slots = 0;            // as allocated
   int32_t slots_requested = 0;  // 0: auto; -1: an arm that ignores --slots
@@ -396,20 +397,26 @@ std::string ThreadsCell(const Row& row) {
 void PrintMarkdown(const ModelInfo& model, std::string_view backend,
                    const std::vector<BenchTest>& tests, const std::vector<Row>& rows) {
   const bool cpu = backend == "cpu";
+  // As llama-bench, an n_ubatch column only where -ub lists several.
+  const bool ubatches = std::any_of(rows.begin(), rows.end(),
+                                    [&](const Row& r) { return r.ubatch != rows[0].ubatch; });
   absl::PrintF(
-      "| model | size | params | backend | threads | arm | slots | test | t/s | hit %% | MiB/tok | "
-      "stage GB/s | syncs/tok | launches/tok |\n");
+      "| model | size | params | backend | threads |%s arm | slots | test | t/s | hit %% | MiB/tok | "
+      "stage GB/s | syncs/tok | launches/tok |\n",
+      ubatches ? " n_ubatch |" : "");
   absl::PrintF(
-      "| ----- | ---: | -----: | ------- | ------: | --- | ----: | ---- | --: | ----: | ------: | "
-      "---------: | --------: | -----------: |\n");
+      "| ----- | ---: | -----: | ------- | ------: |%s --- | ----: | ---- | --: | ----: | ------: | "
+      "---------: | --------: | -----------: |\n",
+      ubatches ? " -------: |" : "");
   for (const Row& row : rows) {
     const BenchTest& test = tests[row.test];
     const RowStats s = Summarize(row, test);
     absl::PrintF(
-        "| %s | %s | %s | %s | %s | %s | %d | %s | %.2f ± %.2f | %.1f | %.3f | %.2f | "
+        "| %s | %s | %s | %s | %s |%s %s | %d | %s | %.2f ± %.2f | %.1f | %.3f | %.2f | "
         "%.2f | %.2f |\n",
         model.name, HumanSize(model.size_bytes), HumanCount(model.params), Av(backend),
-        ThreadsCell(row), Av(ArmName(row.arm)), row.slots, test.name, s.avg_ts, s.stddev_ts,
+        ThreadsCell(row), ubatches ? absl::StrCat(" ", row.ubatch, " |") : "",
+        Av(ArmName(row.arm)), row.slots, test.name, s.avg_ts, s.stddev_ts,
         100.0 * s.hit_rate(), s.mib_per_token(), s.stage_gbps(cpu), s.per_step(s.syncs),
         s.per_step(s.launches));
   }
@@ -441,7 +448,7 @@ std::vector<std::pair<std::string, std::string>> RowFields(const ModelInfo& mode
       {"model_size", absl::StrCat(model.size_bytes)},
       {"model_n_params", absl::StrCat(model.params)},
       {"backends", quoted(backend)},
-      {"n_ubatch", absl::StrCat(absl::GetFlag(FLAGS_ub))},
+      {"n_ubatch", absl::StrCat(row.ubatch)},
       {"n_threads", row.threads > 0 ? absl::StrCat(row.threads) : "null"},
       {"type_k", quoted(absl::GetFlag(FLAGS_kv_type))},
       {"type_v", quoted(absl::GetFlag(FLAGS_kv_type))},
@@ -526,7 +533,8 @@ struct Plan {
   std::vector<Arm> arms;
   std::vector<int32_t> slots;
   std::vector<BenchTest> tests;
-  std::vector<int> threads;  // -t: one row group each (CPU backend)
+  std::vector<int> threads;      // -t: one row group each (CPU backend)
+  std::vector<int32_t> ubatches;  // -ub: one row group each
   int reps = 0;
   int ctx = 0;
   std::string format;  // md | json | jsonl | csv
@@ -623,7 +631,10 @@ absl::StatusOr<Plan> MakePlan() {
   MG_ASSIGN_OR_RETURN(plan.cuda, BackendIsCuda(&plan.backend_note));
   MG_ASSIGN_OR_RETURN(plan.load, ReadLoadFlags(plan.cuda));
   MG_ASSIGN_OR_RETURN(plan.cpu.kv_type, ReadKvType());
-  MG_ASSIGN_OR_RETURN(plan.cpu.ubatch, ReadUbatch());
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_ub), ',')) {
+    MG_ASSIGN_OR_RETURN(const int32_t ub, ParseUbatch(part));
+    plan.ubatches.push_back(ub);
+  }
   const std::string threads = absl::GetFlag(FLAGS_t);
   for (absl::string_view part : absl::StrSplit(threads, ',')) {
     MG_ASSIGN_OR_RETURN(int t, ParseThreads(absl::StripAsciiWhitespace(part)));
@@ -687,7 +698,16 @@ absl::Status Bench() {
   if (plan.cuda && (plan.threads.size() > 1 || !absl::GetFlag(FLAGS_t).empty())) {
     std::fprintf(notes, "note: -t applies to the CPU backend only\n");
   }
-  const std::vector<int> thread_groups = plan.cuda ? std::vector<int>{0} : plan.threads;
+  // Row groups: each (thread count, ubatch) of the lists, in llama-bench's
+  // nesting (threads outer); CUDA has one thread group.
+  struct RowGroup {
+    int threads = 0;
+    int32_t ubatch = 0;
+  };
+  std::vector<RowGroup> row_groups;
+  for (const int threads : plan.cuda ? std::vector<int>{0} : plan.threads) {
+    for (const int32_t ub : plan.ubatches) row_groups.push_back({threads, ub});
+  }
   if (!plan.cuda) {
     std::fprintf(notes,
                  "note: backend cpu: arms map as in `moegraph run`: resident reads every expert in "
@@ -740,21 +760,22 @@ absl::Status Bench() {
     }
     for (size_t s = 0; s < plan.slots.size(); ++s) engines.push_back({a, plan.slots[s], s});
   }
-  // Rows: (threads, engine, test).
+  // Rows: (row group, engine, test).
   const size_t n_tests = plan.tests.size();
   std::vector<Row> rows;
-  for (const int threads : thread_groups) {
+  for (const RowGroup& rg : row_groups) {
     for (const Engine& e : engines) {
       for (size_t t = 0; t < n_tests; ++t) {
-        rows.push_back({threads, plan.arms[e.arm], 0, e.slots_requested, t, {}});
+        rows.push_back({rg.threads, rg.ubatch, plan.arms[e.arm], 0, e.slots_requested, t, {}});
       }
     }
   }
 
-  for (size_t thread_group = 0; thread_group < thread_groups.size(); ++thread_group) {
+  for (size_t row_group = 0; row_group < row_groups.size(); ++row_group) {
     CpuForwardOptions cpu = plan.cpu;
-    cpu.threads = thread_groups[thread_group];
-    const size_t first_row = thread_group * engines.size() * n_tests;
+    cpu.threads = row_groups[row_group].threads;
+    cpu.ubatch = row_groups[row_group].ubatch;
+    const size_t first_row = row_group * engines.size() * n_tests;
     for (size_t group = 0; group < plan.slots.size(); ++group) {
       std::vector<size_t> members;  // engine indices
       std::vector<std::unique_ptr<Target>> targets;
@@ -776,12 +797,12 @@ absl::Status Bench() {
         const Engine& e = engines[g];
         // Engine 0 (always in group 0) is the one whose routing is recorded.
         const int64_t record_steps =
-            g == 0 && thread_group == 0 && !record_path.empty() ? steps_per_engine : 0;
+            g == 0 && row_group == 0 && !record_path.empty() ? steps_per_engine : 0;
         const int32_t slots = e.slots_requested != 0 ? std::max(e.slots_requested, 0) : auto_slots;
         absl::StatusOr<std::unique_ptr<Target>> target =
             plan.cuda ? CudaTarget::Create(model, store, doors[e.arm], slots,
                                            e.slots_requested == 0 && slots == 0 ? sharing : 1,
-                                           plan.ctx, trace_ptr, record_steps)
+                                           plan.ctx, cpu.ubatch, trace_ptr, record_steps)
                       : CpuTarget::Create(model, store.get(), doors[e.arm], plan.arms[e.arm], slots,
                                           plan.ctx, cpu, trace_ptr);
         if (!target.ok()) {
@@ -819,7 +840,7 @@ absl::Status Bench() {
           }
         }
       }
-      if (group == 0 && thread_group == 0 && !record_path.empty()) {
+      if (group == 0 && row_group == 0 && !record_path.empty()) {
         // Every arm computes the same outputs, so routes alike: engine 0's routing.
         const size_t recorder = static_cast<size_t>(
             std::find(members.begin(), members.end(), size_t{0}) - members.begin());

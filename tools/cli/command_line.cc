@@ -247,7 +247,7 @@ std::vector<CommandSpec> MakeCommands() {
               {"backend", "cpu|cuda|auto", "cuda when a device exists, else cpu (default: auto)"},
               {"steps_per_launch", "N",
                "cuda: decode steps captured in one CUDA graph (default: 1)"},
-              {"ub", "N", "prompt tokens per ubatch (default: 512)"},
+              {"ub", "N[,N...]", "prompt tokens per ubatch, a row group each (default: 512)"},
               {"kv_type", "f16|f32", "the KV cache's element type (default: f16)"},
               {"verbose", "",
                "print the CUDA runtime's reason when there is no device (default: "
@@ -716,7 +716,7 @@ absl::StatusOr<CommandLine> Rewrite(const CommandSpec& c, const std::vector<std:
     const std::string prefix = absl::StrCat("--", flag_name, "=");
     const bool appends = c.name == "bench" && value.has_value() &&
                          (flag_name == "p" || flag_name == "n" || flag_name == "pg" ||
-                          flag_name == "t" || flag_name == "slots");
+                          flag_name == "t" || flag_name == "slots" || flag_name == "ub");
     auto earlier = std::find_if(out.args.begin(), out.args.end(),
                                 [&](const std::string& a) { return a.starts_with(prefix); });
     if (appends && earlier != out.args.end()) {

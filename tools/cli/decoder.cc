@@ -13,6 +13,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,7 +29,7 @@
 ABSL_FLAG(std::string, backend, "auto", "cpu | cuda | auto");
 ABSL_FLAG(std::string, arm, "", "resident | graph | eager | host | stage");
 ABSL_FLAG(int32_t, steps_per_launch, 1, "decode steps captured in one CUDA graph");
-ABSL_FLAG(int32_t, ub, 512, "prompt tokens per ubatch");
+ABSL_FLAG(std::string, ub, "512", "prompt tokens per ubatch (bench: a list)");
 ABSL_FLAG(bool, swa_full, false, "windowed layers keep every position's KV (no ring)");
 ABSL_FLAG(float, temp, 0.0f, "sampling temperature (0: greedy)");
 ABSL_FLAG(float, top_p, 0.95f, "sampling's top-p (1: off)");
@@ -207,14 +208,20 @@ absl::StatusOr<int> ParseThreads(absl::string_view text) {
   return threads;
 }
 
-absl::StatusOr<int32_t> ReadUbatch() {
-  const int32_t ubatch = absl::GetFlag(FLAGS_ub);
+absl::StatusOr<int32_t> ParseUbatch(absl::string_view text) {
+  int32_t ubatch = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &ubatch)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("-ub '%s' is not a token count", std::string(text)));
+  }
   if (ubatch < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("-ub %d: a ubatch needs at least 1 token", ubatch));
   }
   return ubatch;
 }
+
+absl::StatusOr<int32_t> ReadUbatch() { return ParseUbatch(absl::GetFlag(FLAGS_ub)); }
 
 absl::StatusOr<KvCacheType> ReadKvType() {
   const std::string kv = absl::GetFlag(FLAGS_kv_type);

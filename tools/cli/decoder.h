@@ -63,7 +63,9 @@ absl::Status ReadWeights(GgufFile* file, const LoadOptions& load, std::FILE* inf
 // to them with a warning on stderr; negative or not a number is an error.
 absl::StatusOr<int> ParseThreads(absl::string_view text);
 
-// -ub: at least 1, else an error naming the flag.
+// One -ub value: at least 1, else an error naming the flag.
+absl::StatusOr<int32_t> ParseUbatch(absl::string_view text);
+// -ub's value (run, chat, serve, perplexity: one).
 absl::StatusOr<int32_t> ReadUbatch();
 
 // --slots N | auto (the default, 0), else an error naming the flag.
