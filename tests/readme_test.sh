@@ -41,7 +41,7 @@ fi
 # What the blocks print that a user would look for.
 for expected in "wrote tiny.gguf" "generated:" "| model |" "chat.completion" "data: [DONE]" \
   "moegraph_requests_total" "passed, 0 failed" "usage: moegraph run" \
-  "Final estimate: PPL = 26.5" "Same top p:" "children of Israel"; do
+  "Final estimate: PPL = 27.3" "Same top p:" "children of Israel"; do
   grep -qF -- "$expected" "$work/out" || { echo "FAIL: no '$expected' on stdout"; exit 1; }
 done
 grep -q "^turn 1: prefill" "$work/err" || { echo "FAIL: chat answered no turn"; exit 1; }

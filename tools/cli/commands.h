@@ -121,8 +121,8 @@ class InterruptsBlocked {
   sigset_t previous_;
 };
 
-// llama.cpp's string_process_escapes (common/common.cpp): \n \r \t \' \" \\
-// and \xHH become their characters; any other backslash stays.
+// llama.cpp's string_process_escapes (common/common.cpp): the escapes \n \r
+// \t \' \" \\ and \xHH become their characters; any other backslash stays.
 std::string ProcessEscapes(std::string_view text);
 
 int RunInspect(const std::vector<std::string>& args);
