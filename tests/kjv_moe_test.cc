@@ -83,7 +83,9 @@ void ExpectGreedy(const nlohmann::json& cases, const char* what, int at_least, M
     absl::StatusOr<std::vector<int32_t>> got =
         engine->Generate(prompt, static_cast<int>(want.size()));
     ASSERT_TRUE(got.ok()) << got.status();
-    if (at_least == 20) EXPECT_EQ(*got, want) << what << ": " << c["prompt"];
+    if (at_least == 20) {
+      EXPECT_EQ(*got, want) << what << ": " << c["prompt"];
+    }
     equal += *got == want;
   }
   std::printf("%s: %d of 20 prompts' 32 greedy tokens are llama.cpp's\n", what, equal);

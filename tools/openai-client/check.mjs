@@ -1,5 +1,6 @@
 // The official openai client against a running `moegraph serve`: chat and
-// completions, whole and streamed, sampled with a seed. Prints one JSON object
+// completions, whole and streamed, sampled with a seed; chat's content also as
+// an array of text parts. Prints one JSON object
 // per case, {name, text, usage, finish_reason}, for tests/serve_openai_test.sh
 // to compare with `moegraph run` and `moegraph tokenize`.
 // Usage: node check.mjs BASE_URL API_KEY
@@ -31,6 +32,12 @@ out.push({ name: "chat", text: chat.choices[0].message.content, usage: chat.usag
 out.push({ name: "chat-stream",
            ...(await streamed(client.chat.completions.create({ messages, ...sampling, stream: true }),
                               (c) => c.delta?.content)) });
+
+// The content as an array of text parts, as current clients send it.
+const parts = [{ role: "user", content: [{ type: "text", text: "What is a mixture of experts?" }] }];
+const chatParts = await client.chat.completions.create({ messages: parts, ...sampling });
+out.push({ name: "chat-parts", text: chatParts.choices[0].message.content, usage: chatParts.usage,
+           finish_reason: chatParts.choices[0].finish_reason });
 
 const completion = await client.completions.create({ model: "m", prompt, ...sampling });
 out.push({ name: "completion", text: completion.choices[0].text, usage: completion.usage,
