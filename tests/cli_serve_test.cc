@@ -43,6 +43,20 @@ using testing_util::RunProcess;
 
 std::string Qwen3Json() { return testing_util::Qwen3TokenizerJson(MOEGRAPH_SOURCE_DIR); }
 
+// A TCP connection to port on this machine, or -1.
+int ConnectLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 class CliServeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -530,12 +544,8 @@ TEST_F(CliServeTest, LeavingClientsOfWholeRepliesStopOrSkipTheirGenerations) {
            std::to_string(body.size()) + "\r\n\r\n" + body;
   }();
   const auto connect_and_send = [this, &request] {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port_));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const int fd = ConnectLoopback(port_);
+    EXPECT_GE(fd, 0);
     EXPECT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(request.size()));
     return fd;
@@ -648,15 +658,8 @@ long RssKib(pid_t pid) {
 
 // Bytes sent raw to the port; the reply's status line (empty: none).
 std::string RawExchange(int port, const std::string& bytes, int timeout_ms) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return "";
   (void)!send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
   timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -674,12 +677,8 @@ TEST_F(CliServeTest, FortyHalfSentRequestsDoNotStallHealth) {
   std::unique_ptr<httplib::Client> c = Serve({"--timeout", "10"});
   std::vector<int> held;
   for (int i = 0; i < 40; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port_));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const int fd = ConnectLoopback(port_);
+    ASSERT_GE(fd, 0);
     const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le";
     ASSERT_GT(send(fd, half.data(), half.size(), MSG_NOSIGNAL), 0);
     held.push_back(fd);

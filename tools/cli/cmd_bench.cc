@@ -544,7 +544,8 @@ struct Plan {
   LoadOptions load;          // --load-mode, or --mmap / --no-mmap / --mlock
 };
 
-// A comma-separated list of distinct non-negative numbers, each error naming flag.
+// A comma-separated list of non-negative numbers (repeats kept, as llama-bench
+// keeps them), each error naming flag.
 absl::StatusOr<std::vector<int>> ParseCountList(std::string_view flag, const std::string& text) {
   std::vector<int> out;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
