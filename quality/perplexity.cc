@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "quality/logprobs.h"
 
 namespace moegraph {
 namespace {
@@ -69,12 +70,7 @@ absl::StatusOr<int> PerplexityChunks(int64_t n_tokens, int n_ctx, int max_chunks
   return static_cast<int>(max_chunks < 0 ? all : std::min<int64_t>(all, max_chunks));
 }
 
-double TokenNll(absl::Span<const float> logits, int32_t tok) {
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  double sum_exp = 0;
-  for (float l : logits) sum_exp += std::exp(l - max_logit);
-  return -(logits[tok] - max_logit - std::log(sum_exp));
-}
+double TokenNll(absl::Span<const float> logits, int32_t tok) { return -TokenLogprob(logits, tok); }
 
 double NllSums::Perplexity() const { return std::exp(nll / count); }
 

@@ -41,6 +41,44 @@ absl::StatusOr<int64_t> Integer(const json& body, const std::string& field, int6
   return it->get<int64_t>();
 }
 
+absl::StatusOr<bool> Boolean(const json& body, const std::string& field) {
+  const auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return false;
+  if (!it->is_boolean()) return FieldError(field, "must be true or false");
+  return it->get<bool>();
+}
+
+// A count of alternatives in [0, kMaxTopLogprobs] (absent or null: fallback).
+absl::StatusOr<int> Alternatives(const json& body, const std::string& field, int fallback) {
+  absl::StatusOr<int64_t> n = Integer(body, field, fallback);
+  if (!n.ok()) return n.status();
+  if (*n != fallback && (*n < 0 || *n > kMaxTopLogprobs)) {
+    return FieldError(field, absl::StrFormat("is %d; it must be in [0, %d]", *n, kMaxTopLogprobs));
+  }
+  return static_cast<int>(*n);
+}
+
+// Completions: logprobs N (the alternatives) and echo; chat: logprobs true
+// and top_logprobs N (OpenAI's; N needs logprobs, as llama-server says).
+absl::Status ReadLogprobs(const json& body, bool chat, CompletionRequest* r) {
+  if (!chat) {
+    absl::StatusOr<int> n = Alternatives(body, "logprobs", -1);
+    absl::StatusOr<bool> echo = Boolean(body, "echo");
+    if (!n.ok()) return n.status();
+    if (!echo.ok()) return echo.status();
+    r->logprobs = *n;
+    r->echo = *echo;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> wanted = Boolean(body, "logprobs");
+  absl::StatusOr<int> top = Alternatives(body, "top_logprobs", -1);
+  if (!wanted.ok()) return wanted.status();
+  if (!top.ok()) return top.status();
+  if (*top >= 0 && !*wanted) return FieldError("top_logprobs", "needs logprobs: true");
+  r->logprobs = *wanted ? std::max(*top, 0) : -1;
+  return absl::OkStatus();
+}
+
 absl::Status ReadMessages(const json& body, std::vector<ChatMessage>* out) {
   const auto it = body.find("messages");
   if (it == body.end() || !it->is_array()) return FieldError("messages", "must be an array");
@@ -139,14 +177,18 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_t
       return FieldError("prompt", "must be a string or an array of token ids (one prompt)");
     }
   }
+  if (absl::Status s = ReadLogprobs(body, chat, &r); !s.ok()) return s;
   const char* tokens_field =
       body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   absl::StatusOr<int64_t> max_tokens = Integer(
       body, tokens_field, chat ? -1 : std::min(kCompletionsDefaultTokens, max_tokens_limit));
   if (!max_tokens.ok()) return max_tokens.status();
-  if (body.contains(tokens_field) && (*max_tokens < 1 || *max_tokens > max_tokens_limit)) {
-    return FieldError(tokens_field, absl::StrFormat("is %d; it must be in [1, %d] (the context)",
-                                                    *max_tokens, max_tokens_limit));
+  // 0 with echo: the prompt scored, nothing generated (lm-evaluation-harness).
+  const int least = r.echo ? 0 : 1;
+  if (body.contains(tokens_field) && (*max_tokens < least || *max_tokens > max_tokens_limit)) {
+    return FieldError(tokens_field,
+                      absl::StrFormat("is %d; it must be in [%d, %d] (the context%s)", *max_tokens,
+                                      least, max_tokens_limit, r.echo ? "" : "; 0 with echo"));
   }
   r.max_tokens = static_cast<int>(*max_tokens);
 
@@ -179,9 +221,13 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body_t
   r.sampling.seed = static_cast<uint64_t>(*seed);
 
   if (absl::Status s = ReadStop(body, &r.stop); !s.ok()) return s;
-  if (const auto it = body.find("stream"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean()) return FieldError("stream", "must be true or false");
-    r.stream = it->get<bool>();
+  if (absl::StatusOr<bool> stream = Boolean(body, "stream"); !stream.ok()) {
+    return stream.status();
+  } else {
+    r.stream = *stream;
+  }
+  if (r.stream && r.logprobs >= 0) {
+    return FieldError("logprobs", "is not streamed here: ask without stream");
   }
   return r;
 }
@@ -232,13 +278,13 @@ json ErrorJson(std::string_view message, int status, std::string_view param) {
 }
 
 json CompletionJson(bool chat, std::string_view id, int64_t created, std::string_view model,
-                    std::string_view text, std::string_view finish_reason, const Usage& usage) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason}};
+                    std::string_view text, std::string_view finish_reason, const Usage& usage,
+                    const json& logprobs) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", logprobs}};
   if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
     choice["text"] = text;
-    choice["logprobs"] = nullptr;
   }
   return {{"id", id},
           {"object", chat ? "chat.completion" : "text_completion"},
@@ -269,8 +315,56 @@ json ChunkJson(bool chat, std::string_view id, int64_t created, std::string_view
   return chunk;
 }
 
+json CompletionsLogprobsJson(absl::Span<const int32_t> tokens,
+                             absl::Span<const TokenLogprobs> scored, const TokenText& text) {
+  json pieces = json::array(), values = json::array(), tops = json::array(),
+       offsets = json::array();
+  const size_t unscored = tokens.size() - scored.size();
+  size_t offset = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string piece = text(tokens[i]);
+    pieces.push_back(piece);
+    offsets.push_back(offset);
+    offset += piece.size();
+    if (i < unscored) {
+      values.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    const TokenLogprobs& t = scored[i - unscored];
+    values.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [id, logprob] : t.top) top[text(id)] = logprob;
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", std::move(pieces)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+json TokenLogprobsArray(absl::Span<const TokenLogprobs> scored, const TokenText& text) {
+  const auto entry = [&text](int32_t id, double logprob) {
+    const std::string piece = text(id);
+    return json{{"id", id},
+                {"token", piece},
+                {"bytes", std::vector<uint8_t>(piece.begin(), piece.end())},
+                {"logprob", logprob}};
+  };
+  json out = json::array();
+  for (const TokenLogprobs& t : scored) {
+    json top = json::array();
+    for (const auto& [id, logprob] : t.top) top.push_back(entry(id, logprob));
+    json e = entry(t.token, t.logprob);
+    e["top_logprobs"] = std::move(top);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 json NativeCompletionJson(std::string_view model, std::string_view text,
-                          std::string_view stop_type, const Usage* usage) {
+                          std::string_view stop_type, const Usage* usage,
+                          const json& probabilities) {
   json reply = {{"content", text}, {"stop", usage != nullptr}, {"id_slot", 0}};
   if (usage != nullptr) {
     reply["model"] = model;
@@ -279,6 +373,7 @@ json NativeCompletionJson(std::string_view model, std::string_view text,
     reply["tokens_cached"] = usage->cached_tokens;
     reply["stop_type"] = stop_type;
   }
+  if (!probabilities.is_null()) reply["completion_probabilities"] = probabilities;
   return reply;
 }
 
@@ -297,10 +392,22 @@ absl::StatusOr<CompletionRequest> ParseNativeCompletionRequest(std::string_view 
                                                    "[1, %d] (the context)",
                                                    *n_predict, max_tokens_limit));
   }
-  body.erase("n_predict");
-  body.erase("max_tokens");
-  body.erase("max_completion_tokens");
+  absl::StatusOr<int64_t> n_probs = Integer(body, "n_probs", 0);
+  if (!n_probs.ok()) return n_probs.status();
+  if (*n_probs < 0 || *n_probs > kMaxTopLogprobs) {
+    return FieldError("n_probs", absl::StrFormat("is %d; it must be in [0, %d] (0: none)",
+                                                 *n_probs, kMaxTopLogprobs));
+  }
+  for (const char* field :
+       {"n_predict", "max_tokens", "max_completion_tokens", "n_probs", "logprobs", "echo"}) {
+    body.erase(field);
+  }
+  const auto stream = body.find("stream");
+  if (*n_probs > 0 && stream != body.end() && *stream == true) {
+    return FieldError("n_probs", "is not streamed here: ask without stream");
+  }
   if (*n_predict > 0) body["max_tokens"] = *n_predict;
+  if (*n_probs > 0) body["logprobs"] = *n_probs;
   absl::StatusOr<CompletionRequest> r =
       ParseCompletionRequest(body.dump(), /*chat=*/false, defaults, max_tokens_limit);
   if (r.ok() && *n_predict < 0) r->max_tokens = -1;

@@ -5,13 +5,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/sample_math.h"
+#include "quality/logprobs.h"
 #include "text/chat_template.h"
 
 namespace moegraph {
@@ -22,17 +25,27 @@ struct CompletionRequest {
   std::vector<ChatMessage> messages;  // chat
   std::string prompt;                 // completions: text, or
   std::vector<int32_t> prompt_ids;    // its token ids (fed as they are, no BOS added)
-  int max_tokens = -1;                // -1: until end of generation or the context
+  int max_tokens = -1;                // -1: until end of generation or the context; 0: echo only
   SamplingParams sampling;
   std::vector<std::string> stop;
   bool stream = false;
+  // Log-probabilities asked for: -1 none, else the likeliest this many
+  // alternatives with each token's own (completions' logprobs, chat's
+  // top_logprobs, /completion's n_probs).
+  int logprobs = -1;
+  bool echo = false;  // completions: the prompt is given back (and scored) before the completion
 };
+
+// The most alternatives a position's logprobs list (OpenAI's chat limit).
+inline constexpr int kMaxTopLogprobs = 20;
 
 // The body of a request (JSON). Fields absent take the server's defaults
 // (sampling: the serve command's flags; max_tokens: 16 for completions, as
 // OpenAI's, until the end for chat). Errors (InvalidArgument) name the field:
 // malformed JSON, a wrong type, an unknown role, no messages, a max_tokens
-// below 1 or above max_tokens_limit, sampling outside its ranges, invalid UTF-8.
+// below 1 (0 with echo) or above max_tokens_limit, sampling outside its
+// ranges, logprobs outside [0, kMaxTopLogprobs] or with stream (they are not
+// streamed), chat's top_logprobs without logprobs, invalid UTF-8.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat,
                                                          const SamplingParams& defaults,
                                                          int max_tokens_limit);
@@ -69,10 +82,30 @@ struct Usage {
 };
 
 // A whole completion: "text_completion" with choices[0].text, or
-// "chat.completion" with choices[0].message; finish_reason "stop" or "length".
+// "chat.completion" with choices[0].message; finish_reason "stop" or "length";
+// choices[0].logprobs as given (null: none asked for).
 nlohmann::json CompletionJson(bool chat, std::string_view id, int64_t created,
                               std::string_view model, std::string_view text,
-                              std::string_view finish_reason, const Usage& usage);
+                              std::string_view finish_reason, const Usage& usage,
+                              const nlohmann::json& logprobs = nullptr);
+
+// A token's text (its piece, as generation shows it).
+using TokenText = std::function<std::string(int32_t token)>;
+
+// OpenAI's logprobs of /v1/completions: {"tokens", "token_logprobs",
+// "top_logprobs" ({text: logprob}), "text_offset" (bytes into the choice's
+// text)} over tokens, whose last scored.size() have values; those before them
+// (an echoed prompt's first token) have null.
+nlohmann::json CompletionsLogprobsJson(absl::Span<const int32_t> tokens,
+                                       absl::Span<const TokenLogprobs> scored,
+                                       const TokenText& text);
+
+// A token per element, {"id", "token", "bytes", "logprob", "top_logprobs":
+// [{"id", "token", "bytes", "logprob"}]}: OpenAI's chat logprobs "content"
+// (with llama-server's "id") and llama-server's completion_probabilities
+// (probs_vector_to_json in tools/server/server-task.cpp, post_sampling_probs
+// false).
+nlohmann::json TokenLogprobsArray(absl::Span<const TokenLogprobs> scored, const TokenText& text);
 
 // One server-sent event's data: a chunk of text ("chat.completion.chunk" with
 // choices[0].delta, or "text_completion"); finish_reason null until the last,
@@ -83,12 +116,15 @@ nlohmann::json ChunkJson(bool chat, std::string_view id, int64_t created, std::s
 // llama-server's own /completion (tools/server/README): a reply or a stream
 // event: {"content", "stop"}, and on the last (stop true) "model",
 // "tokens_predicted", "tokens_evaluated", "stop_type" ("eos", "word" or
-// "limit") and "id_slot".
+// "limit") and "id_slot"; with n_probs, "completion_probabilities"
+// (TokenLogprobsArray).
 nlohmann::json NativeCompletionJson(std::string_view model, std::string_view text,
-                                    std::string_view stop_type, const Usage* usage);
+                                    std::string_view stop_type, const Usage* usage,
+                                    const nlohmann::json& probabilities = nullptr);
 
 // Its request: n_predict (-1 or absent: until the end) in place of
-// max_tokens, else the /v1/completions fields; errors name n_predict.
+// max_tokens, n_probs in place of logprobs, else the /v1/completions fields;
+// errors name n_predict and n_probs.
 absl::StatusOr<CompletionRequest> ParseNativeCompletionRequest(std::string_view body,
                                                                const SamplingParams& defaults,
                                                                int max_tokens_limit);

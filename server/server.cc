@@ -109,6 +109,10 @@ struct Server::Job {
   std::string stop_type;  // llama-server's: eos, word or limit
   int completion_tokens = 0;
   int cached_tokens = 0;               // prompt tokens whose KV the last request left
+  // With logprobs: the tokens the reply covers (an echoed prompt, then the
+  // completion's) and the values of its last scored.size().
+  std::vector<int32_t> covered;
+  std::vector<TokenLogprobs> scored;
   std::atomic<bool> cancelled{false};  // the client went away
 };
 
@@ -276,14 +280,39 @@ void Server::RunJob(Job& job) {
     }
     return true;
   };
-  absl::StatusOr<std::vector<int32_t>> generated =
-      engine_->Generate(fresh, kept, n_predict, r.sampling, sink);
-  // Generation feeds back every token but the last.
-  fed_ = job.prompt;
-  if (generated.ok()) {
-    fed_.insert(fed_.end(), generated->begin(), generated->end() - (generated->empty() ? 0 : 1));
-  } else {
-    fed_.clear();
+  absl::StatusOr<std::vector<int32_t>> generated = std::vector<int32_t>();
+  if (n_predict > 0) {  // 0: an echoed prompt scored only
+    generated = engine_->Generate(fresh, kept, n_predict, r.sampling, sink);
+    // Generation feeds back every token but the last.
+    fed_ = job.prompt;
+    if (generated.ok()) {
+      fed_.insert(fed_.end(), generated->begin(), generated->end() - (generated->empty() ? 0 : 1));
+    } else {
+      fed_.clear();
+    }
+  }
+  // Log-probabilities: one more pass over the tokens the reply covers (the
+  // completion's, after an echoed prompt's), from what the cache holds of them.
+  std::vector<int32_t> covered;
+  std::vector<TokenLogprobs> scored;
+  if (r.logprobs >= 0 && generated.ok() && !job.cancelled && !shut_down) {
+    std::vector<int32_t> all = job.prompt;
+    all.insert(all.end(), generated->begin(), generated->begin() + taken);
+    const int from = r.echo ? 1 : static_cast<int>(job.prompt.size());
+    covered.assign(all.begin() + (r.echo ? 0 : from), all.end());
+    if (from < static_cast<int>(all.size())) {
+      const int held = static_cast<int>(
+          std::mismatch(fed_.begin(), fed_.end(), all.begin(), all.end()).first - fed_.begin());
+      absl::StatusOr<std::vector<TokenLogprobs>> values =
+          engine_->Score(all, std::min(from - 1, held), from, r.logprobs);
+      if (values.ok()) {
+        scored = *std::move(values);
+        fed_.assign(all.begin(), all.end() - 1);
+      } else {
+        generated = values.status();
+        fed_.clear();
+      }
+    }
   }
   cached_tokens_ += static_cast<uint64_t>(cached);
   const double seconds =
@@ -323,6 +352,8 @@ void Server::RunJob(Job& job) {
   job.stop_type = stop_type;
   job.completion_tokens = taken;
   job.cached_tokens = cached;
+  job.covered = std::move(covered);
+  job.scored = std::move(scored);
   job.done = true;
   job.cv.notify_all();
 }
@@ -536,6 +567,12 @@ void Server::RegisterRoutes() {
             }
             job->prompt = std::move(*ids);
           }
+          if (job->request.logprobs >= 0 && !options_.no_scoring.empty()) {
+            return SendError(res, 400, options_.no_scoring, native ? "n_probs" : "logprobs");
+          }
+          if (job->request.echo) {  // given back ahead of the completion (streamed first)
+            for (const int32_t t : job->prompt) job->text += tokenizer_->Piece(t, false);
+          }
           const int prompt_tokens = static_cast<int>(job->prompt.size());
           if (prompt_tokens == 0) {
             return SendError(res, 400, "the prompt is empty", chat ? "messages" : "prompt");
@@ -567,15 +604,23 @@ void Server::RegisterRoutes() {
               }
             }
             const Usage usage{prompt_tokens, job->completion_tokens, job->cached_tokens};
+            json logprobs = nullptr;
+            if (job->request.logprobs >= 0) {
+              const TokenText piece = [this](int32_t t) { return tokenizer_->Piece(t, false); };
+              logprobs = !chat && !native
+                             ? CompletionsLogprobsJson(job->covered, job->scored, piece)
+                             : TokenLogprobsArray(job->scored, piece);
+              if (chat) logprobs = {{"content", std::move(logprobs)}};
+            }
             if (job->status != 200) {
               SendError(res, job->status, job->error);
             } else if (native) {
               res.set_content(
-                  Dump(NativeCompletionJson(model, job->text, job->stop_type, &usage)),
+                  Dump(NativeCompletionJson(model, job->text, job->stop_type, &usage, logprobs)),
                   "application/json");
             } else {
               res.set_content(Dump(CompletionJson(chat, job->id, job->created, model, job->text,
-                                                  job->finish_reason, usage)),
+                                                  job->finish_reason, usage, logprobs)),
                               "application/json");
             }
             Responded();  // httplib writes a whole reply whether or not it stops

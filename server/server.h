@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/sample_math.h"
+#include "quality/logprobs.h"
 #include "reference/oracle.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -44,6 +45,12 @@ class CompletionEngine {
                                                         int start, int n_predict,
                                                         const SamplingParams& sampling,
                                                         const TokenSink& sink) = 0;
+  // The log-probabilities of tokens[from..] each after the tokens before it,
+  // with the top_n likeliest at each position (quality/logprobs.h), computed
+  // from position start (the cache below it kept from the earlier calls;
+  // start < from); the cache then holds all of tokens but the last.
+  virtual absl::StatusOr<std::vector<TokenLogprobs>> Score(const std::vector<int32_t>& tokens,
+                                                           int start, int from, int top_n) = 0;
   // The first position a generation from start computes again: start where
   // every position below it is kept (a KV cache), earlier where a recurrent
   // state cannot go back that far (Oracle::ResumePosition).
@@ -63,6 +70,8 @@ struct ServerOptions {
   int ctx = 4096;           // the engine's KV cache positions
   std::string model_name;   // /v1/models' id
   SamplingParams defaults;  // a request's sampling where it names none
+  // Why the engine scores no tokens (logprobs are then refused); empty: it does.
+  std::string no_scoring;
   // A line per finished request (its id, tokens, time to first token); null: none.
   std::FILE* log = nullptr;
 };

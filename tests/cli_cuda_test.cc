@@ -253,7 +253,7 @@ TEST_F(CliCudaTest, BenchOnOneRoutingTraceCountsWhatTheCpuBackendCounts) {
 // to `moegraph run`'s on the CPU backend with those flags (and the device's
 // f32 KV cache: the CPU's default f16 one moves the logits enough to change a
 // draw); the second request prefills only what follows the KV prefix the first
-// left on the device.
+// left on the device. Logprobs are refused by name (the CPU backend scores).
 TEST_F(CliCudaTest, ServeSamplesEachRequestWithItsOwnSettings) {
   using nlohmann::json;
   const std::string tokenizer_json = testing_util::Qwen3TokenizerJson(MOEGRAPH_SOURCE_DIR);
@@ -294,6 +294,20 @@ TEST_F(CliCudaTest, ServeSamplesEachRequestWithItsOwnSettings) {
     ASSERT_EQ(r->status, 200) << r->body;
     EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], want) << body.dump();
   }
+  // The CUDA engine keeps no prompt positions' logits: logprobs are refused by
+  // name; an echo alone needs none.
+  const httplib::Result scored = client.Post(
+      "/v1/completions", json{{"prompt", prompt}, {"max_tokens", 1}, {"logprobs", 1}}.dump(),
+      "application/json");
+  ASSERT_TRUE(scored) << server.Log();
+  EXPECT_EQ(scored->status, 400) << scored->body;
+  EXPECT_EQ(json::parse(scored->body)["error"]["param"], "logprobs") << scored->body;
+  EXPECT_TRUE(testing_util::Contains(scored->body, "--backend cpu")) << scored->body;
+  const httplib::Result echo = client.Post(
+      "/v1/completions", json{{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}}.dump(),
+      "application/json");
+  ASSERT_TRUE(echo) << server.Log();
+  EXPECT_EQ(json::parse(echo->body)["choices"][0]["text"], prompt) << echo->body;
   EXPECT_EQ(server.Stop(SIGTERM), 0) << server.Log();
   std::smatch m;
   const std::string log = server.Log();

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -335,6 +336,123 @@ TEST_F(CliServeTest, CorsContentPartsAndTokenIdPrompts) {
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 
+// Log-probabilities as evaluation harnesses ask for them: a greedy chat's
+// tokens each the likeliest with its top_logprobs in order; an echoed prompt
+// with its first token null (max_tokens 0: nothing generated); /completion's
+// n_probs; a stream with logprobs refused by name. The scoring pass leaves the
+// cache as it found the tokens: a plain request after it equals run's text.
+TEST_F(CliServeTest, LogprobsOfChatCompletionsEchoAndNProbs) {
+  std::unique_ptr<httplib::Client> c = Serve({"--ctx", "512"});
+  const json chat = Post(*c, "/v1/chat/completions",
+                         {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                          {"max_tokens", 6},
+                          {"temperature", 0},
+                          {"logprobs", true},
+                          {"top_logprobs", 3}});
+  const json content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), chat["usage"]["completion_tokens"].get<size_t>()) << chat.dump();
+  for (const json& t : content) {
+    ASSERT_EQ(t["top_logprobs"].size(), 3u) << t.dump();
+    EXPECT_EQ(t["id"], t["top_logprobs"][0]["id"]) << "greedy picks the likeliest: " << t.dump();
+    EXPECT_EQ(t["logprob"], t["top_logprobs"][0]["logprob"]) << t.dump();
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(),
+              t["top_logprobs"][1]["logprob"].get<double>());
+    EXPECT_GE(t["top_logprobs"][1]["logprob"].get<double>(),
+              t["top_logprobs"][2]["logprob"].get<double>());
+  }
+
+  const std::string prompt = "The capital of France is";
+  const json echo = Post(*c, "/v1/completions",
+                         {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}});
+  const json lp = echo["choices"][0]["logprobs"];
+  const size_t n_prompt = echo["usage"]["prompt_tokens"];
+  EXPECT_EQ(echo["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(echo["choices"][0]["text"], prompt);
+  ASSERT_EQ(lp["tokens"].size(), n_prompt) << echo.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), n_prompt);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < n_prompt; ++i) {
+    EXPECT_LT(lp["token_logprobs"][i].get<double>(), 0.0) << i;
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 2u) << i;
+  }
+  std::string joined;
+  for (size_t i = 0; i < n_prompt; ++i) {
+    EXPECT_EQ(lp["text_offset"][i], joined.size());
+    joined += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(joined, prompt);
+  // Echo and a completion: the completion's tokens follow the prompt's.
+  const json both = Post(*c, "/v1/completions",
+                         {{"prompt", prompt}, {"max_tokens", 3}, {"echo", true}, {"logprobs", 0}});
+  const json both_lp = both["choices"][0]["logprobs"];
+  ASSERT_EQ(both_lp["tokens"].size(), n_prompt + both["usage"]["completion_tokens"].get<size_t>());
+  for (size_t i = 1; i < n_prompt; ++i) {
+    EXPECT_EQ(both_lp["token_logprobs"][i], lp["token_logprobs"][i]) << i;
+  }
+  const std::string run = RunText(prompt, 3);
+  EXPECT_EQ(both["choices"][0]["text"], prompt + run);
+  // After the scoring passes, the cache still answers as run does.
+  EXPECT_EQ(Post(*c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 3}})["choices"][0]
+                ["text"],
+            run);
+
+  const json native = Post(*c, "/completion", {{"prompt", prompt}, {"n_predict", 3}, {"n_probs", 2}});
+  ASSERT_EQ(native["completion_probabilities"].size(), native["tokens_predicted"].get<size_t>());
+  EXPECT_EQ(native["completion_probabilities"][0]["top_logprobs"].size(), 2u);
+
+  const json streamed = Post(*c, "/v1/completions",
+                             {{"prompt", prompt}, {"logprobs", 1}, {"stream", true}}, 400);
+  EXPECT_EQ(streamed["error"]["param"], "logprobs");
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
+// lm-evaluation-harness's request (local-completions: the prompt as token ids,
+// echo, logprobs 1, max_tokens 0 here) on the model trained here scores the
+// prompt as `moegraph perplexity` does: a 64-token chunk's second half, from
+// the echoed token_logprobs, is perplexity's first chunk.
+TEST_F(CliServeTest, EchoedLogprobsEqualPerplexitysOnTheSameTokens) {
+  const std::string model = MOEGRAPH_SOURCE_DIR "/models/kjv-moe-f16.gguf";
+  const std::string text_file = MOEGRAPH_SOURCE_DIR "/models/kjv-held-out.txt";
+  const ProcessResult ppl =
+      RunProcess({MOEGRAPH_BIN, "perplexity", "-m", model, "-f", text_file, "-c", "64",
+                  "--chunks", "1", "--backend", "cpu"});
+  ASSERT_EQ(ppl.exit_code, 0) << ppl.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(ppl.err, m, std::regex(R"(\[1\]([0-9.]+),)"))) << ppl.err;
+  const double chunk_ppl = std::stod(m[1]);
+
+  std::ifstream in(text_file);
+  std::string head(4096, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  std::unique_ptr<httplib::Client> c = ServeModel(model, {"--ctx", "128"});
+  const json tokenized = Post(*c, "/tokenize", {{"content", head}, {"add_special", true}});
+  ASSERT_GE(tokenized["tokens"].size(), 64u);
+  const json chunk(tokenized["tokens"].begin(), tokenized["tokens"].begin() + 64);
+  const json reply = Post(*c, "/v1/completions",
+                          {{"prompt", {chunk}},
+                           {"max_tokens", 0},
+                           {"echo", true},
+                           {"logprobs", 1},
+                           {"temperature", 0}});
+  const json lp = reply["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), 64u) << reply.dump();
+  // Positions 32..62 predict tokens 33..63 (quality/perplexity.h).
+  double nll = 0;
+  for (int i = 33; i < 64; ++i) {
+    nll -= lp["token_logprobs"][i].get<double>();
+    // The harness's is_greedy: the token's value against the likeliest's.
+    const json top = lp["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 1u);
+    EXPECT_GE(top.begin().value().get<double>(), lp["token_logprobs"][i].get<double>());
+  }
+  const double echo_ppl = std::exp(nll / 31);
+  EXPECT_NEAR(echo_ppl, chunk_ppl, 1e-4 * chunk_ppl)
+      << "echo " << echo_ppl << ", perplexity [1]" << chunk_ppl;
+  EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
+}
+
 // llama-server's own endpoints for its clients: /completion (n_predict,
 // content, stop, tokens_predicted; a stream without [DONE]), /props and
 // /slots; its --slots switch (no count) is taken with a note.
@@ -613,7 +731,7 @@ TEST_F(CliServeTest, ASharedPrefixIsNotPrefilledAgainAndChangesNothing) {
 // prompt and its position before its last token), and feeds the rest again.
 // The same prompt again keeps all but its last token, as a KV cache does; an
 // edited last question resumes at the start of its turn (the log says so);
-// each reply is a fresh server's.
+// each reply is a fresh server's, one that scored a reply's logprobs between.
 TEST_F(CliServeTest, ARecurrentModelResumesFromItsEndOrItsCheckpoints) {
   const std::string model = testing_util::TempPath("serve-qwen35.gguf");
   const ProcessResult made =
@@ -642,6 +760,13 @@ TEST_F(CliServeTest, ARecurrentModelResumesFromItsEndOrItsCheckpoints) {
   std::unique_ptr<httplib::Client> fresh = ServeModel(model, {});
   EXPECT_EQ(Post(*fresh, "/v1/chat/completions", turn2)["choices"][0]["message"]["content"],
             r2["choices"][0]["message"]["content"]);
+  // Logprobs' scoring pass goes back to the checkpoint before the completion
+  // and leaves the state at its end: the next request answers as before.
+  json scored_turn = turn2;
+  scored_turn["logprobs"] = true;
+  const json scored = Post(*fresh, "/v1/chat/completions", scored_turn);
+  EXPECT_EQ(scored["choices"][0]["logprobs"]["content"].size(),
+            scored["usage"]["completion_tokens"].get<size_t>());
   EXPECT_EQ(Post(*fresh, "/v1/chat/completions", edited_turn)["choices"][0]["message"]["content"],
             edited["choices"][0]["message"]["content"]);
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();

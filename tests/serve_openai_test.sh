@@ -2,7 +2,9 @@
 # `moegraph serve` with the official openai npm client (tools/openai-client,
 # installed by make deps): chat and completions, whole and streamed, sampled with
 # a seed, each text equal to `moegraph run`'s for the same prompt and sampling
-# flags and each usage equal to `moegraph tokenize`'s counts. Skips (77) without
+# flags and each usage equal to `moegraph tokenize`'s counts; logprobs of a
+# 100 KB prompt's completion (its prompt_tokens tokenize's) and of a greedy chat
+# (each token the likeliest of its alternatives). Skips (77) without
 # node, the client package or Qwen3's vocabulary (tools/fetch-vocab.sh).
 # Usage: serve_openai_test.sh MOEGRAPH_BIN SOURCE_DIR
 set -euo pipefail
@@ -27,7 +29,8 @@ trap cleanup EXIT
 # The log exists before the server starts, so the first poll cannot find it
 # missing (sed's error would end the script under set -e).
 : > "$work/serve.err"
-"$bin" serve -m "$work/m.gguf" --backend cpu --port 0 --api-key test-key 2> "$work/serve.err" &
+"$bin" serve -m "$work/m.gguf" --backend cpu --port 0 --api-key test-key --ctx 32768 \
+  2> "$work/serve.err" &
 server=$!
 for _ in $(seq 600); do
   port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/serve.err")
@@ -36,7 +39,12 @@ for _ in $(seq 600); do
 done
 [[ -n $port ]] || { cat "$work/serve.err"; echo "FAIL: the server did not start"; exit 1; }
 
-node "$client/check.mjs" "http://127.0.0.1:$port/v1" test-key > "$work/cases.jsonl"
+# About 100 KB of prompt (some 21,000 tokens).
+for _ in $(seq 1800); do printf 'A mixture of experts routes each token to a few experts. '; done \
+  > "$work/long.txt"
+node "$client/check.mjs" "http://127.0.0.1:$port/v1" test-key "$work/long.txt" > "$work/cases.jsonl"
+long_tokens=$("$bin" tokenize -m "$work/m.gguf" -p "$(cat "$work/long.txt")" --ids | node -e \
+  'console.log(JSON.parse(require("fs").readFileSync(0, "utf8")).length)')
 
 # The same prompts through `moegraph run` (chat: the chatml text the server renders).
 sampling=(--temp 0.8 --top-p 0.95 --seed 5 -n 12 --backend cpu)
@@ -54,7 +62,7 @@ server=0
 [[ $status -eq 0 ]] || { cat "$work/serve.err"; echo "FAIL: serve exited $status after SIGTERM"; exit 1; }
 
 CASES=$work/cases.jsonl CHAT=$work/chat.txt COMPLETION=$work/completion.txt \
-CHAT_TOKENS=$chat_tokens COMPLETION_TOKENS=$completion_tokens node -e '
+CHAT_TOKENS=$chat_tokens COMPLETION_TOKENS=$completion_tokens LONG_TOKENS=$long_tokens node -e '
   const fs = require("fs"), env = process.env;
   // run prints raw bytes and a newline; JSON carries a cut-off character as U+FFFD
   const runText = (f) => new TextDecoder().decode(fs.readFileSync(f)).replace(/\n$/, "");
@@ -66,6 +74,26 @@ CHAT_TOKENS=$chat_tokens COMPLETION_TOKENS=$completion_tokens node -e '
     const c = JSON.parse(line);
     if (c.name === "models") { check(c.text === "m.gguf", `models: ${c.text}`); continue; }
     if (c.name === "error") { check(c.text === "400 messages", `empty messages: ${c.text}`); continue; }
+    if (c.name === "logprobs-long") {
+      const lp = c.logprobs, n = c.usage.completion_tokens;
+      check(c.usage.prompt_tokens === Number(env.LONG_TOKENS),
+            `${c.name}: prompt_tokens ${c.usage.prompt_tokens} = tokenize ${env.LONG_TOKENS}`);
+      check(lp && lp.tokens.length === n && lp.token_logprobs.length === n && n >= 1,
+            `${c.name}: ${n} tokens, ${lp && lp.token_logprobs.length} token_logprobs`);
+      check(lp && lp.token_logprobs.every((v, i) => v <= 0 && v <= Math.max(...Object.values(lp.top_logprobs[i]))),
+            `${c.name}: token_logprobs ${JSON.stringify(lp && lp.token_logprobs)} at most the likeliest`);
+      continue;
+    }
+    if (c.name === "logprobs-chat") {
+      const content = c.logprobs && c.logprobs.content;
+      check(content && content.length === c.usage.completion_tokens,
+            `${c.name}: ${content && content.length} logprobs for ${c.usage.completion_tokens} tokens`);
+      check(content && content.every((t) => t.top_logprobs.length === 2 &&
+                                            t.logprob === t.top_logprobs[0].logprob &&
+                                            t.token === t.top_logprobs[0].token),
+            `${c.name}: greedy: each token the likeliest of its two`);
+      continue;
+    }
     const kind = c.name.startsWith("chat") ? "chat" : "completion";
     check(c.text === want[kind], `${c.name}: text ${JSON.stringify(c.text)} = run ${JSON.stringify(want[kind])}`);
     check(c.usage && c.usage.prompt_tokens === prompt[kind],

@@ -171,5 +171,103 @@ TEST(ServerApiTest, ResponsesHaveOpenAisShapes) {
   EXPECT_EQ(ErrorJson("down", 503)["error"]["type"], "server_error");
 }
 
+// Log-probabilities as clients ask for them: completions' logprobs N and echo
+// (max_tokens 0 then allowed: lm-evaluation-harness scores a prompt so), chat's
+// logprobs true with top_logprobs N, llama-server's n_probs; each bad value named.
+TEST(ServerApiTest, LogprobsEchoAndNProbsAreReadAndCheckedByName) {
+  const auto completions = [](const char* body) {
+    return ParseCompletionRequest(body, false, {}, kContext);
+  };
+  absl::StatusOr<CompletionRequest> harness =
+      completions(R"({"prompt":[[1,2,3]],"max_tokens":0,"logprobs":1,"echo":true,"temperature":0})");
+  ASSERT_TRUE(harness.ok()) << harness.status();
+  EXPECT_EQ(harness->logprobs, 1);
+  EXPECT_TRUE(harness->echo);
+  EXPECT_EQ(harness->max_tokens, 0);
+  EXPECT_EQ(completions(R"({"prompt":"x"})")->logprobs, -1);
+  EXPECT_EQ(completions(R"({"prompt":"x","logprobs":null})")->logprobs, -1);
+
+  EXPECT_EQ(Chat(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})")->logprobs, 0);
+  EXPECT_EQ(Chat(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,
+                     "top_logprobs":5})")->logprobs, 5);
+  EXPECT_EQ(Chat(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false})")->logprobs,
+            -1);
+
+  absl::StatusOr<CompletionRequest> native =
+      ParseNativeCompletionRequest(R"({"prompt":"x","n_predict":4,"n_probs":3})", {}, kContext);
+  ASSERT_TRUE(native.ok()) << native.status();
+  EXPECT_EQ(native->logprobs, 3);
+  EXPECT_EQ(ParseNativeCompletionRequest(R"({"prompt":"x","n_probs":0})", {}, kContext)->logprobs,
+            -1);
+
+  const struct {
+    bool chat;
+    const char* body;
+    const char* field;
+  } bad[] = {
+      {false, R"({"prompt":"x","max_tokens":0})", "max_tokens"},
+      {false, R"({"prompt":"x","logprobs":21})", "logprobs"},
+      {false, R"({"prompt":"x","logprobs":-2})", "logprobs"},
+      {false, R"({"prompt":"x","logprobs":true})", "logprobs"},
+      {false, R"({"prompt":"x","echo":1})", "echo"},
+      {false, R"({"prompt":"x","logprobs":1,"stream":true})", "logprobs"},
+      {true, R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+      {true, R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":30})",
+       "top_logprobs"},
+      {true, R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", "logprobs"},
+  };
+  for (const auto& c : bad) {
+    const absl::StatusOr<CompletionRequest> r =
+        ParseCompletionRequest(c.body, c.chat, {}, kContext);
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(ErrorField(r.status()), c.field) << c.body << ": " << r.status();
+  }
+  for (const char* body : {R"({"prompt":"x","n_probs":21})", R"({"prompt":"x","n_probs":-1})",
+                           R"({"prompt":"x","n_probs":2,"stream":true})"}) {
+    const absl::StatusOr<CompletionRequest> r = ParseNativeCompletionRequest(body, {}, kContext);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(ErrorField(r.status()), "n_probs") << body << ": " << r.status();
+  }
+}
+
+// OpenAI's completions logprobs (an echoed first token null, offsets into the
+// text) and the per-token array of chat and llama-server's /completion.
+TEST(ServerApiTest, LogprobsHaveOpenAisAndLlamaServersShapes) {
+  const TokenText text = [](int32_t t) { return "ab" + std::to_string(t); };
+  const std::vector<int32_t> tokens = {4, 5, 6};
+  const std::vector<TokenLogprobs> scored = {{5, -0.5, {{5, -0.5}, {9, -1.5}}},
+                                             {6, -2.0, {{8, -0.25}, {6, -2.0}}}};
+  const json legacy = CompletionsLogprobsJson(tokens, scored, text);
+  EXPECT_EQ(legacy["tokens"], json({"ab4", "ab5", "ab6"}));
+  EXPECT_TRUE(legacy["token_logprobs"][0].is_null());
+  EXPECT_TRUE(legacy["top_logprobs"][0].is_null());
+  EXPECT_EQ(legacy["token_logprobs"][1], -0.5);
+  EXPECT_EQ(legacy["top_logprobs"][2], json({{"ab8", -0.25}, {"ab6", -2.0}}));
+  EXPECT_EQ(legacy["text_offset"], json({0, 3, 6}));
+  // Without an echo every token is scored.
+  const std::vector<int32_t> completion = {5, 6};
+  EXPECT_EQ(CompletionsLogprobsJson(completion, scored, text)["token_logprobs"], json({-0.5, -2.0}));
+
+  const json array = TokenLogprobsArray(scored, text);
+  ASSERT_EQ(array.size(), 2u);
+  EXPECT_EQ(array[1]["id"], 6);
+  EXPECT_EQ(array[1]["token"], "ab6");
+  EXPECT_EQ(array[1]["bytes"], json({'a', 'b', '6'}));
+  EXPECT_EQ(array[1]["logprob"], -2.0);
+  ASSERT_EQ(array[1]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(array[1]["top_logprobs"][0], json({{"id", 8}, {"token", "ab8"}, {"bytes", {'a', 'b', '8'}},
+                                              {"logprob", -0.25}}));
+
+  const json chat = CompletionJson(true, "chatcmpl-1", 1, "m", "x", "stop", {1, 1},
+                                   {{"content", array}});
+  EXPECT_EQ(chat["choices"][0]["logprobs"]["content"], array);
+  EXPECT_TRUE(CompletionJson(true, "chatcmpl-1", 1, "m", "x", "stop", {1, 1})["choices"][0]
+                  ["logprobs"].is_null());
+  const Usage usage{1, 2};
+  EXPECT_EQ(NativeCompletionJson("m", "", "limit", &usage, array)["completion_probabilities"],
+            array);
+  EXPECT_FALSE(NativeCompletionJson("m", "", "limit", &usage).contains("completion_probabilities"));
+}
+
 }  // namespace
 }  // namespace moegraph

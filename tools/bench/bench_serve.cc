@@ -60,6 +60,10 @@ class BackendEngine final : public CompletionEngine {
     backend_->Truncate(start);
     return backend_->Generate(prompt, n_predict, nullptr, sink, sampling);
   }
+  absl::StatusOr<std::vector<TokenLogprobs>> Score(const std::vector<int32_t>& tokens, int start,
+                                                   int from, int top_n) override {
+    return ScoreTokens(*backend_, tokens, start, from, top_n, /*piece=*/512);
+  }
   int ResumePosition(int start) const override { return backend_->ResumePosition(start); }
   std::vector<std::pair<std::string, double>> Counters() override { return {}; }
 

@@ -53,6 +53,10 @@ class DecoderEngine final : public CompletionEngine {
     GenerateStats stats;
     return decoder_->Generate(prompt, n_predict, start, &stats, sink);
   }
+  absl::StatusOr<std::vector<TokenLogprobs>> Score(const std::vector<int32_t>& tokens, int start,
+                                                   int from, int top_n) override {
+    return decoder_->Score(tokens, start, from, top_n);
+  }
   int ResumePosition(int start) const override { return decoder_->ResumePosition(start); }
   std::vector<std::pair<std::string, double>> Counters() override {
     absl::StatusOr<std::vector<std::pair<std::string, double>>> c = decoder_->Counters();
@@ -98,6 +102,7 @@ absl::Status Serve() {
   }
   MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
   options.defaults = flags.sampling;
+  if (flags.cuda) options.no_scoring = kCudaScoresNoTokens;
   options.log = stderr;
 
   // Signals go to the watcher thread only: blocked here, before any thread starts.

@@ -402,6 +402,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
     return d;
   }
   // The CPU backend, with the doors mapped where they mean something on the host.
+  d->ubatch_ = flags.cpu.ubatch;
   CpuBackendOptions options;
   options.max_ctx = max_ctx;
   options.n_slots = flags.slots;
@@ -476,6 +477,14 @@ absl::StatusOr<std::vector<float>> Decoder::AllLogits(absl::Span<const int32_t> 
   }
   cpu_->Reset();
   return cpu_->Forward(tokens);
+}
+
+absl::StatusOr<std::vector<TokenLogprobs>> Decoder::Score(absl::Span<const int32_t> tokens,
+                                                           int start, int from, int top_n) {
+  if (cuda_ != nullptr) {
+    return absl::FailedPreconditionError(kCudaScoresNoTokens);
+  }
+  return ScoreTokens(*cpu_, tokens, start, from, top_n, ubatch_);
 }
 
 absl::StatusOr<std::vector<int32_t>> Decoder::Routing() const {

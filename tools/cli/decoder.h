@@ -21,6 +21,7 @@
 #include "cpu/forward.h"
 #include "kernels/sample_math.h"
 #include "loader/model_config.h"
+#include "quality/logprobs.h"
 #include "reference/oracle.h"
 
 namespace moegraph {
@@ -106,6 +107,11 @@ std::string StartupLines(const DecoderFlags& flags);
 absl::Status WriteRoutingRecord(const std::vector<int32_t>& routing, const ModelConfig& cfg,
                                 const std::string& path);
 
+// Why the CUDA engine scores no tokens (Decoder::Score, serve's logprobs).
+inline constexpr char kCudaScoresNoTokens[] =
+    "logprobs: the CUDA engine keeps no logits of a prompt's positions; serve --backend cpu "
+    "scores tokens";
+
 class Decoder {
  public:
   // Makes the backend for model with a KV cache of max_ctx positions, printing
@@ -126,6 +132,13 @@ class Decoder {
   // n_vocab (perplexity's chunks). On CUDA the decoder must have been created
   // with every_position_logits.
   absl::StatusOr<std::vector<float>> AllLogits(absl::Span<const int32_t> tokens);
+
+  // The log-probabilities of tokens[from..] computed from position start
+  // (quality/logprobs.h's ScoreTokens, -ub positions at a time), on the CPU
+  // backend; the CUDA engine keeps no logits of a prompt's positions outside
+  // perplexity's engine (every_position_logits): kCudaScoresNoTokens.
+  absl::StatusOr<std::vector<TokenLogprobs>> Score(absl::Span<const int32_t> tokens, int start,
+                                                   int from, int top_n);
 
   // The CPU backend's routing so far (CpuBackend::routing()); the CUDA engine
   // records none here.
@@ -158,6 +171,7 @@ class Decoder {
   std::unique_ptr<CpuBackend> cpu_;
   std::unique_ptr<CudaEngine> cuda_;
   SamplingParams sampling_;
+  int ubatch_ = 0;  // CPU: positions Score feeds at a time
 };
 
 }  // namespace moegraph

@@ -1,12 +1,14 @@
 // The official openai client against a running `moegraph serve`: chat and
 // completions, whole and streamed, sampled with a seed; chat's content also as
-// an array of text parts. Prints one JSON object
-// per case, {name, text, usage, finish_reason}, for tests/serve_openai_test.sh
-// to compare with `moegraph run` and `moegraph tokenize`.
-// Usage: node check.mjs BASE_URL API_KEY
+// an array of text parts; logprobs of a long prompt's completion and of a
+// greedy chat. Prints one JSON object per case, {name, text, usage,
+// finish_reason, logprobs}, for tests/serve_openai_test.sh to compare with
+// `moegraph run` and `moegraph tokenize`.
+// Usage: node check.mjs BASE_URL API_KEY LONG_PROMPT_FILE
+import { readFileSync } from "node:fs";
 import OpenAI from "openai";
 
-const [baseURL, apiKey] = process.argv.slice(2);
+const [baseURL, apiKey, longPromptFile] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
 const sampling = { temperature: 0.8, top_p: 0.95, seed: 5, max_tokens: 12 };
 const messages = [{ role: "user", content: "What is a mixture of experts?" }];
@@ -46,6 +48,18 @@ out.push({ name: "completion-stream",
            ...(await streamed(client.completions.create({ model: "m", prompt, ...sampling,
                                                           stream: true }),
                               (c) => c.text)) });
+
+// Logprobs: a completion of a long prompt (the body far over 8 KB), and a
+// greedy chat with content parts and its top alternatives.
+const long = await client.completions.create({
+  model: "m", prompt: readFileSync(longPromptFile, "utf8"), max_tokens: 2, temperature: 0,
+  logprobs: 2 });
+out.push({ name: "logprobs-long", text: long.choices[0].text, usage: long.usage,
+           finish_reason: long.choices[0].finish_reason, logprobs: long.choices[0].logprobs });
+const greedy = await client.chat.completions.create({
+  messages: parts, max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 2 });
+out.push({ name: "logprobs-chat", text: greedy.choices[0].message.content, usage: greedy.usage,
+           finish_reason: greedy.choices[0].finish_reason, logprobs: greedy.choices[0].logprobs });
 
 // An error the client raises as an APIError with the server's status.
 try {
