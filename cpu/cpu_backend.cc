@@ -110,9 +110,9 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   };
 
   // store null: resident, every expert read in place from model's file.
-  SlotExperts(const Model& model, const ExpertStore* store, int k,
+  SlotExperts(const Model& model, const ExpertStore* store, ExpertFileReader* disk, int k,
               const RoutingTrace* routing_trace)
-      : model_(model), store_(store), k_(k), routing_trace_(routing_trace) {
+      : model_(model), store_(store), disk_(disk), k_(k), routing_trace_(routing_trace) {
     local_layer_.resize(static_cast<size_t>(model.config.n_layer));
     batch_rows_.resize(static_cast<size_t>(model.config.n_layer));
     provided_rows_.resize(static_cast<size_t>(model.config.n_layer));
@@ -245,13 +245,24 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     std::fill(provided_rows_.begin(), provided_rows_.end(), 0);
   }
   const EngineCounters& counters() const { return counters_; }
+  // The first failed disk read since the last call (then cleared): the step
+  // it served computed with a block that is not the expert's.
+  absl::Status TakeReadError() { return std::exchange(read_error_, absl::OkStatus()); }
   const std::vector<Pool>& pools() const { return pools_; }
   const std::vector<int32_t>& routing() const { return routing_; }
 
  private:
   void Stage(Pool& pool, int32_t slot, int layer, int32_t expert) {
     const auto start = std::chrono::steady_clock::now();
-    std::memcpy(pool.slot(slot), store_->block(layer, expert), pool.info.block_bytes);
+    if (disk_ != nullptr) {
+      const uint64_t before = disk_->bytes_read();
+      absl::Status read = disk_->ReadBlock(layer, expert, store_->layout(layer), pool.slot(slot));
+      if (!read.ok() && read_error_.ok()) read_error_ = std::move(read);
+      counters_.disk_bytes += disk_->bytes_read() - before;
+      ++counters_.disk_reads;
+    } else {
+      std::memcpy(pool.slot(slot), store_->block(layer, expert), pool.info.block_bytes);
+    }
     const auto elapsed = std::chrono::steady_clock::now() - start;
     counters_.stage_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
@@ -269,6 +280,8 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
 
   const Model& model_;
   const ExpertStore* store_;  // null: resident
+  ExpertFileReader* const disk_;  // null: misses copy from the store's memory
+  absl::Status read_error_;
   const int k_;
   const RoutingTrace* routing_trace_;
   std::vector<int32_t> local_layer_;  // model layer -> its number in its class's cache
@@ -298,8 +311,11 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Model& mode
   std::unique_ptr<CpuBackend> backend(new CpuBackend());
   backend->model_ = &model;
   backend->max_ctx_ = options.max_ctx;
-  backend->experts_ = std::make_unique<SlotExperts>(model, store, model.config.n_expert_used,
-                                                    options.routing_trace);
+  MG_CHECK(store == nullptr || options.disk != nullptr || store->data() != nullptr,
+           "CpuBackend: a store without blocks needs the disk tier");
+  backend->experts_ = std::make_unique<SlotExperts>(
+      model, store, store == nullptr ? nullptr : options.disk, model.config.n_expert_used,
+      options.routing_trace);
   if (store != nullptr) MG_RETURN_IF_ERROR(backend->experts_->AddPools(options));
   for (const SlotExperts::Pool& pool : backend->experts_->pools()) {
     backend->pools_.push_back(pool.info);
@@ -352,16 +368,25 @@ absl::StatusOr<std::vector<float>> CpuBackend::Run(absl::Span<const int32_t> tok
   }
   // The fast path feeds a batch itself, in ubatches of one token where the
   // slots are fewer than the experts (so its state checkpoints see the call).
+  // A failed disk read: the positions fed with it are dropped again.
+  const int start = n_past();
+  const auto read_failed = [&]() {
+    absl::Status error = experts_->TakeReadError();
+    if (!error.ok()) oracle_->Truncate(start);
+    return error;
+  };
   if (experts_->ViewsOutliveCalls() || !oracle_arithmetic_) {
     absl::StatusOr<std::vector<float>> logits =
         all_logits ? oracle_->Forward(tokens) : oracle_->ForwardLast(tokens);
     experts_->CountSteps();
+    MG_RETURN_IF_ERROR(read_failed());
     return logits;
   }
   std::vector<float> logits;
   for (size_t i = 0; i < tokens.size(); ++i) {
     MG_ASSIGN_OR_RETURN(std::vector<float> step, oracle_->Forward({tokens[i]}));
     experts_->CountSteps();
+    MG_RETURN_IF_ERROR(read_failed());
     if (all_logits || i + 1 == tokens.size()) logits.insert(logits.end(), step.begin(), step.end());
   }
   return logits;

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "cpu/forward.h"
+#include "loader/expert_file.h"
 #include "loader/model_config.h"
 #include "loader/placement.h"
 #include "reference/oracle.h"
@@ -47,6 +48,10 @@ struct CpuBackendOptions {
   // Every expert read in place from the model's file (n_slots, the policy and
   // cache are then unused): no copy, every computed expert a hit.
   bool resident = false;
+  // The disk tier: a miss reads its block from the model's file
+  // (loader/expert_file.h) instead of the store's memory, whose blocks the
+  // store then need not hold (ExpertStore::Layouts). Must outlive the backend.
+  ExpertFileReader* disk = nullptr;
   // Routing replay (moegraph bench --routing-trace): step s, layer l takes the
   // trace's row (s mod n_steps, l) instead of the router's selection, with the
   // trace's weights (uniform 1/k when it has none); a row the trace lacks keeps
@@ -72,7 +77,9 @@ struct EngineCounters {
   uint64_t misses = 0;        // selected experts staged (copied) into a slot
   uint64_t evictions = 0;     // resident experts displaced by a miss
   uint64_t bytes_staged = 0;  // block bytes copied into slots
-  uint64_t stage_ns = 0;      // CPU backend: wall time inside the stage copies (memcpy)
+  uint64_t stage_ns = 0;      // CPU backend: wall time inside the stage copies (memcpy or reads)
+  uint64_t disk_reads = 0;    // CPU backend's disk tier: blocks read from the file
+  uint64_t disk_bytes = 0;    // and the bytes read for them (O_DIRECT's aligned ranges)
 };
 
 // The slot pool of one size class.

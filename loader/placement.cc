@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "loader/check.h"
+#include "loader/status_util.h"
 
 namespace moegraph {
 namespace {
@@ -25,7 +26,12 @@ void* AlignedAlloc(size_t bytes, void*) {
 
 void AlignedFree(void* ptr, size_t, void*) { ::operator delete(ptr, kHostAlignment); }
 
-// The tensor a projection of one expert is read from, for error messages.
+bool SameMatrix(const WeightView& v, const ProjectionLayout& p) {
+  return v.type == p.type && v.rows == p.rows && v.cols == p.cols && v.row_bytes == p.row_bytes;
+}
+
+}  // namespace
+
 const GgufTensor* ExpertTensor(const Model& model, int layer, ExpertProj proj, int expert) {
   const LayerTensors& l = model.layers[static_cast<size_t>(layer)];
   switch (proj) {
@@ -38,12 +44,6 @@ const GgufTensor* ExpertTensor(const Model& model, int layer, ExpertProj proj, i
   }
   return nullptr;
 }
-
-bool SameMatrix(const WeightView& v, const ProjectionLayout& p) {
-  return v.type == p.type && v.rows == p.rows && v.cols == p.cols && v.row_bytes == p.row_bytes;
-}
-
-}  // namespace
 
 ExpertBlockLayout ExpertLayoutOf(const Model& model, int layer) {
   ExpertBlockLayout layout;
@@ -75,11 +75,7 @@ WeightView ProjectionView(const ExpertBlockLayout& layout, ExpertProj proj, cons
 
 HostAllocator AlignedHostAllocator() { return HostAllocator{&AlignedAlloc, &AlignedFree, nullptr}; }
 
-absl::StatusOr<ExpertStore> ExpertStore::Create(const Model& model,
-                                                const HostAllocator& allocator,
-                                                const LoadProgressFn& progress) {
-  MG_CHECK(allocator.alloc != nullptr && allocator.free != nullptr,
-           "ExpertStore: allocator without alloc or free");
+absl::StatusOr<ExpertStore> ExpertStore::Layouts(const Model& model) {
   const int n_layer = model.config.n_layer;
   const int n_expert = model.config.n_expert;
   ExpertStore store;
@@ -112,7 +108,17 @@ absl::StatusOr<ExpertStore> ExpertStore::Create(const Model& model,
     store.layer_offset_[static_cast<size_t>(layer)] = store.total_bytes_;
     store.total_bytes_ += layout.block_bytes * static_cast<size_t>(n_expert);
   }
+  return store;
+}
 
+absl::StatusOr<ExpertStore> ExpertStore::Create(const Model& model,
+                                                const HostAllocator& allocator,
+                                                const LoadProgressFn& progress) {
+  MG_CHECK(allocator.alloc != nullptr && allocator.free != nullptr,
+           "ExpertStore: allocator without alloc or free");
+  MG_ASSIGN_OR_RETURN(ExpertStore store, Layouts(model));
+  const int n_layer = model.config.n_layer;
+  const int n_expert = model.config.n_expert;
   store.data_ = static_cast<uint8_t*>(allocator.alloc(store.total_bytes_, allocator.context));
   if (store.data_ == nullptr) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -173,6 +179,7 @@ const uint8_t* ExpertStore::block(int layer, int expert) const {
   MG_CHECK(
       layer >= 0 && layer < n_layer() && class_of(layer) >= 0 && expert >= 0 && expert < n_expert_,
       "ExpertStore::block: layer, MoE layer or expert out of range");
+  MG_CHECK(data_ != nullptr, "ExpertStore::block: a Layouts store holds no blocks");
   return data_ + layer_offset_[static_cast<size_t>(layer)] +
          static_cast<size_t>(expert) * block_bytes(layer);
 }

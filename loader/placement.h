@@ -49,6 +49,10 @@ struct ExpertBlockLayout {
   bool operator==(const ExpertBlockLayout&) const = default;
 };
 
+// The tensor a projection of one expert is a slice of (merged ffn_*_exps) or
+// is (legacy per-expert tensors).
+const GgufTensor* ExpertTensor(const Model& model, int layer, ExpertProj proj, int expert);
+
 // The block layout of layer's experts, from expert 0's projections.
 ExpertBlockLayout ExpertLayoutOf(const Model& model, int layer);
 
@@ -88,6 +92,10 @@ class ExpertStore {
   static absl::StatusOr<ExpertStore> Create(const Model& model,
                                             const HostAllocator& allocator = AlignedHostAllocator(),
                                             const LoadProgressFn& progress = nullptr);
+  // The layouts and classes alone, no blocks (data() null, block() not to be
+  // called): the disk tier's store, whose blocks are read from the file
+  // (loader/expert_file.h). Errors as Create's.
+  static absl::StatusOr<ExpertStore> Layouts(const Model& model);
 
   ~ExpertStore();
   ExpertStore(ExpertStore&& other) noexcept;

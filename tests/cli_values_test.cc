@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -103,6 +104,16 @@ TEST_F(CliValuesTest, EveryBadValueExitsOneOrTwoNamingTheFlagWithoutAllocating) 
       {{"run", "-m", "FIXTURE", "--tokens", "1", "--backend", "tpu"}, "--backend"},
       {{"run", "-m", "FIXTURE", "--tokens", "1", "--arm", "warp"}, "--arm"},
       {{"run", "-m", "FIXTURE", "--tokens", "1", "--n-cpu-moe", "-2"}, "--n-cpu-moe"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--host-cache", "lots"}, "--host-cache 'lots'"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--host-cache", "-1G"}, "--host-cache '-1G'"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--host-cache", "1K"},
+       "fewer than one token's working set (4 MoE layers x 4 experts = 16"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--host-cache", "8M", "--slots", "20"},
+       "--host-cache sizes the expert cache"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--host-cache", "8M", "--load-mode", "none"},
+       "leave out --load-mode"},
+      {{"serve", "-m", "FIXTURE", "--host-cache", "1K", "--port", "0"},
+       "fewer than one token's working set"},
       // run: prompts and files
       {{"run", "-m", "FIXTURE", "--tokens", "1,x"}, "--tokens"},
       {{"run", "-m", "FIXTURE", "--tokens", "99999"}, "--tokens"},
@@ -232,6 +243,31 @@ TEST_F(CliValuesTest, ChecksThatNeedNoWeightsFailBeforeTheWeightsAreRead) {
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_TRUE(Contains(ok.err, "load: ")) << ok.err;
   std::filesystem::remove(junk);
+}
+
+// The disk tier: misses read from the file into a host cache of --host-cache
+// bytes (here 2 MiB, 18 slots of the fixture's 64 experts, just over one
+// token's 16), the tokens those of the run with every expert in memory.
+TEST_F(CliValuesTest, TheHostCacheReadsMissesFromTheFileAndChangesNoToken) {
+  const std::vector<std::string> run = {MOEGRAPH_BIN, "run",  "-m", *fixture_, "-p",
+                                        "Hello",      "-n",   "24", "--backend", "cpu"};
+  const ProcessResult resident = RunProcess(run);
+  ASSERT_EQ(resident.exit_code, 0) << resident.err;
+  std::vector<std::string> cached = run;
+  cached.insert(cached.end(), {"--host-cache", "2M"});
+  const ProcessResult disk = RunProcess(cached);
+  ASSERT_EQ(disk.exit_code, 0) << disk.err;
+  EXPECT_EQ(disk.out, resident.out);
+  EXPECT_TRUE(Contains(disk.err, "host cache: 18 expert slots in 2 MiB (--host-cache) for "
+                                 "6.75 MiB of experts; misses read from " + *fixture_))
+      << disk.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(disk.err, m, std::regex(R"((\d+) misses, (\d+) evictions.*\((\d+) disk reads)")))
+      << disk.err;
+  EXPECT_GT(std::stoi(m[1]), 0);
+  EXPECT_GT(std::stoi(m[2]), 0) << "a cache under the experts evicts";
+  EXPECT_EQ(m[1], m[3]) << "each miss is a read";
+  EXPECT_FALSE(Contains(resident.err, "disk reads")) << resident.err;
 }
 
 // As llama.cpp's -c 0, run's default context is at most the model's: a huge -n

@@ -165,6 +165,7 @@ absl::Status Chat() {
   std::string template_source;
   MG_ASSIGN_OR_RETURN(const ChatTemplate chat_template, PickTemplate(*file, &template_source));
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, ctx, stderr));
+  MG_RETURN_IF_ERROR(CheckHostCache(model, flags.host_cache_bytes));
   MG_RETURN_IF_ERROR(ReadWeights(file.get(), flags.load, stderr));
 
   std::fprintf(stderr, "%schat template: %s (%s); context %d; %s\n", StartupLines(flags).c_str(),

@@ -182,6 +182,7 @@ absl::Status Run() {
     };
   }
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, ctx, out.info));
+  MG_RETURN_IF_ERROR(CheckHostCache(model, flags.host_cache_bytes));
   MG_RETURN_IF_ERROR(ReadWeights(file.get(), flags.load, stderr));
   std::fputs(StartupLines(flags).c_str(), out.info);
   std::unique_ptr<Decoder> decoder;

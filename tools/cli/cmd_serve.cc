@@ -121,6 +121,7 @@ absl::Status Serve() {
   const std::string alias = absl::GetFlag(FLAGS_alias);
   options.model_name = alias.empty() ? std::filesystem::path(path).filename().string() : alias;
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, options.ctx, stderr));
+  MG_RETURN_IF_ERROR(CheckHostCache(model, flags.host_cache_bytes));
 
   DecoderEngine engine;
   Server server(options, &engine, tokenizer.get(), chat_template);

@@ -67,6 +67,10 @@ std::vector<FlagDoc> Engine() {
       {"slots", "N|auto",
        "expert slots: cuda: as many as the memory budget allows; cpu: every expert read in "
        "place from the file, no copies (default: auto)"},
+      {"host_cache", "SIZE",
+       "cpu: the disk tier: experts read from the file (O_DIRECT) into a host cache of SIZE "
+       "bytes (8G, 512M), at least one token's experts; the file is mapped, its experts never "
+       "faulted in (default: off)"},
       {"n_cpu_moe", "N",
        "llama.cpp's --n-cpu-moe: the experts of N layers' worth stay in host memory, so the GPU "
        "holds slots for the other layers' experts ((layers - N) x experts); cpu: no meaning"},

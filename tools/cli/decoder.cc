@@ -37,6 +37,7 @@ ABSL_FLAG(float, min_p, 0.05f, "sampling's min-p (0: off)");
 ABSL_FLAG(std::string, t, "", "CPU backend threads (empty or 0: the physical cores)");
 ABSL_FLAG(std::string, kv_type, "f16", "the KV cache's element type, f16 or f32");
 ABSL_FLAG(int32_t, n_cpu_moe, -1, "llama.cpp's --n-cpu-moe: layers whose experts stay on the host");
+ABSL_FLAG(std::string, host_cache, "", "cpu: the disk tier's host cache, a size (8G, 512M)");
 ABSL_FLAG(std::string, load_mode, "", "auto | none | mmap | mlock | mmap+mlock (llama.cpp's)");
 ABSL_FLAG(bool, mmap, false, "llama.cpp's older --mmap: --load-mode mmap");
 ABSL_FLAG(bool, no_mmap, false, "llama.cpp's older --no-mmap: --load-mode none");
@@ -143,6 +144,32 @@ std::string Banner(const CpuBackend& backend, const ExpertStore* store,
 }
 
 }  // namespace
+
+absl::StatusOr<int32_t> HostCacheSlots(const ExpertStore& store, const ModelConfig& config,
+                                       uint64_t bytes) {
+  size_t largest_block = 0;
+  for (const SizeClass& c : store.size_classes()) {
+    largest_block = std::max(largest_block, c.block_bytes);
+  }
+  const uint64_t all = static_cast<uint64_t>(config.n_moe_layer()) * config.n_expert;
+  const uint64_t working_set = static_cast<uint64_t>(config.n_moe_layer()) * config.n_expert_used;
+  const uint64_t fit = bytes / largest_block;
+  if (fit < working_set) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--host-cache %.1f MiB holds %d experts of %.3f MiB, fewer than one token's working set "
+        "(%d MoE layers x %d experts = %d, %.1f MiB): every expert would be read from disk "
+        "every token",
+        Mib(bytes), fit, Mib(largest_block), config.n_moe_layer(), config.n_expert_used,
+        working_set, Mib(working_set * largest_block)));
+  }
+  return static_cast<int32_t>(std::min(fit, all));
+}
+
+absl::Status CheckHostCache(const Model& model, uint64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  MG_ASSIGN_OR_RETURN(const ExpertStore store, ExpertStore::Layouts(model));
+  return HostCacheSlots(store, model.config, bytes).status();
+}
 
 absl::StatusOr<int32_t> ReadSlots() {
   const std::string text = absl::GetFlag(FLAGS_slots);
@@ -307,7 +334,65 @@ absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
   }
   MG_ASSIGN_OR_RETURN(flags.sampling, ReadSampling());
   MG_ASSIGN_OR_RETURN(flags.load, ReadLoadFlags(flags.cuda));
+  MG_ASSIGN_OR_RETURN(flags.host_cache_bytes, ReadHostCache());
+  if (flags.host_cache_bytes > 0) {
+    if (flags.cuda) {
+      return absl::InvalidArgumentError(
+          "--host-cache: the disk tier serves the CPU backend (add --backend cpu); the CUDA "
+          "engine copies every expert into host memory at load");
+    }
+    if (flags.slots != 0 || flags.n_cpu_moe >= 0) {
+      return absl::InvalidArgumentError(
+          "--host-cache sizes the expert cache: give it without --slots or --n-cpu-moe");
+    }
+    if (flags.doors.arm == Arm::kResident) {
+      return absl::InvalidArgumentError(
+          "--host-cache reads experts from the file; --arm resident keeps them all in memory");
+    }
+    if (!absl::GetFlag(FLAGS_load_mode).empty() || absl::GetFlag(FLAGS_mmap) ||
+        absl::GetFlag(FLAGS_no_mmap) || absl::GetFlag(FLAGS_mlock)) {
+      return absl::InvalidArgumentError(
+          "--host-cache maps the file and reads the experts itself: leave out --load-mode, "
+          "--mmap, --no-mmap and --mlock");
+    }
+    // The dense weights are mapped and faulted in as used; the experts' pages never are.
+    flags.load.mode = LoadMode::kMap;
+    flags.load.fault_in = false;
+  }
   return flags;
+}
+
+absl::StatusOr<uint64_t> ReadHostCache() {
+  const std::string text = absl::GetFlag(FLAGS_host_cache);
+  if (text.empty()) return 0;
+  absl::StatusOr<uint64_t> bytes = ParseByteSize(text);
+  if (!bytes.ok() || *bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--host-cache '%s' is not a size: bytes, or a number with K, M, G or T (binary: 8G)",
+        text));
+  }
+  return *bytes;
+}
+
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  int shift = 0;
+  if (!text.empty()) {
+    switch (absl::ascii_toupper(text.back())) {
+      case 'K': shift = 10; break;
+      case 'M': shift = 20; break;
+      case 'G': shift = 30; break;
+      case 'T': shift = 40; break;
+      default: break;
+    }
+  }
+  if (shift > 0) text.remove_suffix(1);
+  double value = 0;
+  if (text.empty() || !absl::SimpleAtod(text, &value) || !(value >= 0) ||
+      value * static_cast<double>(uint64_t{1} << shift) >= 1.8e19) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is not a size", text));
+  }
+  return static_cast<uint64_t>(value * static_cast<double>(uint64_t{1} << shift));
 }
 
 absl::StatusOr<LoadOptions> ReadLoadFlags(bool cuda) {
@@ -437,7 +522,21 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
                  "backend cpu: every expert is in host memory already; --n-cpu-moe is "
                  "ignored\n");
   }
-  if (!options.resident) {
+  if (flags.host_cache_bytes > 0) {
+    options.resident = false;
+    MG_ASSIGN_OR_RETURN(ExpertStore store, ExpertStore::Layouts(model));
+    MG_ASSIGN_OR_RETURN(options.n_slots, HostCacheSlots(store, model.config,
+                                                         flags.host_cache_bytes));
+    d->store_ = std::make_unique<ExpertStore>(std::move(store));
+    MG_ASSIGN_OR_RETURN(d->disk_, ExpertFileReader::Open(model));
+    options.disk = d->disk_.get();
+    std::fprintf(info, "host cache: %d expert slots in %.0f MiB (--host-cache) for %.2f MiB of "
+                 "experts; misses read from %s%s\n", options.n_slots, Mib(flags.host_cache_bytes),
+                 Mib(d->store_->total_bytes()),
+                 model.file->path().c_str(),
+                 d->disk_->direct() ? " with O_DIRECT" : " through the page cache (its "
+                                                          "filesystem refuses O_DIRECT)");
+  } else if (!options.resident) {
     MG_ASSIGN_OR_RETURN(ExpertStore store, ExpertStore::Create(model, AlignedHostAllocator(),
                                                                TerminalProgress("experts")));
     d->store_ = std::make_unique<ExpertStore>(std::move(store));
@@ -538,6 +637,8 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> Decoder::Counters() 
   out.push_back({"expert_misses_total", static_cast<double>(c.misses)});
   out.push_back({"expert_evictions_total", static_cast<double>(c.evictions)});
   out.push_back({"bytes_staged_total", static_cast<double>(c.bytes_staged)});
+  out.push_back({"disk_reads_total", static_cast<double>(c.disk_reads)});
+  out.push_back({"disk_bytes_total", static_cast<double>(c.disk_bytes)});
   return out;
 }
 
@@ -569,12 +670,18 @@ absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, s
   absl::FPrintF(
       out,
       "%s: %d prompt token%s (%s) + %d generated (%s) = %d; hit %.1f%%, %d misses, "
-      "%d evictions, %.2f MiB staged; %s%s\n",
+      "%d evictions, %.2f MiB staged%s; %s%s\n",
       backend, stats.prompt_tokens, stats.prompt_tokens == 1 ? "" : "s",
       Rate(stats.prompt_tokens, stats.prompt_seconds), generated,
       Rate(stats.decode_steps, stats.decode_seconds), stats.prompt_tokens + generated,
       selected > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(selected) : 0.0,
-      c.misses, c.evictions, Mib(c.bytes_staged), memory, prompt_path);
+      c.misses, c.evictions, Mib(c.bytes_staged),
+      disk_ == nullptr
+          ? ""
+          : absl::StrFormat(" (%d disk reads, %.2f MiB read, %.0f MiB/s)", c.disk_reads,
+                            Mib(c.disk_bytes),
+                            c.stage_ns > 0 ? Mib(c.disk_bytes) / (c.stage_ns * 1e-9) : 0.0),
+      memory, prompt_path);
   return absl::OkStatus();
 }
 

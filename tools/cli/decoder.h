@@ -40,6 +40,9 @@ struct DecoderFlags {
   SamplingParams sampling;  // --seed unset: a random seed, drawn here
   CpuForwardOptions cpu;    // -t, --kv-type, -ub, --swa-full (the last three on both backends)
   LoadOptions load;         // --load-mode, or --mmap / --no-mmap / --mlock
+  // --host-cache: the CPU backend's disk tier, experts read from the file into
+  // a cache of this many bytes (the file mapped, its experts never faulted in); 0: off.
+  uint64_t host_cache_bytes = 0;
   // Every position's logits kept (perplexity): on CUDA each prompt position a
   // recorded decode step (no batched prefill).
   bool every_position_logits = false;
@@ -71,6 +74,19 @@ absl::StatusOr<int32_t> ReadUbatch();
 
 // --slots N | auto (the default, 0), else an error naming the flag.
 absl::StatusOr<int32_t> ReadSlots();
+
+// A size: bytes, or a number with a K, M, G or T suffix (binary); "1.5G" too.
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
+// --host-cache SIZE (empty: 0, off), else an error naming the flag.
+absl::StatusOr<uint64_t> ReadHostCache();
+// The slots bytes of host cache hold (every expert at most); a budget below
+// one token's working set (k experts in each MoE layer, which a global pool
+// would evict within the token) is an error with the arithmetic naming
+// --host-cache.
+absl::StatusOr<int32_t> HostCacheSlots(const ExpertStore& store, const ModelConfig& config,
+                                       uint64_t bytes);
+// HostCacheSlots's check from the header alone (no weight is read); bytes 0: none.
+absl::Status CheckHostCache(const Model& model, uint64_t bytes);
 
 // --kv-type: f16 or f32, else an error naming the flag.
 absl::StatusOr<KvCacheType> ReadKvType();
@@ -165,6 +181,7 @@ class Decoder {
   // The expert path's counters of whichever backend runs (CUDA: one readback).
   absl::StatusOr<EngineCounters> ExpertCounters();
   std::unique_ptr<ExpertStore> store_;  // the CPU backend's experts; none when resident
+  std::unique_ptr<ExpertFileReader> disk_;  // --host-cache: where misses are read from
   uint64_t file_bytes_ = 0;             // CPU: the model file and the KV cache, for the
   uint64_t kv_bytes_ = 0;               // summary's memory figures
   uint64_t state_bytes_ = 0;
