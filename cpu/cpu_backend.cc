@@ -197,15 +197,20 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
           pool.cache->Step(local_layer_[static_cast<size_t>(layer)], experts.data());
       counters_.hits += static_cast<uint64_t>(step.outcome.n_hits);
       counters_.evictions += static_cast<uint64_t>(step.outcome.n_evictions);
+      misses_.clear();
       for (int r = 0; r < k_; ++r) {
-        if (step.missed[r]) Stage(pool, step.slot_of_rank[r], layer, experts[r]);
-        weights[r] = SlotWeights(pool, step.slot_of_rank[r], layer);
+        if (step.missed[r]) misses_.push_back({layer, experts[r], &store_->layout(layer),
+                                               pool.slot(step.slot_of_rank[r])});
       }
+      Stage(pool);
+      for (int r = 0; r < k_; ++r) weights[r] = SlotWeights(pool, step.slot_of_rank[r], layer);
     } else {
+      misses_.clear();
       for (int r = 0; r < k_; ++r) {
-        Stage(pool, r, layer, experts[r]);
-        weights[r] = SlotWeights(pool, r, layer);
+        misses_.push_back({layer, experts[r], &store_->layout(layer), pool.slot(r)});
       }
+      Stage(pool);
+      for (int r = 0; r < k_; ++r) weights[r] = SlotWeights(pool, r, layer);
     }
   }
 
@@ -252,22 +257,27 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   const std::vector<int32_t>& routing() const { return routing_; }
 
  private:
-  void Stage(Pool& pool, int32_t slot, int layer, int32_t expert) {
+  // The layer's misses (misses_) into their slots: from the disk tier all
+  // read at once, else copied from the store.
+  void Stage(const Pool& pool) {
+    if (misses_.empty()) return;
     const auto start = std::chrono::steady_clock::now();
     if (disk_ != nullptr) {
       const uint64_t before = disk_->bytes_read();
-      absl::Status read = disk_->ReadBlock(layer, expert, store_->layout(layer), pool.slot(slot));
+      absl::Status read = disk_->ReadBlocks(misses_);
       if (!read.ok() && read_error_.ok()) read_error_ = std::move(read);
       counters_.disk_bytes += disk_->bytes_read() - before;
-      ++counters_.disk_reads;
+      counters_.disk_reads += misses_.size();
     } else {
-      std::memcpy(pool.slot(slot), store_->block(layer, expert), pool.info.block_bytes);
+      for (const BlockRead& miss : misses_) {
+        std::memcpy(miss.block, store_->block(miss.layer, miss.expert), pool.info.block_bytes);
+      }
     }
     const auto elapsed = std::chrono::steady_clock::now() - start;
     counters_.stage_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
-    ++counters_.misses;
-    counters_.bytes_staged += pool.info.block_bytes;
+    counters_.misses += misses_.size();
+    counters_.bytes_staged += pool.info.block_bytes * misses_.size();
   }
 
   ExpertWeights SlotWeights(const Pool& pool, int32_t slot, int layer) const {
@@ -282,6 +292,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   const ExpertStore* store_;  // null: resident
   ExpertFileReader* const disk_;  // null: misses copy from the store's memory
   absl::Status read_error_;
+  std::vector<BlockRead> misses_;  // the layer being provided: its misses and their slots
   const int k_;
   const RoutingTrace* routing_trace_;
   std::vector<int32_t> local_layer_;  // model layer -> its number in its class's cache

@@ -1,11 +1,12 @@
 #include "loader/expert_file.h"
 
 #include <fcntl.h>
+#include <liburing.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -26,37 +27,59 @@ uint64_t AlignUp(uint64_t n) { return AlignDown(n + kDirectAlignment - 1); }
 
 void FreeAligned(uint8_t* p) { ::operator delete(p, std::align_val_t(kDirectAlignment)); }
 
+std::unique_ptr<uint8_t, void (*)(uint8_t*)> AllocAligned(size_t bytes) {
+  return {static_cast<uint8_t*>(::operator new(bytes, std::align_val_t(kDirectAlignment))),
+          &FreeAligned};
+}
+
 int64_t MtimeNs(const struct stat& st) {
   return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
 }
 
 }  // namespace
 
+struct ExpertFileReader::Ring {
+  io_uring ring{};
+  bool initialized = false;
+  ~Ring() {
+    if (initialized) io_uring_queue_exit(&ring);
+  }
+};
+
 ExpertFileReader::~ExpertFileReader() {
+  ring_.reset();
   for (const Shard& s : shards_) {
     if (s.fd >= 0) ::close(s.fd);
   }
 }
 
 absl::StatusOr<std::unique_ptr<ExpertFileReader>> ExpertFileReader::Open(const Model& model,
-                                                                         bool direct) {
+                                                                         bool direct,
+                                                                         bool uring) {
   std::unique_ptr<ExpertFileReader> r(new ExpertFileReader());
   r->model_ = &model;
   r->direct_ = direct;
   const GgufFile& file = *model.file;
-  for (int i = 0; i < file.shard_count(); ++i) {
-    Shard s;
-    s.path = file.shard(i).path();
-    s.data_offset = file.shard(i).data_offset();
-    s.fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-    if (s.fd < 0 && direct && errno == EINVAL) {  // the filesystem refuses O_DIRECT
-      r->direct_ = false;
-      s.fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
-    }
+  const auto open_shard = [](Shard& s, bool with_direct) -> absl::Status {
+    if (s.fd >= 0) ::close(s.fd);
+    s.fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC | (with_direct ? O_DIRECT : 0));
     if (s.fd < 0) {
       return absl::NotFoundError(
           absl::StrFormat("%s: cannot open for expert reads: %s", s.path, std::strerror(errno)));
     }
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < file.shard_count(); ++i) {
+    Shard s;
+    s.path = file.shard(i).path();
+    s.data_offset = file.shard(i).data_offset();
+    absl::Status opened = open_shard(s, r->direct_);
+    if (!opened.ok() && r->direct_ && errno == EINVAL) {  // the filesystem refuses O_DIRECT
+      r->direct_ = false;
+      for (Shard& earlier : r->shards_) MG_RETURN_IF_ERROR(open_shard(earlier, false));
+      opened = open_shard(s, false);
+    }
+    MG_RETURN_IF_ERROR(opened);
     struct stat st{};
     if (::fstat(s.fd, &st) != 0) {
       const int error = errno;
@@ -69,83 +92,134 @@ absl::StatusOr<std::unique_ptr<ExpertFileReader>> ExpertFileReader::Open(const M
   }
   if (r->direct_) {
     // Some filesystems open with O_DIRECT and refuse the reads: try one.
-    r->bounce_ = {static_cast<uint8_t*>(
-                      ::operator new(kDirectAlignment, std::align_val_t(kDirectAlignment))),
-                  &FreeAligned};
+    r->bounce_ = AllocAligned(kDirectAlignment);
     r->bounce_bytes_ = kDirectAlignment;
-    const Shard& first = r->shards_.front();
-    if (::pread(first.fd, r->bounce_.get(), kDirectAlignment, 0) < 0 && errno == EINVAL) {
+    if (::pread(r->shards_.front().fd, r->bounce_.get(), kDirectAlignment, 0) < 0 &&
+        errno == EINVAL) {
       r->direct_ = false;
-      for (Shard& s : r->shards_) {
-        ::close(s.fd);
-        s.fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (s.fd < 0) {
-          return absl::NotFoundError(absl::StrFormat("%s: cannot open for expert reads: %s",
-                                                     s.path, std::strerror(errno)));
-        }
-      }
+      for (Shard& s : r->shards_) MG_RETURN_IF_ERROR(open_shard(s, false));
     }
+  }
+  if (uring) {
+    auto ring = std::make_unique<Ring>();
+    // A kernel or sandbox without io_uring: one pread after another.
+    ring->initialized = io_uring_queue_init(kQueueDepth, &ring->ring, 0) == 0;
+    if (ring->initialized) r->ring_ = std::move(ring);
   }
   return r;
 }
 
-absl::Status ExpertFileReader::ReadRange(const Shard& shard, const GgufTensor& tensor,
-                                         uint64_t offset, size_t bytes, uint8_t* dst) {
-  // With O_DIRECT the aligned range around the slice, through the bounce buffer.
-  const uint64_t first = direct_ ? AlignDown(offset) : offset;
-  const uint64_t last = direct_ ? AlignUp(offset + bytes) : offset + bytes;
-  const size_t span = static_cast<size_t>(last - first);
-  uint8_t* target = dst;
-  if (direct_) {
-    if (bounce_bytes_ < span) {
-      bounce_ = {static_cast<uint8_t*>(::operator new(span, std::align_val_t(kDirectAlignment))),
-                 &FreeAligned};
-      bounce_bytes_ = span;
-    }
-    target = bounce_.get();
+absl::Status ExpertFileReader::CheckUnchanged(const Shard& shard) const {
+  struct stat st{};
+  if (::fstat(shard.fd, &st) != 0 || st.st_size != shard.size || MtimeNs(st) != shard.mtime_ns) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: the file changed since it was opened (size %d, now %d): its experts would not be "
+        "the model's",
+        shard.path, shard.size, static_cast<int64_t>(st.st_size)));
   }
-  // The file's end may fall inside the aligned range: what is needed is up to offset + bytes.
-  const size_t needed = static_cast<size_t>(offset + bytes - first);
-  size_t done = 0;
-  while (done < needed) {
-    const ssize_t n = ::pread(shard.fd, target + done, span - done, static_cast<off_t>(first + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: tensor '%s': reading %d bytes at byte %d: %s", shard.path, tensor.name, bytes,
-          offset, n < 0 ? std::strerror(errno) : "the file ends first (truncated?)"));
-    }
-    done += static_cast<size_t>(n);
-    bytes_read_ += static_cast<uint64_t>(n);
-  }
-  ++reads_;
-  if (direct_) std::memcpy(dst, target + (offset - first), bytes);
   return absl::OkStatus();
 }
 
-absl::Status ExpertFileReader::ReadBlock(int layer, int expert, const ExpertBlockLayout& layout,
-                                         uint8_t* block) {
-  size_t end = 0;
-  for (const ExpertProj proj : {ExpertProj::kGate, ExpertProj::kUp, ExpertProj::kDown}) {
-    const ProjectionLayout& p = layout[proj];
-    const GgufTensor& tensor = *ExpertTensor(*model_, layer, proj, expert);
-    const Shard& shard = shards_[static_cast<size_t>(tensor.shard)];
-    struct stat st{};
-    if (::fstat(shard.fd, &st) != 0 || st.st_size != shard.size || MtimeNs(st) != shard.mtime_ns) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s: the file changed since it was opened (size %d, now %d): its experts would not "
-          "be the model's",
-          shard.path, shard.size, static_cast<int64_t>(st.st_size)));
-    }
-    // The slice's place in its tensor, from the binding's pointers (nothing is read there).
-    const uint64_t in_tensor =
-        static_cast<uint64_t>(model_->expert(layer, proj, expert).data - tensor.data);
-    const uint64_t offset = shard.data_offset + tensor.offset + in_tensor;
-    std::memset(block + end, 0, p.offset - end);
-    MG_RETURN_IF_ERROR(ReadRange(shard, tensor, offset, p.bytes(), block + p.offset));
-    end = p.offset + p.bytes();
+absl::Status ExpertFileReader::Failed(const Slice& slice, int error) const {
+  return absl::DataLossError(absl::StrFormat(
+      "%s: tensor '%s': reading %d bytes at byte %d: %s", slice.shard->path, slice.tensor->name,
+      slice.bytes, slice.offset,
+      error != 0 ? std::strerror(error) : "the file ends first (truncated?)"));
+}
+
+absl::Status ExpertFileReader::FinishWithPread(Slice& slice) {
+  // The file's end may fall inside an aligned range: what is needed is up to offset + bytes.
+  const size_t needed = static_cast<size_t>(slice.offset + slice.bytes - slice.first);
+  while (slice.done < needed) {
+    const ssize_t n = ::pread(slice.shard->fd, slice.target + slice.done, slice.span - slice.done,
+                              static_cast<off_t>(slice.first + slice.done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Failed(slice, n < 0 ? errno : 0);
+    slice.done += static_cast<size_t>(n);
+    bytes_read_ += static_cast<uint64_t>(n);
   }
-  std::memset(block + end, 0, layout.block_bytes - end);
+  return absl::OkStatus();
+}
+
+absl::Status ExpertFileReader::ReadThroughRing(absl::Span<Slice> slices) {
+  io_uring* ring = &ring_->ring;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
+    io_uring_prep_read(sqe, slices[i].shard->fd, slices[i].target,
+                       static_cast<unsigned>(slices[i].span), slices[i].first);
+    io_uring_sqe_set_data64(sqe, i);
+  }
+  int submitted = io_uring_submit(ring);
+  if (submitted < 0) submitted = 0;  // the ring refused: every slice by pread
+  absl::Status status;
+  for (int seen = 0; seen < submitted; ++seen) {
+    io_uring_cqe* cqe = nullptr;
+    int waited = io_uring_wait_cqe(ring, &cqe);
+    while (waited == -EINTR) waited = io_uring_wait_cqe(ring, &cqe);
+    if (waited < 0) return absl::InternalError(absl::StrFormat("io_uring: %s", std::strerror(-waited)));
+    Slice& slice = slices[io_uring_cqe_get_data64(cqe)];
+    if (cqe->res < 0 && status.ok()) status = Failed(slice, -cqe->res);
+    if (cqe->res > 0) {
+      slice.done = static_cast<size_t>(cqe->res);
+      bytes_read_ += static_cast<uint64_t>(cqe->res);
+    }
+    io_uring_cqe_seen(ring, cqe);
+  }
+  MG_RETURN_IF_ERROR(status);
+  // Short reads (and any slice the ring did not take) finish one by one.
+  for (Slice& slice : slices) MG_RETURN_IF_ERROR(FinishWithPread(slice));
+  return absl::OkStatus();
+}
+
+absl::Status ExpertFileReader::ReadBlocks(absl::Span<const BlockRead> reads) {
+  slices_.clear();
+  size_t bounce_needed = 0;
+  for (const BlockRead& read : reads) {
+    size_t end = 0;
+    for (const ExpertProj proj : {ExpertProj::kGate, ExpertProj::kUp, ExpertProj::kDown}) {
+      const ProjectionLayout& p = (*read.layout)[proj];
+      Slice s;
+      s.tensor = ExpertTensor(*model_, read.layer, proj, read.expert);
+      s.shard = &shards_[static_cast<size_t>(s.tensor->shard)];
+      // The slice's place in its tensor, from the binding's pointers (nothing is read there).
+      const uint64_t in_tensor =
+          static_cast<uint64_t>(model_->expert(read.layer, proj, read.expert).data - s.tensor->data);
+      s.offset = s.shard->data_offset + s.tensor->offset + in_tensor;
+      s.bytes = p.bytes();
+      s.dst = read.block + p.offset;
+      s.first = direct_ ? AlignDown(s.offset) : s.offset;
+      s.span = static_cast<size_t>((direct_ ? AlignUp(s.offset + s.bytes) : s.offset + s.bytes) -
+                                   s.first);
+      bounce_needed += direct_ ? s.span : 0;
+      slices_.push_back(s);
+      std::memset(read.block + end, 0, p.offset - end);
+      end = p.offset + p.bytes();
+    }
+    std::memset(read.block + end, 0, read.layout->block_bytes - end);
+  }
+  for (const Shard& shard : shards_) MG_RETURN_IF_ERROR(CheckUnchanged(shard));
+  if (bounce_bytes_ < bounce_needed) {
+    bounce_ = AllocAligned(bounce_needed);
+    bounce_bytes_ = bounce_needed;
+  }
+  size_t at = 0;
+  for (Slice& s : slices_) {
+    s.target = direct_ ? bounce_.get() + at : s.dst;
+    at += direct_ ? s.span : 0;
+  }
+  const absl::Span<Slice> all(slices_);
+  for (size_t first = 0; first < all.size(); first += kQueueDepth) {
+    const absl::Span<Slice> batch = all.subspan(first, kQueueDepth);
+    if (ring_ != nullptr) {
+      MG_RETURN_IF_ERROR(ReadThroughRing(batch));
+    } else {
+      for (Slice& s : batch) MG_RETURN_IF_ERROR(FinishWithPread(s));
+    }
+  }
+  for (const Slice& s : slices_) {
+    if (direct_) std::memcpy(s.dst, s.target + (s.offset - s.first), s.bytes);
+  }
+  reads_ += slices_.size();
   return absl::OkStatus();
 }
 

@@ -1,7 +1,7 @@
 // The disk tier (loader/expert_file.h, CpuBackendOptions::disk): every block
 // read from the file equals the store's copy of it, with O_DIRECT and
-// through the page cache, from merged and per-expert tensors and from split
-// files; the CPU backend reading its misses from disk gives the resident
+// through the page cache, through io_uring and by pread, one at a time and in
+// batches, from merged and per-expert tensors and from split files; the CPU backend reading its misses from disk gives the resident
 // run's tokens and logits bit for bit at every budget, policy and thread
 // count, its disk counters moving; a file changed under it is an error
 // naming it, never wrong weights.
@@ -69,28 +69,47 @@ FixtureSpec Spec() {
   return spec;
 }
 
-// Every block of model read by a reader equals ExpertStore's copy.
-void ExpectBlocksEqualTheStores(const Model& model, bool direct, const std::string& what) {
+// Every block of model read by a reader equals ExpertStore's copy, read one
+// at a time and all in one batch (more slices than the ring's depth).
+void ExpectBlocksEqualTheStores(const Model& model, bool direct, bool uring,
+                                const std::string& what) {
   absl::StatusOr<ExpertStore> store = ExpertStore::Create(model);
   ASSERT_TRUE(store.ok()) << store.status();
-  absl::StatusOr<std::unique_ptr<ExpertFileReader>> reader = ExpertFileReader::Open(model, direct);
+  absl::StatusOr<std::unique_ptr<ExpertFileReader>> reader =
+      ExpertFileReader::Open(model, direct, uring);
   ASSERT_TRUE(reader.ok()) << reader.status();
-  int blocks = 0;
+  EXPECT_EQ((*reader)->uring(), uring) << what;  // this kernel allows io_uring
+  std::vector<BlockRead> batch;
+  std::vector<std::vector<uint8_t>> blocks;
   for (int layer = model.config.n_layer_dense_lead; layer < model.config.n_layer; ++layer) {
     std::vector<uint8_t> block(store->block_bytes(layer), 0xAB);
     for (int e = 0; e < model.config.n_expert; ++e) {
       ASSERT_TRUE((*reader)->ReadBlock(layer, e, store->layout(layer), block.data()).ok());
       ASSERT_EQ(std::memcmp(block.data(), store->block(layer, e), block.size()), 0)
           << what << ": layer " << layer << " expert " << e;
-      ++blocks;
+      blocks.emplace_back(store->block_bytes(layer), 0xCD);
     }
   }
-  EXPECT_EQ((*reader)->reads(), 3u * static_cast<uint64_t>(blocks)) << what;
-  EXPECT_GE((*reader)->bytes_read(), store->total_bytes() / 2) << what;
+  size_t i = 0;
+  for (int layer = model.config.n_layer_dense_lead; layer < model.config.n_layer; ++layer) {
+    for (int e = 0; e < model.config.n_expert; ++e) {
+      batch.push_back({layer, e, &store->layout(layer), blocks[i++].data()});
+    }
+  }
+  ASSERT_TRUE((*reader)->ReadBlocks(batch).ok()) << what;
+  for (const BlockRead& b : batch) {
+    ASSERT_EQ(std::memcmp(b.block, store->block(b.layer, b.expert), store->block_bytes(b.layer)),
+              0)
+        << what << " batched: layer " << b.layer << " expert " << b.expert;
+  }
+  EXPECT_EQ((*reader)->reads(), 2 * 3 * static_cast<uint64_t>(batch.size())) << what;
+  EXPECT_GE((*reader)->bytes_read(), store->total_bytes()) << what;
 }
 
 TEST(ExpertFileTest, EveryBlockReadFromTheFileIsTheStoresCopy) {
-  std::unique_ptr<OnDisk> merged = Write(Spec(), "expert-file-merged.gguf");
+  FixtureSpec wide = Spec();
+  wide.n_expert = 32;
+  std::unique_ptr<OnDisk> merged = Write(wide, "expert-file-merged.gguf");
   ASSERT_NE(merged, nullptr);
   FixtureSpec legacy = Spec();
   legacy.arch = Arch::kMixtral;
@@ -104,10 +123,14 @@ TEST(ExpertFileTest, EveryBlockReadFromTheFileIsTheStoresCopy) {
   glm.arch = Arch::kGlm4Moe;
   std::unique_ptr<OnDisk> dense_lead = Write(glm, "expert-file-glm.gguf");
   ASSERT_NE(dense_lead, nullptr);
+  ASSERT_GT(3 * merged->model.config.n_moe_layer() * merged->model.config.n_expert,
+            ExpertFileReader::kQueueDepth);  // the batch takes more than one ring's worth
   for (const bool direct : {true, false}) {
-    ExpectBlocksEqualTheStores(merged->model, direct, "merged");
-    ExpectBlocksEqualTheStores(per_expert->model, direct, "legacy");
-    ExpectBlocksEqualTheStores(dense_lead->model, direct, "glm4moe");
+    for (const bool uring : {true, false}) {
+      ExpectBlocksEqualTheStores(merged->model, direct, uring, "merged");
+      ExpectBlocksEqualTheStores(per_expert->model, direct, uring, "legacy");
+      ExpectBlocksEqualTheStores(dense_lead->model, direct, uring, "glm4moe");
+    }
   }
 }
 
@@ -127,7 +150,7 @@ TEST(ExpertFileTest, SplitFilesAreReadFromTheShardHoldingEachTensor) {
     ASSERT_TRUE(file.ok()) << file.status();
     absl::StatusOr<Model> model = LoadModel(**file);
     ASSERT_TRUE(model.ok()) << model.status();
-    ExpectBlocksEqualTheStores(*model, true, "split");
+    ExpectBlocksEqualTheStores(*model, true, true, "split");
   }
   for (const std::string& p : *paths) std::remove(p.c_str());
 }

@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(cmake make g++ clang libclang-rt-14-dev libabsl-dev libgtest-dev libbenchmark-dev gnuplot-nox
   libboost-context-dev libpcre2-dev nlohmann-json3-dev pkg-config libhwy-dev
-  libcpp-httplib-dev curl python3)
+  libcpp-httplib-dev liburing-dev curl python3)
 
 missing=()
 for p in "${packages[@]}"; do
