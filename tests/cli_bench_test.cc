@@ -108,6 +108,35 @@ TEST_F(CliBenchTest, JsonParsesWithEveryFieldAndOneSamplePerRepetition) {
   EXPECT_EQ(rows[2].at("hits"), "0");
 }
 
+// --host-cache: the arms with slots read their misses from the file, at the
+// slot count the budget holds: the same hits and misses as those slots over
+// a copy in memory; stage reads every selected expert.
+TEST_F(CliBenchTest, TheHostCacheRunsTheArmsOverTheFile) {
+  const ProcessResult disk =
+      Bench(fixture_path(), "--arms graph,stage --host-cache 150K -p 0 -n 16 -r 1 -t 1 -o json");
+  ASSERT_EQ(disk.exit_code, 0) << disk.err;
+  EXPECT_TRUE(testing_util::Contains(disk.err, "the arms with slots read each miss from"))
+      << disk.err;
+  const std::vector<std::map<std::string, std::string>> rows = BenchJsonRows(disk.out);
+  ASSERT_EQ(rows.size(), 2u) << disk.out;
+  const std::string slots = rows[0].at("slots");
+  EXPECT_LT(std::stoi(slots), kLayers * kExperts);  // a cache under the experts
+  EXPECT_GE(std::stoi(slots), kLayers * kTopK);     // at least one token's
+  EXPECT_NE(rows[0].at("misses"), "0");
+  EXPECT_EQ(rows[1].at("hits"), "0");  // stage
+  const ProcessResult memory = Bench(
+      fixture_path(), "--arms graph --slots " + slots + " -p 0 -n 16 -r 1 -t 1 -o json");
+  ASSERT_EQ(memory.exit_code, 0) << memory.err;
+  const std::vector<std::map<std::string, std::string>> in_memory = BenchJsonRows(memory.out);
+  ASSERT_EQ(in_memory.size(), 1u);
+  EXPECT_EQ(in_memory[0].at("hits"), rows[0].at("hits"));
+  EXPECT_EQ(in_memory[0].at("misses"), rows[0].at("misses"));
+
+  const ProcessResult both = Bench(fixture_path(), "--host-cache 150K --slots 4 -n 2 -r 1");
+  EXPECT_EQ(both.exit_code, 1);
+  EXPECT_TRUE(testing_util::Contains(both.err, "--host-cache sizes the expert cache")) << both.err;
+}
+
 TEST_F(CliBenchTest, BadFlagsExitNonZeroNamingTheFlag) {
   struct Case {
     std::string args;

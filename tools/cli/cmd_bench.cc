@@ -54,6 +54,10 @@ ABSL_DECLARE_FLAG(int32_t, steps_per_launch);
 ABSL_DECLARE_FLAG(std::string, t);
 ABSL_DECLARE_FLAG(std::string, ub);
 ABSL_DECLARE_FLAG(std::string, kv_type);
+ABSL_DECLARE_FLAG(std::string, load_mode);
+ABSL_DECLARE_FLAG(bool, mmap);
+ABSL_DECLARE_FLAG(bool, no_mmap);
+ABSL_DECLARE_FLAG(bool, mlock);
 
 // What each flag means: tools/cli/command_line.cc.
 ABSL_FLAG(std::string, arms, "resident,graph,eager,host,stage", "arms to compare");
@@ -130,8 +134,10 @@ class CpuTarget final : public Target {
                                                         const ExpertStore* store,
                                                         const Doors& doors, Arm arm, int32_t slots,
                                                         int ctx, const CpuForwardOptions& cpu,
-                                                        const RoutingTrace* trace) {
+                                                        const RoutingTrace* trace,
+                                                        ExpertFileReader* disk) {
     CpuBackendOptions options;
+    options.disk = disk;
     options.max_ctx = ctx;
     options.fast = cpu;
     options.fast.batch_matmul = doors.batch_matmul;
@@ -542,6 +548,7 @@ struct Plan {
   std::string backend_note;  // no device: the CPU backend
   CpuForwardOptions cpu;     // --kv-type (threads: the group's)
   LoadOptions load;          // --load-mode, or --mmap / --no-mmap / --mlock
+  uint64_t host_cache = 0;   // --host-cache: the CPU arms' slots over the file; 0: off
 };
 
 // A comma-separated list of non-negative numbers (repeats kept, as llama-bench
@@ -632,6 +639,25 @@ absl::StatusOr<Plan> MakePlan() {
   MG_ASSIGN_OR_RETURN(plan.cuda, BackendIsCuda(&plan.backend_note));
   MG_ASSIGN_OR_RETURN(plan.load, ReadLoadFlags(plan.cuda));
   MG_ASSIGN_OR_RETURN(plan.cpu.kv_type, ReadKvType());
+  MG_ASSIGN_OR_RETURN(plan.host_cache, ReadHostCache());
+  if (plan.host_cache > 0) {
+    if (plan.cuda) {
+      return absl::InvalidArgumentError(
+          "--host-cache: the disk tier serves the CPU backend (add --backend cpu)");
+    }
+    if (!absl::GetFlag(FLAGS_slots).empty()) {
+      return absl::InvalidArgumentError(
+          "--host-cache sizes the expert cache: give it without --slots");
+    }
+    if (!absl::GetFlag(FLAGS_load_mode).empty() || absl::GetFlag(FLAGS_mmap) ||
+        absl::GetFlag(FLAGS_no_mmap) || absl::GetFlag(FLAGS_mlock)) {
+      return absl::InvalidArgumentError(
+          "--host-cache maps the file and reads the experts itself: leave out --load-mode, "
+          "--mmap, --no-mmap and --mlock");
+    }
+    plan.load.mode = LoadMode::kMap;
+    plan.load.fault_in = false;
+  }
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_ub), ',')) {
     MG_ASSIGN_OR_RETURN(const int32_t ub, ParseUbatch(part));
     plan.ubatches.push_back(ub);
@@ -694,6 +720,7 @@ absl::Status Bench() {
   // Notes go to stderr: stdout holds the table (or JSON, CSV) alone.
   std::FILE* notes = stderr;
   MG_RETURN_IF_ERROR(CheckContext(model, plan.cuda, plan.cpu, plan.ctx, notes));
+  MG_RETURN_IF_ERROR(CheckHostCache(model, plan.host_cache));
   MG_RETURN_IF_ERROR(ReadWeights(file.get(), plan.load, notes));
   if (!plan.backend_note.empty()) std::fprintf(notes, "note: %s\n", plan.backend_note.c_str());
   if (plan.cuda && (plan.threads.size() > 1 || !absl::GetFlag(FLAGS_t).empty())) {
@@ -736,8 +763,22 @@ absl::Status Bench() {
   // One copy of the experts, pinned on CUDA, shared by every engine of the run;
   // the CPU backend's resident arm reads the file in place and needs none.
   std::shared_ptr<const ExpertStore> store;
+  std::unique_ptr<ExpertFileReader> disk;  // --host-cache: the arms with slots read misses here
+  std::vector<int32_t> slot_list = plan.slots;
   if (plan.cuda) {
     MG_ASSIGN_OR_RETURN(store, CudaEngine::PinExperts(model));
+  } else if (plan.host_cache > 0) {
+    MG_ASSIGN_OR_RETURN(ExpertStore s, ExpertStore::Layouts(model));
+    MG_ASSIGN_OR_RETURN(const int32_t slots, HostCacheSlots(s, cfg, plan.host_cache));
+    slot_list = {slots};
+    store = std::make_shared<const ExpertStore>(std::move(s));
+    MG_ASSIGN_OR_RETURN(disk, ExpertFileReader::Open(model));
+    std::fprintf(notes,
+                 "note: --host-cache %.0f MiB: %d expert slots; the arms with slots read each miss "
+                 "from %s%s, so MiB/tok is the blocks read from disk and stage GB/s their rate; stage "
+                 "reads every selected expert each token; resident reads the file in place\n",
+                 plan.host_cache / 1048576.0, slots, path.c_str(),
+                 disk->direct() ? " with O_DIRECT" : " through the page cache");
   } else if (std::any_of(plan.arms.begin(), plan.arms.end(),
                          [](Arm arm) { return arm != Arm::kResident; })) {
     MG_ASSIGN_OR_RETURN(ExpertStore s, ExpertStore::Create(model));
@@ -759,7 +800,7 @@ absl::Status Bench() {
       engines.push_back({a, -1, 0});
       continue;
     }
-    for (size_t s = 0; s < plan.slots.size(); ++s) engines.push_back({a, plan.slots[s], s});
+    for (size_t s = 0; s < slot_list.size(); ++s) engines.push_back({a, slot_list[s], s});
   }
   // Rows: (row group, engine, test).
   const size_t n_tests = plan.tests.size();
@@ -777,7 +818,7 @@ absl::Status Bench() {
     cpu.threads = row_groups[row_group].threads;
     cpu.ubatch = row_groups[row_group].ubatch;
     const size_t first_row = row_group * engines.size() * n_tests;
-    for (size_t group = 0; group < plan.slots.size(); ++group) {
+    for (size_t group = 0; group < slot_list.size(); ++group) {
       std::vector<size_t> members;  // engine indices
       std::vector<std::unique_ptr<Target>> targets;
       // The engines without a pool policy (resident, stage) are made first, so the
@@ -805,7 +846,7 @@ absl::Status Bench() {
                                            e.slots_requested == 0 && slots == 0 ? sharing : 1,
                                            plan.ctx, cpu.ubatch, trace_ptr, record_steps)
                       : CpuTarget::Create(model, store.get(), doors[e.arm], plan.arms[e.arm], slots,
-                                          plan.ctx, cpu, trace_ptr);
+                                          plan.ctx, cpu, trace_ptr, disk.get());
         if (!target.ok()) {
           return Prefixed(target.status(), absl::StrCat("arm ", Av(ArmName(plan.arms[e.arm]))));
         }

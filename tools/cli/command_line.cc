@@ -241,6 +241,9 @@ std::vector<CommandSpec> MakeCommands() {
                "a pp+tg test a pair: a P-token prompt, then N tokens, all timed (default: none)"},
               {"arms", "A[,A...]", "arms to compare (default: resident,graph,eager,host,stage)"},
               {"slots", "N[,N...]", "slot counts, auto allowed (default: auto)"},
+              {"host_cache", "SIZE",
+               "cpu: the disk tier: the arms' slots fill SIZE bytes over the file, misses read "
+               "from it (run's --host-cache; default: off)"},
               {"t", "N[,N...]", "cpu: thread counts, a row each (default: the physical cores)"},
               {"r", "N", "timed repetitions of every test (default: 5)"},
               {"o", "md|json|jsonl|csv", "output format; notes go to stderr (default: md)"},

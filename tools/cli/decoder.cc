@@ -151,6 +151,9 @@ absl::StatusOr<int32_t> HostCacheSlots(const ExpertStore& store, const ModelConf
   for (const SizeClass& c : store.size_classes()) {
     largest_block = std::max(largest_block, c.block_bytes);
   }
+  if (largest_block == 0) {
+    return absl::InvalidArgumentError("--host-cache: the model has no routed experts to cache");
+  }
   const uint64_t all = static_cast<uint64_t>(config.n_moe_layer()) * config.n_expert;
   const uint64_t working_set = static_cast<uint64_t>(config.n_moe_layer()) * config.n_expert_used;
   const uint64_t fit = bytes / largest_block;
