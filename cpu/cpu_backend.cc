@@ -16,6 +16,8 @@
 #include "loader/quant.h"
 #include "loader/status_util.h"
 #include "reference/ops.h"
+#include "residency/drop_cold.h"
+#include "residency/policy.h"
 
 namespace moegraph {
 namespace {
@@ -111,8 +113,15 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
 
   // store null: resident, every expert read in place from model's file.
   SlotExperts(const Model& model, const ExpertStore* store, ExpertFileReader* disk, int k,
-              const RoutingTrace* routing_trace)
-      : model_(model), store_(store), disk_(disk), k_(k), routing_trace_(routing_trace) {
+              const RoutingTrace* routing_trace, double drop_strength, bool drop_in_prompts)
+      : model_(model),
+        store_(store),
+        disk_(disk),
+        drop_strength_(drop_strength),
+        drop_in_prompts_(drop_in_prompts),
+        k_(k),
+        routing_trace_(routing_trace) {
+    drops_.resize(static_cast<size_t>(model.config.n_layer));
     local_layer_.resize(static_cast<size_t>(model.config.n_layer));
     batch_rows_.resize(static_cast<size_t>(model.config.n_layer));
     provided_rows_.resize(static_cast<size_t>(model.config.n_layer));
@@ -176,7 +185,8 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     // A step's record has a row per layer: the dense layers' (which route
     // nothing) are kMissingExpert. A batch's rows come layer by layer.
     const size_t n_layer = static_cast<size_t>(model_.config.n_layer);
-    const size_t row_step = counters_.steps + provided_rows_[static_cast<size_t>(layer)]++;
+    const uint64_t batch_row = provided_rows_[static_cast<size_t>(layer)]++;
+    const size_t row_step = counters_.steps + batch_row;
     if (routing_.size() < (row_step + 1) * n_layer * k_) {
       routing_.resize((row_step + 1) * n_layer * k_, kMissingExpert);
     }
@@ -191,10 +201,20 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
       counters_.hits += static_cast<uint64_t>(k_);
       return;
     }
+    // Ranks Route dropped take no slot; their views are rank 0's (kept
+    // always), which their zero weight multiplies away.
+    const std::vector<uint8_t>& drops = drops_[static_cast<size_t>(layer)];
+    const auto dropped = [&](int r) {
+      return (batch_row + 1) * k_ <= drops.size() && drops[batch_row * k_ + r] != 0;
+    };
+    step_ids_.assign(experts.begin(), experts.end());
+    for (int r = 0; r < k_; ++r) {
+      if (dropped(r)) step_ids_[r] = kNoExpert;
+    }
     Pool& pool = pools_[static_cast<size_t>(store_->class_of(layer))];
     if (pool.cache.has_value()) {
       const LayerStep& step =
-          pool.cache->Step(local_layer_[static_cast<size_t>(layer)], experts.data());
+          pool.cache->Step(local_layer_[static_cast<size_t>(layer)], step_ids_.data());
       counters_.hits += static_cast<uint64_t>(step.outcome.n_hits);
       counters_.evictions += static_cast<uint64_t>(step.outcome.n_evictions);
       misses_.clear();
@@ -203,14 +223,18 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
                                                pool.slot(step.slot_of_rank[r])});
       }
       Stage(pool);
-      for (int r = 0; r < k_; ++r) weights[r] = SlotWeights(pool, step.slot_of_rank[r], layer);
+      for (int r = 0; r < k_; ++r) {
+        weights[r] = SlotWeights(pool, step.slot_of_rank[dropped(r) ? 0 : r], layer);
+      }
     } else {
       misses_.clear();
       for (int r = 0; r < k_; ++r) {
-        misses_.push_back({layer, experts[r], &store_->layout(layer), pool.slot(r)});
+        if (!dropped(r)) {
+          misses_.push_back({layer, experts[r], &store_->layout(layer), pool.slot(r)});
+        }
       }
       Stage(pool);
-      for (int r = 0; r < k_; ++r) weights[r] = SlotWeights(pool, r, layer);
+      for (int r = 0; r < k_; ++r) weights[r] = SlotWeights(pool, dropped(r) ? 0 : r, layer);
     }
   }
 
@@ -219,17 +243,23 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   void Route(int layer, absl::Span<const float> /*probs*/, absl::Span<int32_t> experts,
              absl::Span<double> weights) override {
     const uint64_t batch_row = batch_rows_[static_cast<size_t>(layer)]++;
-    if (routing_trace_ == nullptr) return;
-    const RoutingTrace& trace = *routing_trace_;
-    const int64_t step =
-        static_cast<int64_t>((counters_.steps + batch_row) % static_cast<uint64_t>(trace.n_steps));
-    if (!trace.present(step, layer)) return;
-    const size_t row = trace.row_offset(step, layer);
-    for (int r = 0; r < k_; ++r) {
-      experts[r] = trace.ids[row + r];
-      weights[r] = trace.weights.empty() ? 1.0 / k_ : f16_to_f32(trace.weights[row + r]);
+    if (routing_trace_ != nullptr) {
+      const RoutingTrace& trace = *routing_trace_;
+      const int64_t step = static_cast<int64_t>((counters_.steps + batch_row) %
+                                                static_cast<uint64_t>(trace.n_steps));
+      if (trace.present(step, layer)) {
+        const size_t row = trace.row_offset(step, layer);
+        for (int r = 0; r < k_; ++r) {
+          experts[r] = trace.ids[row + r];
+          weights[r] = trace.weights.empty() ? 1.0 / k_ : f16_to_f32(trace.weights[row + r]);
+        }
+      }
     }
+    DropCold(layer, batch_row, experts, weights);
   }
+
+  // A prompt's rows keep their experts unless drop_in_prompts.
+  void SetInPrompt(bool in_prompt) { in_prompt_ = in_prompt; }
 
   // Resident, or every pool holds all of its class's experts: nothing is ever
   // evicted.
@@ -245,6 +275,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
 
   // A forward call done: its rows are steps (a Truncate's refed ones too).
   void CountSteps() {
+    for (std::vector<uint8_t>& d : drops_) d.clear();
     counters_.steps += provided_rows_[static_cast<size_t>(model_.config.n_layer_dense_lead)];
     std::fill(batch_rows_.begin(), batch_rows_.end(), 0);
     std::fill(provided_rows_.begin(), provided_rows_.end(), 0);
@@ -280,6 +311,28 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
     counters_.bytes_staged += pool.info.block_bytes * misses_.size();
   }
 
+  // --drop-cold-experts: the row's ranks drop_routing drops get weight 0 and
+  // are marked for Provide, which neither looks them up nor reads them.
+  void DropCold(int layer, uint64_t batch_row, absl::Span<const int32_t> experts,
+                absl::Span<double> weights) {
+    if (drop_strength_ <= 0 || store_ == nullptr || (in_prompt_ && !drop_in_prompts_)) return;
+    const Pool& pool = pools_[static_cast<size_t>(store_->class_of(layer))];
+    std::vector<uint8_t>& drops = drops_[static_cast<size_t>(layer)];
+    drops.resize((batch_row + 1) * k_, 0);
+    for (int r = 0; r < k_; ++r) {
+      const bool resident =
+          pool.cache.has_value() &&
+          pool.cache->table()[static_cast<size_t>(residency_key(
+              local_layer_[static_cast<size_t>(layer)], experts[r], store_->n_expert()))] !=
+              kNoSlot;
+      if (!drop_routing(r, k_, weights[r], drop_strength_, resident)) continue;
+      drops[batch_row * k_ + r] = 1;
+      ++counters_.dropped;
+      counters_.dropped_weight += weights[r];
+      weights[r] = 0.0;
+    }
+  }
+
   ExpertWeights SlotWeights(const Pool& pool, int32_t slot, int layer) const {
     const ExpertBlockLayout& layout = store_->layout(layer);
     const uint8_t* block = pool.slot(slot);
@@ -293,6 +346,11 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   ExpertFileReader* const disk_;  // null: misses copy from the store's memory
   absl::Status read_error_;
   std::vector<BlockRead> misses_;  // the layer being provided: its misses and their slots
+  double drop_strength_ = 0;      // --drop-cold-experts F; 0: off
+  bool drop_in_prompts_ = false;
+  bool in_prompt_ = false;
+  std::vector<std::vector<uint8_t>> drops_;  // per layer: the batch's rows x k, 1 = dropped
+  std::vector<int32_t> step_ids_;            // a row's ids for the cache step (kNoExpert: dropped)
   const int k_;
   const RoutingTrace* routing_trace_;
   std::vector<int32_t> local_layer_;  // model layer -> its number in its class's cache
@@ -324,9 +382,13 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Model& mode
   backend->max_ctx_ = options.max_ctx;
   MG_CHECK(store == nullptr || options.disk != nullptr || store->data() != nullptr,
            "CpuBackend: a store without blocks needs the disk tier");
+  if (options.drop_cold < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--drop-cold-experts %g must not be negative (0: off)", options.drop_cold));
+  }
   backend->experts_ = std::make_unique<SlotExperts>(
       model, store, store == nullptr ? nullptr : options.disk, model.config.n_expert_used,
-      options.routing_trace);
+      options.routing_trace, options.drop_cold, options.drop_in_prompts);
   if (store != nullptr) MG_RETURN_IF_ERROR(backend->experts_->AddPools(options));
   for (const SlotExperts::Pool& pool : backend->experts_->pools()) {
     backend->pools_.push_back(pool.info);
@@ -381,6 +443,7 @@ absl::StatusOr<std::vector<float>> CpuBackend::Run(absl::Span<const int32_t> tok
   // slots are fewer than the experts (so its state checkpoints see the call).
   // A failed disk read: the positions fed with it are dropped again.
   const int start = n_past();
+  experts_->SetInPrompt(tokens.size() > 1);
   const auto read_failed = [&]() {
     absl::Status error = experts_->TakeReadError();
     if (!error.ok()) oracle_->Truncate(start);

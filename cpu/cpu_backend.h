@@ -52,6 +52,12 @@ struct CpuBackendOptions {
   // (loader/expert_file.h) instead of the store's memory, whose blocks the
   // store then need not hold (ExpertStore::Layouts). Must outlive the backend.
   ExpertFileReader* disk = nullptr;
+  // --drop-cold-experts F: a routed expert that is not in a slot and whose
+  // combine weight is below F / k is skipped (weight 0, the others unchanged;
+  // residency/drop_cold.h), the top expert always kept; 0: off. Prompts (a
+  // Forward of more than one token) keep their experts unless drop_in_prompts.
+  double drop_cold = 0;
+  bool drop_in_prompts = false;
   // Routing replay (moegraph bench --routing-trace): step s, layer l takes the
   // trace's row (s mod n_steps, l) instead of the router's selection, with the
   // trace's weights (uniform 1/k when it has none); a row the trace lacks keeps
@@ -80,6 +86,8 @@ struct EngineCounters {
   uint64_t stage_ns = 0;      // CPU backend: wall time inside the stage copies (memcpy or reads)
   uint64_t disk_reads = 0;    // CPU backend's disk tier: blocks read from the file
   uint64_t disk_bytes = 0;    // and the bytes read for them (O_DIRECT's aligned ranges)
+  uint64_t dropped = 0;       // --drop-cold-experts: routings skipped
+  double dropped_weight = 0;  // and the combine weight they carried
 };
 
 // The slot pool of one size class.

@@ -87,6 +87,7 @@ absl::StatusOr<SlotLayout> PartitionSlots(const CacheConfig& config) {
 void CheckSelection(const CacheConfig& config, int32_t layer, const int32_t* experts) {
   MG_CHECK(layer >= 0 && layer < config.n_layer, "residency step: layer out of range");
   for (int32_t r = 0; r < config.k; ++r) {
+    if (experts[r] == kNoExpert) continue;  // a dropped rank
     MG_CHECK(experts[r] >= 0 && experts[r] < config.n_expert,
              "residency step: expert id out of range");
     for (int32_t q = 0; q < r; ++q) {

@@ -292,11 +292,11 @@ MG_HD inline StepOutcome hazard_step(const HazardState& s, const HazardPool& poo
                                      int32_t* slot_of_rank, uint8_t* missed,
                                      int32_t* evicted_keys) {
   StepOutcome out = {0, 0, 0};
-  for (int32_t r = 0; r < k; ++r) selected_keys[r] = residency_key(layer, experts[r], s.n_expert);
+  for (int32_t r = 0; r < k; ++r) selected_keys[r] = selected_key(layer, experts[r], s.n_expert);
   hazard_observe_layer(s, layer, selected_keys, k);
   for (int32_t r = 0; r < k; ++r) {
-    const int32_t slot = s.table[selected_keys[r]];
-    missed[r] = slot == kNoSlot ? 1 : 0;
+    const int32_t slot = selected_keys[r] == kNoKey ? kNoSlot : s.table[selected_keys[r]];
+    missed[r] = slot == kNoSlot && selected_keys[r] != kNoKey ? 1 : 0;
     slot_of_rank[r] = slot;
     if (slot != kNoSlot) ++out.n_hits;
   }

@@ -17,6 +17,10 @@ namespace moegraph {
 
 inline constexpr int32_t kNoSlot = -1;
 inline constexpr int32_t kNoKey = -1;
+// In a selection: a rank whose routing was dropped (--drop-cold-experts): no
+// key, no hit, no admission; its slot_of_rank is kNoSlot. The CPU backend's
+// only; the CUDA engine never drops.
+inline constexpr int32_t kNoExpert = -1;
 inline constexpr uint8_t kProbation = 0;
 inline constexpr uint8_t kProtected = 1;
 inline constexpr uint64_t kNotAVictim = ~uint64_t{0};
@@ -112,7 +116,13 @@ MG_HD inline void touch_hit(const ResidencyState& s, const ResidencyPool& pool, 
   }
 }
 
-// One layer's step. experts: the k distinct selected ids in router rank order.
+// The key of rank r's expert in a selection, kNoKey for a dropped rank.
+MG_HD inline int32_t selected_key(int32_t layer, int32_t expert, int32_t n_expert) {
+  return expert == kNoExpert ? kNoKey : residency_key(layer, expert, n_expert);
+}
+
+// One layer's step. experts: the k distinct selected ids in router rank order
+// (kNoExpert for a dropped rank).
 // Writes, per rank r: slot_of_rank[r] (where expert r lives after the step) and
 // missed[r] (1 when it was admitted this step and must be staged), and the keys
 // evicted (evicted_keys[0 .. n_evictions)). Requires pool.n_slots >= k.
@@ -121,10 +131,15 @@ MG_HD inline StepOutcome residency_step(const ResidencyState& s, const Residency
                                         int32_t* selected_keys, int32_t* slot_of_rank,
                                         uint8_t* missed, int32_t* evicted_keys) {
   StepOutcome out = {0, 0, 0};
-  for (int32_t r = 0; r < k; ++r) selected_keys[r] = residency_key(layer, experts[r], s.n_expert);
+  for (int32_t r = 0; r < k; ++r) selected_keys[r] = selected_key(layer, experts[r], s.n_expert);
   // 1. Hits, in rank order.
   for (int32_t r = 0; r < k; ++r) {
-    const int32_t slot = s.table[selected_keys[r]];
+    const int32_t slot = selected_keys[r] == kNoKey ? kNoSlot : s.table[selected_keys[r]];
+    if (selected_keys[r] == kNoKey) {  // dropped: neither a hit nor a miss
+      missed[r] = 0;
+      slot_of_rank[r] = kNoSlot;
+      continue;
+    }
     missed[r] = slot == kNoSlot ? 1 : 0;
     slot_of_rank[r] = slot;
     if (slot == kNoSlot) continue;

@@ -114,6 +114,10 @@ TEST_F(CliValuesTest, EveryBadValueExitsOneOrTwoNamingTheFlagWithoutAllocating) 
        "leave out --load-mode"},
       {{"serve", "-m", "FIXTURE", "--host-cache", "1K", "--port", "0"},
        "fewer than one token's working set"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--drop-cold-experts", "-1"},
+       "--drop-cold-experts -1 must be 0 (off) or more"},
+      {{"run", "-m", "FIXTURE", "--tokens", "1", "--drop-cold-experts", "x"},
+       "--drop-cold-experts 'x' is not a number"},
       // run: prompts and files
       {{"run", "-m", "FIXTURE", "--tokens", "1,x"}, "--tokens"},
       {{"run", "-m", "FIXTURE", "--tokens", "99999"}, "--tokens"},

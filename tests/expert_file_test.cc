@@ -221,7 +221,9 @@ TEST(ExpertFileTest, TheDiskTierGivesTheResidentRunsLogitsAtEveryBudgetPolicyAnd
         EXPECT_EQ(got.counters.disk_reads, got.counters.misses) << at;
         EXPECT_GE(got.counters.disk_bytes, got.counters.bytes_staged / 2) << at;
         EXPECT_EQ((*reader)->reads(), 3 * got.counters.disk_reads) << at;
-        if (slots == working_set) EXPECT_GT(got.counters.evictions, 0u) << at;
+        if (slots == working_set) {
+          EXPECT_GT(got.counters.evictions, 0u) << at;
+        }
       }
     }
   }

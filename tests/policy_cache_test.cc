@@ -9,6 +9,7 @@
 
 #include "residency/cache.h"
 #include "residency/hazard_cache.h"
+#include "residency/policy.h"
 #include "residency/policy_cache.h"
 
 namespace moegraph {
@@ -85,6 +86,36 @@ TEST(PolicyCacheTest, StepsAsItsOwnCacheAndSnapshotsItsArrays) {
   EXPECT_TRUE(as_hazard->CheckInvariants().ok());
   EXPECT_NE(as_hazard->hazard_cache(), nullptr);
   EXPECT_EQ(as_hazard->slru_cache(), nullptr);
+}
+
+// A dropped rank (kNoExpert, --drop-cold-experts) is neither a hit nor a
+// miss: no slot, no admission, no eviction; the other ranks step as without it.
+TEST(PolicyCacheTest, ADroppedRankTakesNoSlotAndTheOthersStepAsAlone) {
+  for (const ResidencyPolicy policy :
+       {ResidencyPolicy::kLru, ResidencyPolicy::kSlru, ResidencyPolicy::kHazard}) {
+    absl::StatusOr<PolicyCache> cache = PolicyCache::Create(policy, Config());
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    const int32_t kept_and_dropped[] = {5, kNoExpert};
+    const LayerStep& step = cache->Step(1, kept_and_dropped);
+    EXPECT_EQ(step.outcome.n_hits, 0);
+    EXPECT_EQ(step.outcome.n_misses, 1) << PolicyName(policy);
+    EXPECT_EQ(step.missed[0], 1);
+    EXPECT_EQ(step.missed[1], 0);
+    EXPECT_EQ(step.slot_of_rank[1], kNoSlot);
+    const int32_t slot = step.slot_of_rank[0];
+    ASSERT_NE(slot, kNoSlot);
+    EXPECT_EQ(cache->table()[1 * 16 + 5], slot);
+    int32_t held = 0;
+    for (const int32_t owner : cache->owner()) held += owner != kNoKey ? 1 : 0;
+    EXPECT_EQ(held, 1) << PolicyName(policy);
+    // Expert 5 again with another dropped: a hit, nothing else moves.
+    const int32_t again[] = {5, kNoExpert};
+    const LayerStep& hit = cache->Step(1, again);
+    EXPECT_EQ(hit.outcome.n_hits, 1);
+    EXPECT_EQ(hit.outcome.n_misses, 0);
+    EXPECT_EQ(hit.slot_of_rank[0], slot);
+    EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+  }
 }
 
 TEST(PolicyCacheTest, RefusalsKeepTheirCachesMessages) {

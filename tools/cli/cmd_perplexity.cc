@@ -172,6 +172,8 @@ absl::Status Perplexity() {
     std::fflush(stderr);
   }
   std::fputc('\n', stderr);
+  MG_ASSIGN_OR_RETURN(const std::string experts, decoder->ExpertSummary());
+  std::fprintf(stderr, "perplexity: experts: %s\n", experts.c_str());
   if (writer) MG_RETURN_IF_ERROR(writer->Close());
   if (!record.empty()) {
     // Every position of every chunk, in order: a routing trace of the text.

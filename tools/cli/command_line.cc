@@ -71,6 +71,10 @@ std::vector<FlagDoc> Engine() {
        "cpu: the disk tier: experts read from the file (O_DIRECT) into a host cache of SIZE "
        "bytes (8G, 512M), at least one token's experts; the file is mapped, its experts never "
        "faulted in (default: off)"},
+      {"drop_cold_experts", "F",
+       "cpu: a routed expert that is not in a slot and weighs under F / k is skipped (weight 0, "
+       "no read), the top one kept; decode only unless --drop-in-prompts (default: 0, off)"},
+      {"drop_in_prompts", "", "cpu: --drop-cold-experts in prompts too (default: false)"},
       {"n_cpu_moe", "N",
        "llama.cpp's --n-cpu-moe: the experts of N layers' worth stay in host memory, so the GPU "
        "holds slots for the other layers' experts ((layers - N) x experts); cpu: no meaning"},

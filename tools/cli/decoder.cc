@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, t, "", "CPU backend threads (empty or 0: the physical cor
 ABSL_FLAG(std::string, kv_type, "f16", "the KV cache's element type, f16 or f32");
 ABSL_FLAG(int32_t, n_cpu_moe, -1, "llama.cpp's --n-cpu-moe: layers whose experts stay on the host");
 ABSL_FLAG(std::string, host_cache, "", "cpu: the disk tier's host cache, a size (8G, 512M)");
+ABSL_FLAG(double, drop_cold_experts, 0.0,
+          "cpu: skip a routed expert that is not cached and weighs under F / k (0: off)");
+ABSL_FLAG(bool, drop_in_prompts, false, "cpu: --drop-cold-experts in prompts too");
 ABSL_FLAG(std::string, load_mode, "", "auto | none | mmap | mlock | mmap+mlock (llama.cpp's)");
 ABSL_FLAG(bool, mmap, false, "llama.cpp's older --mmap: --load-mode mmap");
 ABSL_FLAG(bool, no_mmap, false, "llama.cpp's older --no-mmap: --load-mode none");
@@ -337,6 +340,16 @@ absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
   }
   MG_ASSIGN_OR_RETURN(flags.sampling, ReadSampling());
   MG_ASSIGN_OR_RETURN(flags.load, ReadLoadFlags(flags.cuda));
+  flags.drop_cold = absl::GetFlag(FLAGS_drop_cold_experts);
+  flags.drop_in_prompts = absl::GetFlag(FLAGS_drop_in_prompts);
+  if (!(flags.drop_cold >= 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--drop-cold-experts %g must be 0 (off) or more: a share of 1/k", flags.drop_cold));
+  }
+  if (flags.drop_cold > 0 && flags.cuda) {
+    return absl::InvalidArgumentError(
+        "--drop-cold-experts: the CPU backend drops (add --backend cpu); the CUDA engine does not");
+  }
   MG_ASSIGN_OR_RETURN(flags.host_cache_bytes, ReadHostCache());
   if (flags.host_cache_bytes > 0) {
     if (flags.cuda) {
@@ -491,6 +504,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   }
   // The CPU backend, with the doors mapped where they mean something on the host.
   d->ubatch_ = flags.cpu.ubatch;
+  d->drop_cold_ = flags.drop_cold;
   CpuBackendOptions options;
   options.max_ctx = max_ctx;
   options.n_slots = flags.slots;
@@ -525,6 +539,8 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
                  "backend cpu: every expert is in host memory already; --n-cpu-moe is "
                  "ignored\n");
   }
+  options.drop_cold = flags.drop_cold;
+  options.drop_in_prompts = flags.drop_in_prompts;
   if (flags.host_cache_bytes > 0) {
     options.resident = false;
     MG_ASSIGN_OR_RETURN(ExpertStore store, ExpertStore::Layouts(model));
@@ -642,11 +658,33 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> Decoder::Counters() 
   out.push_back({"bytes_staged_total", static_cast<double>(c.bytes_staged)});
   out.push_back({"disk_reads_total", static_cast<double>(c.disk_reads)});
   out.push_back({"disk_bytes_total", static_cast<double>(c.disk_bytes)});
+  out.push_back({"experts_dropped_total", static_cast<double>(c.dropped)});
+  out.push_back({"expert_weight_dropped_total", c.dropped_weight});
   return out;
 }
 
-absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, size_t generated) {
+absl::StatusOr<std::string> Decoder::ExpertSummary() {
   MG_ASSIGN_OR_RETURN(const EngineCounters c, ExpertCounters());
+  const uint64_t selected = c.hits + c.misses;
+  std::string line = absl::StrFormat(
+      "hit %.1f%%, %d misses, %d evictions, %.2f MiB staged",
+      selected > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(selected) : 0.0,
+      c.misses, c.evictions, Mib(c.bytes_staged));
+  if (disk_ != nullptr) {
+    absl::StrAppendFormat(&line, " (%d disk reads, %.2f MiB read, %.0f MiB/s)", c.disk_reads,
+                          Mib(c.disk_bytes),
+                          c.stage_ns > 0 ? Mib(c.disk_bytes) / (c.stage_ns * 1e-9) : 0.0);
+  }
+  if (c.dropped > 0 || drop_cold_ > 0) {
+    absl::StrAppendFormat(&line, ", %d routings dropped (weight %.3f in all, %.4f each)",
+                          c.dropped, c.dropped_weight,
+                          c.dropped > 0 ? c.dropped_weight / c.dropped : 0.0);
+  }
+  return line;
+}
+
+absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, size_t generated) {
+  MG_ASSIGN_OR_RETURN(const std::string experts, ExpertSummary());
   const std::string backend =
       cuda_ == nullptr ? "backend cpu"
                        : absl::StrCat("backend cuda (arm ", Av(ArmName(cuda_->arm())), ")");
@@ -659,7 +697,6 @@ absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, s
         h.prefill_tokens, h.prefill_ubatches, h.prefill_ubatches == 1 ? "" : "es",
         h.prefill_experts_in_place, h.prefill_experts_streamed, h.prompt_steps);
   }
-  const uint64_t selected = c.hits + c.misses;
   std::string memory = absl::StrFormat("peak RSS %.0f MiB", Mib(PeakRssBytes()));
   if (cuda_ == nullptr) {
     absl::StrAppendFormat(&memory, " (file %.0f MiB, KV cache %.0f MiB%s)", Mib(file_bytes_),
@@ -670,21 +707,11 @@ absl::Status Decoder::PrintSummary(std::FILE* out, const GenerateStats& stats, s
                                                 Mib(state_bytes_), kStateCheckpoints)
                               : "");
   }
-  absl::FPrintF(
-      out,
-      "%s: %d prompt token%s (%s) + %d generated (%s) = %d; hit %.1f%%, %d misses, "
-      "%d evictions, %.2f MiB staged%s; %s%s\n",
-      backend, stats.prompt_tokens, stats.prompt_tokens == 1 ? "" : "s",
-      Rate(stats.prompt_tokens, stats.prompt_seconds), generated,
-      Rate(stats.decode_steps, stats.decode_seconds), stats.prompt_tokens + generated,
-      selected > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(selected) : 0.0,
-      c.misses, c.evictions, Mib(c.bytes_staged),
-      disk_ == nullptr
-          ? ""
-          : absl::StrFormat(" (%d disk reads, %.2f MiB read, %.0f MiB/s)", c.disk_reads,
-                            Mib(c.disk_bytes),
-                            c.stage_ns > 0 ? Mib(c.disk_bytes) / (c.stage_ns * 1e-9) : 0.0),
-      memory, prompt_path);
+  absl::FPrintF(out, "%s: %d prompt token%s (%s) + %d generated (%s) = %d; %s; %s%s\n", backend,
+                stats.prompt_tokens, stats.prompt_tokens == 1 ? "" : "s",
+                Rate(stats.prompt_tokens, stats.prompt_seconds), generated,
+                Rate(stats.decode_steps, stats.decode_seconds), stats.prompt_tokens + generated,
+                experts, memory, prompt_path);
   return absl::OkStatus();
 }
 

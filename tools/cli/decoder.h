@@ -43,6 +43,9 @@ struct DecoderFlags {
   // --host-cache: the CPU backend's disk tier, experts read from the file into
   // a cache of this many bytes (the file mapped, its experts never faulted in); 0: off.
   uint64_t host_cache_bytes = 0;
+  // --drop-cold-experts F and --drop-in-prompts (CpuBackendOptions::drop_cold).
+  double drop_cold = 0;
+  bool drop_in_prompts = false;
   // Every position's logits kept (perplexity): on CUDA each prompt position a
   // recorded decode step (no batched prefill).
   bool every_position_logits = false;
@@ -172,6 +175,10 @@ class Decoder {
   // (name, value) for /metrics.
   absl::StatusOr<std::vector<std::pair<std::string, double>>> Counters();
 
+  // "hit X%, N misses, E evictions, M MiB staged" with the disk tier's reads
+  // and the dropped routings where they apply: the expert path so far.
+  absl::StatusOr<std::string> ExpertSummary();
+
   // "backend cpu: P prompt tokens (x tok/s) + G generated (y tok/s) = N; hit
   // ...; peak RSS ..." with the counters so far.
   absl::Status PrintSummary(std::FILE* out, const GenerateStats& stats, size_t generated);
@@ -189,6 +196,7 @@ class Decoder {
   std::unique_ptr<CudaEngine> cuda_;
   SamplingParams sampling_;
   int ubatch_ = 0;  // CPU: positions Score feeds at a time
+  double drop_cold_ = 0;  // CPU: --drop-cold-experts, for the summary
 };
 
 }  // namespace moegraph
