@@ -10,6 +10,7 @@
 // fixtures' near-ties do not.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include "loader/gguf.h"
 #include "loader/model_config.h"
 #include "loader/requantize.h"
+#include "quality/logprobs.h"
 #include "quality/perplexity.h"
 #include "reference/oracle.h"
 #include "tests/test_util.h"
@@ -71,9 +73,13 @@ std::unique_ptr<Oracle> CpuForward(const Model& model, int max_ctx) {
 }
 
 // Each case's 32 greedy tokens after llama.cpp's prompt ids, from make(max_ctx):
-// at least `at_least` of the 20 equal.
+// at least `at_least` of the 20 equal, and where one parts from llama.cpp's,
+// the two tokens at the first difference within near_tie of each other in the
+// engine's own distribution there (teacher-forced along llama.cpp's tokens):
+// a near-tie, never a confident token of its own.
 template <typename Make>
-void ExpectGreedy(const nlohmann::json& cases, const char* what, int at_least, Make make) {
+void ExpectGreedy(const nlohmann::json& cases, const char* what, int at_least, double near_tie,
+                  Make make) {
   int equal = 0;
   for (const nlohmann::json& c : cases) {
     const std::vector<int32_t> prompt = c["prompt_ids"];
@@ -87,6 +93,21 @@ void ExpectGreedy(const nlohmann::json& cases, const char* what, int at_least, M
       EXPECT_EQ(*got, want) << what << ": " << c["prompt"];
     }
     equal += *got == want;
+    if (*got == want || got->size() != want.size()) continue;
+    const size_t first =
+        std::mismatch(got->begin(), got->end(), want.begin()).first - got->begin();
+    std::vector<int32_t> forced = prompt;
+    forced.insert(forced.end(), want.begin(), want.begin() + static_cast<std::ptrdiff_t>(first));
+    std::unique_ptr<Oracle> fresh = make(static_cast<int>(forced.size()));
+    ASSERT_NE(fresh, nullptr);
+    absl::StatusOr<std::vector<float>> logits = fresh->ForwardLast(forced);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    const double ours = std::exp(TokenLogprob(*logits, (*got)[first]));
+    const double theirs = std::exp(TokenLogprob(*logits, want[first]));
+    std::printf("%s: %s parts at token %zu: %.4f (ours) against %.4f (llama.cpp's)\n", what,
+                c["prompt"].get<std::string>().c_str(), first, ours, theirs);
+    EXPECT_LT(std::fabs(ours - theirs), near_tie) << what << ": " << c["prompt"] << " token "
+                                                  << first;
   }
   std::printf("%s: %d of 20 prompts' 32 greedy tokens are llama.cpp's\n", what, equal);
   EXPECT_GE(equal, at_least) << what;
@@ -112,23 +133,24 @@ TEST(KjvMoeTest, GreedyTokensAreLlamaCppsAtF16AndQ8_0) {
   const nlohmann::json expected = Expected();
   std::unique_ptr<Loaded> f16 = Load(kModel);
   ASSERT_NE(f16, nullptr);
-  ExpectGreedy(expected["greedy"]["f16"], "oracle f16", 20, [&](int ctx) {
+  ExpectGreedy(expected["greedy"]["f16"], "oracle f16", 20, 0.0, [&](int ctx) {
     absl::StatusOr<std::unique_ptr<Oracle>> o = Oracle::Create(f16->model, ctx);
     return o.ok() ? std::move(*o) : nullptr;
   });
-  ExpectGreedy(expected["greedy"]["f16"], "cpu f16", 20,
+  ExpectGreedy(expected["greedy"]["f16"], "cpu f16", 20, 0.0,
                [&](int ctx) { return CpuForward(f16->model, ctx); });
   const std::string q8 = TempPath("kjv-moe-q8_0.gguf");
   ASSERT_TRUE(RequantizeFile(*f16->file, GgmlType::kQ8_0, q8, nullptr).ok());
   std::unique_ptr<Loaded> q8_0 = Load(q8);
   ASSERT_NE(q8_0, nullptr);
   // At q8_0, 16 of 20 (2026-12-07, the reproducible retrain; the model before
-  // it gave 20). The four part where llama.cpp's own next-token probabilities
-  // (teacher-forced, tools/llama-crosscheck/teacher-forced.mjs) are close:
-  // 0.1409 against 0.1407 (token 2), 0.1530 against 0.1521 (token 19), 0.296
-  // against 0.276 (token 9), and once moegraph takes llama.cpp's third, 0.154
-  // against its first's 0.202 (token 20): not yet explained (issue 42's note).
-  ExpectGreedy(expected["greedy"]["q8_0"], "cpu q8_0", 16,
+  // it gave 20), each of the four parting at a near-tie of our own q8_0
+  // distribution (within 0.015; 0.02 asserted). q8_0 moves whole experts:
+  // against f16 it changes the top-4 set at 3.4% of (position, layer) rows, so
+  // two q8_0 implementations whose activations round differently disagree by
+  // about q8_0's own noise (issue 42's note: mean |dp| 0.0030 between the
+  // engines' q8_0, 0.0045 and 0.0038 between each one's q8_0 and f16).
+  ExpectGreedy(expected["greedy"]["q8_0"], "cpu q8_0", 16, 0.02,
                [&](int ctx) { return CpuForward(q8_0->model, ctx); });
 }
 
