@@ -39,6 +39,7 @@ TokenLogprobs LogprobsAt(absl::Span<const float> logits, int32_t token, int top_
   out.token = token;
   out.logprob = Logprob(logits, token, n);
   const int k = std::clamp(top_n, 0, static_cast<int>(logits.size()));
+  if (k == 0) return out;
   std::vector<int32_t> ids(logits.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {

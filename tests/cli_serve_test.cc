@@ -614,9 +614,10 @@ TEST_F(CliServeTest, AFullQueueAnswers503AndALeavingClientStopsItsGeneration) {
     };
     l.send(req);
   });
-  // While it runs, the queue (0 waiting) is full.
+  // While it runs, the queue (0 waiting) is full. Up to 10 s: on a loaded
+  // machine (ctest -j2) the leaver may take seconds to start streaming.
   int busy = 0;
-  for (int i = 0; i < 100 && busy == 0; ++i) {
+  for (int i = 0; i < 500 && busy == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const httplib::Result r =
         c->Post("/v1/completions", R"({"prompt": "x", "max_tokens": 1})", "application/json");
