@@ -54,10 +54,6 @@ ABSL_DECLARE_FLAG(int32_t, steps_per_launch);
 ABSL_DECLARE_FLAG(std::string, t);
 ABSL_DECLARE_FLAG(std::string, ub);
 ABSL_DECLARE_FLAG(std::string, kv_type);
-ABSL_DECLARE_FLAG(std::string, load_mode);
-ABSL_DECLARE_FLAG(bool, mmap);
-ABSL_DECLARE_FLAG(bool, no_mmap);
-ABSL_DECLARE_FLAG(bool, mlock);
 
 // What each flag means: tools/cli/command_line.cc.
 ABSL_FLAG(std::string, arms, "resident,graph,eager,host,stage", "arms to compare");
@@ -639,24 +635,10 @@ absl::StatusOr<Plan> MakePlan() {
   MG_ASSIGN_OR_RETURN(plan.cuda, BackendIsCuda(&plan.backend_note));
   MG_ASSIGN_OR_RETURN(plan.load, ReadLoadFlags(plan.cuda));
   MG_ASSIGN_OR_RETURN(plan.cpu.kv_type, ReadKvType());
-  MG_ASSIGN_OR_RETURN(plan.host_cache, ReadHostCache());
-  if (plan.host_cache > 0) {
-    if (plan.cuda) {
-      return absl::InvalidArgumentError(
-          "--host-cache: the disk tier serves the CPU backend (add --backend cpu)");
-    }
-    if (!absl::GetFlag(FLAGS_slots).empty()) {
-      return absl::InvalidArgumentError(
-          "--host-cache sizes the expert cache: give it without --slots");
-    }
-    if (!absl::GetFlag(FLAGS_load_mode).empty() || absl::GetFlag(FLAGS_mmap) ||
-        absl::GetFlag(FLAGS_no_mmap) || absl::GetFlag(FLAGS_mlock)) {
-      return absl::InvalidArgumentError(
-          "--host-cache maps the file and reads the experts itself: leave out --load-mode, "
-          "--mmap, --no-mmap and --mlock");
-    }
-    plan.load.mode = LoadMode::kMap;
-    plan.load.fault_in = false;
+  MG_ASSIGN_OR_RETURN(plan.host_cache, ReadHostCache(plan.cuda, &plan.load));
+  if (plan.host_cache > 0 && !absl::GetFlag(FLAGS_slots).empty()) {
+    return absl::InvalidArgumentError(
+        "--host-cache sizes the expert cache: give it without --slots");
   }
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_ub), ',')) {
     MG_ASSIGN_OR_RETURN(const int32_t ub, ParseUbatch(part));
@@ -774,9 +756,10 @@ absl::Status Bench() {
     store = std::make_shared<const ExpertStore>(std::move(s));
     MG_ASSIGN_OR_RETURN(disk, ExpertFileReader::Open(model));
     std::fprintf(notes,
-                 "note: --host-cache %.0f MiB: %d expert slots; the arms with slots read each miss "
-                 "from %s%s, so MiB/tok is the blocks read from disk and stage GB/s their rate; stage "
-                 "reads every selected expert each token; resident reads the file in place\n",
+                 "note: --host-cache %.0f MiB: %d expert slots; the arms with slots read each "
+                 "miss from %s%s, so MiB/tok is the blocks read from disk and stage GB/s their "
+                 "rate; stage reads every selected expert each token; resident reads the file "
+                 "in place\n",
                  plan.host_cache / 1048576.0, slots, path.c_str(),
                  disk->direct() ? " with O_DIRECT" : " through the page cache");
   } else if (std::any_of(plan.arms.begin(), plan.arms.end(),

@@ -350,13 +350,8 @@ absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
     return absl::InvalidArgumentError(
         "--drop-cold-experts: the CPU backend drops (add --backend cpu); the CUDA engine does not");
   }
-  MG_ASSIGN_OR_RETURN(flags.host_cache_bytes, ReadHostCache());
+  MG_ASSIGN_OR_RETURN(flags.host_cache_bytes, ReadHostCache(flags.cuda, &flags.load));
   if (flags.host_cache_bytes > 0) {
-    if (flags.cuda) {
-      return absl::InvalidArgumentError(
-          "--host-cache: the disk tier serves the CPU backend (add --backend cpu); the CUDA "
-          "engine copies every expert into host memory at load");
-    }
     if (flags.slots != 0 || flags.n_cpu_moe >= 0) {
       return absl::InvalidArgumentError(
           "--host-cache sizes the expert cache: give it without --slots or --n-cpu-moe");
@@ -365,20 +360,11 @@ absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
       return absl::InvalidArgumentError(
           "--host-cache reads experts from the file; --arm resident keeps them all in memory");
     }
-    if (!absl::GetFlag(FLAGS_load_mode).empty() || absl::GetFlag(FLAGS_mmap) ||
-        absl::GetFlag(FLAGS_no_mmap) || absl::GetFlag(FLAGS_mlock)) {
-      return absl::InvalidArgumentError(
-          "--host-cache maps the file and reads the experts itself: leave out --load-mode, "
-          "--mmap, --no-mmap and --mlock");
-    }
-    // The dense weights are mapped and faulted in as used; the experts' pages never are.
-    flags.load.mode = LoadMode::kMap;
-    flags.load.fault_in = false;
   }
   return flags;
 }
 
-absl::StatusOr<uint64_t> ReadHostCache() {
+absl::StatusOr<uint64_t> ReadHostCache(bool cuda, LoadOptions* load) {
   const std::string text = absl::GetFlag(FLAGS_host_cache);
   if (text.empty()) return 0;
   absl::StatusOr<uint64_t> bytes = ParseByteSize(text);
@@ -387,6 +373,20 @@ absl::StatusOr<uint64_t> ReadHostCache() {
         "--host-cache '%s' is not a size: bytes, or a number with K, M, G or T (binary: 8G)",
         text));
   }
+  if (cuda) {
+    return absl::InvalidArgumentError(
+        "--host-cache: the disk tier serves the CPU backend (add --backend cpu); the CUDA "
+        "engine copies every expert into host memory at load");
+  }
+  if (!absl::GetFlag(FLAGS_load_mode).empty() || absl::GetFlag(FLAGS_mmap) ||
+      absl::GetFlag(FLAGS_no_mmap) || absl::GetFlag(FLAGS_mlock)) {
+    return absl::InvalidArgumentError(
+        "--host-cache maps the file and reads the experts itself: leave out --load-mode, "
+        "--mmap, --no-mmap and --mlock");
+  }
+  // The dense weights are mapped and faulted in as used; the experts' pages never are.
+  load->mode = LoadMode::kMap;
+  load->fault_in = false;
   return *bytes;
 }
 

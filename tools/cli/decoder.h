@@ -80,8 +80,10 @@ absl::StatusOr<int32_t> ReadSlots();
 
 // A size: bytes, or a number with a K, M, G or T suffix (binary); "1.5G" too.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
-// --host-cache SIZE (empty: 0, off), else an error naming the flag.
-absl::StatusOr<uint64_t> ReadHostCache();
+// --host-cache SIZE (empty: 0, off), else an error naming the flag; given,
+// it sets load to map the file without a fault-in pass, and is an error on
+// CUDA or beside an explicit --load-mode (--mmap, --no-mmap, --mlock).
+absl::StatusOr<uint64_t> ReadHostCache(bool cuda, LoadOptions* load);
 // The slots bytes of host cache hold (every expert at most); a budget below
 // one token's working set (k experts in each MoE layer, which a global pool
 // would evict within the token) is an error with the arithmetic naming
