@@ -599,6 +599,7 @@ TEST_F(CliServeTest, TheApiKeyGuardsAllButHealth) {
 TEST_F(CliServeTest, AFullQueueAnswers503AndALeavingClientStopsItsGeneration) {
   std::unique_ptr<httplib::Client> c = Serve({"--max-queue", "0", "--ctx", "4096"});
   // A long generation, streamed; the client leaves after its first chunk.
+  std::atomic<bool> streaming{false};
   std::thread leaver([&] {
     httplib::Client l("127.0.0.1", port_);
     httplib::Request req;
@@ -608,16 +609,25 @@ TEST_F(CliServeTest, AFullQueueAnswers503AndALeavingClientStopsItsGeneration) {
     req.set_header("Content-Type", "application/json");
     int chunks = 0;
     req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      streaming = true;
       if (++chunks < 2) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the 503s happen now
       return false;
     };
     l.send(req);
   });
-  // While it runs, the queue (0 waiting) is full. Up to 10 s: on a loaded
-  // machine (ctest -j2) the leaver may take seconds to start streaming.
+  // While it runs, the queue (0 waiting) is full. The probes start once it
+  // streams: a probe the engine took first would answer the leaver 503 instead
+  // (on a loaded machine its request can arrive after the first probe).
+  for (int i = 0; i < 3000 && !streaming; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!streaming) {
+    leaver.join();
+    FAIL() << "the long generation never streamed: " << server_.Log();
+  }
   int busy = 0;
-  for (int i = 0; i < 500 && busy == 0; ++i) {
+  for (int i = 0; i < 100 && busy == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const httplib::Result r =
         c->Post("/v1/completions", R"({"prompt": "x", "max_tokens": 1})", "application/json");
