@@ -22,6 +22,7 @@ constexpr std::string_view kSplitPassesVar = "MOEGRAPH_SPLIT_PASSES";
 constexpr std::string_view kPdlVar = "MOEGRAPH_PDL";
 constexpr std::string_view kPrefillVar = "MOEGRAPH_PREFILL";
 constexpr std::string_view kBatchMatMulVar = "MOEGRAPH_BATCH_MATMUL";
+constexpr std::string_view kReadOverlapVar = "MOEGRAPH_READ_OVERLAP";
 constexpr std::string_view kAmxVar = "MOEGRAPH_AMX";
 
 // kImplied: changed to agree with a door the environment set.
@@ -129,6 +130,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   Door<bool> batched_prefill{true};
   Door<bool> batch_matmul{true};
   Door<bool> amx{true};
+  Door<bool> read_overlap{true};
   Door<bool> resident{false};
   if (arm_flag.has_value()) ApplyArm(*arm_flag, graph, moe_cache, residency, resident);
   const std::string arm_text =
@@ -160,6 +162,10 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   }
   MG_ASSIGN_OR_RETURN(const std::optional<bool> env_amx, ReadBool(env, kAmxVar));
   if (env_amx.has_value()) take(amx, *env_amx, kAmxVar, *env_amx ? "1" : "0");
+  MG_ASSIGN_OR_RETURN(const std::optional<bool> env_overlap, ReadBool(env, kReadOverlapVar));
+  if (env_overlap.has_value()) {
+    take(read_overlap, *env_overlap, kReadOverlapVar, *env_overlap ? "1" : "0");
+  }
   if (const std::optional<std::string> text = env(kPrefillVar); text.has_value()) {
     if (*text != "batched" && *text != "steps") {
       return absl::InvalidArgumentError(
@@ -239,6 +245,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   d.batched_prefill = batched_prefill.value;
   d.batch_matmul = batch_matmul.value;
   d.amx = amx.value;
+  d.read_overlap = read_overlap.value;
   d.resident = resident.value;
   if (!d.moe_cache) {
     out.arm = Arm::kStage;
@@ -270,6 +277,8 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
       absl::StrFormat("%s=%d (%s)", Av(kBatchMatMulVar), d.batch_matmul ? 1 : 0,
                       Av(SourceName(batch_matmul.source))),
       absl::StrFormat("%s=%d (%s)", Av(kAmxVar), d.amx ? 1 : 0, Av(SourceName(amx.source))),
+      absl::StrFormat("%s=%d (%s)", Av(kReadOverlapVar), d.read_overlap ? 1 : 0,
+                      Av(SourceName(read_overlap.source))),
   };
   out.banner = absl::StrCat("doors: arm ", Av(ArmName(out.arm)), "; ", absl::StrJoin(doors, ", "));
   for (const std::string& note : notes) absl::StrAppend(&out.banner, "\ndoors: ", note);
@@ -277,7 +286,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   for (const Source source :
        {graph.source, moe_cache.source, residency.source, policy.source, protected_frac.source,
         split_passes.source, programmatic_launch.source, batched_prefill.source,
-        batch_matmul.source, amx.source, resident.source}) {
+        batch_matmul.source, amx.source, read_overlap.source, resident.source}) {
     out.all_default = out.all_default && source == Source::kDefault;
   }
   return out;

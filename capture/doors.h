@@ -11,6 +11,7 @@
 //   MOEGRAPH_PDL=0            kernels launched without programmatic dependent launch
 //   MOEGRAPH_BATCH_MATMUL=0   the CPU backend's prompts in ggml's per-row order
 //   MOEGRAPH_AMX=0            the CPU backend's prompts without AMX tiles
+//   MOEGRAPH_READ_OVERLAP=0   the disk tier's misses all read before a row's experts run
 #pragma once
 
 #include <functional>
@@ -49,6 +50,10 @@ struct Doors {
   // MOEGRAPH_AMX: those products on AMX tiles where the CPU has them, else on
   // AVX-512 VNNI, the same bits (CpuForwardOptions::amx).
   bool amx = true;
+  // MOEGRAPH_READ_OVERLAP: the CPU backend computes a row's experts as the
+  // disk tier's reads bring them, the ones it has first
+  // (CpuForwardOptions::overlap_reads).
+  bool read_overlap = true;
   bool resident = false;   // every expert on the device (--arm resident only)
 
 };

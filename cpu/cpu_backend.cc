@@ -180,6 +180,19 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
 
   void Provide(int layer, absl::Span<const int32_t> experts,
                absl::Span<ExpertWeights> weights) override {
+    ProvideStart(layer, experts, weights);
+    std::vector<int> ranks;
+    while (std::find(rank_pending_.begin(), rank_pending_.end(), true) != rank_pending_.end()) {
+      Arrive(&ranks);
+    }
+  }
+
+  // The views at once; a miss read from the disk tier is pending until its
+  // block is read whole (its reads run while the caller computes the others).
+  void ProvideStart(int layer, absl::Span<const int32_t> experts,
+                    absl::Span<ExpertWeights> weights) override {
+    rank_pending_.assign(static_cast<size_t>(k_), false);
+    rank_blocks_.assign(static_cast<size_t>(k_), nullptr);
     MG_CHECK(static_cast<int>(experts.size()) == k_ && weights.size() == experts.size(),
              "CpuBackend: k experts and k views per provide");
     // A step's record has a row per layer: the dense layers' (which route
@@ -224,7 +237,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
       }
       Stage(pool);
       for (int r = 0; r < k_; ++r) {
-        weights[r] = SlotWeights(pool, step.slot_of_rank[dropped(r) ? 0 : r], layer);
+        SetRank(r, pool, step.slot_of_rank[dropped(r) ? 0 : r], layer, weights);
       }
     } else {
       misses_.clear();
@@ -234,8 +247,35 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
         }
       }
       Stage(pool);
-      for (int r = 0; r < k_; ++r) weights[r] = SlotWeights(pool, dropped(r) ? 0 : r, layer);
+      for (int r = 0; r < k_; ++r) SetRank(r, pool, dropped(r) ? 0 : r, layer, weights);
     }
+  }
+
+  bool Pending(int rank) const override { return rank_pending_[static_cast<size_t>(rank)]; }
+
+  // The disk tier's next blocks, and the ranks they complete.
+  void Arrive(std::vector<int>* ranks) override {
+    const auto start = std::chrono::steady_clock::now();
+    arrived_.clear();
+    if (disk_ != nullptr && disk_->pending() > 0) {
+      const uint64_t before = disk_->bytes_read();
+      absl::Status read = disk_->Arrive(&arrived_);
+      if (!read.ok() && read_error_.ok()) read_error_ = std::move(read);
+      counters_.disk_bytes += disk_->bytes_read() - before;
+    }
+    for (const int i : arrived_) being_read_[static_cast<size_t>(i)] = false;
+    if (disk_ == nullptr || disk_->pending() == 0) {
+      std::fill(being_read_.begin(), being_read_.end(), false);
+    }
+    for (int r = 0; r < k_; ++r) {
+      if (rank_pending_[r] && !IsBeingRead(rank_blocks_[r])) {
+        rank_pending_[r] = false;
+        ranks->push_back(r);
+      }
+    }
+    counters_.stage_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                    std::chrono::steady_clock::now() - start)
+                                                    .count());
   }
 
   // Routing replay: the step being computed is the count of steps done so far,
@@ -289,14 +329,18 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
 
  private:
   // The layer's misses (misses_) into their slots: from the disk tier all
-  // read at once, else copied from the store.
+  // started at once (being_read_ until Arrive hands them back), else copied
+  // from the store. stage_ns: the time spent here and waiting in Arrive.
   void Stage(const Pool& pool) {
+    being_read_.assign(misses_.size(), false);
     if (misses_.empty()) return;
     const auto start = std::chrono::steady_clock::now();
     if (disk_ != nullptr) {
       const uint64_t before = disk_->bytes_read();
-      absl::Status read = disk_->ReadBlocks(misses_);
+      absl::Status read = disk_->Start(misses_);
       if (!read.ok() && read_error_.ok()) read_error_ = std::move(read);
+      // Blocks the reader holds arrive through Arrive; none where Start failed first.
+      if (disk_->pending() > 0) std::fill(being_read_.begin(), being_read_.end(), true);
       counters_.disk_bytes += disk_->bytes_read() - before;
       counters_.disk_reads += misses_.size();
     } else {
@@ -309,6 +353,21 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
         std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
     counters_.misses += misses_.size();
     counters_.bytes_staged += pool.info.block_bytes * misses_.size();
+  }
+
+  // Rank r's views: the block of slot in pool, pending while it is being read.
+  void SetRank(int r, const Pool& pool, int32_t slot, int layer,
+               absl::Span<ExpertWeights> weights) {
+    weights[r] = SlotWeights(pool, slot, layer);
+    rank_blocks_[static_cast<size_t>(r)] = pool.slot(slot);
+    rank_pending_[static_cast<size_t>(r)] = IsBeingRead(pool.slot(slot));
+  }
+
+  bool IsBeingRead(const uint8_t* block) const {
+    for (size_t i = 0; i < misses_.size(); ++i) {
+      if (being_read_[i] && misses_[i].block == block) return true;
+    }
+    return false;
   }
 
   // --drop-cold-experts: the row's ranks drop_routing drops get weight 0 and
@@ -346,6 +405,10 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
   ExpertFileReader* const disk_;  // null: misses copy from the store's memory
   absl::Status read_error_;
   std::vector<BlockRead> misses_;  // the layer being provided: its misses and their slots
+  std::vector<bool> being_read_;   // per miss: started on the disk, not yet arrived
+  std::vector<int> arrived_;       // Arrive's: the misses the reader handed back
+  std::vector<const uint8_t*> rank_blocks_;  // the row's ranks' blocks
+  std::vector<bool> rank_pending_;           // per rank: its block is being read
   double drop_strength_ = 0;      // --drop-cold-experts F; 0: off
   bool drop_in_prompts_ = false;
   bool in_prompt_ = false;

@@ -85,6 +85,7 @@ class CpuForward final : public Oracle {
         ubatch_(options.ubatch),
         amx_(options.batch_matmul && options.amx && AmxInt8Available()),
         vnni_(options.batch_matmul && AvxVnniAvailable()),
+        overlap_reads_(options.overlap_reads),
         rings_(model.config, max_ctx, options.ring_slack()) {
     const ModelConfig& cfg = model.config;
     for (const LayerTensors& lt : model.layers) {
@@ -176,9 +177,14 @@ class CpuForward final : public Oracle {
   void GatedFfn(const GgufTensor& gate, const GgufTensor& up, const GgufTensor& down,
                 const GgufTensor* gate_inp, const std::vector<float>& h, int64_t n,
                 std::vector<float>* out, std::vector<float>* gate_logit);
-  void Experts(int il, const std::vector<float>& h, absl::Span<const int64_t> rows,
+  void Experts(int il, const std::vector<float>& h, absl::Span<const int64_t> rows, int k,
                absl::Span<const int32_t> chosen, absl::Span<const ExpertWeights> views,
                std::vector<float>* expert_out);
+  // Row t's k experts after ProvideStart: those ready at once, then the
+  // rest as the provider hands them over; out as Experts' for the row.
+  void RowExperts(int il, const std::vector<float>& h, int64_t t,
+                  absl::Span<const int32_t> chosen, absl::Span<const ExpertWeights> views,
+                  std::vector<float>* out);
 
   const Model& model_;
   const int max_ctx_;
@@ -190,6 +196,7 @@ class CpuForward final : public Oracle {
   // q8_0 and q4_K products of kBatchMinActs rows or more on the batch kernels:
   // AMX tiles from kAmxMinActs rows, VNNI below or without AMX.
   const bool amx_, vnni_;
+  const bool overlap_reads_;  // CpuForwardOptions::overlap_reads
   int n_past_ = 0;
   // Per layer: its ring's rows, or 0 where it keeps every position.
   std::vector<int> kv_rows_;
@@ -227,6 +234,10 @@ class CpuForward final : public Oracle {
     std::vector<double> weight;
     std::vector<ExpertWeights> views;
     std::vector<int64_t> rows;
+    std::vector<int> ready;                   // RowExperts: ranks ready, not yet computed
+    std::vector<int32_t> ready_chosen;        // their experts
+    std::vector<ExpertWeights> ready_views;   // and views
+    std::vector<float> ready_out;             // and outputs
     std::vector<Acts> in, mid;  // Experts, per expert group
     std::vector<std::vector<float>> gate, up, down;
   } s_;
@@ -491,15 +502,15 @@ void CpuForward::DeltaNetBlock(int il, const std::vector<float>& h, int64_t n,
   MatMul(weight_view(*d.out), mixed.data(), n, out->data());
 }
 
-// The experts for rows (indices into h), chosen[i * k + r] with views[i * k + r]:
-// gate and up for every (row, rank) at once, swiglu, then down; each (row, rank)
-// output lands in expert_out[(i * k + r) * n_embd].
+// The experts for rows (indices into h), k a row, chosen[i * k + r] with
+// views[i * k + r]: gate and up for every (row, rank) at once, swiglu, then
+// down; each (row, rank) output lands in expert_out[(i * k + r) * n_embd].
+// Each expert's output is its own: which others share the call changes no bit.
 void CpuForward::Experts(int il, const std::vector<float>& h, absl::Span<const int64_t> rows,
-                         absl::Span<const int32_t> chosen, absl::Span<const ExpertWeights> views,
-                         std::vector<float>* expert_out) {
+                         int k, absl::Span<const int32_t> chosen,
+                         absl::Span<const ExpertWeights> views, std::vector<float>* expert_out) {
   const ModelConfig& cfg = model_.config;
   const LayerVectors& lv = layers_[il];
-  const int k = cfg.n_expert_used;
   const int64_t n_embd = cfg.n_embd;
   const int64_t n_pairs = static_cast<int64_t>(rows.size()) * k;
   // Group the (row, rank) pairs by expert, in first-seen order.
@@ -618,9 +629,22 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
                     absl::MakeSpan(weight).subspan(t * k, k));
   }
 
+  std::vector<float>& shared = s_.shared;
+  std::vector<float>& shared_logit = s_.shared_logit;
+  shared.clear();
+  shared_logit.clear();
+  bool shared_done = lt.shexp_gate == nullptr;
+  const auto shared_expert = [&] {
+    if (shared_done) return;
+    GatedFfn(*lt.shexp_gate, *lt.shexp_up, *lt.shexp_down, lt.shexp_gate_inp, h, n, &shared,
+             &shared_logit);
+    shared_done = true;
+  };
+
   // The provider is asked row by row, in order (its residency steps per token).
   // Where its views outlive later calls, every row's experts run as one batch;
-  // else each row's run before the next row is asked.
+  // else each row's run before the next row is asked, as they arrive (a disk
+  // tier's reads overlap the shared expert and the experts already there).
   std::vector<float>& expert_out = s_.expert_out;
   expert_out.resize(static_cast<size_t>(n * k * n_embd));
   std::vector<ExpertWeights>& views = s_.views;
@@ -630,27 +654,24 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
   std::vector<int64_t>& rows = s_.rows;
   rows.clear();
   for (int64_t t = 0; t < n; ++t) {
-    experts_->Provide(il, absl::MakeConstSpan(chosen).subspan(t * k, k),
-                      absl::MakeSpan(views).subspan(t * k, k));
+    const absl::Span<const int32_t> row_chosen = absl::MakeConstSpan(chosen).subspan(t * k, k);
+    const absl::Span<ExpertWeights> row_views = absl::MakeSpan(views).subspan(t * k, k);
     if (batch) {
+      experts_->Provide(il, row_chosen, row_views);
       rows.push_back(t);
       continue;
     }
-    const int64_t row[] = {t};
-    Experts(il, h, row, absl::MakeConstSpan(chosen).subspan(t * k, k),
-            absl::MakeConstSpan(views).subspan(t * k, k), &part);
+    if (overlap_reads_) {
+      experts_->ProvideStart(il, row_chosen, row_views);
+    } else {
+      experts_->Provide(il, row_chosen, row_views);
+    }
+    shared_expert();
+    RowExperts(il, h, t, row_chosen, row_views, &part);
     std::copy(part.begin(), part.end(), expert_out.begin() + t * k * n_embd);
   }
-  if (batch) Experts(il, h, rows, chosen, views, &expert_out);
-
-  std::vector<float>& shared = s_.shared;
-  std::vector<float>& shared_logit = s_.shared_logit;
-  shared.clear();
-  shared_logit.clear();
-  if (lt.shexp_gate != nullptr) {
-    GatedFfn(*lt.shexp_gate, *lt.shexp_up, *lt.shexp_down, lt.shexp_gate_inp, h, n, &shared,
-             &shared_logit);
-  }
+  if (batch) Experts(il, h, rows, k, chosen, views, &expert_out);
+  shared_expert();
 
   out->resize(static_cast<size_t>(n * n_embd));
   pool_.RunSized(n, n * n_embd, [&](int64_t t) {
@@ -664,6 +685,43 @@ void CpuForward::MoeBlock(int il, const std::vector<float>& h, int64_t n, std::v
       (*out)[t * n_embd + i] = static_cast<float>(acc);
     }
   });
+}
+
+void CpuForward::RowExperts(int il, const std::vector<float>& h, int64_t t,
+                            absl::Span<const int32_t> chosen,
+                            absl::Span<const ExpertWeights> views, std::vector<float>* out) {
+  const int k = static_cast<int>(chosen.size());
+  const int64_t n_embd = model_.config.n_embd;
+  const int64_t row[] = {t};
+  std::vector<int>& ready = s_.ready;
+  ready.clear();
+  for (int r = 0; r < k; ++r) {
+    if (!experts_->Pending(r)) ready.push_back(r);
+  }
+  if (static_cast<int>(ready.size()) == k) {
+    Experts(il, h, row, k, chosen, views, out);
+    return;
+  }
+  out->resize(static_cast<size_t>(k * n_embd));
+  for (int done = 0;;) {
+    if (!ready.empty()) {
+      const int m = static_cast<int>(ready.size());
+      s_.ready_chosen.clear();
+      s_.ready_views.clear();
+      for (const int r : ready) {
+        s_.ready_chosen.push_back(chosen[r]);
+        s_.ready_views.push_back(views[r]);
+      }
+      Experts(il, h, row, m, s_.ready_chosen, s_.ready_views, &s_.ready_out);
+      for (int i = 0; i < m; ++i) {
+        std::copy_n(s_.ready_out.begin() + i * n_embd, n_embd, out->begin() + ready[i] * n_embd);
+      }
+      done += m;
+      ready.clear();
+    }
+    if (done == k) return;
+    experts_->Arrive(&ready);
+  }
 }
 
 void CpuForward::GatedFfn(const GgufTensor& gate, const GgufTensor& up, const GgufTensor& down,

@@ -48,6 +48,10 @@ struct CpuForwardOptions {
   // Those of 16 rows or more on AMX tiles where the CPU has them, the rest on
   // AVX-512 VNNI: the same bits. MOEGRAPH_AMX=0 keeps them all on VNNI.
   bool amx = true;
+  // A row's experts computed as the disk tier's reads bring them (the ones
+  // the provider has first, ExpertProvider::ProvideStart): the same bits as
+  // waiting for every read. MOEGRAPH_READ_OVERLAP=0 waits.
+  bool overlap_reads = true;
   // KvLayerRows's ring slack: the ubatch, or none (-1) with swa_full.
   int ring_slack() const { return swa_full ? -1 : ubatch; }
 };

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "loader/check.h"
 #include "loader/gguf.h"
 #include "loader/status_util.h"
 
@@ -141,40 +142,38 @@ absl::Status ExpertFileReader::FinishWithPread(Slice& slice) {
   return absl::OkStatus();
 }
 
-absl::Status ExpertFileReader::ReadThroughRing(absl::Span<Slice> slices) {
-  io_uring* ring = &ring_->ring;
-  for (size_t i = 0; i < slices.size(); ++i) {
-    io_uring_sqe* sqe = io_uring_get_sqe(ring);
-    io_uring_prep_read(sqe, slices[i].shard->fd, slices[i].target,
-                       static_cast<unsigned>(slices[i].span), slices[i].first);
-    io_uring_sqe_set_data64(sqe, i);
-  }
-  int submitted = io_uring_submit(ring);
-  if (submitted < 0) submitted = 0;  // the ring refused: every slice by pread
+absl::Status ExpertFileReader::Complete(size_t i, int res) {
+  Slice& slice = slices_[i];
+  slice.complete = true;
   absl::Status status;
-  for (int seen = 0; seen < submitted; ++seen) {
-    io_uring_cqe* cqe = nullptr;
-    int waited = io_uring_wait_cqe(ring, &cqe);
-    while (waited == -EINTR) waited = io_uring_wait_cqe(ring, &cqe);
-    if (waited < 0) return absl::InternalError(absl::StrFormat("io_uring: %s", std::strerror(-waited)));
-    Slice& slice = slices[io_uring_cqe_get_data64(cqe)];
-    if (cqe->res < 0 && status.ok()) status = Failed(slice, -cqe->res);
-    if (cqe->res > 0) {
-      slice.done = static_cast<size_t>(cqe->res);
-      bytes_read_ += static_cast<uint64_t>(cqe->res);
-    }
-    io_uring_cqe_seen(ring, cqe);
+  if (res < 0) {
+    status = Failed(slice, -res);
+  } else {
+    slice.done = static_cast<size_t>(res);
+    bytes_read_ += static_cast<uint64_t>(res);
+    status = FinishWithPread(slice);  // a short read's rest; nothing where it is whole
   }
-  MG_RETURN_IF_ERROR(status);
-  // Short reads (and any slice the ring did not take) finish one by one.
-  for (Slice& slice : slices) MG_RETURN_IF_ERROR(FinishWithPread(slice));
-  return absl::OkStatus();
+  if (--slices_left_[static_cast<size_t>(slice.read)] == 0) BlockDone(slice.read);
+  return status;
 }
 
-absl::Status ExpertFileReader::ReadBlocks(absl::Span<const BlockRead> reads) {
+void ExpertFileReader::BlockDone(int b) {
+  if (direct_) {
+    for (const Slice& s : slices_) {
+      if (s.read == b) std::memcpy(s.dst, s.target + (s.offset - s.first), s.bytes);
+    }
+  }
+  ready_.push_back(b);
+}
+
+absl::Status ExpertFileReader::Start(absl::Span<const BlockRead> reads) {
+  MG_CHECK(pending_ == 0, "ExpertFileReader: Start with blocks still pending");
   slices_.clear();
+  ready_.clear();
+  slices_left_.assign(reads.size(), 3);
   size_t bounce_needed = 0;
-  for (const BlockRead& read : reads) {
+  for (size_t b = 0; b < reads.size(); ++b) {
+    const BlockRead& read = reads[b];
     size_t end = 0;
     for (const ExpertProj proj : {ExpertProj::kGate, ExpertProj::kUp, ExpertProj::kDown}) {
       const ProjectionLayout& p = (*read.layout)[proj];
@@ -190,6 +189,7 @@ absl::Status ExpertFileReader::ReadBlocks(absl::Span<const BlockRead> reads) {
       s.first = direct_ ? AlignDown(s.offset) : s.offset;
       s.span = static_cast<size_t>((direct_ ? AlignUp(s.offset + s.bytes) : s.offset + s.bytes) -
                                    s.first);
+      s.read = static_cast<int>(b);
       bounce_needed += direct_ ? s.span : 0;
       slices_.push_back(s);
       std::memset(read.block + end, 0, p.offset - end);
@@ -207,20 +207,82 @@ absl::Status ExpertFileReader::ReadBlocks(absl::Span<const BlockRead> reads) {
     s.target = direct_ ? bounce_.get() + at : s.dst;
     at += direct_ ? s.span : 0;
   }
-  const absl::Span<Slice> all(slices_);
-  for (size_t first = 0; first < all.size(); first += kQueueDepth) {
-    const absl::Span<Slice> batch = all.subspan(first, kQueueDepth);
-    if (ring_ != nullptr) {
-      MG_RETURN_IF_ERROR(ReadThroughRing(batch));
-    } else {
-      for (Slice& s : batch) MG_RETURN_IF_ERROR(FinishWithPread(s));
+  reads_ += slices_.size();
+  pending_ = static_cast<int>(reads.size());
+  // One ring's worth in flight, the caller computing meanwhile; else (or
+  // what the ring refused) read here, one pread after another.
+  size_t submitted = 0;
+  if (ring_ != nullptr && slices_.size() <= static_cast<size_t>(kQueueDepth)) {
+    io_uring* ring = &ring_->ring;
+    for (size_t i = 0; i < slices_.size(); ++i) {
+      io_uring_sqe* sqe = io_uring_get_sqe(ring);
+      io_uring_prep_read(sqe, slices_[i].shard->fd, slices_[i].target,
+                         static_cast<unsigned>(slices_[i].span), slices_[i].first);
+      io_uring_sqe_set_data64(sqe, i);
+    }
+    const int n = io_uring_submit(ring);
+    submitted = n < 0 ? 0 : static_cast<size_t>(n);
+  }
+  in_ring_ = static_cast<int>(submitted);
+  absl::Status status;
+  for (size_t i = submitted; i < slices_.size(); ++i) {
+    absl::Status done = Complete(i, 0);
+    if (status.ok()) status = std::move(done);
+  }
+  return status;
+}
+
+absl::Status ExpertFileReader::Arrive(std::vector<int>* arrived) {
+  absl::Status status;
+  if (ready_.empty() && in_ring_ > 0) {
+    io_uring* ring = &ring_->ring;
+    // Wait for one completion, then take every one already there.
+    io_uring_cqe* cqe = nullptr;
+    int waited = io_uring_wait_cqe(ring, &cqe);
+    while (waited == -EINTR) waited = io_uring_wait_cqe(ring, &cqe);
+    while (waited == 0) {
+      const size_t i = io_uring_cqe_get_data64(cqe);
+      const int res = cqe->res;
+      io_uring_cqe_seen(ring, cqe);
+      --in_ring_;
+      absl::Status done = Complete(i, res);
+      if (status.ok()) status = std::move(done);
+      if (in_ring_ == 0) break;
+      waited = io_uring_peek_cqe(ring, &cqe);
+    }
+    if (waited < 0 && waited != -EAGAIN && ready_.empty()) {
+      // The ring failed: the slices still in it are read here.
+      if (status.ok()) {
+        status = absl::InternalError(absl::StrFormat("io_uring: %s", std::strerror(-waited)));
+      }
+      for (size_t i = 0; i < slices_.size(); ++i) {
+        if (slices_[i].complete) continue;
+        absl::Status done = Complete(i, 0);
+        if (status.ok()) status = std::move(done);
+      }
+      in_ring_ = 0;
     }
   }
-  for (const Slice& s : slices_) {
-    if (direct_) std::memcpy(s.dst, s.target + (s.offset - s.first), s.bytes);
+  arrived->insert(arrived->end(), ready_.begin(), ready_.end());
+  pending_ -= static_cast<int>(ready_.size());
+  ready_.clear();
+  return status;
+}
+
+absl::Status ExpertFileReader::ReadBlocks(absl::Span<const BlockRead> reads) {
+  // At most one ring's worth of slices in flight at a time.
+  constexpr size_t kBlocksPerStart = kQueueDepth / 3;
+  absl::Status status;
+  std::vector<int> arrived;
+  for (size_t first = 0; first < reads.size(); first += kBlocksPerStart) {
+    absl::Status started = Start(reads.subspan(first, kBlocksPerStart));
+    if (status.ok()) status = std::move(started);
+    while (pending_ > 0) {
+      absl::Status done = Arrive(&arrived);
+      if (status.ok()) status = std::move(done);
+    }
   }
-  reads_ += slices_.size();
-  return absl::OkStatus();
+  return status;
 }
 
 }  // namespace moegraph

@@ -5,7 +5,9 @@
 // it, so an expert that is not cached costs its bytes from the disk and no
 // page cache; with O_DIRECT each slice's aligned range is read into a bounce
 // buffer and copied out. The bytes are the file's, so a block read here
-// equals ExpertStore's copy of it bit for bit.
+// equals ExpertStore's copy of it bit for bit. Start/Arrive hand the blocks
+// back as each one's reads complete, so a caller computes with the blocks it
+// has while the others are read.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,18 @@ class ExpertFileReader {
   // or short read, and a file whose size or modification time changed since
   // Open (checked before the reads).
   absl::Status ReadBlocks(absl::Span<const BlockRead> reads);
+  // Starts reading the blocks and returns: Arrive hands them back. Where
+  // their slices do not fit one ring (or there is no ring) they are read
+  // before it returns, and arrive all at once. No blocks may be pending.
+  absl::Status Start(absl::Span<const BlockRead> reads);
+  // Waits until at least one started block is read whole (and copied out of
+  // the bounce buffer) and appends the indices (into Start's reads) of those
+  // read since the last call to `arrived`. Errors as ReadBlocks'; a block
+  // whose read failed still arrives (its bytes are not the file's: the error
+  // says so), so a caller waiting for it never hangs.
+  absl::Status Arrive(std::vector<int>* arrived);
+  // Started blocks not yet handed back by Arrive.
+  int pending() const { return pending_; }
   absl::Status ReadBlock(int layer, int expert, const ExpertBlockLayout& layout, uint8_t* block) {
     const BlockRead one{layer, expert, &layout, block};
     return ReadBlocks({&one, 1});
@@ -80,6 +94,8 @@ class ExpertFileReader {
     size_t span = 0;
     uint8_t* target = nullptr;
     size_t done = 0;       // bytes of the range read so far
+    int read = 0;          // its block: an index into Start's reads
+    bool complete = false;  // its completion seen (read whole, or failed)
   };
   struct Ring;
   ExpertFileReader() = default;
@@ -87,8 +103,11 @@ class ExpertFileReader {
   // Reads what is left of slice's range with pread.
   absl::Status FinishWithPread(Slice& slice);
   absl::Status Failed(const Slice& slice, int error) const;
-  // The slices of one batch (at most kQueueDepth) through the ring.
-  absl::Status ReadThroughRing(absl::Span<Slice> slices);
+  // Slice i's completion (res: the ring's result): short reads finished by
+  // pread, its block handed back once its last slice is done.
+  absl::Status Complete(size_t i, int res);
+  // Block b's slices done: copied out of the bounce buffer, into ready_.
+  void BlockDone(int b);
 
   const Model* model_ = nullptr;
   std::vector<Shard> shards_;
@@ -97,6 +116,10 @@ class ExpertFileReader {
   std::unique_ptr<uint8_t, void (*)(uint8_t*)> bounce_{nullptr, nullptr};
   size_t bounce_bytes_ = 0;
   std::vector<Slice> slices_;
+  std::vector<int> slices_left_;  // per started block: its slices not yet read
+  std::vector<int> ready_;        // blocks read whole, not yet handed back
+  int pending_ = 0;
+  int in_ring_ = 0;               // slices submitted whose completions are not yet seen
   uint64_t bytes_read_ = 0;
   uint64_t reads_ = 0;
 };

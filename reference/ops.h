@@ -112,6 +112,18 @@ class ExpertProvider {
   virtual ~ExpertProvider() = default;
   virtual void Provide(int layer, absl::Span<const int32_t> experts,
                        absl::Span<ExpertWeights> weights) = 0;
+  // Provide, but returning before the views of ranks whose weights are
+  // still on their way (a disk tier's reads) are ready: Pending(r) says
+  // which, and Arrive hands them over as they come. The default provides
+  // every rank at once.
+  virtual void ProvideStart(int layer, absl::Span<const int32_t> experts,
+                            absl::Span<ExpertWeights> weights) {
+    Provide(layer, experts, weights);
+  }
+  virtual bool Pending(int /*rank*/) const { return false; }
+  // Waits until at least one pending rank's view is ready and appends the
+  // ranks ready since the last call (no longer pending) to ranks.
+  virtual void Arrive(std::vector<int>* /*ranks*/) {}
   // Routing replay: called once per (row, layer) after the router and before
   // Provide, with the row's gate values (GateProbs' output, n_expert), its
   // selection (k ids, rank order) and combine weights; an override rewrites

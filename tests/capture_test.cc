@@ -42,6 +42,7 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
   EXPECT_TRUE(r.doors.batched_prefill);
   EXPECT_TRUE(r.doors.batch_matmul);
   EXPECT_TRUE(r.doors.amx);
+  EXPECT_TRUE(r.doors.read_overlap);
   EXPECT_FALSE(r.doors.resident);
   EXPECT_EQ(r.doors.residency, ResidencyMode::kDevice);
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kHazard);
@@ -51,7 +52,8 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
         "MOEGRAPH_RESIDENCY=device (default)", "MOEGRAPH_POLICY=hazard (default)",
         "MOEGRAPH_PROTECTED_FRAC=0.80 (default)", "MOEGRAPH_SPLIT_PASSES=0 (default)",
         "MOEGRAPH_PDL=1 (default)", "MOEGRAPH_PREFILL=batched (default)",
-        "MOEGRAPH_BATCH_MATMUL=1 (default)", "MOEGRAPH_AMX=1 (default)"}) {
+        "MOEGRAPH_BATCH_MATMUL=1 (default)", "MOEGRAPH_AMX=1 (default)",
+        "MOEGRAPH_READ_OVERLAP=1 (default)"}) {
     EXPECT_NE(r.banner.find(door), std::string::npos) << door << "\n" << r.banner;
   }
 }
@@ -115,7 +117,8 @@ TEST(DoorsTest, PolicyFractionPassesAndPdlComeFromTheEnvironment) {
                                                  {"MOEGRAPH_PDL", "0"},
                                                  {"MOEGRAPH_PREFILL", "steps"},
                                                  {"MOEGRAPH_BATCH_MATMUL", "0"},
-                                                 {"MOEGRAPH_AMX", "0"}});
+                                                 {"MOEGRAPH_AMX", "0"},
+                                                 {"MOEGRAPH_READ_OVERLAP", "0"}});
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kLru);
   EXPECT_DOUBLE_EQ(r.doors.protected_frac, 0.5);
   EXPECT_TRUE(r.doors.split_passes);
@@ -127,6 +130,8 @@ TEST(DoorsTest, PolicyFractionPassesAndPdlComeFromTheEnvironment) {
   EXPECT_NE(r.banner.find("MOEGRAPH_BATCH_MATMUL=0 (env)"), std::string::npos) << r.banner;
   EXPECT_FALSE(r.doors.amx);
   EXPECT_NE(r.banner.find("MOEGRAPH_AMX=0 (env)"), std::string::npos) << r.banner;
+  EXPECT_FALSE(r.doors.read_overlap);
+  EXPECT_NE(r.banner.find("MOEGRAPH_READ_OVERLAP=0 (env)"), std::string::npos) << r.banner;
   EXPECT_NE(r.banner.find("MOEGRAPH_POLICY=lru (env)"), std::string::npos) << r.banner;
 
   const ResolvedDoors slru = Resolve(std::nullopt, {{"MOEGRAPH_POLICY", "slru"},

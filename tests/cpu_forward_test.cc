@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -292,6 +293,100 @@ TEST(CpuBackendFastTest, SlotsAndTheCacheChangeNothingButAddresses) {
   absl::StatusOr<std::unique_ptr<Oracle>> oracle = Oracle::Create(m->model, 64);
   ASSERT_TRUE(oracle.ok());
   EXPECT_EQ(Logits(**exact, kPrompt), Logits(**oracle, kPrompt));
+}
+
+// A provider whose odd ranks are pending, as a disk tier's misses are: a
+// pending rank's weights are NaN until Arrive hands it over (one rank a
+// call, the last first), and on a row's first Arrive the ranks that were
+// ready at once turn NaN. So the logits equal the model's own only if every
+// expert is computed after it arrives and the ready ones before any wait.
+class ArrivingExperts final : public ExpertProvider {
+ public:
+  explicit ArrivingExperts(const Model& model) : model_(model) {}
+
+  void Provide(int layer, absl::Span<const int32_t> experts,
+               absl::Span<ExpertWeights> weights) override {
+    ProvideStart(layer, experts, weights);
+    std::vector<int> ranks;
+    while (pending_count() > 0) Arrive(&ranks);
+  }
+  void ProvideStart(int layer, absl::Span<const int32_t> experts,
+                    absl::Span<ExpertWeights> weights) override {
+    const size_t k = experts.size();
+    layer_ = layer;
+    experts_.assign(experts.begin(), experts.end());
+    copies_.resize(k);
+    pending_.assign(k, false);
+    first_wait_ = true;
+    for (size_t r = 0; r < k; ++r) {
+      pending_[r] = r % 2 == 1;
+      copies_[r].resize(3);
+      ExpertWeights& w = weights[r];
+      WeightView* views[] = {&w.gate, &w.up, &w.down};
+      for (int p = 0; p < 3; ++p) {
+        *views[p] = model_.expert(layer, static_cast<ExpertProj>(p), experts[r]);
+        copies_[r][p].assign(views[p]->data, views[p]->data + views[p]->rows * views[p]->row_bytes);
+        if (pending_[r]) Poison(copies_[r][p]);
+        views[p]->data = copies_[r][p].data();
+      }
+    }
+  }
+  bool Pending(int rank) const override { return pending_[static_cast<size_t>(rank)]; }
+  void Arrive(std::vector<int>* ranks) override {
+    if (first_wait_) {
+      for (size_t r = 0; r < pending_.size(); ++r) {
+        if (!pending_[r]) {
+          for (std::vector<uint8_t>& copy : copies_[r]) Poison(copy);
+        }
+      }
+      first_wait_ = false;
+      ++waits_with_ready_poisoned_;
+    }
+    for (size_t r = pending_.size(); r-- > 0;) {
+      if (!pending_[r]) continue;
+      for (int p = 0; p < 3; ++p) {
+        const WeightView v = model_.expert(layer_, static_cast<ExpertProj>(p), experts_[r]);
+        copies_[r][p].assign(v.data, v.data + v.rows * v.row_bytes);  // same capacity: in place
+      }
+      pending_[r] = false;
+      ranks->push_back(static_cast<int>(r));
+      ++arrivals_;
+      return;
+    }
+  }
+  bool ViewsOutliveCalls() const override { return false; }
+
+  int arrivals() const { return arrivals_; }
+  int waits() const { return waits_with_ready_poisoned_; }
+
+ private:
+  static void Poison(std::vector<uint8_t>& bytes) { std::fill(bytes.begin(), bytes.end(), 0xFF); }
+  int pending_count() const { return static_cast<int>(std::count(pending_.begin(), pending_.end(), true)); }
+
+  const Model& model_;
+  int layer_ = 0;
+  std::vector<int32_t> experts_;
+  std::vector<std::vector<std::vector<uint8_t>>> copies_;  // [rank][proj]
+  std::vector<bool> pending_;
+  bool first_wait_ = true;
+  int arrivals_ = 0;
+  int waits_with_ready_poisoned_ = 0;
+};
+
+TEST(CpuForwardArrivalTest, ExpertsAreComputedAsTheyArriveAndTheReadyOnesBeforeAnyWait) {
+  // f32 experts: 0xFF bytes are NaNs, which any use carries into the logits.
+  const std::unique_ptr<LoadedModel> m =
+      Load({"f32", Arch::kQwen3Moe, GgmlType::kF32, GgmlType::kF32});
+  ASSERT_NE(m, nullptr);
+  const std::vector<float> want = Logits(*Fast(m->model, 2), kPrompt);
+  ArrivingExperts arriving(m->model);
+  absl::StatusOr<std::unique_ptr<Oracle>> f = CreateCpuForward(
+      m->model, 64, &arriving, {.threads = 2, .kv_type = KvCacheType::kF16, .batch_matmul = false});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(Logits(**f, kPrompt), want);
+  const int moe_rows = static_cast<int>(kPrompt.size()) * m->model.config.n_moe_layer();
+  EXPECT_EQ(arriving.waits(), moe_rows);  // every row waited, its ready ranks done first
+  EXPECT_EQ(arriving.arrivals(), moe_rows * (m->model.config.n_expert_used / 2));
 }
 
 TEST(CpuBackendFastTest, BadThreadCountsAreErrorsNamingTheFlag) {

@@ -137,6 +137,7 @@ class CpuTarget final : public Target {
     options.max_ctx = ctx;
     options.fast = cpu;
     options.fast.batch_matmul = doors.batch_matmul;
+    options.fast.overlap_reads = doors.read_overlap;
     options.fast.amx = doors.amx;
     options.n_slots = slots;
     options.resident = arm == Arm::kResident;
@@ -758,7 +759,8 @@ absl::Status Bench() {
     std::fprintf(notes,
                  "note: --host-cache %.0f MiB: %d expert slots; the arms with slots read each "
                  "miss from %s%s, so MiB/tok is the blocks read from disk and stage GB/s their "
-                 "rate; stage reads every selected expert each token; resident reads the file "
+                 "bytes over the time decode waited on them (above the disk's rate where reads "
+                 "overlap the experts already there); stage reads every selected expert each token; resident reads the file "
                  "in place\n",
                  plan.host_cache / 1048576.0, slots, path.c_str(),
                  disk->direct() ? " with O_DIRECT" : " through the page cache");

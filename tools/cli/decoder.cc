@@ -513,6 +513,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Model& model,
   options.cache = flags.doors.doors.moe_cache;
   options.fast = flags.cpu;
   options.fast.batch_matmul = flags.doors.doors.batch_matmul;
+  options.fast.overlap_reads = flags.doors.doors.read_overlap;
   options.fast.amx = flags.doors.doors.amx;
   // Slots copy experts the host already holds: they mean something only as a
   // cache smaller than the experts, so --slots auto is resident too.
@@ -671,9 +672,8 @@ absl::StatusOr<std::string> Decoder::ExpertSummary() {
       selected > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(selected) : 0.0,
       c.misses, c.evictions, Mib(c.bytes_staged));
   if (disk_ != nullptr) {
-    absl::StrAppendFormat(&line, " (%d disk reads, %.2f MiB read, %.0f MiB/s)", c.disk_reads,
-                          Mib(c.disk_bytes),
-                          c.stage_ns > 0 ? Mib(c.disk_bytes) / (c.stage_ns * 1e-9) : 0.0);
+    absl::StrAppendFormat(&line, " (%d disk reads, %.2f MiB read, %.1f ms waiting on them)",
+                          c.disk_reads, Mib(c.disk_bytes), c.stage_ns * 1e-6);
   }
   if (c.dropped > 0 || drop_cold_ > 0) {
     absl::StrAppendFormat(&line, ", %d routings dropped (weight %.3f in all, %.4f each)",
