@@ -274,6 +274,57 @@ TEST_F(CliValuesTest, TheHostCacheReadsMissesFromTheFileAndChangesNoToken) {
   EXPECT_FALSE(Contains(resident.err, "disk reads")) << resident.err;
 }
 
+// --host-cache's default: a file whose tensors do not fit in the memory
+// available (MOEGRAPH_MEM_AVAILABLE standing in for MemAvailable) less the
+// 1 GiB rail gets a host cache of what the rest leaves, said with its
+// arithmetic, and the same tokens; where that is under one token's working
+// set the file is mapped as before. A size that is not one is an error.
+TEST_F(CliValuesTest, AFileBiggerThanMemoryGetsAHostCacheOfWhatTheRestLeaves) {
+  const std::vector<std::string> run = {MOEGRAPH_BIN, "run",  "-m", *fixture_, "-p",
+                                        "Hello",      "-n",   "24", "--backend", "cpu"};
+  const ProcessResult resident = RunProcess(run);
+  ASSERT_EQ(resident.exit_code, 0) << resident.err;
+  const uint64_t file = std::filesystem::file_size(*fixture_);
+  const auto with_memory = [&](uint64_t available) {
+    std::vector<std::string> argv = {"/usr/bin/env",
+                                     "MOEGRAPH_MEM_AVAILABLE=" + std::to_string(available)};
+    argv.insert(argv.end(), run.begin(), run.end());
+    return RunProcess(argv);
+  };
+  constexpr uint64_t kGiB = uint64_t{1} << 30, kMiB = uint64_t{1} << 20;
+  // The fixture's 6.75 MiB of experts less 2 MiB: some 4.7 MiB of slots.
+  const ProcessResult cached = with_memory(kGiB + file - 2 * kMiB);
+  ASSERT_EQ(cached.exit_code, 0) << cached.err;
+  EXPECT_EQ(cached.out, resident.out);
+  EXPECT_TRUE(std::regex_search(
+      cached.err,
+      std::regex(R"(host cache: auto: the file's [0-9.]+ MiB of tensors do not fit in memory; )"
+                 R"(1\.01 GiB available \(MOEGRAPH_MEM_AVAILABLE or MemAvailable\) - [0-9.]+ MiB )"
+                 R"(of other tensors - [0-9.]+ MiB of KV cache and state - a 1 GiB rail = )"
+                 R"([0-9.]+ MiB for 6\.75 MiB of experts \(--host-cache SIZE sets it\))")))
+      << cached.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(cached.err, m, std::regex(R"(host cache: (\d+) expert slots)")))
+      << cached.err;
+  EXPECT_GE(std::stoi(m[1]), 16) << "one token's working set at least";
+  EXPECT_LT(std::stoi(m[1]), 64) << "fewer than the experts";
+  EXPECT_TRUE(std::regex_search(cached.err, std::regex(R"(\((\d+) disk reads)"))) << cached.err;
+  // Less than a working set left: mapped, no cache.
+  const ProcessResult mapped = with_memory(kGiB + file - 6 * kMiB);
+  ASSERT_EQ(mapped.exit_code, 0) << mapped.err;
+  EXPECT_EQ(mapped.out, resident.out);
+  EXPECT_TRUE(Contains(mapped.err, "of tensors do not fit, but 1.00 GiB available"))
+      << mapped.err;
+  EXPECT_FALSE(Contains(mapped.err, "disk reads")) << mapped.err;
+  // The file fits: nothing said, nothing changed.
+  const ProcessResult fits = with_memory(kGiB + file + 64 * kMiB);
+  ASSERT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_FALSE(Contains(fits.err, "host cache")) << fits.err;
+  const ProcessResult bad = with_memory(0);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_TRUE(Contains(bad.err, "MOEGRAPH_MEM_AVAILABLE='0' is not a size")) << bad.err;
+}
+
 // As llama.cpp's -c 0, run's default context is at most the model's: a huge -n
 // never sizes the KV cache; generation stops when the context is full, with a
 // note (the fixture's context_length is 64).

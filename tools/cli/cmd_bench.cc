@@ -380,12 +380,6 @@ ModelInfo DescribeModel(const Model& model) {
   return info;
 }
 
-std::string HumanSize(uint64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  return b >= 1073741824.0 ? absl::StrFormat("%.2f GiB", b / 1073741824.0)
-                           : absl::StrFormat("%.2f MiB", Mib(bytes));
-}
-
 std::string HumanCount(uint64_t n) {
   const double v = static_cast<double>(n);
   if (v >= 1e9) return absl::StrFormat("%.2f B", v / 1e9);

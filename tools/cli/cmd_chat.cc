@@ -155,7 +155,7 @@ absl::Status Chat() {
         absl::StrFormat("--ctx %d must not be negative (0: %d)", ctx, kChatDefaultContext));
   }
   if (ctx == 0) ctx = kChatDefaultContext;
-  MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
+  MG_ASSIGN_OR_RETURN(DecoderFlags flags, ReadDecoderFlags());
 
   MG_ASSIGN_OR_RETURN(const std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
@@ -165,6 +165,7 @@ absl::Status Chat() {
   std::string template_source;
   MG_ASSIGN_OR_RETURN(const ChatTemplate chat_template, PickTemplate(*file, &template_source));
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, ctx, stderr));
+  MG_RETURN_IF_ERROR(AutoHostCache(model, ctx, &flags, stderr));
   MG_RETURN_IF_ERROR(CheckHostCache(model, flags.host_cache_bytes));
   MG_RETURN_IF_ERROR(ReadWeights(file.get(), flags.load, stderr));
 

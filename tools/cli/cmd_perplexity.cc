@@ -123,6 +123,7 @@ absl::Status Perplexity() {
         path, model.config.n_vocab, vocab.size()));
   }
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, s.n_ctx, stderr));
+  MG_RETURN_IF_ERROR(AutoHostCache(model, s.n_ctx, &flags, stderr));
   MG_RETURN_IF_ERROR(CheckHostCache(model, flags.host_cache_bytes));
   MG_RETURN_IF_ERROR(ReadWeights(file.get(), flags.load, stderr));
   std::fputs(StartupLines(flags).c_str(), stderr);

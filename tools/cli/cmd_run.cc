@@ -103,7 +103,7 @@ absl::Status Run() {
                         "model's context length)",
                         ctx_flag));
   }
-  MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
+  MG_ASSIGN_OR_RETURN(DecoderFlags flags, ReadDecoderFlags());
 
   MG_ASSIGN_OR_RETURN(const std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
@@ -182,6 +182,7 @@ absl::Status Run() {
     };
   }
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, ctx, out.info));
+  MG_RETURN_IF_ERROR(AutoHostCache(model, ctx, &flags, out.info));
   MG_RETURN_IF_ERROR(CheckHostCache(model, flags.host_cache_bytes));
   MG_RETURN_IF_ERROR(ReadWeights(file.get(), flags.load, stderr));
   std::fputs(StartupLines(flags).c_str(), out.info);

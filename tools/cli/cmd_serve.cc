@@ -100,7 +100,7 @@ absl::Status Serve() {
     return absl::InvalidArgumentError(absl::StrFormat("--ctx %d must not be negative (0: %d)",
                                                       options.ctx, kServeDefaultContext));
   }
-  MG_ASSIGN_OR_RETURN(const DecoderFlags flags, ReadDecoderFlags());
+  MG_ASSIGN_OR_RETURN(DecoderFlags flags, ReadDecoderFlags());
   options.defaults = flags.sampling;
   if (flags.cuda) options.no_scoring = kCudaScoresNoTokens;
   options.log = stderr;
@@ -121,6 +121,7 @@ absl::Status Serve() {
   const std::string alias = absl::GetFlag(FLAGS_alias);
   options.model_name = alias.empty() ? std::filesystem::path(path).filename().string() : alias;
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, options.ctx, stderr));
+  MG_RETURN_IF_ERROR(AutoHostCache(model, options.ctx, &flags, stderr));
   MG_RETURN_IF_ERROR(CheckHostCache(model, flags.host_cache_bytes));
 
   DecoderEngine engine;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "cpu/simd_kernels.h"
 #include "cpu/thread_pool.h"
+#include "loader/host_memory.h"
 #include "loader/placement.h"
 #include "loader/status_util.h"
 #include "residency/simulator.h"
@@ -177,6 +178,55 @@ absl::Status CheckHostCache(const Model& model, uint64_t bytes) {
   return HostCacheSlots(store, model.config, bytes).status();
 }
 
+std::string HumanSize(uint64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  return b >= 1073741824.0 ? absl::StrFormat("%.2f GiB", b / 1073741824.0)
+                           : absl::StrFormat("%.2f MiB", Mib(bytes));
+}
+
+absl::Status AutoHostCache(const Model& model, int ctx, DecoderFlags* flags, std::FILE* info) {
+  if (flags->cuda || flags->host_cache_bytes > 0 || flags->slots != 0 || flags->n_cpu_moe >= 0 ||
+      flags->doors.arm == Arm::kResident || !flags->doors.doors.moe_cache ||
+      flags->load.mode != LoadMode::kAuto || model.config.n_expert == 0) {
+    return absl::OkStatus();
+  }
+  constexpr uint64_t kRail = uint64_t{1} << 30;  // GgufFile::Load's for kAuto
+  const uint64_t available = HostMemoryAvailable();
+  const uint64_t tensors = model.file->total_data_bytes();
+  if (available == 0 || tensors + kRail <= available) return absl::OkStatus();
+  MG_ASSIGN_OR_RETURN(const ExpertStore store, ExpertStore::Layouts(model));
+  const ModelConfig& cfg = model.config;
+  const uint64_t experts = store.total_bytes();
+  const uint64_t kv = KvCacheBytes(cfg, ctx, flags->cpu.kv_type, flags->cpu.ring_slack()) +
+                      RecurrentStateBytes(cfg) * (1 + kStateCheckpoints);
+  const uint64_t rest = tensors - experts + kv + kRail;
+  const uint64_t budget = available > rest ? available - rest : 0;
+  const std::string arithmetic = absl::StrFormat(
+      "%s available (%s or MemAvailable) - %s of other tensors - %s of KV cache and state - "
+      "a 1 GiB rail = %s",
+      HumanSize(available), std::string(kMemAvailableVar), HumanSize(tensors - experts),
+      HumanSize(kv), HumanSize(budget));
+  const absl::StatusOr<int32_t> slots = HostCacheSlots(store, cfg, budget);
+  if (!slots.ok()) {
+    std::fprintf(info,
+                 "host cache: off: the file's %s of tensors do not fit, but %s for experts is "
+                 "under one token's working set; the file is mapped and faulted in as used "
+                 "(--host-cache SIZE sets a cache)\n",
+                 HumanSize(tensors).c_str(), arithmetic.c_str());
+    flags->load.mode = LoadMode::kMap;
+    flags->load.fault_in = false;
+    return absl::OkStatus();
+  }
+  std::fprintf(info,
+               "host cache: auto: the file's %s of tensors do not fit in memory; %s for %s of "
+               "experts (--host-cache SIZE sets it)\n",
+               HumanSize(tensors).c_str(), arithmetic.c_str(), HumanSize(experts).c_str());
+  flags->host_cache_bytes = budget;
+  flags->load.mode = LoadMode::kMap;
+  flags->load.fault_in = false;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int32_t> ReadSlots() {
   const std::string text = absl::GetFlag(FLAGS_slots);
   if (text.empty() || text == "auto") return 0;
@@ -314,6 +364,12 @@ absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions
 }
 
 absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
+  if (const char* set = std::getenv(std::string(kMemAvailableVar).c_str());
+      set != nullptr && *set != '\0' && ParseMemorySize(set).value_or(0) == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s='%s' is not a size: bytes, or a number with K, M, G or T (binary: 8G)",
+        std::string(kMemAvailableVar), set));
+  }
   DecoderFlags flags;
   flags.verbose = absl::GetFlag(FLAGS_verbose);
   MG_ASSIGN_OR_RETURN(flags.cpu, ReadCpuFlags());
@@ -391,24 +447,12 @@ absl::StatusOr<uint64_t> ReadHostCache(bool cuda, LoadOptions* load) {
 }
 
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
-  text = absl::StripAsciiWhitespace(text);
-  int shift = 0;
-  if (!text.empty()) {
-    switch (absl::ascii_toupper(text.back())) {
-      case 'K': shift = 10; break;
-      case 'M': shift = 20; break;
-      case 'G': shift = 30; break;
-      case 'T': shift = 40; break;
-      default: break;
-    }
+  const std::optional<uint64_t> bytes = ParseMemorySize(text);
+  if (!bytes.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("'%s' is not a size", absl::StripAsciiWhitespace(text)));
   }
-  if (shift > 0) text.remove_suffix(1);
-  double value = 0;
-  if (text.empty() || !absl::SimpleAtod(text, &value) || !(value >= 0) ||
-      value * static_cast<double>(uint64_t{1} << shift) >= 1.8e19) {
-    return absl::InvalidArgumentError(absl::StrFormat("'%s' is not a size", text));
-  }
-  return static_cast<uint64_t>(value * static_cast<double>(uint64_t{1} << shift));
+  return *bytes;
 }
 
 absl::StatusOr<LoadOptions> ReadLoadFlags(bool cuda) {

@@ -90,8 +90,20 @@ absl::StatusOr<uint64_t> ReadHostCache(bool cuda, LoadOptions* load);
 // --host-cache.
 absl::StatusOr<int32_t> HostCacheSlots(const ExpertStore& store, const ModelConfig& config,
                                        uint64_t bytes);
+// "1.50 GiB", or "12.25 MiB" below a GiB.
+std::string HumanSize(uint64_t bytes);
+
 // HostCacheSlots's check from the header alone (no weight is read); bytes 0: none.
 absl::Status CheckHostCache(const Model& model, uint64_t bytes);
+
+// --host-cache's default where it is not given, on the CPU backend with the
+// load mode auto, the cache on and no --slots or --n-cpu-moe: a file whose
+// tensors do not fit in the memory available (HostMemoryAvailable) less a
+// 1 GiB rail gets a host cache of what the rest leaves (the other tensors,
+// the KV cache at ctx, the rail), said on info with the arithmetic, and the
+// file is mapped without a fault-in pass. Where that is under one token's
+// working set, the file is mapped as before and info says why.
+absl::Status AutoHostCache(const Model& model, int ctx, DecoderFlags* flags, std::FILE* info);
 
 // --kv-type: f16 or f32, else an error naming the flag.
 absl::StatusOr<KvCacheType> ReadKvType();
