@@ -1,5 +1,7 @@
 #include "cpu/cpu_backend.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -22,14 +24,26 @@
 namespace moegraph {
 namespace {
 
-// Slots start on block boundaries (kBlockAlignment); the page alignment of the
-// buffer itself is for parity with the store.
-constexpr std::align_val_t kSlotBufferAlignment{4096};
-
-struct AlignedDelete {
-  void operator()(uint8_t* p) const { ::operator delete(p, kSlotBufferAlignment); }
+// The slots: anonymous pages (page-aligned; slots start on block boundaries,
+// kBlockAlignment), huge where the kernel grants them, faulted in here
+// (MADV_POPULATE_WRITE, Linux 5.14; later kernels fault them as used): a
+// pool the disk tier fills is gigabytes, and its first fill paid a fault
+// and a page clear per 4 KiB page in the middle of decoding (on this VM a
+// 5.4 GiB pool's 20 first tokens spent 22 of their 52 s waiting on reads
+// there).
+struct SlotUnmap {
+  size_t bytes = 0;
+  void operator()(uint8_t* p) const { ::munmap(p, bytes); }
 };
-using SlotBuffer = std::unique_ptr<uint8_t, AlignedDelete>;
+using SlotBuffer = std::unique_ptr<uint8_t, SlotUnmap>;
+
+SlotBuffer MapSlots(size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return SlotBuffer(nullptr, SlotUnmap{});
+  ::madvise(p, bytes, MADV_HUGEPAGE);
+  ::madvise(p, bytes, MADV_POPULATE_WRITE);
+  return SlotBuffer(static_cast<uint8_t*>(p), SlotUnmap{bytes});
+}
 
 // Host memory --slots auto leaves free.
 constexpr uint64_t kHostRailBytes = uint64_t{1} << 30;
@@ -166,8 +180,7 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
         pool.info.n_slots = k_;
       }
       const size_t bytes = pool.info.pool_bytes();
-      pool.slots.reset(
-          static_cast<uint8_t*>(::operator new(bytes, kSlotBufferAlignment, std::nothrow)));
+      pool.slots = MapSlots(bytes);
       if (pool.slots == nullptr) {
         return absl::ResourceExhaustedError(absl::StrFormat(
             "--slots: cannot allocate the slot pool of size class %d (%d slots x %d bytes)", c,

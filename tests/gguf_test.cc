@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "loader/ggml_type.h"
 #include "loader/gguf_writer.h"
+#include "loader/host_memory.h"
 #include "tests/test_util.h"
 
 namespace moegraph {
@@ -571,6 +572,54 @@ TEST(GgufLoadTest, LockingLocksOrNamesTheLimit) {
   ASSERT_EQ(WEXITSTATUS(status), 0) << "the lock was granted with RLIMIT_MEMLOCK 0";
   EXPECT_TRUE(Contains(message, path.str())) << message;
   EXPECT_TRUE(Contains(message, "RLIMIT_MEMLOCK 0.00 MiB")) << message;
+}
+
+}  // namespace
+}  // namespace moegraph
+
+namespace moegraph {
+namespace {
+
+// A cgroup tree in a temporary directory: files at root + path.
+void WriteCgroupFile(const std::string& root, const std::string& path, const std::string& text) {
+  std::filesystem::create_directories(std::filesystem::path(root + path).parent_path());
+  std::FILE* f = std::fopen((root + path).c_str(), "w");
+  ASSERT_NE(f, nullptr) << root + path;
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+}
+
+// A container's memory limit, not the host's MemAvailable, is what a process
+// in it can take: its limit less what it holds that is not page cache, the
+// least over a v2 cgroup's ancestors; none without a limit.
+TEST(HostMemoryTest, ACgroupsLimitLessWhatItHoldsIsTheRoomInIt) {
+  const std::string root = testing_util::TempPath("cgroups");
+  std::filesystem::remove_all(root);
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  // v1: 8 GiB over the hierarchy, 3 GiB used of which 2 GiB page cache.
+  WriteCgroupFile(root, "/memory/bench/memory.stat",
+                  "cache 5\nhierarchical_memory_limit " + std::to_string(8 * kGiB) +
+                      "\ntotal_cache " + std::to_string(2 * kGiB) + "\n");
+  WriteCgroupFile(root, "/memory/bench/memory.usage_in_bytes", std::to_string(3 * kGiB) + "\n");
+  EXPECT_EQ(CgroupMemoryAvailable("5:devices:/\n4:memory:/bench\n0::/\n", root), 7 * kGiB);
+  // v1 without a limit (2^63 rounded to a page): none.
+  WriteCgroupFile(root, "/memory/free/memory.stat", "hierarchical_memory_limit 9223372036854771712\n");
+  WriteCgroupFile(root, "/memory/free/memory.usage_in_bytes", "4096\n");
+  EXPECT_EQ(CgroupMemoryAvailable("4:memory:/free\n", root), std::nullopt);
+  // v2: the parent's 4 GiB binds, not the child's "max".
+  WriteCgroupFile(root, "/box/memory.max", std::to_string(4 * kGiB) + "\n");
+  WriteCgroupFile(root, "/box/memory.current", std::to_string(3 * kGiB) + "\n");
+  WriteCgroupFile(root, "/box/memory.stat", "anon 1\nfile " + std::to_string(kGiB) + "\n");
+  WriteCgroupFile(root, "/box/app/memory.max", "max\n");
+  WriteCgroupFile(root, "/box/app/memory.current", std::to_string(kGiB) + "\n");
+  WriteCgroupFile(root, "/box/app/memory.stat", "file 0\n");
+  EXPECT_EQ(CgroupMemoryAvailable("0::/box/app\n", root), 2 * kGiB);
+  EXPECT_EQ(CgroupMemoryAvailable("0::/\n", root), std::nullopt);
+  EXPECT_EQ(CgroupMemoryAvailable("", root), std::nullopt);
+  std::filesystem::remove_all(root);
+  EXPECT_EQ(ParseMemorySize("1.5G"), kGiB + kGiB / 2);
+  EXPECT_EQ(ParseMemorySize(" 512M"), 512u << 20);
+  EXPECT_EQ(ParseMemorySize("lots"), std::nullopt);
 }
 
 }  // namespace

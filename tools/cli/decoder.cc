@@ -202,7 +202,7 @@ absl::Status AutoHostCache(const Model& model, int ctx, DecoderFlags* flags, std
   const uint64_t rest = tensors - experts + kv + kRail;
   const uint64_t budget = available > rest ? available - rest : 0;
   const std::string arithmetic = absl::StrFormat(
-      "%s available (%s or MemAvailable) - %s of other tensors - %s of KV cache and state - "
+      "%s available (%s, MemAvailable or the memory cgroup's room) - %s of other tensors - %s of KV cache and state - "
       "a 1 GiB rail = %s",
       HumanSize(available), std::string(kMemAvailableVar), HumanSize(tensors - experts),
       HumanSize(kv), HumanSize(budget));
