@@ -29,8 +29,8 @@ namespace {
 // (MADV_POPULATE_WRITE, Linux 5.14; later kernels fault them as used): a
 // pool the disk tier fills is gigabytes, and its first fill paid a fault
 // and a page clear per 4 KiB page in the middle of decoding (on this VM a
-// 5.4 GiB pool's 20 first tokens spent 22 of their 52 s waiting on reads
-// there).
+// 5.4 GiB pool's first 20 tokens waited 52 s on reads that way, 5 s with
+// the pool faulted in first).
 struct SlotUnmap {
   size_t bytes = 0;
   void operator()(uint8_t* p) const { ::munmap(p, bytes); }
