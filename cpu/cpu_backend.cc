@@ -45,8 +45,6 @@ SlotBuffer MapSlots(size_t bytes) {
   return SlotBuffer(static_cast<uint8_t*>(p), SlotUnmap{bytes});
 }
 
-// Host memory --slots auto leaves free.
-constexpr uint64_t kHostRailBytes = uint64_t{1} << 30;
 
 // --slots auto: every expert, or as many slots of the largest block as fit in
 // the host memory available less the rail; at least top-k per size class.
@@ -59,7 +57,7 @@ absl::StatusOr<int32_t> AutoSlots(const CpuBackendOptions& options,
   size_t largest_block = 0;
   for (const SizeClass& c : classes) largest_block = std::max(largest_block, c.block_bytes);
   const uint64_t fit =
-      available > kHostRailBytes ? (available - kHostRailBytes) / largest_block : 0;
+      available > kHostMemoryRailBytes ? (available - kHostMemoryRailBytes) / largest_block : 0;
   const uint64_t needed = static_cast<uint64_t>(k) * classes.size();
   if (fit < needed) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -277,9 +275,6 @@ class CpuBackend::SlotExperts final : public ExpertProvider {
       counters_.disk_bytes += disk_->bytes_read() - before;
     }
     for (const int i : arrived_) being_read_[static_cast<size_t>(i)] = false;
-    if (disk_ == nullptr || disk_->pending() == 0) {
-      std::fill(being_read_.begin(), being_read_.end(), false);
-    }
     for (int r = 0; r < k_; ++r) {
       if (rank_pending_[r] && !IsBeingRead(rank_blocks_[r])) {
         rank_pending_[r] = false;

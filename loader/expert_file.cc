@@ -158,9 +158,10 @@ absl::Status ExpertFileReader::Complete(size_t i, int res) {
 }
 
 void ExpertFileReader::BlockDone(int b) {
-  if (direct_) {
-    for (const Slice& s : slices_) {
-      if (s.read == b) std::memcpy(s.dst, s.target + (s.offset - s.first), s.bytes);
+  if (direct_) {  // its three slices, in Start's order
+    for (size_t i = 3 * static_cast<size_t>(b); i < 3 * static_cast<size_t>(b) + 3; ++i) {
+      const Slice& s = slices_[i];
+      std::memcpy(s.dst, s.target + (s.offset - s.first), s.bytes);
     }
   }
   ready_.push_back(b);

@@ -390,8 +390,6 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
 
 namespace {
 
-// Memory kAuto and kRead leave free.
-constexpr uint64_t kLoadRailBytes = uint64_t{1} << 30;
 // Reads and faults go this many bytes at a time, a progress call after each.
 constexpr uint64_t kLoadChunkBytes = uint64_t{64} << 20;
 
@@ -418,7 +416,7 @@ absl::Status GgufFile::Load(const LoadOptions& options) {
   if (mode != LoadMode::kMap) {
     const uint64_t available =
         options.available_bytes != 0 ? options.available_bytes : HostMemoryAvailable();
-    const bool fits = total + kLoadRailBytes <= available;
+    const bool fits = total + kHostMemoryRailBytes <= available;
     if (mode == LoadMode::kAuto) {
       mode = fits ? LoadMode::kRead : LoadMode::kMap;
     } else if (available != 0 && !fits) {

@@ -12,6 +12,10 @@ namespace moegraph {
 // or with K, M, G or T (binary).
 inline constexpr absl::string_view kMemAvailableVar = "MOEGRAPH_MEM_AVAILABLE";
 
+// What the host-memory decisions leave free of what is available: --load-mode
+// auto (GgufFile::Load), --slots auto and --host-cache's default.
+inline constexpr uint64_t kHostMemoryRailBytes = uint64_t{1} << 30;
+
 // "512M", "1.5G", "1048576" in bytes; nullopt for anything else.
 std::optional<uint64_t> ParseMemorySize(absl::string_view text);
 

@@ -190,31 +190,30 @@ absl::Status AutoHostCache(const Model& model, int ctx, DecoderFlags* flags, std
       flags->load.mode != LoadMode::kAuto || model.config.n_expert == 0) {
     return absl::OkStatus();
   }
-  constexpr uint64_t kRail = uint64_t{1} << 30;  // GgufFile::Load's for kAuto
   const uint64_t available = HostMemoryAvailable();
   const uint64_t tensors = model.file->total_data_bytes();
-  if (available == 0 || tensors + kRail <= available) return absl::OkStatus();
+  if (available == 0 || tensors + kHostMemoryRailBytes <= available) return absl::OkStatus();
   MG_ASSIGN_OR_RETURN(const ExpertStore store, ExpertStore::Layouts(model));
   const ModelConfig& cfg = model.config;
   const uint64_t experts = store.total_bytes();
   const uint64_t kv = KvCacheBytes(cfg, ctx, flags->cpu.kv_type, flags->cpu.ring_slack()) +
                       RecurrentStateBytes(cfg) * (1 + kStateCheckpoints);
-  const uint64_t rest = tensors - experts + kv + kRail;
+  const uint64_t rest = tensors - experts + kv + kHostMemoryRailBytes;
   const uint64_t budget = available > rest ? available - rest : 0;
   const std::string arithmetic = absl::StrFormat(
-      "%s available (%s, MemAvailable or the memory cgroup's room) - %s of other tensors - %s of KV cache and state - "
-      "a 1 GiB rail = %s",
+      "%s available (%s, MemAvailable or the memory cgroup's room) - %s of other tensors - "
+      "%s of KV cache and state - a 1 GiB rail = %s",
       HumanSize(available), std::string(kMemAvailableVar), HumanSize(tensors - experts),
       HumanSize(kv), HumanSize(budget));
-  const absl::StatusOr<int32_t> slots = HostCacheSlots(store, cfg, budget);
-  if (!slots.ok()) {
+  // Either way the file is mapped, its pages faulted in as used, not read.
+  flags->load.mode = LoadMode::kMap;
+  flags->load.fault_in = false;
+  if (!HostCacheSlots(store, cfg, budget).ok()) {
     std::fprintf(info,
                  "host cache: off: the file's %s of tensors do not fit, but %s for experts is "
                  "under one token's working set; the file is mapped and faulted in as used "
                  "(--host-cache SIZE sets a cache)\n",
                  HumanSize(tensors).c_str(), arithmetic.c_str());
-    flags->load.mode = LoadMode::kMap;
-    flags->load.fault_in = false;
     return absl::OkStatus();
   }
   std::fprintf(info,
@@ -222,8 +221,6 @@ absl::Status AutoHostCache(const Model& model, int ctx, DecoderFlags* flags, std
                "experts (--host-cache SIZE sets it)\n",
                HumanSize(tensors).c_str(), arithmetic.c_str(), HumanSize(experts).c_str());
   flags->host_cache_bytes = budget;
-  flags->load.mode = LoadMode::kMap;
-  flags->load.fault_in = false;
   return absl::OkStatus();
 }
 
