@@ -19,6 +19,7 @@ constexpr std::string_view kResidencyVar = "MOEGRAPH_RESIDENCY";
 constexpr std::string_view kPolicyVar = "MOEGRAPH_POLICY";
 constexpr std::string_view kProtectedFracVar = "MOEGRAPH_PROTECTED_FRAC";
 constexpr std::string_view kSplitPassesVar = "MOEGRAPH_SPLIT_PASSES";
+constexpr std::string_view kChainVar = "MOEGRAPH_CHAIN";
 constexpr std::string_view kPdlVar = "MOEGRAPH_PDL";
 constexpr std::string_view kPrefillVar = "MOEGRAPH_PREFILL";
 constexpr std::string_view kBatchMatMulVar = "MOEGRAPH_BATCH_MATMUL";
@@ -126,6 +127,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   Door<ResidencyPolicy> policy{kDefaultResidencyPolicy};
   Door<double> protected_frac{kDefaultProtectedFrac};
   Door<bool> split_passes{false};
+  Door<bool> chained_matvecs{true};
   Door<bool> programmatic_launch{true};
   Door<bool> batched_prefill{true};
   Door<bool> batch_matmul{true};
@@ -154,6 +156,8 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   if (env_split.has_value()) {
     take(split_passes, *env_split, kSplitPassesVar, *env_split ? "1" : "0");
   }
+  MG_ASSIGN_OR_RETURN(const std::optional<bool> env_chain, ReadBool(env, kChainVar));
+  if (env_chain.has_value()) take(chained_matvecs, *env_chain, kChainVar, *env_chain ? "1" : "0");
   MG_ASSIGN_OR_RETURN(const std::optional<bool> env_pdl, ReadBool(env, kPdlVar));
   if (env_pdl.has_value()) take(programmatic_launch, *env_pdl, kPdlVar, *env_pdl ? "1" : "0");
   MG_ASSIGN_OR_RETURN(const std::optional<bool> env_batch, ReadBool(env, kBatchMatMulVar));
@@ -241,6 +245,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   d.policy = policy.value;
   d.protected_frac = protected_frac.value;
   d.split_passes = split_passes.value;
+  d.chained_matvecs = chained_matvecs.value;
   d.programmatic_launch = programmatic_launch.value;
   d.batched_prefill = batched_prefill.value;
   d.batch_matmul = batch_matmul.value;
@@ -270,6 +275,8 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
                       Av(SourceName(protected_frac.source))),
       absl::StrFormat("%s=%d (%s)", Av(kSplitPassesVar), d.split_passes ? 1 : 0,
                       Av(SourceName(split_passes.source))),
+      absl::StrFormat("%s=%d (%s)", Av(kChainVar), d.chained_matvecs ? 1 : 0,
+                      Av(SourceName(chained_matvecs.source))),
       absl::StrFormat("%s=%d (%s)", Av(kPdlVar), d.programmatic_launch ? 1 : 0,
                       Av(SourceName(programmatic_launch.source))),
       absl::StrFormat("%s=%s (%s)", Av(kPrefillVar), d.batched_prefill ? "batched" : "steps",
@@ -285,7 +292,7 @@ absl::StatusOr<ResolvedDoors> ResolveDoors(std::optional<Arm> arm_flag, const En
   out.all_default = notes.empty();
   for (const Source source :
        {graph.source, moe_cache.source, residency.source, policy.source, protected_frac.source,
-        split_passes.source, programmatic_launch.source, batched_prefill.source,
+        split_passes.source, chained_matvecs.source, programmatic_launch.source, batched_prefill.source,
         batch_matmul.source, amx.source, read_overlap.source, resident.source}) {
     out.all_default = out.all_default && source == Source::kDefault;
   }

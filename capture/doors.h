@@ -8,6 +8,8 @@
 //   MOEGRAPH_POLICY=hazard|slru|lru  the residency policy
 //   MOEGRAPH_PROTECTED_FRAC   slru's protected share of the slots, in [0, 1)
 //   MOEGRAPH_SPLIT_PASSES=1   hits before the copies join, misses after (two passes)
+//   MOEGRAPH_CHAIN=0          attn_out and the router, and the one expert pass's
+//                             gate/up and down, as two launches each
 //   MOEGRAPH_PDL=0            kernels launched without programmatic dependent launch
 //   MOEGRAPH_BATCH_MATMUL=0   the CPU backend's prompts in ggml's per-row order
 //   MOEGRAPH_AMX=0            the CPU backend's prompts without AMX tiles
@@ -40,6 +42,7 @@ struct Doors {
   ResidencyPolicy policy = kDefaultResidencyPolicy;  // MOEGRAPH_POLICY
   double protected_frac = kDefaultProtectedFrac;     // MOEGRAPH_PROTECTED_FRAC
   bool split_passes = false;                         // MOEGRAPH_SPLIT_PASSES
+  bool chained_matvecs = true;                       // MOEGRAPH_CHAIN
   bool programmatic_launch = true;                   // MOEGRAPH_PDL (sm_90 and later)
   // MOEGRAPH_PREFILL: batched (a prompt in ubatches, capture/engine_prefill.cc)
   // or steps (one T=1 decode step per prompt token, the rollback).

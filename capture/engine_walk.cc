@@ -22,7 +22,8 @@ namespace moegraph {
 
 WalkConfig CudaEngine::Impl::MakeWalkConfig(int steps) const {
   WalkConfig c =
-      ModelWalkConfig(cfg, slot_mode, options.doors.split_passes, programmatic_launch);
+      ModelWalkConfig(cfg, slot_mode, options.doors.split_passes, options.doors.chained_matvecs,
+                      programmatic_launch);
   c.steps = steps;
   c.shared_expert_in_passes = shared_expert_in_passes;
   c.shared_gate_in_router = shared_gate_in_router;
@@ -217,7 +218,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
   };
   // The last down pass ends the layer: the combine into x, then the next
   // layer's attn_norm (output_norm after the last layer) into h.
-  auto down_combine = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
+  auto combine_of = [&] {
     CombineEpilogue combine;
     combine.weights = e->weights;
     combine.shexp_out = shexp ? shexp_out : nullptr;
@@ -228,9 +229,30 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     }
     combine.residual = x;
     combine.norm = Norm(next_norm);
+    return combine;
+  };
+  auto down_combine = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
+    const CombineEpilogue combine = combine_of();
     return [=, this] {
       return launch_expert_down_combine(pool->slots.as<uint8_t>(), pool->layout, ranks, pass,
                                         biases, act, act_q, expert_out, combine, tickets, ms);
+    };
+  };
+
+  // The router's top-k into the layer's selection; its last row the shared
+  // expert's gate where that rides it.
+  auto layer_router = [&] {
+    RouterEpilogue router = Router(l, e->selection, e->weights);
+    router.shared_gate_row = shared_gate_in_router[static_cast<size_t>(l)];
+    return router;
+  };
+  // Both in one launch: the pair's rows, then down's and the combine.
+  auto expert_ffn = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
+    const CombineEpilogue combine = combine_of();
+    return [=, this] {
+      return launch_expert_ffn(pool->slots.as<uint8_t>(), pool->layout, ranks, pass, biases,
+                               glu_act, h, h_q, act, act_q, expert_out, combine, counters,
+                               tickets, ms);
     };
   };
 
@@ -275,11 +297,18 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       return [=] { return launch_delta_net_mix(args, 1, ms); };
     }
     case StepOp::kRouter: {
-      RouterEpilogue router = Router(l, e->selection, e->weights);
-      router.shared_gate_row = shared_gate_in_router[static_cast<size_t>(l)];
+      const RouterEpilogue router = layer_router();
       const DeviceMatrix* weights = router.shared_gate_row ? &w->router_and_gate : &w->router;
       return [=, this] {
         return launch_router(*weights, h, h_q, router_logits, router, tickets, ms);
+      };
+    }
+    case StepOp::kAttnOutRouter: {
+      const RouterEpilogue router = layer_router();
+      const DeviceMatrix* weights = router.shared_gate_row ? &w->router_and_gate : &w->router;
+      return [=, this] {
+        return launch_matvec_residual_router(*wo, attn, attn_q, w->bo, x, Norm(w->ffn_norm),
+                                             *weights, router_logits, router, tickets, ms);
       };
     }
     case StepOp::kResidencyStep: {
@@ -358,6 +387,10 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       return gate_up(ExpertPass::kReady);
     case StepOp::kDownReady:
       return down_combine(ExpertPass::kReady);
+    case StepOp::kExpertFfnAll:
+      return expert_ffn(ExpertPass::kAll);
+    case StepOp::kExpertFfnReady:
+      return expert_ffn(ExpertPass::kReady);
     case StepOp::kShexpGateUp:
       return [=, this] {
         return launch_matvec_swiglu(w->shexp_gate, w->shexp_up, h, h_q, shexp_act, shexp_act_q,

@@ -42,6 +42,9 @@ constexpr OpInfo kOps[] = {
     {StepOp::kDownAll, "down_all", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kGateUpReady, "gate_up_ready", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kDownReady, "down_ready", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kAttnOutRouter, "attn_out_router", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kExpertFfnAll, "expert_ffn_all", EntryKind::kKernel, WalkStream::kMain},
+    {StepOp::kExpertFfnReady, "expert_ffn_ready", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpGateUp, "shexp_gate_up", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpDown, "shexp_down", EntryKind::kKernel, WalkStream::kMain},
     {StepOp::kShexpLogit, "shexp_logit", EntryKind::kKernel, WalkStream::kMain},
@@ -83,14 +86,14 @@ class WalkWriter {
   const WalkBinder& bind_;
 };
 
-// The layer's token mixer, ending in its output projection's residual add.
-void AddMixer(const WalkConfig& c, WalkWriter& w, int step, int layer) {
-  static constexpr StepOp kAttention[] = {StepOp::kQkv, StepOp::kAttention, StepOp::kAttnOut};
-  static constexpr StepOp kDeltaNet[] = {StepOp::kDeltaNetProj, StepOp::kDeltaNetMix,
-                                         StepOp::kAttnOut};
+// The layer's token mixer, ending in its output projection's residual add
+// (with_router: and the MoE router chained to it, chained_matvecs).
+void AddMixer(const WalkConfig& c, WalkWriter& w, int step, int layer, bool with_router) {
   const bool delta_net = !c.mixers.empty() &&
                          c.mixers[static_cast<size_t>(layer)] == LayerMixer::kDeltaNet;
-  for (StepOp op : delta_net ? kDeltaNet : kAttention) w.Add(op, step, layer);
+  w.Add(delta_net ? StepOp::kDeltaNetProj : StepOp::kQkv, step, layer);
+  w.Add(delta_net ? StepOp::kDeltaNetMix : StepOp::kAttention, step, layer);
+  w.Add(with_router ? StepOp::kAttnOutRouter : StepOp::kAttnOut, step, layer);
 }
 
 bool LayerFlag(const std::vector<bool>& flags, int layer) {
@@ -110,14 +113,25 @@ void AddSharedExpert(const WalkConfig& c, WalkWriter& w, int step, int layer) {
   }
 }
 
+// The one expert pass over every rank: gate/up and down, or both in one
+// launch (chained_matvecs); ready: right after the stage copy, missed ranks waiting
+// for their flags.
+void AddOnePass(const WalkConfig& c, WalkWriter& w, int step, int layer, bool ready) {
+  if (c.chained_matvecs) {
+    w.Add(ready ? StepOp::kExpertFfnReady : StepOp::kExpertFfnAll, step, layer);
+    return;
+  }
+  w.Add(ready ? StepOp::kGateUpReady : StepOp::kGateUpAll, step, layer);
+  w.Add(ready ? StepOp::kDownReady : StepOp::kDownAll, step, layer);
+}
+
 void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
-  w.Add(StepOp::kRouter, step, layer);
+  if (!c.chained_matvecs) w.Add(StepOp::kRouter, step, layer);
   if (c.slot_mode == SlotMode::kResident) {
     // Nothing to copy, so nothing to overlap: one pass over every rank, each
     // found in the slot its key names (no slot decision).
     AddSharedExpert(c, w, step, layer);
-    w.Add(StepOp::kGateUpAll, step, layer);
-    w.Add(StepOp::kDownAll, step, layer);
+    AddOnePass(c, w, step, layer, /*ready=*/false);
   } else {
     if (c.slot_mode == SlotMode::kHostPolicy) {
       for (StepOp op : {StepOp::kHostReadSelection, StepOp::kHostWaitSelection,
@@ -131,8 +145,7 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
     if (OnePassWaitsForCopies(c)) {
       AddSharedExpert(c, w, step, layer);
       w.Add(StepOp::kStageCopy, WalkStream::kMain, step, layer);
-      w.Add(StepOp::kGateUpReady, step, layer);
-      w.Add(StepOp::kDownReady, step, layer);
+      AddOnePass(c, w, step, layer, /*ready=*/true);
       return;
     }
     w.Add(StepOp::kForkRecord, step, layer);
@@ -148,19 +161,24 @@ void AddMoe(const WalkConfig& c, WalkWriter& w, int step, int layer) {
     }
     AddSharedExpert(c, w, step, layer);
     w.Add(StepOp::kJoinWait, step, layer);
-    w.Add(split ? StepOp::kGateUpMisses : StepOp::kGateUpAll, step, layer);
-    w.Add(split ? StepOp::kDownMisses : StepOp::kDownAll, step, layer);
+    if (split) {
+      w.Add(StepOp::kGateUpMisses, step, layer);
+      w.Add(StepOp::kDownMisses, step, layer);
+    } else {
+      AddOnePass(c, w, step, layer, /*ready=*/false);
+    }
   }
 }
 
 }  // namespace
 
 WalkConfig ModelWalkConfig(const ModelConfig& cfg, SlotMode slot_mode, bool split_passes,
-                           bool programmatic_launch) {
+                           bool chained_matvecs, bool programmatic_launch) {
   WalkConfig c;
   c.n_layer = cfg.n_layer;
   c.slot_mode = slot_mode;
   c.split_passes = split_passes;
+  c.chained_matvecs = chained_matvecs;
   c.programmatic_launch = programmatic_launch;
   c.shared_expert = cfg.n_ff_shexp > 0;
   c.shared_expert_gated = cfg.shexp_gated;
@@ -199,7 +217,8 @@ StepWalk BuildWalk(const WalkConfig& config, const WalkBinder& bind) {
   for (int step = 0; step < config.steps; ++step) {
     w.Add(StepOp::kEmbed, step);
     for (int layer = 0; layer < config.n_layer; ++layer) {
-      AddMixer(config, w, step, layer);
+      AddMixer(config, w, step, layer,
+               /*with_router=*/config.chained_matvecs && layer >= config.n_dense_lead);
       if (layer < config.n_dense_lead) {
         w.Add(StepOp::kDenseGateUp, step, layer);
         w.Add(StepOp::kDenseDown, step, layer);

@@ -4,9 +4,13 @@
 // Nothing in an entry depends on the token: every per-step value lives in device
 // memory, so the list (and the graph captured from it) is never patched.
 //
-// Per MoE layer (device residency, the default one pass):
-//   main: qkv attention attn_out router residency_step [shexp_*] stage_copy
-//         gate_up_ready down_ready
+// Per MoE layer (device residency, the default one pass, chained launches):
+//   main: qkv attention attn_out_router residency_step [shexp_*] stage_copy
+//         expert_ffn_ready
+// (with MOEGRAPH_CHAIN=0: attn_out router in place of attn_out_router, and
+// the pass is two launches, gate_up_ready down_ready; likewise
+// expert_ffn_all or gate_up_all down_all below; the walks below are the
+// unchained ones).
 // (a Gated DeltaNet layer, qwen35moe's: delta_net_proj delta_net_mix attn_out
 // in place of qkv attention attn_out; its state stays in device memory).
 // The stage copy runs on the main stream just before the pass: the pass's
@@ -24,7 +28,7 @@
 // runs the first attn_norm; qkv each head's
 // QK-norm, RoPE and KV append; attention merges its splits; attn_out adds into
 // the residual stream and runs ffn_norm; router its top-k; the last down pass
-// (down_misses, or down_all) combines the ranks into the residual stream and
+// (down_misses, down_all, or the fused pass's down blocks) combines the ranks into the residual stream and
 // runs the next layer's attn_norm (after the last layer, output_norm).
 // (Routing replay or record adds routing_step_end after sample; the replay
 // itself is the router's epilogue.)
@@ -33,7 +37,7 @@
 // Arms change only the slot decision (none on the resident arm, whose passes
 // find each expert in the slot its key names; stage_all_slots; or the host
 // arm's readback, host step and host copies) and which passes run (the
-// host arm's copies join before its one pass, gate_up_all down_all).
+// host arm's copies join before its one pass, expert_ffn_all).
 // Steps end with lm_head [record_logits] sample, whose last block also ends
 // the step (the token into out_tokens, the step counter advanced); after the
 // last of S steps the token leaves through one device-to-host copy.
@@ -96,6 +100,12 @@ enum class StepOp {
   kDownAll,
   kGateUpReady,  // every rank, right after the stage copy on the main stream
   kDownReady,
+  // Chained launches (MOEGRAPH_CHAIN, on by default): a MoE layer's attn_out
+  // and router in one (launch_matvec_residual_router); the one pass's gate/up
+  // and down in one (launch_expert_ffn), All's or Ready's.
+  kAttnOutRouter,
+  kExpertFfnAll,
+  kExpertFfnReady,
   // The shared expert, overlapping the copies; its logit for qwen2moe's gate.
   kShexpGateUp,
   kShexpDown,
@@ -132,6 +142,10 @@ struct WalkConfig {
   // false: one pass, missed ranks waiting for their copy (the host arm: one
   // pass after the join).
   bool split_passes = false;
+  // Chained launches (MOEGRAPH_CHAIN): in a MoE layer attn_out_router in
+  // place of attn_out and router, and expert_ffn_all or expert_ffn_ready in
+  // place of the one pass's gate_up_* down_*.
+  bool chained_matvecs = false;
   // Kernels launched with programmatic dependent launch (MOEGRAPH_PDL, sm_90+).
   bool programmatic_launch = false;
   bool shared_expert = false;        // qwen2moe, glm4moe, qwen35moe
@@ -159,7 +173,7 @@ struct WalkConfig {
 // what the CUDA engine runs, and what `moegraph inspect --walk` describes
 // (capture/walk_shape.h).
 WalkConfig ModelWalkConfig(const ModelConfig& cfg, SlotMode slot_mode, bool split_passes,
-                           bool programmatic_launch);
+                           bool chained_matvecs, bool programmatic_launch);
 
 // Whether the cached arms' expert pass is the one pass after the stage copy on
 // the main stream (kGateUpReady, kDownReady): the device arms without split

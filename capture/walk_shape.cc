@@ -90,14 +90,11 @@ class Shaper {
         return Plain(e, "delta_net_mix_kernel",
                      delta_net_mix_launch_geometry(c_.delta_net.n_v_heads,
                                                    c_.delta_net.head_dim));
-      case StepOp::kRouter: {
-        Matrix router = Of(l->router);
-        if (walk_.shared_gate_in_router[static_cast<size_t>(e.layer)]) {
-          router.rows += 1;
-          router.bytes += Of(l->shexp_gate_inp).bytes;
-        }
-        return Matvec(e, router);
-      }
+      case StepOp::kRouter:
+        return Matvec(e, Router(e.layer));
+      case StepOp::kAttnOutRouter:
+        return Chain(e, Of(c_.mixer(e.layer) == LayerMixer::kDeltaNet ? l->delta_net.out : l->wo),
+                     1, Router(e.layer));
       case StepOp::kResidencyStep:
         return Doors{}.policy == ResidencyPolicy::kHazard
                    ? Plain(e, "hazard_step_kernel", hazard_step_launch_geometry())
@@ -120,6 +117,14 @@ class Shaper {
       case StepOp::kDownAll:
       case StepOp::kDownReady:
         return Matvec(e, Expert(model_, e.layer, ExpertProj::kDown), pass_ranks);
+      case StepOp::kExpertFfnAll:
+      case StepOp::kExpertFfnReady: {
+        const Matrix gate = Expert(model_, e.layer, ExpertProj::kGate);
+        const Matrix up = Expert(model_, e.layer, ExpertProj::kUp);
+        MG_RETURN_IF_ERROR(Pair(e, gate, up, pass_ranks).status());
+        return Chain(e, gate, 2, Expert(model_, e.layer, ExpertProj::kDown), pass_ranks,
+                     up.bytes);
+      }
       case StepOp::kShexpGateUp:
         return Pair(e, Of(l->shexp_gate), Of(l->shexp_up), 1);
       case StepOp::kShexpDown:
@@ -188,6 +193,34 @@ class Shaper {
     }
     MG_ASSIGN_OR_RETURN(WalkLaunch launch, Matvec(e, gate, ranks));
     launch.weight_bytes += up.bytes * static_cast<uint64_t>(ranks);
+    return launch;
+  }
+
+  // The router's matrix, with the shared expert's gate row where it rides it.
+  Matrix Router(int layer) const {
+    Matrix router = Of(model_.layers[static_cast<size_t>(layer)].router);
+    if (walk_.shared_gate_in_router[static_cast<size_t>(layer)]) {
+      router.rows += 1;
+      router.bytes += Of(model_.layers[static_cast<size_t>(layer)].shexp_gate_inp).bytes;
+    }
+    return router;
+  }
+
+  // first (on its geometry; first_extra: a pair's second matrix's bytes) then
+  // second, over ranks, in one chained_matvec_kernel launch
+  // (launch_expert_ffn, launch_matvec_residual_router).
+  static absl::StatusOr<WalkLaunch> Chain(const WalkEntry& e, const Matrix& first, int first_m,
+                                          const Matrix& second, int32_t ranks = 1,
+                                          uint64_t first_extra = 0) {
+    MG_RETURN_IF_ERROR(MatvecTakes(first));
+    MG_RETURN_IF_ERROR(MatvecTakes(second));
+    WalkLaunch launch =
+        Plain(e, "chained_matvec_kernel",
+              chained_matvec_launch_geometry(first.type, first.rows, first.cols, second.type,
+                                             second.rows, second.cols, ranks));
+    launch.instance = absl::StrCat(first_m == 2 ? "pair " : "", TypeName(first.type), ", ",
+                                   TypeName(second.type));
+    launch.weight_bytes = (first.bytes + first_extra + second.bytes) * static_cast<uint64_t>(ranks);
     return launch;
   }
 
@@ -323,8 +356,9 @@ absl::Status CheckDeltaNetShape(const ModelConfig& c) {
 
 std::string KernelLabel(const WalkLaunch& launch) {
   if (launch.instance.empty()) return launch.kernel;
-  // qkv_kernel is no template: its types are a switch per block.
-  if (launch.kernel == "qkv_kernel") {
+  // qkv_kernel and chained_matvec_kernel take their types from a switch per
+  // block.
+  if (launch.kernel == "qkv_kernel" || launch.kernel == "chained_matvec_kernel") {
     return absl::StrCat(launch.kernel, " (", launch.instance, ")");
   }
   return absl::StrCat(launch.kernel, "<", launch.instance, ">");
@@ -338,7 +372,7 @@ absl::StatusOr<WalkShape> ShapeWalk(const Model& model, const WalkShapeOptions& 
   WalkShape shape;
   WalkConfig config = ModelWalkConfig(
       c, options.arm == Arm::kResident ? SlotMode::kResident : SlotMode::kDevicePolicy,
-      doors.split_passes, doors.programmatic_launch);
+      doors.split_passes, doors.chained_matvecs, doors.programmatic_launch);
   config.shared_expert_in_passes = SharedExpertInPasses(model);
   config.shared_gate_in_router = SharedGateInRouter(model);
   shape.walk = BuildWalk(config);

@@ -35,7 +35,8 @@ struct WalkLaunch {
   std::string kernel;  // the __global__ function
   // What picks its code: grouped_matvec_kernel's weight type,
   // attention_split_kernel's KV element (f16, f32); qkv_kernel's weight
-  // types (a block-uniform switch); else empty.
+  // types and chained_matvec_kernel's (its first launch's, "pair q4_K" for a
+  // gate/up pair, and its second's; a block-uniform switch); else empty.
   std::string instance;
   dim3 grid;
   dim3 block;

@@ -268,6 +268,18 @@ cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_
                           float* logits, const RouterEpilogue& router, unsigned int* tickets,
                           cudaStream_t stream);
 
+// launch_matvec_residual (with its norm: norm.weight and norm.out set) then
+// launch_router over the norm's output (norm.out, norm.out_q), the same bits,
+// in one launch (one kernel node fewer a MoE layer): the router's blocks start
+// their rows once every block of the residual add, the norm's included, is
+// done (chained_matvec_kernel, kernels/matvec.cu). tickets: 5.
+cudaError_t launch_matvec_residual_router(const DeviceMatrix& w, const float* x,
+                                          const block_q8_1* xq, const float* bias,
+                                          float* residual, const NormEpilogue& norm,
+                                          const DeviceMatrix& router_w, float* logits,
+                                          const RouterEpilogue& router, unsigned int* tickets,
+                                          cudaStream_t stream);
+
 // out = silu(gate x) * (up x), gate and up of one type and shape, and with out_q
 // (rows a multiple of 32) out's q8_1 blocks. tickets: rows / 32 (null where
 // launch_matvec_swiglu's blocks hold 32 rows each: matvec_geometry).
@@ -521,6 +533,22 @@ cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLa
                                        const float* act, const block_q8_1* act_q, float* expert_out,
                                        const CombineEpilogue& combine, unsigned int* tickets,
                                        cudaStream_t stream);
+
+// launch_expert_gate_up then launch_expert_down_combine of one pass over
+// every rank (kAll, or kReady right after launch_stage_copy), the same bits, in
+// one launch (one kernel node fewer a layer): the blocks take the pair's rows
+// first, rank by rank, then down's, a down block of rank r starting its rows
+// once every gate/up block of rank r is done (chained_matvec_kernel,
+// kernels/matvec.cu). tickets: expert_ffn_tickets(n_embd, k' n_ff, k') with k'
+// the pass's ranks (the combine's, the pair's q8_1 groups', the chain's counts).
+cudaError_t launch_expert_ffn(const uint8_t* slots, const DeviceBlockLayout& layout,
+                              const ExpertRanks& ranks, ExpertPass pass,
+                              const ExpertBiases& biases, GluAct glu_act, const float* x,
+                              const block_q8_1* xq, float* act, block_q8_1* act_q,
+                              float* expert_out, const CombineEpilogue& combine,
+                              DeviceCounters* counters, unsigned int* tickets,
+                              cudaStream_t stream);
+int32_t expert_ffn_tickets(int32_t n_embd, int32_t pair_rows, int32_t ranks);
 
 // Tickets every launcher above needs, for a model of n_embd, n_head and
 // n_head_kv whose gate/up pairs have at most pair_rows rows over all ranks

@@ -76,6 +76,17 @@ inline LaunchGeometry matvec_launch_geometry(GgmlType type, int64_t rows, int64_
           dim3(kMatvecThreads)};
 }
 
+// launch_expert_ffn and launch_matvec_residual_router (chained_matvec_kernel):
+// the first matvec's row blocks, rank by rank, then the second's, along x.
+inline LaunchGeometry chained_matvec_launch_geometry(GgmlType first_type, int64_t first_rows,
+                                                     int64_t first_cols, GgmlType second_type,
+                                                     int64_t second_rows, int64_t second_cols,
+                                                     int32_t ranks) {
+  const int64_t per_rank = matvec_row_blocks(first_type, first_rows, first_cols) +
+                           matvec_row_blocks(second_type, second_rows, second_cols);
+  return {dim3(static_cast<unsigned>(per_rank * ranks)), dim3(kMatvecThreads)};
+}
+
 // launch_qkv and launch_projections: the n matrices' row blocks one after
 // another along x (q's, k's and v's).
 inline LaunchGeometry qkv_launch_geometry(const GgmlType* type, const int64_t* rows, int n,

@@ -103,6 +103,17 @@ struct MatvecArgs {
   CombineEpilogue combine;
 };
 
+// Where a block's rows are: row block x of rank r in a grid of blocks_x x
+// ranks (grouped_matvec_kernel's blockIdx and gridDim; one phase of
+// expert_ffn_kernel's logical blocks).
+struct BlockPlace {
+  int32_t x, r, blocks_x, ranks;
+};
+__device__ __forceinline__ BlockPlace grid_place() {
+  return {static_cast<int32_t>(blockIdx.x), static_cast<int32_t>(blockIdx.y),
+          static_cast<int32_t>(gridDim.x), static_cast<int32_t>(gridDim.y)};
+}
+
 struct MatvecShared {
   float parts[2][kMatvecThreads];  // the later warps' parts of a row, per matrix
   float results[kMaxRowsPerBlock];
@@ -124,8 +135,8 @@ __device__ __forceinline__ float row_reduce(float v, int threads, float* parts) 
 
 // The q8_1 block of rows [32 g, + 32) of rank r's out, once every block
 // holding them is done (the last of them quantizes, warp 0, reading through L2).
-__device__ void quantize_out_group(const MatvecArgs& a, int32_t row0, EpilogueShared* shared) {
-  const int32_t r = blockIdx.y;
+__device__ void quantize_out_group(const MatvecArgs& a, int32_t r, int32_t row0,
+                                   EpilogueShared* shared) {
   const int32_t g = row0 / QK8_1;
   const int blocks = QK8_1 / a.geometry.rows_per_block;
   unsigned int* ticket = a.out_q_tickets + r * (a.rows / QK8_1) + g;
@@ -134,16 +145,17 @@ __device__ void quantize_out_group(const MatvecArgs& a, int32_t row0, EpilogueSh
   warp_quantize_q8_1(__ldcg(out + threadIdx.x), a.out_q + (r * a.out_stride) / QK8_1 + g);
 }
 
-// Rows [rows_per_block bx, + rows_per_block) of rank blockIdx.y by the whole
+// Rows [rows_per_block place.x, + rows_per_block) of rank place.r by the whole
 // block, M matrices (a pair: 2), into out (or out_f16); flag: the rank's miss
 // flag (kRank*), for the count of the rank's first block; shared_rank: the
 // rank is the shared expert's (weights.shared, not a slot).
 template <GgmlType T, int M>
 __device__ __forceinline__ void matvec_block(const MatvecWeights& weights, const MatvecArgs& a,
-                                             int32_t bx, uint8_t flag, bool shared_rank,
+                                             BlockPlace place, uint8_t flag, bool shared_rank,
                                              float* out_base, uint16_t* out_f16,
                                              MatvecShared* shared) {
-  const int32_t r = blockIdx.y;
+  const int32_t r = place.r;
+  const int32_t bx = place.x;
   const int threads = a.geometry.threads_per_row;
   const int rows_per_block = a.geometry.rows_per_block;
   const int i = threadIdx.x / threads;
@@ -206,7 +218,7 @@ __device__ __forceinline__ void matvec_block(const MatvecWeights& weights, const
                          a.out_q + (r * a.out_stride + row0) / QK8_1);
     }
   } else {
-    quantize_out_group(a, row0, &shared->epilogue);
+    quantize_out_group(a, r, row0, &shared->epilogue);
   }
 }
 
@@ -214,10 +226,10 @@ __device__ __forceinline__ void matvec_block(const MatvecWeights& weights, const
 struct RowGroup {
   int32_t index, blocks;
 };
-__device__ RowGroup row_group_of(const MatvecArgs& a, int32_t bx) {
+__device__ RowGroup row_group_of(const MatvecArgs& a, BlockPlace place) {
   const int32_t per_group = kMaxRowsPerBlock / a.geometry.rows_per_block;
-  const int32_t index = bx / per_group;
-  return {index, min(per_group, static_cast<int32_t>(gridDim.x) - index * per_group)};
+  const int32_t index = place.x / per_group;
+  return {index, min(per_group, place.blocks_x - index * per_group)};
 }
 
 // Rows [32 g, + 32) of the ranks' outputs into the residual, ranks in order
@@ -225,13 +237,13 @@ __device__ RowGroup row_group_of(const MatvecArgs& a, int32_t bx) {
 // (c.shexp_out: with has_shared_rank, the last rank's output, which is not also a
 // routed one), then, in the last block to get here, the norm of the whole
 // residual.
-__device__ void combine_epilogue(const MatvecArgs& a, bool has_shared_rank,
+__device__ void combine_epilogue(const MatvecArgs& a, BlockPlace place, bool has_shared_rank,
                                  EpilogueShared* shared) {
   const CombineEpilogue& c = a.combine;
-  const RowGroup group = row_group_of(a, blockIdx.x);
+  const RowGroup group = row_group_of(a, place);
   const int32_t row0 = group.index * kMaxRowsPerBlock;
-  if (!last_block_done(a.tickets + 1 + group.index, group.blocks * gridDim.y, shared)) return;
-  const int32_t routed = static_cast<int32_t>(gridDim.y) - (has_shared_rank ? 1 : 0);
+  if (!last_block_done(a.tickets + 1 + group.index, group.blocks * place.ranks, shared)) return;
+  const int32_t routed = place.ranks - (has_shared_rank ? 1 : 0);
   for (int32_t i = threadIdx.x; i < kMaxRowsPerBlock && row0 + i < a.rows; i += kMatvecThreads) {
     const int32_t row = row0 + i;
     float acc = 0.0f;
@@ -254,13 +266,13 @@ __device__ void combine_epilogue(const MatvecArgs& a, bool has_shared_rank,
 // The launch's epilogue (its tickets are set): the combine, or the router's
 // top-k or the norm of out in the last block. Inlined: a call's saved
 // registers spilled to the stack (ptxas: 4-8 bytes, 8 more registers).
-__device__ __forceinline__ void matvec_epilogue(const MatvecArgs& a, bool has_shared_rank,
-                                                EpilogueShared* shared) {
+__device__ __forceinline__ void matvec_epilogue(const MatvecArgs& a, BlockPlace place,
+                                                bool has_shared_rank, EpilogueShared* shared) {
   if (a.combine.residual != nullptr) {
-    combine_epilogue(a, has_shared_rank, shared);
+    combine_epilogue(a, place, has_shared_rank, shared);
     return;
   }
-  if (!last_block_done(a.tickets, gridDim.x * gridDim.y, shared)) return;
+  if (!last_block_done(a.tickets, place.blocks_x * place.ranks, shared)) return;
   if (a.router.experts != nullptr) {
     warp_router_topk(a.out, a.rows - (a.router.shared_gate_row ? 1 : 0), a.router,
                      a.router.experts, a.router.weights, shared);
@@ -275,23 +287,200 @@ __global__ void __launch_bounds__(kMatvecThreads)
                           const __grid_constant__ MatvecArgs a) {
   wait_for_prior_grids_unless(a.overlaps_copy);
   __shared__ MatvecShared shared;
+  const BlockPlace place = grid_place();
   // The shared expert's rank, the last where the launch has one: a hit, in no slot.
-  const bool shared_rank = weights.shared[0] != nullptr && blockIdx.y + 1 == gridDim.y;
+  const bool shared_rank = weights.shared[0] != nullptr && place.r + 1 == place.ranks;
   // The rank's flag, read once (the resident arm's and dense launches': a hit).
-  const uint8_t flag = a.missed != nullptr && !shared_rank ? a.missed[blockIdx.y] : kRankHit;
+  const uint8_t flag = a.missed != nullptr && !shared_rank ? a.missed[place.r] : kRankHit;
   if (rank_in_pass(a.pass, flag)) {
     // Here, not in matvec_block: there the poll loop cost q3_K's instance a
     // spill (ptxas: 8-byte frame), as the count did iq4_nl's here.
-    if (rank_waits_for_copy(a.pass, flag)) wait_for_rank_copy(a.missed + blockIdx.y);
+    if (rank_waits_for_copy(a.pass, flag)) wait_for_rank_copy(a.missed + place.r);
     if (a.pair) {
-      matvec_block<T, 2>(weights, a, blockIdx.x, flag, shared_rank, a.out, a.out_f16, &shared);
+      matvec_block<T, 2>(weights, a, place, flag, shared_rank, a.out, a.out_f16, &shared);
     } else {
-      matvec_block<T, 1>(weights, a, blockIdx.x, flag, shared_rank, a.out, a.out_f16, &shared);
+      matvec_block<T, 1>(weights, a, place, flag, shared_rank, a.out, a.out_f16, &shared);
     }
   }
   // Read again here, not kept across the loop: kept, it cost mxfp4's and
   // iq4_nl's instances a spill (ptxas: 4 bytes).
-  if (a.tickets != nullptr) matvec_epilogue(a, weights.shared[0] != nullptr, &shared.epilogue);
+  if (a.tickets != nullptr) {
+    matvec_epilogue(a, place, weights.shared[0] != nullptr, &shared.epilogue);
+  }
+}
+
+// Two matvec launches in one, the second reading what the first writes
+// (ChainArgs): the blocks take logical indices in the order they start
+// (take_block_index), the first first_blocks x ranks running the first
+// launch's row blocks, rank by rank, each adding itself to its rank's ready
+// count once its rows and epilogue are done; the rest run the second's, a
+// block of rank r starting its rows once ready[r] counts every first-launch
+// block of rank r. Those started before it, so a waiting block never holds an
+// SM a block it waits for needs. The last second-launch block to finish resets
+// the counts for the next launch. An expert pass's gate/up then down and
+// combine (launch_expert_ffn); attn_out's residual add and norm, then the
+// router (launch_matvec_residual_router): one kernel node each instead of two.
+struct ChainWeights {
+  MatvecWeights first, second;
+};
+struct ChainArgs {
+  MatvecArgs first, second;
+  GgmlType type[2];  // the first's weight type (a pair's gate and up), the second's
+  int32_t first_blocks = 0, second_blocks = 0, ranks = 0;  // row blocks per rank; ranks
+  unsigned int* order = nullptr;  // 1: logical indices handed out
+  unsigned int* ready = nullptr;  // [ranks]: first-launch blocks done per rank
+  unsigned int* done = nullptr;   // 1: second-launch blocks done
+};
+
+// The block's logical index, by thread 0: blocks get them in the order they
+// start, and the last to get one resets the counter for the next launch.
+__device__ __forceinline__ uint32_t take_block_index(unsigned int* order, uint32_t blocks) {
+  const uint32_t index = atomicAdd(order, 1u);
+  if (index + 1 == blocks) *order = 0;
+  return index;
+}
+
+// By every thread of a second-launch block of rank r: acquires the rank's
+// first-launch blocks' writes for its own loads (as wait_for_rank_copy does
+// the copy's).
+__device__ __forceinline__ void wait_for_first_launch(const unsigned int* ready,
+                                                      uint32_t blocks) {
+#if defined(__CUDA_ARCH__)
+  constexpr uint32_t kMaxPolls = 1u << 25;  // at least 100 ns each: over 3 s
+  for (uint32_t poll = 0;; ++poll) {
+    unsigned int count;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(count) : "l"(ready) : "memory");
+    if (count == blocks) break;
+    if (poll == kMaxPolls) __trap();
+    __nanosleep(100);
+  }
+#else
+  // The emulator runs a launch's blocks one after another, so every block
+  // with a lower logical index has finished: a count short of blocks is a bug.
+  if (*ready != blocks) __trap();
+#endif
+}
+
+// A second-launch block's weight rows into L2 before it waits: they do not
+// depend on the first launch, so their DRAM round trip overlaps its tail (the
+// router's rows while attn_out drains, a rank's down rows while its gate/up
+// runs). L2 is coherent: a missed rank's slot still being copied is only
+// fetched early, never read stale.
+__device__ __forceinline__ void prefetch_rows_to_l2([[maybe_unused]] const MatvecWeights& weights,
+                                                    [[maybe_unused]] const MatvecArgs& a,
+                                                    [[maybe_unused]] BlockPlace place) {
+#if defined(__CUDA_ARCH__)
+  constexpr int kLine = 128;
+  const bool shared_rank = weights.shared[0] != nullptr && place.r + 1 == place.ranks;
+  const uint8_t* base = shared_rank ? weights.shared[0] : weights.w[0];
+  if (weights.slots != nullptr && !shared_rank) {
+    base = weights.slots +
+           static_cast<size_t>(a.first_slot + a.slot_of_rank[place.r]) * a.block_bytes +
+           a.offset[0];
+  }
+  const int32_t row0 = place.x * a.geometry.rows_per_block;
+  const int32_t rows = min(a.geometry.rows_per_block, a.rows - row0);
+  const uint8_t* start = base + static_cast<size_t>(row0) * a.row_bytes[0];
+  const size_t bytes = static_cast<size_t>(rows) * a.row_bytes[0];
+  for (size_t at = threadIdx.x * size_t{kLine}; at < bytes; at += kMatvecThreads * size_t{kLine}) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(start + at));
+  }
+#endif
+}
+
+// matvec_block of a type known at run time (block-uniform: a launch's phase).
+template <int M>
+__device__ __forceinline__ void typed_matvec_block(GgmlType type, const MatvecWeights& weights,
+                                                   const MatvecArgs& a, BlockPlace place,
+                                                   uint8_t flag, bool shared_rank,
+                                                   MatvecShared* shared) {
+  switch (type) {
+#define MG_CHAIN_TYPE(T)                                                                   \
+  case GgmlType::T:                                                                       \
+    return matvec_block<GgmlType::T, M>(weights, a, place, flag, shared_rank, a.out, nullptr, \
+                                        shared);
+    MG_CHAIN_TYPE(kQ8_0)
+    MG_CHAIN_TYPE(kQ4_0)
+    MG_CHAIN_TYPE(kQ4_K)
+    MG_CHAIN_TYPE(kQ5_K)
+    MG_CHAIN_TYPE(kQ6_K)
+    MG_CHAIN_TYPE(kQ4_1)
+    MG_CHAIN_TYPE(kQ5_0)
+    MG_CHAIN_TYPE(kQ5_1)
+    MG_CHAIN_TYPE(kQ2_K)
+    MG_CHAIN_TYPE(kQ3_K)
+    MG_CHAIN_TYPE(kIQ4_NL)
+    MG_CHAIN_TYPE(kIQ4_XS)
+    MG_CHAIN_TYPE(kMXFP4)
+    MG_CHAIN_TYPE(kF32)
+    MG_CHAIN_TYPE(kF16)
+    MG_CHAIN_TYPE(kBF16)
+#undef MG_CHAIN_TYPE
+    default:
+      return;
+  }
+}
+
+// The two chains, each its own kernel: one kernel for both spilled (ptxas:
+// 8-byte frame at 64 registers).
+enum class Chain {
+  kExpertFfn,       // a gate/up pair, then down and the combine
+  kResidualRouter,  // a residual add and its norm, then the router and its top-k
+};
+
+// One block of a chain's first launch (kFirst) or second at place: its rows,
+// then its epilogue.
+template <Chain C, bool kFirst>
+__device__ __forceinline__ void chain_block(const MatvecWeights& weights, const MatvecArgs& args,
+                                            GgmlType type, BlockPlace place,
+                                            MatvecShared* shared) {
+  const bool shared_rank = weights.shared[0] != nullptr && place.r + 1 == place.ranks;
+  const uint8_t flag = args.missed != nullptr && !shared_rank ? args.missed[place.r] : kRankHit;
+  if (rank_in_pass(args.pass, flag)) {
+    if (kFirst && rank_waits_for_copy(args.pass, flag)) wait_for_rank_copy(args.missed + place.r);
+    if (C == Chain::kExpertFfn && kFirst) {
+      typed_matvec_block<2>(type, weights, args, place, flag, shared_rank, shared);
+    } else {
+      typed_matvec_block<1>(type, weights, args, place, flag, shared_rank, shared);
+    }
+  }
+  // The pair's q8_1 groups are matvec_block's; the others' epilogues are here.
+  if (C == Chain::kExpertFfn && kFirst) return;
+  matvec_epilogue(args, place, weights.shared[0] != nullptr, &shared->epilogue);
+}
+
+template <Chain C>
+__global__ void __launch_bounds__(kMatvecThreads)
+    chained_matvec_kernel(const __grid_constant__ ChainWeights w,
+                          const __grid_constant__ ChainArgs a) {
+  wait_for_prior_grids_unless(a.first.overlaps_copy);
+  __shared__ MatvecShared shared;
+  __shared__ uint32_t logical;
+  const uint32_t first_total = static_cast<uint32_t>(a.first_blocks * a.ranks);
+  const uint32_t second_total = static_cast<uint32_t>(a.second_blocks * a.ranks);
+  if (threadIdx.x == 0) logical = take_block_index(a.order, first_total + second_total);
+  __syncthreads();
+  if (logical < first_total) {
+    const int32_t index = static_cast<int32_t>(logical);
+    const BlockPlace place{index % a.first_blocks, index / a.first_blocks, a.first_blocks,
+                           a.ranks};
+    chain_block<C, true>(w.first, a.first, a.type[0], place, &shared);
+    // Its rows, q8_1 groups and epilogue visible before the count says so.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(a.ready + place.r, 1u);
+    return;
+  }
+  const int32_t index = static_cast<int32_t>(logical - first_total);
+  const BlockPlace place{index % a.second_blocks, index / a.second_blocks, a.second_blocks,
+                         a.ranks};
+  prefetch_rows_to_l2(w.second, a.second, place);
+  wait_for_first_launch(a.ready + place.r, static_cast<uint32_t>(a.first_blocks));
+  chain_block<C, false>(w.second, a.second, a.type[1], place, &shared);
+  if (last_block_done(a.done, second_total, &shared.epilogue) &&
+      static_cast<int32_t>(threadIdx.x) < a.ranks) {
+    a.ready[threadIdx.x] = 0;
+  }
 }
 
 // Matrices of one input (q, k and v; or launch_projections' up to four):
@@ -359,7 +548,8 @@ __device__ __forceinline__ void qkv_job(const QkvWeights& w, const QkvArgs& a, i
       out = static_cast<float*>(a.rope.v_cache) + row;
     }
   }
-  matvec_block<T, 1>(weights, job, bx, kRankHit, false, out, out_f16, shared);
+  const BlockPlace place{bx, 0, a.first_block[j + 1] - a.first_block[j], 1};
+  matvec_block<T, 1>(weights, job, place, kRankHit, false, out, out_f16, shared);
   if (a.tickets != nullptr && j < 2) qkv_rope_epilogue(a, j, bx, &shared->epilogue);
 }
 
@@ -600,6 +790,69 @@ bool SetJobs(const Projection* jobs, int32_t n, const float* x, const block_q8_1
   return true;
 }
 
+// launch_matvec_residual's launch into l; false where it is not computable.
+bool Residual(const DeviceMatrix& w, const float* x, const block_q8_1* xq, const float* bias,
+              float* residual, const NormEpilogue& norm, unsigned int* tickets,
+              MatvecLaunch* l) {
+  if (!matrix_ok(w) || !input_ok(w.type, x, xq) || residual == nullptr ||
+      !norm_epilogue_ok(norm, w.rows) || (norm.weight != nullptr && tickets == nullptr)) {
+    return false;
+  }
+  *l = Dense(w, x, xq);
+  MatvecArgs& a = l->args;
+  a.bias[0] = bias;
+  a.accumulate = true;
+  a.out = residual;
+  if (norm.weight != nullptr) {
+    a.tickets = tickets;
+    a.norm = norm;
+  }
+  return true;
+}
+
+// launch_router's launch into l; false where it is not computable.
+bool Router(const DeviceMatrix& w, const float* x, const block_q8_1* xq, float* logits,
+            const RouterEpilogue& router, unsigned int* tickets, MatvecLaunch* l) {
+  const int32_t n_expert = w.rows - (router.shared_gate_row ? 1 : 0);
+  if (!matrix_ok(w) || !input_ok(w.type, x, xq) || logits == nullptr ||
+      n_expert > kMaxRouterExperts || router.k <= 0 || router.k > kMaxTopK || router.k > n_expert ||
+      router.experts == nullptr || router.weights == nullptr || tickets == nullptr ||
+      !replay_ok(router.replay)) {
+    return false;
+  }
+  *l = Dense(w, x, xq);
+  l->args.out = logits;
+  l->args.tickets = tickets;
+  l->args.router = router;
+  return true;
+}
+
+// first then second (its input first's output) over ranks in one
+// chained_matvec_kernel launch; counts: ranks + 2 zeroed tickets of its own.
+template <Chain C>
+cudaError_t launch_chain(const MatvecLaunch& first, GgmlType first_type,
+                         const MatvecLaunch& second, GgmlType second_type, int32_t ranks,
+                         unsigned int* counts, cudaStream_t stream) {
+  ChainWeights w;
+  ChainArgs a;
+  w.first = first.weights;
+  w.second = second.weights;
+  a.first = first.args;
+  a.second = second.args;
+  a.type[0] = first_type;
+  a.type[1] = second_type;
+  a.first_blocks = matvec_row_blocks(first_type, first.args.rows, first.args.cols);
+  a.second_blocks = matvec_row_blocks(second_type, second.args.rows, second.args.cols);
+  a.ranks = ranks;
+  a.ready = counts;
+  a.order = counts + ranks;
+  a.done = counts + ranks + 1;
+  const LaunchGeometry g =
+      chained_matvec_launch_geometry(first_type, first.args.rows, first.args.cols, second_type,
+                                     second.args.rows, second.args.cols, ranks);
+  return launch_kernel<chained_matvec_kernel<C>>(g.grid, g.block, stream, w, a);
+}
+
 }  // namespace
 
 bool matvec_supports_type(GgmlType type, int32_t cols) { return supported(type, cols); }
@@ -630,19 +883,8 @@ cudaError_t launch_matvec(const DeviceMatrix& w, const float* x, const block_q8_
 cudaError_t launch_matvec_residual(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
                                    const float* bias, float* residual, const NormEpilogue& norm,
                                    unsigned int* tickets, cudaStream_t stream) {
-  if (!matrix_ok(w) || !input_ok(w.type, x, xq) || residual == nullptr ||
-      !norm_epilogue_ok(norm, w.rows) || (norm.weight != nullptr && tickets == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
-  MatvecLaunch l = Dense(w, x, xq);
-  MatvecArgs& a = l.args;
-  a.bias[0] = bias;
-  a.accumulate = true;
-  a.out = residual;
-  if (norm.weight != nullptr) {
-    a.tickets = tickets;
-    a.norm = norm;
-  }
+  MatvecLaunch l;
+  if (!Residual(w, x, xq, bias, residual, norm, tickets, &l)) return cudaErrorInvalidValue;
   return launch_grouped(w.type, l, 1, stream);
 }
 
@@ -686,17 +928,8 @@ cudaError_t launch_projections(const Projection* projections, int32_t n, const f
 cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
                           float* logits, const RouterEpilogue& router, unsigned int* tickets,
                           cudaStream_t stream) {
-  const int32_t n_expert = w.rows - (router.shared_gate_row ? 1 : 0);
-  if (!matrix_ok(w) || !input_ok(w.type, x, xq) || logits == nullptr ||
-      n_expert > kMaxRouterExperts || router.k <= 0 || router.k > kMaxTopK || router.k > n_expert ||
-      router.experts == nullptr || router.weights == nullptr || tickets == nullptr ||
-      !replay_ok(router.replay)) {
-    return cudaErrorInvalidValue;
-  }
-  MatvecLaunch l = Dense(w, x, xq);
-  l.args.out = logits;
-  l.args.tickets = tickets;
-  l.args.router = router;
+  MatvecLaunch l;
+  if (!Router(w, x, xq, logits, router, tickets, &l)) return cudaErrorInvalidValue;
   return launch_grouped(w.type, l, 1, stream);
 }
 
@@ -719,19 +952,21 @@ cudaError_t launch_matvec_swiglu(const DeviceMatrix& gate, const DeviceMatrix& u
   return launch_grouped(gate.type, l, 1, stream);
 }
 
-cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
-                                  const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases, GluAct glu_act,
-                                  const float* x, const block_q8_1* xq, float* act,
-                                  block_q8_1* act_q, DeviceCounters* counters,
-                                  unsigned int* tickets, cudaStream_t stream) {
+namespace {
+
+// launch_expert_gate_up's launch into l; false where it is not computable.
+bool GateUp(const uint8_t* slots, const DeviceBlockLayout& layout, const ExpertRanks& ranks,
+            ExpertPass pass, const ExpertBiases& biases, GluAct glu_act, const float* x,
+            const block_q8_1* xq, float* act, block_q8_1* act_q, DeviceCounters* counters,
+            unsigned int* tickets, MatvecLaunch* l) {
   if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases, ranks) ||
       layout.type[0] != layout.type[1] || !ranks_ok(ranks, pass, layout) ||
       !input_ok(layout.type[0], x, xq) || act == nullptr || counters == nullptr ||
       !pair_output_ok(layout.type[0], layout.n_embd, layout.n_ff, act_q, tickets)) {
-    return cudaErrorInvalidValue;
+    return false;
   }
-  MatvecLaunch l = Experts(slots, layout, ranks, pass, ranks.shared.gate, ranks.shared.up);
-  MatvecArgs& a = l.args;
+  *l = Experts(slots, layout, ranks, pass, ranks.shared.gate, ranks.shared.up);
+  MatvecArgs& a = l->args;
   a.offset[0] = layout.offset[0];
   a.offset[1] = layout.offset[1];
   a.row_bytes[0] = layout.row_bytes[0];
@@ -752,6 +987,42 @@ cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout&
   a.out_stride = layout.n_ff;
   a.overlaps_copy = pass == ExpertPass::kReady;
   a.counters = counters;
+  return true;
+}
+
+// launch_expert_down_combine's launch into l; false where it is not computable.
+bool DownCombine(const uint8_t* slots, const DeviceBlockLayout& layout, const ExpertRanks& ranks,
+                 ExpertPass pass, const ExpertBiases& biases, const float* act,
+                 const block_q8_1* act_q, float* expert_out, const CombineEpilogue& combine,
+                 unsigned int* tickets, MatvecLaunch* l) {
+  if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases, ranks) ||
+      !ranks_ok(ranks, pass, layout) || !input_ok(layout.type[2], act, act_q) ||
+      expert_out == nullptr || combine.weights == nullptr || combine.residual == nullptr ||
+      !norm_epilogue_ok(combine.norm, layout.n_embd) || tickets == nullptr) {
+    return false;
+  }
+  *l = Down(slots, layout, ranks, pass, biases, act, act_q, expert_out);
+  l->args.tickets = tickets;
+  l->args.combine = combine;
+  if (ranks.shared.down != nullptr) {
+    l->args.combine.shexp_out = expert_out + static_cast<int64_t>(ranks.k) * layout.n_embd;
+  }
+  return true;
+}
+
+}  // namespace
+
+cudaError_t launch_expert_gate_up(const uint8_t* slots, const DeviceBlockLayout& layout,
+                                  const ExpertRanks& ranks, ExpertPass pass,
+                                  const ExpertBiases& biases, GluAct glu_act, const float* x,
+                                  const block_q8_1* xq, float* act, block_q8_1* act_q,
+                                  DeviceCounters* counters, unsigned int* tickets,
+                                  cudaStream_t stream) {
+  MatvecLaunch l;
+  if (!GateUp(slots, layout, ranks, pass, biases, glu_act, x, xq, act, act_q, counters, tickets,
+              &l)) {
+    return cudaErrorInvalidValue;
+  }
   return launch_grouped(layout.type[0], l, grid_ranks(ranks), stream);
 }
 
@@ -769,28 +1040,73 @@ cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& la
 }
 
 cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLayout& layout,
-                                       const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases,
-                                       const float* act, const block_q8_1* act_q, float* expert_out,
+                                       const ExpertRanks& ranks, ExpertPass pass,
+                                       const ExpertBiases& biases, const float* act,
+                                       const block_q8_1* act_q, float* expert_out,
                                        const CombineEpilogue& combine, unsigned int* tickets,
                                        cudaStream_t stream) {
-  if (slots == nullptr || !layout_ok(slots, layout) || !biases_ok(biases, ranks) ||
-      !ranks_ok(ranks, pass, layout) || !input_ok(layout.type[2], act, act_q) ||
-      expert_out == nullptr || combine.weights == nullptr || combine.residual == nullptr ||
-      !norm_epilogue_ok(combine.norm, layout.n_embd) || tickets == nullptr) {
+  MatvecLaunch l;
+  if (!DownCombine(slots, layout, ranks, pass, biases, act, act_q, expert_out, combine, tickets,
+                   &l)) {
     return cudaErrorInvalidValue;
-  }
-  MatvecLaunch l = Down(slots, layout, ranks, pass, biases, act, act_q, expert_out);
-  l.args.tickets = tickets;
-  l.args.combine = combine;
-  if (ranks.shared.down != nullptr) {
-    l.args.combine.shexp_out = expert_out + static_cast<int64_t>(ranks.k) * layout.n_embd;
   }
   return launch_grouped(layout.type[2], l, grid_ranks(ranks), stream);
 }
 
+cudaError_t launch_expert_ffn(const uint8_t* slots, const DeviceBlockLayout& layout,
+                              const ExpertRanks& ranks, ExpertPass pass,
+                              const ExpertBiases& biases, GluAct glu_act, const float* x,
+                              const block_q8_1* xq, float* act, block_q8_1* act_q,
+                              float* expert_out, const CombineEpilogue& combine,
+                              DeviceCounters* counters, unsigned int* tickets,
+                              cudaStream_t stream) {
+  if (tickets == nullptr || (pass != ExpertPass::kAll && pass != ExpertPass::kReady)) {
+    return cudaErrorInvalidValue;
+  }
+  // The combine's tickets, then the pair's q8_1 groups', then the chain's
+  // counts (expert_ffn_tickets).
+  const int32_t n_ranks = grid_ranks(ranks);
+  unsigned int* pair_tickets = tickets + ceil_div(layout.n_embd, kMaxRowsPerBlock) + 1;
+  MatvecLaunch gate_up, down;
+  if (!GateUp(slots, layout, ranks, pass, biases, glu_act, x, xq, act, act_q, counters,
+              pair_tickets, &gate_up) ||
+      !DownCombine(slots, layout, ranks, pass, biases, act, act_q, expert_out, combine, tickets,
+                   &down)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_chain<Chain::kExpertFfn>(gate_up, layout.type[0], down, layout.type[2], n_ranks,
+                      pair_tickets + ceil_div(int64_t{n_ranks} * layout.n_ff, QK8_1), stream);
+}
+
+cudaError_t launch_matvec_residual_router(const DeviceMatrix& w, const float* x,
+                                          const block_q8_1* xq, const float* bias,
+                                          float* residual, const NormEpilogue& norm,
+                                          const DeviceMatrix& router_w, float* logits,
+                                          const RouterEpilogue& router, unsigned int* tickets,
+                                          cudaStream_t stream) {
+  // The norm's ticket, the router's, then the chain's counts.
+  MatvecLaunch first, second;
+  if (tickets == nullptr || norm.weight == nullptr || norm.out == nullptr ||
+      !input_ok(router_w.type, norm.out, norm.out_q) ||
+      !Residual(w, x, xq, bias, residual, norm, tickets, &first) ||
+      !Router(router_w, norm.out, norm.out_q, logits, router, tickets + 1, &second)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_chain<Chain::kResidualRouter>(first, w.type, second, router_w.type, 1, tickets + 2, stream);
+}
+
+int32_t expert_ffn_tickets(int32_t n_embd, int32_t pair_rows, int32_t ranks) {
+  return ceil_div(n_embd, kMaxRowsPerBlock) + 1 + ceil_div(pair_rows, QK8_1) + ranks + 2;
+}
+
+// launch_matvec_residual_router's: the norm's, the router's, one rank's chain counts.
+constexpr int32_t kResidualRouterTickets = 2 + 1 + 2;
+
 int32_t step_tickets(int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t pair_rows) {
   return std::max({ceil_div(n_embd, kMaxRowsPerBlock) + 1, n_head + n_head_kv,
-                   ceil_div(pair_rows, QK8_1)});
+                   ceil_div(pair_rows, QK8_1),
+                   expert_ffn_tickets(n_embd, pair_rows, kMaxTopK + 1),
+                   kResidualRouterTickets});
 }
 
 }  // namespace moegraph

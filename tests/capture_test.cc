@@ -43,6 +43,7 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
   EXPECT_TRUE(r.doors.batch_matmul);
   EXPECT_TRUE(r.doors.amx);
   EXPECT_TRUE(r.doors.read_overlap);
+  EXPECT_TRUE(r.doors.chained_matvecs);
   EXPECT_FALSE(r.doors.resident);
   EXPECT_EQ(r.doors.residency, ResidencyMode::kDevice);
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kHazard);
@@ -51,7 +52,7 @@ TEST(DoorsTest, DefaultsAreTheGraphArmWithHazard) {
        {"MOEGRAPH_GRAPH=1 (default)", "MOEGRAPH_MOE_CACHE=1 (default)",
         "MOEGRAPH_RESIDENCY=device (default)", "MOEGRAPH_POLICY=hazard (default)",
         "MOEGRAPH_PROTECTED_FRAC=0.80 (default)", "MOEGRAPH_SPLIT_PASSES=0 (default)",
-        "MOEGRAPH_PDL=1 (default)", "MOEGRAPH_PREFILL=batched (default)",
+        "MOEGRAPH_CHAIN=1 (default)", "MOEGRAPH_PDL=1 (default)", "MOEGRAPH_PREFILL=batched (default)",
         "MOEGRAPH_BATCH_MATMUL=1 (default)", "MOEGRAPH_AMX=1 (default)",
         "MOEGRAPH_READ_OVERLAP=1 (default)"}) {
     EXPECT_NE(r.banner.find(door), std::string::npos) << door << "\n" << r.banner;
@@ -114,6 +115,7 @@ TEST(DoorsTest, PolicyFractionPassesAndPdlComeFromTheEnvironment) {
   const ResolvedDoors r = Resolve(std::nullopt, {{"MOEGRAPH_POLICY", "lru"},
                                                  {"MOEGRAPH_PROTECTED_FRAC", "0.5"},
                                                  {"MOEGRAPH_SPLIT_PASSES", "1"},
+                                                 {"MOEGRAPH_CHAIN", "0"},
                                                  {"MOEGRAPH_PDL", "0"},
                                                  {"MOEGRAPH_PREFILL", "steps"},
                                                  {"MOEGRAPH_BATCH_MATMUL", "0"},
@@ -122,6 +124,8 @@ TEST(DoorsTest, PolicyFractionPassesAndPdlComeFromTheEnvironment) {
   EXPECT_EQ(r.doors.policy, ResidencyPolicy::kLru);
   EXPECT_DOUBLE_EQ(r.doors.protected_frac, 0.5);
   EXPECT_TRUE(r.doors.split_passes);
+  EXPECT_FALSE(r.doors.chained_matvecs);
+  EXPECT_NE(r.banner.find("MOEGRAPH_CHAIN=0 (env)"), std::string::npos) << r.banner;
   EXPECT_FALSE(r.doors.programmatic_launch);
   EXPECT_NE(r.banner.find("MOEGRAPH_PDL=0 (env)"), std::string::npos) << r.banner;
   EXPECT_FALSE(r.doors.batched_prefill);
@@ -397,6 +401,43 @@ TEST(WalkTest, KernelLaunchesPerLayerOfEachArm) {
     for (int layer = 0; layer < c.n_layer; ++layer) {
       EXPECT_EQ(KernelsInLayer(walk, layer), want.kernels)
           << "mode " << static_cast<int>(want.mode) << " split " << want.split;
+    }
+  }
+}
+
+// MOEGRAPH_CHAIN: a MoE layer's attn_out and router are one launch, and so is
+// every one pass over all ranks (the resident arm's, the device arms' after
+// the stage copy, the host arm's after the join), each in its pair's place;
+// split passes and a dense layer keep theirs. qwen3moe's layer: 4 kernel nodes
+// resident, 6 on the graph arm.
+TEST(WalkTest, ChainedLaunchesTakeTheirPairsPlaces) {
+  using O = StepOp;
+  for (SlotMode mode : {SlotMode::kDevicePolicy, SlotMode::kResident, SlotMode::kStageAll,
+                        SlotMode::kHostPolicy}) {
+    for (bool split : {false, true}) {
+      SCOPED_TRACE(std::to_string(static_cast<int>(mode)) + (split ? " split" : ""));
+      WalkConfig c = Config(mode, 2);
+      c.split_passes = split;
+      c.n_dense_lead = 1;
+      const StepWalk pairs = BuildWalk(c);
+      c.chained_matvecs = true;
+      const StepWalk chained = BuildWalk(c);
+      EXPECT_EQ(OpsOf(chained, 0, 0), OpsOf(pairs, 0, 0));  // the dense layer
+      std::vector<StepOp> want;
+      for (StepOp op : OpsOf(pairs, 0, 1)) {
+        if (op == O::kAttnOut) want.push_back(O::kAttnOutRouter);
+        if (op == O::kGateUpAll) want.push_back(O::kExpertFfnAll);
+        if (op == O::kGateUpReady) want.push_back(O::kExpertFfnReady);
+        if (op != O::kAttnOut && op != O::kRouter && op != O::kGateUpAll && op != O::kDownAll &&
+            op != O::kGateUpReady && op != O::kDownReady) {
+          want.push_back(op);
+        }
+      }
+      EXPECT_EQ(OpsOf(chained, 0, 1), want);
+      const bool one_pass = !split || mode == SlotMode::kResident || mode == SlotMode::kStageAll;
+      EXPECT_EQ(KernelsInLayer(chained, 1), KernelsInLayer(pairs, 1) - (one_pass ? 2 : 1));
+      if (mode == SlotMode::kResident) EXPECT_EQ(KernelsInLayer(chained, 1), 4);
+      if (mode == SlotMode::kDevicePolicy && !split) EXPECT_EQ(KernelsInLayer(chained, 1), 6);
     }
   }
 }

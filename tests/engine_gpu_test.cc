@@ -412,6 +412,35 @@ TEST_F(EngineArmsTest, SplitExpertPassesGiveTheSameBits) {
   EXPECT_TRUE(BitEqual(*la, *lb));
 }
 
+// MOEGRAPH_CHAIN=0: attn_out and the router, and the one expert pass's gate/up
+// and down, as two launches each: the chained launches' bits, on the graph
+// arm (expert_ffn_ready) and the resident arm (expert_ffn_all), with two
+// kernel nodes fewer a MoE layer chained.
+TEST_F(EngineArmsTest, ChainedLaunchesGiveTheTwoLaunchesBits) {
+  for (const Arm arm : {Arm::kGraph, Arm::kResident}) {
+    SCOPED_TRACE(ArmName(arm));
+    std::unique_ptr<CudaEngine> chained = MakeEngine(model(), arm, 5);
+    ASSERT_NE(chained, nullptr);
+    CudaEngineOptions options;
+    options.max_ctx = 64;
+    options.n_slots = 5;
+    options.doors = DoorsOf(arm);
+    options.doors.chained_matvecs = false;
+    absl::StatusOr<std::unique_ptr<CudaEngine>> pairs = CudaEngine::Create(model(), options);
+    ASSERT_TRUE(pairs.ok()) << pairs.status();
+    absl::StatusOr<std::vector<int32_t>> a = chained->Generate(kPrompt, 8);
+    absl::StatusOr<std::vector<int32_t>> b = (*pairs)->Generate(kPrompt, 8);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(*a, *b);
+    absl::StatusOr<std::vector<float>> la = chained->LastLogits();
+    absl::StatusOr<std::vector<float>> lb = (*pairs)->LastLogits();
+    ASSERT_TRUE(la.ok() && lb.ok());
+    EXPECT_TRUE(BitEqual(*la, *lb));
+    const int layer = model().config.n_layer - 1;
+    EXPECT_EQ(KernelsInLayer(chained->Walk(), layer), KernelsInLayer((*pairs)->Walk(), layer) - 2);
+  }
+}
+
 TEST_F(EngineArmsTest, DeviceTablesEqualAHostCacheFedTheRecordedRouting) {
   for (const ResidencyPolicy policy : {ResidencyPolicy::kHazard, ResidencyPolicy::kSlru}) {
     for (const Arm arm : {Arm::kEager, Arm::kGraph}) {

@@ -8,9 +8,12 @@ expert pass; the weight stream is read in 16- and 32-bit words, mxfp4's
 17-byte blocks in aligned words joined by funnel shifts); the quant
 types use dp4a; and ptxas assembles it without register spills. qkv_kernel
 (every type behind one switch) makes no 8-bit load, uses dp4a and does not
-spill either. In kernels/dense.cu, the attention kernel of the f16 cache reads
-its keys and values in 16-byte loads, and so does the prefill's: no 8- or
-16-bit global load. In every
+spill either; nor do the two chained_matvec_kernel instances (two launches in
+one: gate/up then down, attn_out then the router; each behind a switch), which
+make at most the missed flag's 8-bit load in each of the two. In
+kernels/dense.cu, the attention kernel of the f16 cache reads its keys and
+values in 16-byte loads, and so does the prefill's: no 8- or 16-bit global
+load. In every
 kernel of kernels/*.cu, griddepcontrol.wait (wait_for_prior_grids,
 kernels/launch.cuh) comes before the first global (or generic) load, store or
 atomic, and griddepcontrol.launch_dependents follows it: a kernel launched
@@ -19,14 +22,14 @@ programmatically may start before the one it follows has finished.
 Memory-level parallelism of the weight stream. A matvec at decode streams its
 weights once; what bounds it is how many weight bytes each thread has in
 flight before it must wait for one. For every weight-streaming kernel (each
-grouped_matvec_kernel<T> and qkv_kernel) the test measures, from the PTX and
-ptxas -v:
+grouped_matvec_kernel<T>, qkv_kernel and chained_matvec_kernel) the test measures,
+from the PTX and ptxas -v:
 
   1. ptxas -v of the entry: a 0-byte stack frame and no spill stores or loads.
      "Used N registers" is recorded for the occupancy arithmetic.
   2. The weight loads in flight per thread before the first consumer. The
-     first consumer is the body's first dp4a (quant types, qkv_kernel) or first
-     fma.rn.f32 (f32, f16, bf16). If a later branch jumps back to a label
+     first consumer is the body's first dp4a (quant types, qkv_kernel,
+     chained_matvec_kernel) or first fma.rn.f32 (f32, f16, bf16). If a later branch jumps back to a label
      before it (it lies in a loop) the window starts at that loop head (the
      nearest such label: the innermost loop), else at the kernel's entry; it
      ends at the consumer. A global load (ld.global*, any cache qualifier and
@@ -636,6 +639,16 @@ def ggml_control(source_dir, nvcc, arch, work):
     return (process, ptx_path, llama), None
 
 
+# chained_matvec_kernel's instances (kernels/matvec.cu's Chain), by enumerator.
+CHAINS = {0: "expert_ffn", 1: "residual_router"}
+
+
+def chain_label(name):
+    """chained_matvec_kernel<expert_ffn> from the mangled name of an instance."""
+    m = re.search(r"chained_matvec_kernelILNS\w*?ChainE(\d+)E", name)
+    return f"chained_matvec_kernel<{CHAINS.get(int(m.group(1)), m.group(1)) if m else '?'}>"
+
+
 def main():
     nvcc, source_dir, arch = sys.argv[1:4]
     failures = parser_self_check()
@@ -747,6 +760,7 @@ def main():
 
     seen = {}
     qkv_seen = False
+    chains_seen = set()
     for body in re.split(r"\.entry ", ptx)[1:]:
         name = body.split("(", 1)[0]
         code = body.split("\n}\n", 1)[0]
@@ -763,6 +777,14 @@ def main():
             if byte_loads > 0 or dp4a == 0:
                 failures.append(f"qkv_kernel: {byte_loads} 8-bit global loads, {dp4a} dp4a")
             continue
+        if "chained_matvec_kernel" in name:
+            label = chain_label(name)
+            chains_seen.add(label)
+            print(f"{label}: loads {dict(loads)}, dp4a {dp4a}")
+            if byte_loads > 2 or dp4a == 0:
+                failures.append(f"{label}: {byte_loads} 8-bit global loads (at most the missed "
+                                f"flag, once per launch of the two), {dp4a} dp4a")
+            continue
         match = re.search(r"grouped_matvec_kernelILNS_8GgmlTypeE(\d+)E", name)
         if not match:
             continue
@@ -777,6 +799,9 @@ def main():
 
     if not qkv_seen:
         failures.append("no qkv_kernel")
+    for chain in CHAINS.values():
+        if f"chained_matvec_kernel<{chain}>" not in chains_seen:
+            failures.append(f"no chained_matvec_kernel<{chain}>")
     for type_id, type_name in {**QUANT_TYPES, **ELEMENT_TYPES}.items():
         if type_id not in seen:
             failures.append(f"{type_name}: no grouped_matvec_kernel instance")
@@ -784,11 +809,12 @@ def main():
     for name, stores, spill_loads in re.findall(
             r"entry function '(\w+)'.*?(\d+) bytes spill stores, (\d+) bytes spill loads",
             assembled, re.S):
-        if ("grouped_matvec_kernel" in name or "qkv_kernel" in name) and (
+        if re.search(r"grouped_matvec_kernel|qkv_kernel|chained_matvec_kernel", name) and (
                 stores != "0" or spill_loads != "0"):
             failures.append(f"{name}: {stores} bytes spill stores, {spill_loads} spill loads")
 
-    # The weight stream's loads in flight, ours: every grouped_matvec_kernel and qkv_kernel.
+    # The weight stream's loads in flight, ours: every grouped_matvec_kernel, qkv_kernel and
+    # chained_matvec_kernel.
     props = ptxas_properties(assembled)
     bodies = entries(strip_comments(ptx))
     order = list({**QUANT_TYPES, **ELEMENT_TYPES})
@@ -803,6 +829,8 @@ def main():
             ours.append((rank, f"grouped_matvec_kernel<{type_name}>", name, consumer))
         elif "qkv_kernel" in name:
             ours.append((len(order) + 1, "qkv_kernel", name, r"dp4a\."))
+        elif "chained_matvec_kernel" in name:
+            ours.append((len(order) + 2, chain_label(name), name, r"dp4a\."))
     for _, label, name, consumer in sorted(ours):
         window = weight_window(bodies[name], name, re.compile(consumer))
         print(window_detail(label, window))

@@ -381,6 +381,88 @@ TEST_F(KernelsGpuTest, MatvecResidualAddsIntoTheResidualThenRunsTheNorm) {
   }
 }
 
+// attn_out's residual add and norm chained to the router in one launch
+// (launch_matvec_residual_router) gives the two launches' bits: the residual,
+// the norm's output and q8_1 blocks, the logits (the shared gate's row too),
+// the top-k; its tickets back to zero, twice in a row.
+TEST_F(KernelsGpuTest, TheResidualChainedToTheRouterGivesTheTwoLaunchesBits) {
+  std::mt19937 rng(33);
+  for (auto [type, router_type] : {std::pair{GgmlType::kQ4_K, GgmlType::kF32},
+                                   std::pair{GgmlType::kQ8_0, GgmlType::kQ8_0},
+                                   std::pair{GgmlType::kF32, GgmlType::kF16}}) {
+    SCOPED_TRACE(TypeName(type) + "/" + TypeName(router_type));
+    const int32_t n_embd = 512, cols = 1024, n_expert = 60, k = 4;
+    const DeviceArray<uint8_t> d_w(RandomMatrix(rng, type, n_embd, cols));
+    const DeviceArray<uint8_t> d_router_w(RandomMatrix(rng, router_type, n_expert + 1, n_embd));
+    const DeviceMatrix w = DeviceView(d_w.get(), type, n_embd, cols);
+    const DeviceMatrix router_w = DeviceView(d_router_w.get(), router_type, n_expert + 1, n_embd);
+    const std::vector<float> x = Gaussian(rng, cols), bias = Gaussian(rng, n_embd),
+                             residual = Gaussian(rng, n_embd, 4.0f),
+                             weight = Gaussian(rng, n_embd);
+    const DeviceArray<float> d_x(x), d_bias(bias), d_weight(weight);
+    const DeviceArray<block_q8_1> d_xq(Q8_1(x));
+    const std::vector<unsigned int> zero_tickets(step_tickets(n_embd, 1, 1, 32), 0);
+    DeviceArray<unsigned int> d_tickets(zero_tickets);
+    // One run's outputs.
+    struct Out {
+      Out(const std::vector<float>& residual, int32_t n_embd, int32_t n_logits, int32_t k)
+          : residual(residual), h(n_embd), logits(n_logits), weights(k), h_q(n_embd / QK8_1),
+            experts(k) {}
+      DeviceArray<float> residual, h, logits, weights;
+      DeviceArray<block_q8_1> h_q;
+      DeviceArray<int32_t> experts;
+    };
+    const auto norm_of = [&](Out& o) {
+      NormEpilogue norm;
+      norm.weight = d_weight.get();
+      norm.eps = 1e-6f;
+      norm.out = o.h.get();
+      norm.out_q = o.h_q.get();
+      return norm;
+    };
+    const auto router_of = [&](Out& o) {
+      RouterEpilogue router;
+      router.k = k;
+      router.norm_topk = true;
+      router.experts = o.experts.get();
+      router.weights = o.weights.get();
+      router.shared_gate_row = true;
+      return router;
+    };
+    const float* in_x = mmvq_type(type) ? nullptr : d_x.get();
+    const block_q8_1* in_xq = mmvq_type(type) ? d_xq.get() : nullptr;
+    Out two(residual, n_embd, n_expert + 1, k);
+    ASSERT_EQ(launch_matvec_residual(w, in_x, in_xq, d_bias.get(), two.residual.get(),
+                                     norm_of(two), d_tickets.get(), stream_),
+              cudaSuccess);
+    ASSERT_EQ(launch_router(router_w, two.h.get(), two.h_q.get(), two.logits.get(),
+                            router_of(two), d_tickets.get(), stream_),
+              cudaSuccess);
+    for (int run = 0; run < 2; ++run) {
+      Out one(residual, n_embd, n_expert + 1, k);
+      ASSERT_EQ(launch_matvec_residual_router(w, in_x, in_xq, d_bias.get(), one.residual.get(),
+                                              norm_of(one), router_w, one.logits.get(),
+                                              router_of(one), d_tickets.get(), stream_),
+                cudaSuccess);
+      Sync();
+      EXPECT_EQ(d_tickets.Download(), zero_tickets);
+      EXPECT_EQ(one.residual.Download(), two.residual.Download());
+      EXPECT_EQ(one.h.Download(), two.h.Download());
+      EXPECT_TRUE(SameBlocks(one.h_q.Download(), two.h_q.Download()));
+      EXPECT_EQ(one.logits.Download(), two.logits.Download());
+      EXPECT_EQ(one.experts.Download(), two.experts.Download());
+      EXPECT_EQ(one.weights.Download(), two.weights.Download());
+    }
+    // The router reads the norm's output: without one there is nothing to chain.
+    Out bad(residual, n_embd, n_expert + 1, k);
+    NormEpilogue no_norm;
+    EXPECT_EQ(launch_matvec_residual_router(w, in_x, in_xq, d_bias.get(), bad.residual.get(),
+                                            no_norm, router_w, bad.logits.get(), router_of(bad),
+                                            d_tickets.get(), stream_),
+              cudaErrorInvalidValue);
+  }
+}
+
 // q, k and v of different types in one launch equal three launches of each,
 // for every type the launch takes; mxfp4 it refuses.
 TEST_F(KernelsGpuTest, QkvIsThreeMatvecsInOneLaunch) {
@@ -1479,9 +1561,7 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     for (int32_t r = 0; r < k; ++r) {
       EXPECT_EQ(after_a[r * n_embd] == -12345.0f, missed[r] == 1) << "rank " << r;
     }
-    auto down_combine = [&](ExpertPass pass, DeviceArray<float>& act,
-                            DeviceArray<block_q8_1>& act_q, DeviceArray<float>& out,
-                            DeviceArray<float>& sum, DeviceArray<float>& h,
+    auto combine_into = [&](DeviceArray<float>& sum, DeviceArray<float>& h,
                             DeviceArray<block_q8_1>& h_q) {
       CombineEpilogue combine;
       combine.weights = d_weights.get();
@@ -1492,8 +1572,34 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
       combine.norm.eps = 1e-6f;
       combine.norm.out = h.get();
       combine.norm.out_q = h_q.get();
+      return combine;
+    };
+    auto down_combine = [&](ExpertPass pass, DeviceArray<float>& act,
+                            DeviceArray<block_q8_1>& act_q, DeviceArray<float>& out,
+                            DeviceArray<float>& sum, DeviceArray<float>& h,
+                            DeviceArray<block_q8_1>& h_q) {
       return launch_expert_down_combine(d_slots.get(), layout, ranks, pass, biases, act.get(),
-                                        act_q.get(), out.get(), combine, d_tickets.get(), stream_);
+                                        act_q.get(), out.get(), combine_into(sum, h, h_q),
+                                        d_tickets.get(), stream_);
+    };
+    // The one pass's gate/up and down in one launch.
+    DeviceArray<float> d_act_ffn(k * n_ff), d_out_ffn(k * n_embd), d_sum_ffn(residual),
+        d_h_ffn(n_embd);
+    DeviceArray<block_q8_1> d_act_q_ffn(k * n_ff / QK8_1), d_h_q_ffn(n_embd / QK8_1);
+    auto ffn = [&](ExpertPass pass) {
+      return launch_expert_ffn(d_slots.get(), layout, ranks, pass, biases, glu_act, d_x.get(),
+                               d_xq.get(), d_act_ffn.get(), d_act_q_ffn.get(), d_out_ffn.get(),
+                               combine_into(d_sum_ffn, d_h_ffn, d_h_q_ffn), d_counters.get(),
+                               d_tickets.get(), stream_);
+    };
+    // The fused launch gave the one pass's bits, and set its tickets back to zero.
+    auto expect_ffn_bits = [&] {
+      EXPECT_EQ(d_tickets.Download(), zero_tickets);
+      EXPECT_EQ(d_act_ffn.Download(), d_act_all.Download());
+      EXPECT_EQ(d_out_ffn.Download(), d_out_all.Download());
+      EXPECT_EQ(d_sum_ffn.Download(), d_sum_all.Download());
+      EXPECT_EQ(d_h_ffn.Download(), d_h_all.Download());
+      EXPECT_TRUE(SameBlocks(d_h_q_ffn.Download(), d_h_q_all.Download()));
     };
     ASSERT_EQ(gate_up(ExpertPass::kMisses, d_act_split, d_act_q_split), cudaSuccess);
     ASSERT_EQ(down_combine(ExpertPass::kMisses, d_act_split, d_act_q_split, d_out_split,
@@ -1524,6 +1630,16 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     EXPECT_EQ(after_ready.pass_b_experts - before_ready.pass_b_experts, 2u);  // the misses
     EXPECT_EQ(after_ready.copy_waits - before_ready.copy_waits, 2u);
     EXPECT_EQ(before_ready.copy_waits, 0u);  // no other pass waits
+    // Fused, the same counts: each expert once, the misses after their copies.
+    EXPECT_EQ(ffn(ExpertPass::kHits), cudaErrorInvalidValue);
+    EXPECT_EQ(ffn(ExpertPass::kMisses), cudaErrorInvalidValue);
+    ASSERT_EQ(ffn(ExpertPass::kReady), cudaSuccess);
+    Sync();
+    expect_ffn_bits();
+    const DeviceCounters after_ffn = d_counters.Download()[0];
+    EXPECT_EQ(after_ffn.pass_a_experts - after_ready.pass_a_experts, 2u);
+    EXPECT_EQ(after_ffn.pass_b_experts - after_ready.pass_b_experts, 2u);
+    EXPECT_EQ(after_ffn.copy_waits - after_ready.copy_waits, 2u);
 
     // The resident arm's ranks: slot first_slot + selection[r], no flags.
     const DeviceArray<int32_t> d_resident_selection(std::vector<int32_t>{2, 0, 4, 1});
@@ -1540,6 +1656,11 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     EXPECT_EQ(d_tickets.Download(), zero_tickets);
     EXPECT_EQ(d_out_ready.Download(), d_out_all.Download());
     EXPECT_EQ(d_sum_ready.Download(), d_sum_all.Download());
+    d_sum_ffn.Upload(residual);
+    EXPECT_EQ(ffn(ExpertPass::kReady), cudaErrorInvalidValue);  // no flags to wait on
+    ASSERT_EQ(ffn(ExpertPass::kAll), cudaSuccess);
+    Sync();
+    expect_ffn_bits();
 
     const std::vector<float> out_split = d_out_split.Download();
     const std::vector<float> sum_split = d_sum_split.Download();
@@ -1655,6 +1776,20 @@ TEST_F(KernelsGpuTest, ASharedExpertRidingTheExpertPassesGivesItsOwnLaunchesBits
       DeviceArray<float> act, out, sum, h;
       DeviceArray<block_q8_1> act_q, h_q;
     };
+    // Its combine into f's residual and norm (shexp_out: the shared expert's
+    // own output, where it does not ride the passes).
+    const auto combine_into = [&](Ffn& f, const float* shexp_out) {
+      CombineEpilogue combine;
+      combine.weights = d_weights.get();
+      combine.shexp_out = shexp_out;
+      combine.shexp_logit = d_logit.get();
+      combine.residual = f.sum.get();
+      combine.norm.weight = d_norm_weight.get();
+      combine.norm.eps = 1e-6f;
+      combine.norm.out = f.h.get();
+      combine.norm.out_q = f.h_q.get();
+      return combine;
+    };
     const auto run = [&](const std::vector<ExpertPass>& passes, Ffn& f,
                          const float* shexp_out) {
       for (size_t i = 0; i < passes.size(); ++i) {
@@ -1668,20 +1803,21 @@ TEST_F(KernelsGpuTest, ASharedExpertRidingTheExpertPassesGivesItsOwnLaunchesBits
                     cudaSuccess);
           continue;
         }
-        CombineEpilogue combine;
-        combine.weights = d_weights.get();
-        combine.shexp_out = shexp_out;
-        combine.shexp_logit = d_logit.get();
-        combine.residual = f.sum.get();
-        combine.norm.weight = d_norm_weight.get();
-        combine.norm.eps = 1e-6f;
-        combine.norm.out = f.h.get();
-        combine.norm.out_q = f.h_q.get();
         ASSERT_EQ(launch_expert_down_combine(d_slots.get(), layout, ranks, passes[i],
                                              ExpertBiases{}, f.act.get(), f.act_q.get(),
-                                             f.out.get(), combine, d_tickets.get(), stream_),
+                                             f.out.get(), combine_into(f, shexp_out),
+                                             d_tickets.get(), stream_),
                   cudaSuccess);
       }
+    };
+
+    // The same one pass in one launch (launch_expert_ffn).
+    const auto run_fused = [&](ExpertPass pass, Ffn& f) {
+      ASSERT_EQ(launch_expert_ffn(d_slots.get(), layout, ranks, pass, ExpertBiases{},
+                                  GluAct::kSilu, d_x.get(), d_xq.get(), f.act.get(),
+                                  f.act_q.get(), f.out.get(), combine_into(f, nullptr),
+                                  d_counters.get(), d_tickets.get(), stream_),
+                cudaSuccess);
     };
 
     // The shared expert's own launches, then the routed ranks' one pass.
@@ -1730,8 +1866,11 @@ TEST_F(KernelsGpuTest, ASharedExpertRidingTheExpertPassesGivesItsOwnLaunchesBits
     d_missed.Upload(copied);
     Ffn ready(k + 1, n_embd, n_ff, residual);
     run({ExpertPass::kReady}, ready, nullptr);
+    Ffn ready_fused(k + 1, n_embd, n_ff, residual);
+    run_fused(ExpertPass::kReady, ready_fused);
     Sync();
     expect_own_bits(ready, own_out);
+    expect_own_bits(ready_fused, own_out);
 
     // The resident arm: slots first_slot + selection[r], no flags.
     const DeviceArray<int32_t> d_selection(std::vector<int32_t>{2, 0, 4, 1});
@@ -1740,8 +1879,11 @@ TEST_F(KernelsGpuTest, ASharedExpertRidingTheExpertPassesGivesItsOwnLaunchesBits
     ranks.first_slot = 1;
     Ffn resident(k + 1, n_embd, n_ff, residual);
     run({ExpertPass::kAll}, resident, nullptr);
+    Ffn resident_fused(k + 1, n_embd, n_ff, residual);
+    run_fused(ExpertPass::kAll, resident_fused);
     Sync();
     expect_own_bits(resident, own_out);  // slot 1 + {2, 0, 4, 1}: the same slots
+    expect_own_bits(resident_fused, own_out);
 
     // A shared expert not of the slots' types, or beside expert biases, is refused.
     const DeviceMatrix down_as_gate = DeviceView(d_down.get(), down_type, n_ff, n_embd);

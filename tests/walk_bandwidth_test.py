@@ -41,7 +41,10 @@ H100: achieved bandwidth = min(3.35e12, 132 x bytes in flight per SM / 600e-9),
 time = streamed bytes / bandwidth + a floor per kernel node (--floor-us, default
 2: a dependent launch under PDL in a graph, the first DRAM round trip and the
 tail, the last block's epilogue), summed per token into a predicted resident
-tok/s. An estimate, not a measurement: ncu on a device confirms or refutes it.
+tok/s. A chained launch (chained_matvec_kernel: two matvecs, the second's blocks
+waiting inside it for the first's rows they read) is one node and one floor; a
+line after the table charges each one DRAM round trip more for that wait. An
+estimate, not a measurement: ncu on a device confirms or refutes it.
 
 Usage: walk_bandwidth_test.py NVCC SOURCE_DIR ARCH MOEGRAPH [--floor-us US]
                           [--extra-row 'LAYER|KERNEL|GRID|BLOCK|BYTES' ...]
@@ -329,6 +332,8 @@ def kernel_code(nvcc, source_dir, arch, work):
             consumer = r"fma\.rn(\.ftz)?\.f32$" if type_id in ks.ELEMENT_TYPES else r"dp4a\."
         elif "qkv_kernel" in name:
             label, consumer = "qkv_kernel", r"dp4a\."
+        elif "chained_matvec_kernel" in name:
+            label, consumer = ks.chain_label(name), r"dp4a\."
         else:
             continue
         window = ks.weight_window(body, name, re.compile(consumer))
@@ -347,7 +352,12 @@ def kernel_code(nvcc, source_dir, arch, work):
 
 
 def code_of(code, kernel):
-    """The code entry of a row's kernel label ("qkv_kernel (q4_K, ...)" is qkv_kernel)."""
+    """The code entry of a row's kernel label ("qkv_kernel (q4_K, ...)" is qkv_kernel;
+    "chained_matvec_kernel (pair q4_K, q6_K)" the expert FFN's chain, without "pair" the
+    residual's and router's)."""
+    if kernel.startswith("chained_matvec_kernel ("):
+        pair = kernel.startswith("chained_matvec_kernel (pair")
+        return code.get(f"chained_matvec_kernel<{'expert_ffn' if pair else 'residual_router'}>")
     return code.get(kernel.split(" (")[0])
 
 
@@ -437,6 +447,15 @@ def print_estimate(rows, code, floor_s):
           f"floors); predicted resident {1 / total_s:.0f} tok/s "
           f"(the bytes alone at {HBM_BYTES_PER_S / 1e12:.2f} TB/s: "
           f"{HBM_BYTES_PER_S / total_bytes:.0f} tok/s)")
+    # A chained launch's second matvec waits inside it for the first's rows it reads
+    # (the router for all of attn_out's and its norm; a rank's down for its gate/up):
+    # one node, one floor here; charged a DRAM round trip more each, the bound below.
+    chained = sum(1 for row in rows if row[1].startswith("chained_matvec_kernel"))
+    if chained:
+        waits_s = total_s + chained * DRAM_LATENCY_S
+        print(f"chained launches: {chained} a token, each one floor; with a DRAM round trip "
+              f"more each for the wait inside it: {waits_s * 1e6:.0f} us, "
+              f"{1 / waits_s:.0f} tok/s")
     print("largest shares of the token's time: " +
           "; ".join(f"{name} {share * 1e6:.0f} us" for share, name in sorted(shares)[::-1][:4]))
 

@@ -497,6 +497,11 @@ make_plan() {
   step "qwen3 bench split passes" 90 qwen3-bench-split.log "" env MOEGRAPH_SPLIT_PASSES=1 \
     "$MOEGRAPH" bench --backend cuda -m "$QWEN3" --routing-trace "$QWEN3_TRACE" --arms graph \
     --slots 3072 -p 0 -n 32 -r 2
+  # The chained launches (MOEGRAPH_CHAIN, on in the headline) against two
+  # launches each: what a kernel node fewer a chain saves, resident and cached.
+  step "qwen3 bench unchained" 90 qwen3-bench-unchained.log "" env MOEGRAPH_CHAIN=0 \
+    "$MOEGRAPH" bench --backend cuda -m "$QWEN3" --routing-trace "$QWEN3_TRACE" \
+    --arms resident,graph --slots 3072 -p 0 -n 32 -r 2
   # The peer on the same file: every layer's experts on the GPU (-ngl 99), then
   # the experts of half the layers on the host (--n-cpu-moe 24: the other 24
   # layers' 3072 experts on the GPU, the graph arm's middle slot count above).

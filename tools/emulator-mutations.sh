@@ -113,7 +113,7 @@ mutate syncthreads-removed kernels/moe.cu kernels/libmg_kernels.a kernels_test \
 # 3. A stream synchronize inside the captured walk: capture refuses it.
 mutate sync-in-capture capture/engine_walk.cc capture/libmg_capture.a engine_gpu_test \
   'EngineArmsTest.EveryArmGivesTheSameTokensAndLogits' \
-  '(case StepOp::kAttnOut:\n      return \[=, this\] \{\n)' \
+  '(case StepOp::kQkv: \{\n      const QkvRope rope = Rope\(l, pos, q_rope\);\n      return \[=, this\] \{\n)' \
   '$1 . "        if (const cudaError_t e = cudaStreamSynchronize(ms); e != cudaSuccess) return e;\n"'
 
 # 4. The matvec kernel's bounds check removed: the last block's spare groups
@@ -127,8 +127,8 @@ mutate bounds-check-removed kernels/matvec.cu kernels/libmg_kernels.a kernels_te
 #    next-to-last block to finish, before the last one has added its rows.
 mutate epilogue-one-block-early kernels/matvec.cu kernels/libmg_kernels.a kernels_test \
   'KernelsGpuTest.MatvecResidualAddsIntoTheResidualThenRunsTheNorm' \
-  'last_block_done\(a\.tickets, gridDim\.x \* gridDim\.y, shared\)' \
-  '"last_block_done(a.tickets, gridDim.x * gridDim.y - 1, shared)"'
+  'last_block_done\(a\.tickets, place\.blocks_x \* place\.ranks, shared\)' \
+  '"last_block_done(a.tickets, place.blocks_x * place.ranks - 1, shared)"'
 
 # 6. A block's top-k candidates without its boundary key: a token top-k keeps
 #    is missing from the sampler's candidates.
@@ -152,8 +152,22 @@ mutate copy-never-marked kernels/moe.cu kernels/libmg_kernels.a engine_gpu_test 
   'mark_rank_copied\(missed \+ r\);' \
   '""'
 
+# 9. A chain's first-launch blocks never count themselves done: the router's
+#    blocks find the residual's count short (the emulator's __trap).
+mutate chain-never-counted kernels/matvec.cu kernels/libmg_kernels.a kernels_test \
+  'KernelsGpuTest.TheResidualChainedToTheRouterGivesTheTwoLaunchesBits' \
+  'if \(threadIdx\.x == 0\) atomicAdd\(a\.ready \+ place\.r, 1u\);' \
+  '""'
+
+# 10. A chain's blocks by launch index instead of the order they start: a down
+#     block run before its rank's gate/up blocks reads act they have not written.
+mutate chain-launch-order kernels/matvec.cu kernels/libmg_kernels.a kernels_test \
+  'KernelsGpuTest.ExpertPassesAndCombineMatchReferenceWhateverThePassSplit' \
+  'logical = take_block_index\(a\.order, first_total \+ second_total\);' \
+  '"logical = blockIdx.x;"'
+
 if (( survivors > 0 )); then
   echo "emulator-mutations: $survivors mutation(s) survived" >&2
   exit 1
 fi
-echo "emulator-mutations: all 8 mutations caught"
+echo "emulator-mutations: all 10 mutations caught"
