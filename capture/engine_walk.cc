@@ -308,7 +308,8 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       const DeviceMatrix* weights = router.shared_gate_row ? &w->router_and_gate : &w->router;
       return [=, this] {
         return launch_matvec_residual_router(*wo, attn, attn_q, w->bo, x, Norm(w->ffn_norm),
-                                             *weights, router_logits, router, tickets, ms);
+                                             *weights, router_logits, router, counters, tickets,
+                                             ms);
       };
     }
     case StepOp::kResidencyStep: {

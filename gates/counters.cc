@@ -20,6 +20,7 @@ constexpr std::array<std::string_view, kCounterCount> kNames = {
     "device.pass_a_experts",
     "device.pass_b_experts",
     "device.copy_waits",
+    "device.chained_launches",
     "device.steps",
     "host.graph_launches",
     "host.captures",
@@ -84,6 +85,7 @@ CounterSnapshot SnapshotOf(const EngineCounters& engine, const DeviceCounters& d
   s.values.Set(Counter::kPassAExperts, device.pass_a_experts);
   s.values.Set(Counter::kPassBExperts, device.pass_b_experts);
   s.values.Set(Counter::kCopyWaits, device.copy_waits);
+  s.values.Set(Counter::kChainedLaunches, device.chained_launches);
   s.values.Set(Counter::kDeviceSteps, device.steps);
   SetHost(host_begin, s.values);
   SetHost(host_end, s.host_end);

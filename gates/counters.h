@@ -32,6 +32,7 @@ enum class Counter : uint8_t {
   kPassAExperts,
   kPassBExperts,
   kCopyWaits,
+  kChainedLaunches,
   kDeviceSteps,
   // Incremented by the CUDA engine's host code (HostCounters).
   kGraphLaunches,

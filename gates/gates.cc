@@ -447,6 +447,7 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   MG_ASSIGN_OR_RETURN(const Doors split, DoorsFromEnv({{"MOEGRAPH_SPLIT_PASSES", "1"}}));
   MG_ASSIGN_OR_RETURN(const Doors no_pdl, DoorsFromEnv({{"MOEGRAPH_PDL", "0"}}));
   MG_ASSIGN_OR_RETURN(const Doors prefill_steps, DoorsFromEnv({{"MOEGRAPH_PREFILL", "steps"}}));
+  MG_ASSIGN_OR_RETURN(const Doors unchained, DoorsFromEnv({{"MOEGRAPH_CHAIN", "0"}}));
 
   // The default: the prompt batched (a routing readback per MoE layer, its
   // token, the step counter and plan uploads, a copy per streamed expert),
@@ -470,6 +471,9 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   // The one pass: every miss waited for its copy's flag.
   MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kCopyWaits, d[Counter::kDeviceMisses], "default"));
   MG_RETURN_IF_ERROR(ExpectMoved(d, Counter::kProgrammaticLaunches, "default"));
+  // Two chained launches a MoE layer a decode step: attn_out with the router,
+  // the expert pass's gate/up with down.
+  MG_RETURN_IF_ERROR(ExpectEq(d, Counter::kChainedLaunches, 2 * n_moe * steps, "default"));
 
   // MOEGRAPH_PREFILL=steps: the prompt as T=1 steps in the decode graph.
   MG_ASSIGN_OR_RETURN(const ArmRun steps_run,
@@ -527,17 +531,29 @@ absl::StatusOr<GateResult> DoorEngagementCuda(GateContext& context) {
   if (no_pdl_run.transcript.tokens != base.transcript.tokens) {
     return Fail("MOEGRAPH_PDL=0 changed the tokens of the default arm");
   }
+
+  // MOEGRAPH_CHAIN=0: two launches where a chain was, the same tokens.
+  MG_ASSIGN_OR_RETURN(const ArmRun unchained_run,
+                      RunArm(context, model, SpecOf(context, unchained, max_ctx), work));
+  MG_RETURN_IF_ERROR(
+      ExpectFlat(unchained_run.delta, Counter::kChainedLaunches, "MOEGRAPH_CHAIN=0"));
+  MG_RETURN_IF_ERROR(
+      ExpectEq(unchained_run.delta, Counter::kGraphLaunches, steps, "MOEGRAPH_CHAIN=0"));
+  if (unchained_run.transcript.tokens != base.transcript.tokens) {
+    return Fail("MOEGRAPH_CHAIN=0 changed the tokens of the default arm");
+  }
   return Pass(absl::StrFormat(
       "MOEGRAPH_GRAPH=0: %d eager steps, 0 launches (default: %d launches, 0 eager); "
       "MOEGRAPH_RESIDENCY=host: %d syncs, %d copy calls, residency kernel flat (default: %d "
       "syncs); MOEGRAPH_SPLIT_PASSES=1: 0 copy waits, pass B %d (default: %d waits); "
       "MOEGRAPH_PDL=0: 0 programmatic launches (default: %d); MOEGRAPH_PREFILL=steps: %d prompt "
-      "steps, 0 prefill tokens (default: 0, %d)",
+      "steps, 0 prefill tokens (default: 0, %d); MOEGRAPH_CHAIN=0: 0 chained launches "
+      "(default: %d)",
       eager_run.delta[Counter::kEagerSteps], d[Counter::kGraphLaunches], h[Counter::kHostSyncs],
       h[Counter::kH2dMemcpys], d[Counter::kHostSyncs], s[Counter::kPassBExperts],
       d[Counter::kCopyWaits],
       d[Counter::kProgrammaticLaunches], steps_run.delta[Counter::kPromptSteps],
-      d[Counter::kPrefillTokens]));
+      d[Counter::kPrefillTokens], d[Counter::kChainedLaunches]));
 }
 
 // ---- prefill-keeps-decode-set ----

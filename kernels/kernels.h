@@ -53,6 +53,7 @@ struct DeviceCounters {
   unsigned long long pass_a_experts;
   unsigned long long pass_b_experts;
   unsigned long long copy_waits;  // missed ranks the kReady pass waited for
+  unsigned long long chained_launches;  // chained_matvec_kernel launches run to their end
   unsigned long long steps;
 };
 
@@ -272,13 +273,14 @@ cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_
 // launch_router over the norm's output (norm.out, norm.out_q), the same bits,
 // in one launch (one kernel node fewer a MoE layer): the router's blocks start
 // their rows once every block of the residual add, the norm's included, is
-// done (chained_matvec_kernel, kernels/matvec.cu). tickets: 5.
+// done (chained_matvec_kernel, kernels/matvec.cu). tickets: 5. Counts the
+// launch in counters->chained_launches (as launch_expert_ffn does).
 cudaError_t launch_matvec_residual_router(const DeviceMatrix& w, const float* x,
                                           const block_q8_1* xq, const float* bias,
                                           float* residual, const NormEpilogue& norm,
                                           const DeviceMatrix& router_w, float* logits,
-                                          const RouterEpilogue& router, unsigned int* tickets,
-                                          cudaStream_t stream);
+                                          const RouterEpilogue& router, DeviceCounters* counters,
+                                          unsigned int* tickets, cudaStream_t stream);
 
 // out = silu(gate x) * (up x), gate and up of one type and shape, and with out_q
 // (rows a multiple of 32) out's q8_1 blocks. tickets: rows / 32 (null where

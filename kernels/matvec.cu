@@ -330,6 +330,7 @@ struct ChainArgs {
   unsigned int* order = nullptr;  // 1: logical indices handed out
   unsigned int* ready = nullptr;  // [ranks]: first-launch blocks done per rank
   unsigned int* done = nullptr;   // 1: second-launch blocks done
+  DeviceCounters* counters = nullptr;  // chained_launches: one a launch
 };
 
 // The block's logical index, by thread 0: blocks get them in the order they
@@ -477,9 +478,10 @@ __global__ void __launch_bounds__(kMatvecThreads)
   prefetch_rows_to_l2(w.second, a.second, place);
   wait_for_first_launch(a.ready + place.r, static_cast<uint32_t>(a.first_blocks));
   chain_block<C, false>(w.second, a.second, a.type[1], place, &shared);
-  if (last_block_done(a.done, second_total, &shared.epilogue) &&
-      static_cast<int32_t>(threadIdx.x) < a.ranks) {
-    a.ready[threadIdx.x] = 0;
+  if (last_block_done(a.done, second_total, &shared.epilogue)) {
+    // The launch has run to its end: its counts back to zero, and counted.
+    if (static_cast<int32_t>(threadIdx.x) < a.ranks) a.ready[threadIdx.x] = 0;
+    if (threadIdx.x == 0) atomicAdd(&a.counters->chained_launches, 1ull);
   }
 }
 
@@ -832,7 +834,8 @@ bool Router(const DeviceMatrix& w, const float* x, const block_q8_1* xq, float* 
 template <Chain C>
 cudaError_t launch_chain(const MatvecLaunch& first, GgmlType first_type,
                          const MatvecLaunch& second, GgmlType second_type, int32_t ranks,
-                         unsigned int* counts, cudaStream_t stream) {
+                         unsigned int* counts, DeviceCounters* counters, cudaStream_t stream) {
+  if (counters == nullptr) return cudaErrorInvalidValue;
   ChainWeights w;
   ChainArgs a;
   w.first = first.weights;
@@ -847,6 +850,7 @@ cudaError_t launch_chain(const MatvecLaunch& first, GgmlType first_type,
   a.ready = counts;
   a.order = counts + ranks;
   a.done = counts + ranks + 1;
+  a.counters = counters;
   const LaunchGeometry g =
       chained_matvec_launch_geometry(first_type, first.args.rows, first.args.cols, second_type,
                                      second.args.rows, second.args.cols, ranks);
@@ -1074,16 +1078,17 @@ cudaError_t launch_expert_ffn(const uint8_t* slots, const DeviceBlockLayout& lay
                    &down)) {
     return cudaErrorInvalidValue;
   }
-  return launch_chain<Chain::kExpertFfn>(gate_up, layout.type[0], down, layout.type[2], n_ranks,
-                      pair_tickets + ceil_div(int64_t{n_ranks} * layout.n_ff, QK8_1), stream);
+  return launch_chain<Chain::kExpertFfn>(
+      gate_up, layout.type[0], down, layout.type[2], n_ranks,
+      pair_tickets + ceil_div(int64_t{n_ranks} * layout.n_ff, QK8_1), counters, stream);
 }
 
 cudaError_t launch_matvec_residual_router(const DeviceMatrix& w, const float* x,
                                           const block_q8_1* xq, const float* bias,
                                           float* residual, const NormEpilogue& norm,
                                           const DeviceMatrix& router_w, float* logits,
-                                          const RouterEpilogue& router, unsigned int* tickets,
-                                          cudaStream_t stream) {
+                                          const RouterEpilogue& router, DeviceCounters* counters,
+                                          unsigned int* tickets, cudaStream_t stream) {
   // The norm's ticket, the router's, then the chain's counts.
   MatvecLaunch first, second;
   if (tickets == nullptr || norm.weight == nullptr || norm.out == nullptr ||
@@ -1092,7 +1097,8 @@ cudaError_t launch_matvec_residual_router(const DeviceMatrix& w, const float* x,
       !Router(router_w, norm.out, norm.out_q, logits, router, tickets + 1, &second)) {
     return cudaErrorInvalidValue;
   }
-  return launch_chain<Chain::kResidualRouter>(first, w.type, second, router_w.type, 1, tickets + 2, stream);
+  return launch_chain<Chain::kResidualRouter>(first, w.type, second, router_w.type, 1,
+                                              tickets + 2, counters, stream);
 }
 
 int32_t expert_ffn_tickets(int32_t n_embd, int32_t pair_rows, int32_t ranks) {

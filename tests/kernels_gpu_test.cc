@@ -403,6 +403,7 @@ TEST_F(KernelsGpuTest, TheResidualChainedToTheRouterGivesTheTwoLaunchesBits) {
     const DeviceArray<block_q8_1> d_xq(Q8_1(x));
     const std::vector<unsigned int> zero_tickets(step_tickets(n_embd, 1, 1, 32), 0);
     DeviceArray<unsigned int> d_tickets(zero_tickets);
+    DeviceArray<DeviceCounters> d_counters(std::vector<DeviceCounters>{DeviceCounters{}});
     // One run's outputs.
     struct Out {
       Out(const std::vector<float>& residual, int32_t n_embd, int32_t n_logits, int32_t k)
@@ -442,10 +443,12 @@ TEST_F(KernelsGpuTest, TheResidualChainedToTheRouterGivesTheTwoLaunchesBits) {
       Out one(residual, n_embd, n_expert + 1, k);
       ASSERT_EQ(launch_matvec_residual_router(w, in_x, in_xq, d_bias.get(), one.residual.get(),
                                               norm_of(one), router_w, one.logits.get(),
-                                              router_of(one), d_tickets.get(), stream_),
+                                              router_of(one), d_counters.get(), d_tickets.get(),
+                                              stream_),
                 cudaSuccess);
       Sync();
       EXPECT_EQ(d_tickets.Download(), zero_tickets);
+      EXPECT_EQ(d_counters.Download()[0].chained_launches, static_cast<uint64_t>(run + 1));
       EXPECT_EQ(one.residual.Download(), two.residual.Download());
       EXPECT_EQ(one.h.Download(), two.h.Download());
       EXPECT_TRUE(SameBlocks(one.h_q.Download(), two.h_q.Download()));
@@ -458,7 +461,7 @@ TEST_F(KernelsGpuTest, TheResidualChainedToTheRouterGivesTheTwoLaunchesBits) {
     NormEpilogue no_norm;
     EXPECT_EQ(launch_matvec_residual_router(w, in_x, in_xq, d_bias.get(), bad.residual.get(),
                                             no_norm, router_w, bad.logits.get(), router_of(bad),
-                                            d_tickets.get(), stream_),
+                                            d_counters.get(), d_tickets.get(), stream_),
               cudaErrorInvalidValue);
   }
 }
@@ -1640,6 +1643,8 @@ TEST_F(KernelsGpuTest, ExpertPassesAndCombineMatchReferenceWhateverThePassSplit)
     EXPECT_EQ(after_ffn.pass_a_experts - after_ready.pass_a_experts, 2u);
     EXPECT_EQ(after_ffn.pass_b_experts - after_ready.pass_b_experts, 2u);
     EXPECT_EQ(after_ffn.copy_waits - after_ready.copy_waits, 2u);
+    EXPECT_EQ(after_ffn.chained_launches - after_ready.chained_launches, 1u);
+    EXPECT_EQ(after_ready.chained_launches, 0u);  // the two-launch passes are no chain
 
     // The resident arm's ranks: slot first_slot + selection[r], no flags.
     const DeviceArray<int32_t> d_resident_selection(std::vector<int32_t>{2, 0, 4, 1});
