@@ -48,33 +48,61 @@ __device__ inline bool last_block_done(unsigned int* ticket, unsigned int expect
   return last;
 }
 
-// A norm's rounds in flight at once: thread t holds elements t + j blockDim.x,
-// and kNormRounds of them are loaded together and, for the q8_1 blocks,
-// reduced together (a round's warp reductions are chains of dependent
-// shuffles: one round at a time, an epilogue's last block spent ~16 L2 round
-// trips and 16 x 10 shuffle latencies on a 2048 row). The order of every sum
-// is the one-round-at-a-time order, so the bits are too.
+// A norm's reads: thread t takes x[t + j blockDim.x]. The sum of squares loads
+// kNormHeld of a thread's elements together (2048 at 128 threads in one L2
+// round trip: the n_embd of the models the step is sized at; four at a time
+// it took four), the output kNormRounds at a time with their weights, all of a
+// round's loads before their first use, its q8_1 blocks reduced side by side
+// (a block's warp reductions are chains of dependent shuffles). Keeping x for
+// the output, in registers or in shared memory, would save its rounds their x
+// loads but cost the matvec kernels that inline this registers, and so blocks
+// an SM (ptxas: 40 -> 56 for the element types, 56 -> 64 for most quant
+// types); so would asking the weights into L2 at the launch's start (and a
+// spill). The weights' lines are asked into L1 before the sum: they come from
+// DRAM (the step has streamed a layer of experts since they were last read),
+// one round trip under the sum's instead of one a round. The order of every
+// sum is the one-element-at-a-time order, so the bits are too
+// (tools/gpusim-epilogue: the same output bits).
+inline constexpr int kNormHeld = 16;
 inline constexpr int kNormRounds = 4;
 
-// RMSNorm's factor over x[0, n) by the whole block (x read through L2): thread
-// t sums its elements in index order, then the block sums the threads'.
-__device__ inline float block_rms_scale(const float* x, int32_t n, float eps,
-                                        EpilogueShared* shared) {
-  float sum_sq = 0.0f;
+// The lines of a norm's weight[0, n) into this SM's L1, a line a thread.
+__device__ __forceinline__ void prefetch_norm_weight([[maybe_unused]] const float* weight,
+                                                     [[maybe_unused]] int32_t n) {
+#if defined(__CUDA_ARCH__)
+  constexpr int32_t kLineFloats = 32;  // a 128-byte line
+  for (int32_t i = threadIdx.x * kLineFloats; i < n; i += blockDim.x * kLineFloats) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(weight + i));
+  }
+#endif
+}
+
+// The sum of squares of thread t's elements of x[0, n) in index order, x read
+// through L2 (other blocks of the launch may have written it), kNormHeld loads
+// in flight at once.
+__device__ __forceinline__ float thread_sum_of_squares(const float* x, int32_t n) {
   const int32_t stride = static_cast<int32_t>(blockDim.x);
-  for (int32_t first = threadIdx.x; first < n; first += kNormRounds * stride) {
-    float v[kNormRounds];
+  float sum_sq = 0.0f;
+  for (int32_t first = threadIdx.x; first < n; first += kNormHeld * stride) {
+    float v[kNormHeld];
 #pragma unroll
-    for (int j = 0; j < kNormRounds; ++j) {
+    for (int j = 0; j < kNormHeld; ++j) {
       const int32_t i = first + j * stride;
       v[j] = i < n ? __ldcg(x + i) : 0.0f;
     }
 #pragma unroll
-    for (int j = 0; j < kNormRounds; ++j) {
+    for (int j = 0; j < kNormHeld; ++j) {
       if (first + j * stride < n) sum_sq += v[j] * v[j];
     }
   }
-  return rms_scale(block_sum(sum_sq, shared->scratch), n, eps);
+  return sum_sq;
+}
+
+// RMSNorm's factor over x[0, n) by the whole block: thread t sums its elements
+// in index order, then the block sums the threads'.
+__device__ inline float block_rms_scale(const float* x, int32_t n, float eps,
+                                        EpilogueShared* shared) {
+  return rms_scale(block_sum(thread_sum_of_squares(x, n), shared->scratch), n, eps);
 }
 
 // out = x / rms(x) * weight over x[0, n) by the whole block, and out's q8_1
@@ -83,24 +111,35 @@ __device__ inline float block_rms_scale(const float* x, int32_t n, float eps,
 __device__ inline void block_rmsnorm(const float* x, const float* __restrict__ weight, float* out,
                                      int32_t n, float eps, block_q8_1* __restrict__ out_q,
                                      EpilogueShared* shared) {
+  prefetch_norm_weight(weight, n);
   const float scale = block_rms_scale(x, n, eps, shared);
   const int32_t stride = static_cast<int32_t>(blockDim.x);
-  if (out_q == nullptr) {
-    for (int32_t i = threadIdx.x; i < n; i += stride) out[i] = __ldcg(x + i) * scale * weight[i];
-    return;
-  }
-  // Warp w's lanes hold elements [32 (w + j * warps), + 32) in round j: one q8_1
-  // block; a round past n (the same for the whole warp) is computed on zeros
-  // and not stored.
   const int32_t lane = threadIdx.x % 32;
+  // Warp w's lanes hold elements [32 (w + j * warps), + 32) in round j: one q8_1
+  // block; an element past n loads element n - 1, is computed as zero and not
+  // stored. A round's loads are all issued before any is used (a use between
+  // them would wait for the one before it).
   for (int32_t first = threadIdx.x / 32 * 32; first < n; first += kNormRounds * stride) {
+    float x_part[kNormRounds], w_part[kNormRounds];
+#pragma unroll
+    for (int j = 0; j < kNormRounds; ++j) {
+      const int32_t i = min(first + j * stride + lane, n - 1);
+      x_part[j] = __ldcg(x + i);
+      w_part[j] = weight[i];
+    }
     float v[kNormRounds], amax[kNormRounds], sum[kNormRounds];
 #pragma unroll
     for (int j = 0; j < kNormRounds; ++j) {
-      const int32_t i = first + j * stride + lane;
-      v[j] = first + j * stride < n ? __ldcg(x + i) * scale * weight[i] : 0.0f;
+      v[j] = first + j * stride + lane < n ? x_part[j] * scale * w_part[j] : 0.0f;
       amax[j] = fabsf(v[j]);
       sum[j] = v[j];
+    }
+    if (out_q == nullptr) {
+#pragma unroll
+      for (int j = 0; j < kNormRounds; ++j) {
+        if (first + j * stride + lane < n) out[first + j * stride + lane] = v[j];
+      }
+      continue;
     }
     // warp_quantize_q8_1's two butterflies, the rounds' shuffles side by side.
     for (int offset = 16; offset > 0; offset >>= 1) {

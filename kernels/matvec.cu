@@ -232,6 +232,8 @@ __device__ RowGroup row_group_of(const MatvecArgs& a, BlockPlace place) {
   return {index, min(per_group, place.blocks_x - index * per_group)};
 }
 
+inline constexpr int kCombineRanks = 4;
+
 // Rows [32 g, + 32) of the ranks' outputs into the residual, ranks in order
 // (every rank's blocks of these rows are done), the shared expert's last
 // (c.shexp_out: with has_shared_rank, the last rank's output, which is not also a
@@ -246,13 +248,26 @@ __device__ void combine_epilogue(const MatvecArgs& a, BlockPlace place, bool has
   const int32_t routed = place.ranks - (has_shared_rank ? 1 : 0);
   for (int32_t i = threadIdx.x; i < kMaxRowsPerBlock && row0 + i < a.rows; i += kMatvecThreads) {
     const int32_t row = row0 + i;
+    const float shexp = c.shexp_out != nullptr ? __ldcg(c.shexp_out + row) : 0.0f;
+    // kCombineRanks ranks' loads in flight at once (one at a time, each waited
+    // for the one before: a top-8 group spent 8 L2 round trips), added in rank
+    // order all the same.
     float acc = 0.0f;
-    for (int32_t r = 0; r < routed; ++r) {
-      acc += c.weights[r] * __ldcg(a.out + r * a.out_stride + row);
+    for (int32_t r0 = 0; r0 < routed; r0 += kCombineRanks) {
+      float part[kCombineRanks], weight[kCombineRanks];
+#pragma unroll
+      for (int j = 0; j < kCombineRanks; ++j) {
+        const int32_t r = min(r0 + j, routed - 1);
+        part[j] = __ldcg(a.out + r * a.out_stride + row);
+        weight[j] = c.weights[r];
+      }
+#pragma unroll
+      for (int j = 0; j < kCombineRanks; ++j) {
+        if (r0 + j < routed) acc += weight[j] * part[j];
+      }
     }
     if (c.shexp_out != nullptr) {
-      acc += (c.shexp_logit != nullptr ? sigmoid(*c.shexp_logit) : 1.0f) *
-             __ldcg(c.shexp_out + row);
+      acc += (c.shexp_logit != nullptr ? sigmoid(*c.shexp_logit) : 1.0f) * shexp;
     }
     c.residual[row] += acc;
   }

@@ -2,13 +2,18 @@
 // the last ticket (kernels/epilogue.cuh), measured alone. Built by run.sh
 // against the working tree (NEW) and against an older commit's kernels/ (OLD).
 //
-//   harness norm N      block_rmsnorm of N floats with q8_1 blocks (attn_out's
-//                       ffn_norm, the down pass's next attn_norm), 128 threads
+//   harness norm N [cold]
+//                       block_rmsnorm of N floats with q8_1 blocks (attn_out's
+//                       ffn_norm, the down pass's next attn_norm), 128 threads;
+//                       cold: the second launch reads another copy of the
+//                       weights, not in L2 (as the step finds a layer's norm
+//                       weights after streaming a layer of experts)
 //   harness router N K  warp_router_topk over N softmax logits, top K, norm_topk
 //
 // Each launches its kernel twice: the first warms the L2 with the inputs (an
 // epilogue reads what other blocks just wrote), the second is the one to read.
 // Prints a checksum of the second launch's outputs.
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -55,23 +60,35 @@ std::vector<T> Download(const T* device, size_t n) {
   return host;
 }
 
-int Norm(int32_t n) {
+int Norm(int32_t n, bool cold) {
   float* x = Upload(Values(n, 1));
-  float* weight = Upload(Values(n, 2));
+  float* weights[2] = {Upload(Values(n, 2)), nullptr};
+  weights[1] = cold ? Upload(Values(n, 2)) : weights[0];
   float* out = Upload(std::vector<float>(static_cast<size_t>(n)));
   block_q8_1* out_q = Upload(std::vector<block_q8_1>(static_cast<size_t>(n / QK8_1)));
   for (int launch = 0; launch < 2; ++launch) {
-    std::printf("launch %d norm_kernel n %d grid (1,1,1) block (128,1,1)\n", launch, n);
-    norm_kernel<<<1, 128>>>(x, weight, out, out_q, n);
+    std::printf("launch %d norm_kernel n %d%s grid (1,1,1) block (128,1,1)\n", launch, n,
+                cold ? " cold weights" : "");
+    norm_kernel<<<1, 128>>>(x, weights[launch], out, out_q, n);
     if (cudaDeviceSynchronize() != cudaSuccess) return 1;
   }
   double sum = 0.0;
-  for (float v : Download(out, static_cast<size_t>(n))) sum += v;
+  const std::vector<float> values = Download(out, static_cast<size_t>(n));
+  for (float v : values) sum += v;
   long q_sum = 0;
-  for (const block_q8_1& b : Download(out_q, static_cast<size_t>(n / QK8_1))) {
+  const std::vector<block_q8_1> blocks = Download(out_q, static_cast<size_t>(n / QK8_1));
+  for (const block_q8_1& b : blocks) {
     for (int i = 0; i < QK8_1; ++i) q_sum += b.qs[i];
   }
-  std::printf("check norm sum %.9g q8_1 sum %ld\n", sum, q_sum);
+  // FNV-1a over every output byte: equal hashes, the same bits.
+  uint64_t hash = 14695981039346656037ull;
+  auto mix = [&](const void* p, size_t bytes) {
+    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  };
+  mix(values.data(), values.size() * sizeof(float));
+  mix(blocks.data(), blocks.size() * sizeof(block_q8_1));
+  std::printf("check norm sum %.9g q8_1 sum %ld bits %016llx\n", sum, q_sum,
+              static_cast<unsigned long long>(hash));
   return 0;
 }
 
@@ -101,10 +118,12 @@ int Router(int32_t n, int32_t k) {
 }  // namespace moegraph
 
 int main(int argc, char** argv) {
-  if (argc >= 3 && std::strcmp(argv[1], "norm") == 0) return moegraph::Norm(std::atoi(argv[2]));
+  if (argc >= 3 && std::strcmp(argv[1], "norm") == 0) {
+    return moegraph::Norm(std::atoi(argv[2]), argc >= 4 && std::strcmp(argv[3], "cold") == 0);
+  }
   if (argc >= 4 && std::strcmp(argv[1], "router") == 0) {
     return moegraph::Router(std::atoi(argv[2]), std::atoi(argv[3]));
   }
-  std::fprintf(stderr, "usage: harness norm N | harness router N K\n");
+  std::fprintf(stderr, "usage: harness norm N [cold] | harness router N K\n");
   return 2;
 }

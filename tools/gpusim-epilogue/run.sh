@@ -2,11 +2,12 @@
 # The decode step's serial tails under gpusim: an epilogue's last block alone
 # (tools/gpusim-epilogue/harness.cu), the working tree's (NEW) against an
 # older commit's (OLD), and one markdown table of the cycles the simulator
-# reports for the second, L2-warm launch. Not part of CI (minutes a run).
+# reports for the second launch (x in L2). Not part of CI (minutes a run).
 #
 #   tools/gpusim-epilogue/run.sh [--table] [CASE...]
 #     CASE: norm (block_rmsnorm of 2048 with q8_1 blocks, 128 threads),
-#           router (warp_router_topk, 128 experts, top 8, softmax); default both
+#           norm-cold (the same, its weights not in L2: as the step finds them),
+#           router (warp_router_topk, 128 experts, top 8, softmax); default all
 #   Environment: GPUSIM (default ../shared/gpusim beside the checkout), OLD_REV
 #   (default 58b6001: one norm round at a time, the router's softmax in f64),
 #   NVCC.
@@ -25,18 +26,24 @@ CASES=()
 for a in "$@"; do
   case "$a" in
     --table) TABLE_ONLY=1 ;;
-    norm|router) CASES+=("$a") ;;
-    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    norm|norm-cold|router) CASES+=("$a") ;;
+    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run.sh: unknown argument '$a'" >&2; exit 2 ;;
   esac
 done
-[ ${#CASES[@]} -gt 0 ] || CASES=(norm router)
+[ ${#CASES[@]} -gt 0 ] || CASES=(norm norm-cold router)
 mkdir -p "$B/logs"
 
 # gpusim_root, sim_ptx, ptxas_wrapper.
 . "$ROOT/tools/gpusim-common.sh"
 
-args_of() { case "$1" in norm) echo "norm 2048" ;; router) echo "router 128 8" ;; esac; }
+args_of() {
+  case "$1" in
+    norm) echo "norm 2048" ;;
+    norm-cold) echo "norm 2048 cold" ;;
+    router) echo "router 128 8" ;;
+  esac
+}
 
 build() {  # build DIR TREE
   mkdir -p "$1"
@@ -85,7 +92,7 @@ row() {
 
 echo
 [ -f "$B/logs/provenance.txt" ] && sed 's/^/run /' "$B/logs/provenance.txt"
-echo "gpusim SM86_RTX3070 (46 SMs, 1132 MHz; f64 at 1/64 of f32's rate), the second launch (L2 warm)."
+echo "gpusim SM86_RTX3070 (46 SMs, 1132 MHz; f64 at 1/64 of f32's rate), the second launch (its inputs in L2; a cold case's weights not)."
 echo
 echo "| case | OLD cycles | NEW cycles | NEW/OLD | OLD output | NEW output |"
 echo "|---|---:|---:|---:|---|---|"
