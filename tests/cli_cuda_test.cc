@@ -66,7 +66,8 @@ class CliCudaTest : public testing_util::FixtureFileTest {
 
 // perplexity's chunks on the device (each position a recorded decode step) and
 // on the CPU backend: the same perplexity, and a base saved on one read by the
-// other as no divergence, on the resident and graph arms.
+// other as no divergence, on the resident and graph arms; with fewer experts a
+// token too.
 TEST_F(CliCudaTest, PerplexityOnTheDeviceIsTheCpuBackends) {
   const std::string text = TempPath("cuda-ppl.txt");
   {
@@ -97,6 +98,16 @@ TEST_F(CliCudaTest, PerplexityOnTheDeviceIsTheCpuBackends) {
     ASSERT_EQ(kl.exit_code, 0) << arm << ": " << kl.err;
     EXPECT_TRUE(testing_util::Contains(kl.err, "Same top p")) << kl.err;  // the chunk table
   }
+  // --n-expert-used 1 on both: the device runs each token's best expert alone
+  // as the CPU backend does (another perplexity than every expert's).
+  const std::string one = "-f " + text + " -c 32 --n-expert-used 1";
+  const ProcessResult cpu_one = Moegraph("perplexity", fixture_path(), "cpu", one);
+  ASSERT_EQ(cpu_one.exit_code, 0) << cpu_one.err;
+  const double want_one = ppl(cpu_one.out);
+  EXPECT_NE(want_one, want);
+  const ProcessResult cuda_one = Moegraph("perplexity", fixture_path(), "cuda", one);
+  ASSERT_EQ(cuda_one.exit_code, 0) << cuda_one.err;
+  EXPECT_NEAR(ppl(cuda_one.out), want_one, 1e-4 * want_one) << cuda_one.out;
 }
 
 // The trained model's perplexity over the first two chunks of 128 of its

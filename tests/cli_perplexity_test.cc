@@ -14,6 +14,7 @@
 
 #include "loader/fixture.h"
 #include "loader/ggml_type.h"
+#include "loader/status_util.h"
 #include "quality/perplexity.h"
 #include "reference/oracle.h"
 #include "residency/trace.h"
@@ -67,6 +68,31 @@ FixtureSpec Spec(GgmlType type) {
   return spec;
 }
 
+// The text's tokens as the file's tokenizer makes them, BOS first.
+absl::StatusOr<std::vector<int32_t>> Tokens(const testing_util::LoadedModel& m,
+                                            const std::string& text) {
+  MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(*m.file));
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Create(std::move(vocab)));
+  return tokenizer->Tokenize(text, true, false);
+}
+
+// The oracle (f64) over the chunks perplexity scores: the tokens in chunks of
+// kCtx from an empty context, positions kCtx/2 .. kCtx-2.
+absl::StatusOr<NllSums> OracleSums(const Model& model, const std::vector<int32_t>& ids) {
+  MG_ASSIGN_OR_RETURN(std::unique_ptr<Oracle> oracle, Oracle::Create(model, kCtx));
+  NllSums sums;
+  const int n_vocab = model.config.n_vocab;
+  for (size_t c = 0; (c + 1) * kCtx <= ids.size(); ++c) {
+    oracle->Reset();
+    const std::vector<int32_t> chunk(ids.begin() + c * kCtx, ids.begin() + (c + 1) * kCtx);
+    MG_ASSIGN_OR_RETURN(std::vector<float> logits, oracle->Forward(chunk));
+    for (int j = kCtx / 2; j < kCtx - 1; ++j) {
+      sums.Add(TokenNll(absl::MakeConstSpan(logits.data() + j * n_vocab, n_vocab), chunk[j + 1]));
+    }
+  }
+  return sums;
+}
+
 class CliPerplexityTest : public testing_util::FixtureFileTest {
  protected:
   static void SetUpTestSuite() { WriteSuiteFixture(Spec(GgmlType::kF32), "cli_ppl.gguf"); }
@@ -82,30 +108,14 @@ TEST_F(CliPerplexityTest, ThePerplexityIsTheOraclesOverTheSameChunks) {
   const double printed = After(r.out, "Final estimate: PPL = ");
   ASSERT_FALSE(std::isnan(printed)) << r.out;
 
-  // The oracle (f64) over the chunks perplexity scores: the text's tokens in
-  // chunks of kCtx from an empty context, positions kCtx/2 .. kCtx-2.
   absl::StatusOr<std::unique_ptr<testing_util::LoadedModel>> m = testing_util::LoadFixture(
       Spec(GgmlType::kF32));
   ASSERT_TRUE(m.ok()) << m.status();
-  absl::StatusOr<Vocab> vocab = Vocab::FromGguf(*(*m)->file);
-  ASSERT_TRUE(vocab.ok()) << vocab.status();
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Create(*vocab);
-  ASSERT_TRUE(tokenizer.ok());
-  absl::StatusOr<std::vector<int32_t>> ids = (*tokenizer)->Tokenize(text, true, false);
-  ASSERT_TRUE(ids.ok());
-  absl::StatusOr<std::unique_ptr<Oracle>> oracle = Oracle::Create((*m)->model, kCtx);
-  ASSERT_TRUE(oracle.ok()) << oracle.status();
-  NllSums sums;
-  const int n_vocab = (*m)->model.config.n_vocab;
-  for (size_t c = 0; (c + 1) * kCtx <= ids->size(); ++c) {
-    (*oracle)->Reset();
-    const std::vector<int32_t> chunk(ids->begin() + c * kCtx, ids->begin() + (c + 1) * kCtx);
-    absl::StatusOr<std::vector<float>> logits = (*oracle)->Forward(chunk);
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    for (int j = kCtx / 2; j < kCtx - 1; ++j) {
-      sums.Add(TokenNll(absl::MakeConstSpan(logits->data() + j * n_vocab, n_vocab), chunk[j + 1]));
-    }
-  }
+  absl::StatusOr<std::vector<int32_t>> ids = Tokens(**m, text);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  absl::StatusOr<NllSums> oracle_sums = OracleSums((*m)->model, *ids);
+  ASSERT_TRUE(oracle_sums.ok()) << oracle_sums.status();
+  const NllSums& sums = *oracle_sums;
   EXPECT_NEAR(printed, sums.Perplexity(), 1e-3 * sums.Perplexity());
   EXPECT_NEAR(After(r.out, "+/- "), sums.PerplexityError(), 2e-3 * sums.PerplexityError());
 
@@ -131,6 +141,65 @@ TEST_F(CliPerplexityTest, ThePerplexityIsTheOraclesOverTheSameChunks) {
   ASSERT_EQ(two.exit_code, 0) << two.err;
   EXPECT_NE(two.err.find("[2]"), std::string::npos);
   EXPECT_EQ(two.err.find("[3]"), std::string::npos) << two.err;
+}
+
+// --n-expert-used 1: each token runs its router's best expert alone, as the
+// oracle runs the model with its top-k set to 1; the routing record holds one
+// expert a layer, the first layer's the default run's first (its input does
+// not depend on the experts); the file's own top-k changes nothing; more than
+// it, or a negative count, is refused naming the flag and the file.
+TEST_F(CliPerplexityTest, FewerExpertsATokenAreTheRoutersBestAsTheOracleRunsThem) {
+  const std::string text = Text(200);
+  const std::string text_path = WriteText("fewer.txt", text);
+  const std::string one_path = TempPath("fewer-1.trace"), all_path = TempPath("fewer-2.trace");
+  const std::vector<std::string> args = {"-m", fixture_path(), "-f", text_path, "-c",
+                                         std::to_string(kCtx)};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> all = args;
+    all.insert(all.end(), more.begin(), more.end());
+    return Perplexity(all);
+  };
+  const ProcessResult one = with({"--n-expert-used", "1", "--record-routing", one_path});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_NE(one.err.find("experts a token: 1 of the model's 2"), std::string::npos) << one.err;
+  const ProcessResult all = with({"--record-routing", all_path});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  const ProcessResult same = with({"--n-expert-used", "2"});
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  const double ppl_one = After(one.out, "Final estimate: PPL = ");
+  const double ppl_all = After(all.out, "Final estimate: PPL = ");
+  EXPECT_NE(ppl_one, ppl_all);
+  EXPECT_EQ(After(same.out, "Final estimate: PPL = "), ppl_all);
+
+  absl::StatusOr<std::unique_ptr<testing_util::LoadedModel>> m = testing_util::LoadFixture(
+      Spec(GgmlType::kF32));
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<std::vector<int32_t>> ids = Tokens(**m, text);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  (*m)->model.config.n_expert_used = 1;
+  absl::StatusOr<NllSums> sums = OracleSums((*m)->model, *ids);
+  ASSERT_TRUE(sums.ok()) << sums.status();
+  EXPECT_NEAR(ppl_one, sums->Perplexity(), 1e-3 * sums->Perplexity());
+
+  absl::StatusOr<RoutingTrace> first = ReadTrace(one_path), both = ReadTrace(all_path);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(first->k, 1);
+  EXPECT_EQ(both->k, 2);
+  ASSERT_EQ(first->n_steps, both->n_steps);
+  ASSERT_GT(first->n_steps, 0);
+  for (int64_t step = 0; step < first->n_steps; ++step) {
+    EXPECT_EQ(first->row(step, 0)[0], both->row(step, 0)[0]) << step;
+  }
+
+  for (const auto& [count, message] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"3", "--n-expert-used 3 must be at most " + fixture_path() + "'s top-k, 2"},
+           {"-1", "--n-expert-used -1 must be 1 or more"}}) {
+    const ProcessResult refused = with({"--n-expert-used", count});
+    EXPECT_NE(refused.exit_code, 0);
+    EXPECT_NE(refused.err.find(message), std::string::npos) << refused.err;
+  }
 }
 
 TEST_F(CliPerplexityTest, AModelAgainstItsOwnBaseHasNoDivergenceAndACoarserCopyHasSome) {

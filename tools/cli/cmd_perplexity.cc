@@ -122,6 +122,7 @@ absl::Status Perplexity() {
         "llama.cpp's",
         path, model.config.n_vocab, vocab.size()));
   }
+  MG_RETURN_IF_ERROR(ApplyExpertsUsed(flags, path, &model, stderr));
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, s.n_ctx, stderr));
   MG_RETURN_IF_ERROR(AutoHostCache(model, s.n_ctx, &flags, stderr));
   MG_RETURN_IF_ERROR(CheckHostCache(model, flags.host_cache_bytes));

@@ -106,7 +106,7 @@ absl::Status Run() {
   MG_ASSIGN_OR_RETURN(DecoderFlags flags, ReadDecoderFlags());
 
   MG_ASSIGN_OR_RETURN(const std::unique_ptr<GgufFile> file, GgufFile::Open(path));
-  MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
+  MG_ASSIGN_OR_RETURN(Model model, LoadModel(*file));
 
   // Text: the file's own tokenizer, specials parsed and BOS added as llama-cli does.
   std::unique_ptr<Tokenizer> tokenizer;
@@ -181,6 +181,7 @@ absl::Status Run() {
       return true;
     };
   }
+  MG_RETURN_IF_ERROR(ApplyExpertsUsed(flags, path, &model, out.info));
   MG_RETURN_IF_ERROR(CheckContext(model, flags.cuda, flags.cpu, ctx, out.info));
   MG_RETURN_IF_ERROR(AutoHostCache(model, ctx, &flags, out.info));
   MG_RETURN_IF_ERROR(CheckHostCache(model, flags.host_cache_bytes));

@@ -113,7 +113,8 @@ absl::Status Serve() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   MG_ASSIGN_OR_RETURN(const std::unique_ptr<GgufFile> file, GgufFile::Open(path));
-  MG_ASSIGN_OR_RETURN(const Model model, LoadModel(*file));
+  MG_ASSIGN_OR_RETURN(Model model, LoadModel(*file));
+  MG_RETURN_IF_ERROR(ApplyExpertsUsed(flags, path, &model, stderr));
   MG_ASSIGN_OR_RETURN(Vocab vocab, Vocab::FromGguf(*file));
   MG_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer,
                       Tokenizer::Create(std::move(vocab)));

@@ -75,6 +75,9 @@ std::vector<FlagDoc> Engine() {
        "cpu: a routed expert that is not in a slot and weighs under F / k is skipped (weight 0, "
        "no read), the top one kept; decode only unless --drop-in-prompts (default: 0, off)"},
       {"drop_in_prompts", "", "cpu: --drop-cold-experts in prompts too (default: false)"},
+      {"n_expert_used", "N",
+       "experts a token, the router's N best, at most the model's top-k (llama.cpp's "
+       "--override-kv ARCH.expert_used_count=int:N; default: the model's)"},
       {"n_cpu_moe", "N",
        "llama.cpp's --n-cpu-moe: the experts of N layers' worth stay in host memory, so the GPU "
        "holds slots for the other layers' experts ((layers - N) x experts); cpu: no meaning"},

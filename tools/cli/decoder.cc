@@ -42,6 +42,7 @@ ABSL_FLAG(std::string, host_cache, "", "cpu: the disk tier's host cache, a size 
 ABSL_FLAG(double, drop_cold_experts, 0.0,
           "cpu: skip a routed expert that is not cached and weighs under F / k (0: off)");
 ABSL_FLAG(bool, drop_in_prompts, false, "cpu: --drop-cold-experts in prompts too");
+ABSL_FLAG(int32_t, n_expert_used, 0, "experts a token, at most the model's top-k (0: its top-k)");
 ABSL_FLAG(std::string, load_mode, "", "auto | none | mmap | mlock | mmap+mlock (llama.cpp's)");
 ABSL_FLAG(bool, mmap, false, "llama.cpp's older --mmap: --load-mode mmap");
 ABSL_FLAG(bool, no_mmap, false, "llama.cpp's older --no-mmap: --load-mode none");
@@ -360,6 +361,26 @@ absl::Status CheckContext(const Model& model, bool cuda, const CpuForwardOptions
   return CheckKvMemory(model, cuda, cpu, ctx);
 }
 
+absl::Status ApplyExpertsUsed(const DecoderFlags& flags, const std::string& path, Model* model,
+                              std::FILE* info) {
+  if (flags.n_expert_used == 0) return absl::OkStatus();
+  ModelConfig& cfg = model->config;
+  if (cfg.n_expert == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--n-expert-used %d: %s has no experts", flags.n_expert_used, path));
+  }
+  if (flags.n_expert_used > cfg.n_expert_used) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--n-expert-used %d must be at most %s's top-k, %d (expert_used_count): fewer experts a "
+        "token, not more",
+        flags.n_expert_used, path, cfg.n_expert_used));
+  }
+  std::fprintf(info, "experts a token: %d of the model's %d (--n-expert-used)\n",
+               flags.n_expert_used, cfg.n_expert_used);
+  cfg.n_expert_used = flags.n_expert_used;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
   if (const char* set = std::getenv(std::string(kMemAvailableVar).c_str());
       set != nullptr && *set != '\0' && ParseMemorySize(set).value_or(0) == 0) {
@@ -402,6 +423,11 @@ absl::StatusOr<DecoderFlags> ReadDecoderFlags() {
   if (flags.drop_cold > 0 && flags.cuda) {
     return absl::InvalidArgumentError(
         "--drop-cold-experts: the CPU backend drops (add --backend cpu); the CUDA engine does not");
+  }
+  flags.n_expert_used = absl::GetFlag(FLAGS_n_expert_used);
+  if (flags.n_expert_used < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--n-expert-used %d must be 1 or more (0: the model's top-k)", flags.n_expert_used));
   }
   MG_ASSIGN_OR_RETURN(flags.host_cache_bytes, ReadHostCache(flags.cuda, &flags.load));
   if (flags.host_cache_bytes > 0) {

@@ -46,6 +46,7 @@ struct DecoderFlags {
   // --drop-cold-experts F and --drop-in-prompts (CpuBackendOptions::drop_cold).
   double drop_cold = 0;
   bool drop_in_prompts = false;
+  int32_t n_expert_used = 0;  // --n-expert-used; 0: the file's top-k (ApplyExpertsUsed)
   // Every position's logits kept (perplexity): on CUDA each prompt position a
   // recorded decode step (no batched prefill).
   bool every_position_logits = false;
@@ -104,6 +105,14 @@ absl::Status CheckHostCache(const Model& model, uint64_t bytes);
 // file is mapped without a fault-in pass. Where that is under one token's
 // working set, the file is mapped as before and info says why.
 absl::Status AutoHostCache(const Model& model, int ctx, DecoderFlags* flags, std::FILE* info);
+
+// --n-expert-used N: the model runs N experts a token, the router's N best
+// (llama.cpp's --override-kv ARCH.expert_used_count=int:N), said on info. N
+// is at most the file's top-k: every buffer and slot pool is sized by k, and
+// more than k is a mix the model was not trained on. Errors name the flag and
+// path; none when the flag is not given.
+absl::Status ApplyExpertsUsed(const DecoderFlags& flags, const std::string& path, Model* model,
+                              std::FILE* info);
 
 // --kv-type: f16 or f32, else an error naming the flag.
 absl::StatusOr<KvCacheType> ReadKvType();
