@@ -541,8 +541,8 @@ cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLa
 // one launch (one kernel node fewer a layer): the blocks take the pair's rows
 // first, rank by rank, then down's, a down block of rank r starting its rows
 // once every gate/up block of rank r is done (chained_matvec_kernel,
-// kernels/matvec.cu). tickets: expert_ffn_tickets(n_embd, k' n_ff, k') with k'
-// the pass's ranks (the combine's, the pair's q8_1 groups', the chain's counts).
+// kernels/matvec.cu). tickets: step_tickets's count (the combine's, the pair's
+// q8_1 groups', the chain's counts).
 cudaError_t launch_expert_ffn(const uint8_t* slots, const DeviceBlockLayout& layout,
                               const ExpertRanks& ranks, ExpertPass pass,
                               const ExpertBiases& biases, GluAct glu_act, const float* x,
@@ -550,7 +550,6 @@ cudaError_t launch_expert_ffn(const uint8_t* slots, const DeviceBlockLayout& lay
                               float* expert_out, const CombineEpilogue& combine,
                               DeviceCounters* counters, unsigned int* tickets,
                               cudaStream_t stream);
-int32_t expert_ffn_tickets(int32_t n_embd, int32_t pair_rows, int32_t ranks);
 
 // Tickets every launcher above needs, for a model of n_embd, n_head and
 // n_head_kv whose gate/up pairs have at most pair_rows rows over all ranks

@@ -844,6 +844,12 @@ bool Router(const DeviceMatrix& w, const float* x, const block_q8_1* xq, float* 
   return true;
 }
 
+// launch_expert_ffn's tickets: the combine's, the pair's q8_1 groups', the
+// chain's counts.
+int32_t expert_ffn_tickets(int32_t n_embd, int32_t pair_rows, int32_t ranks) {
+  return ceil_div(n_embd, kMaxRowsPerBlock) + 1 + ceil_div(pair_rows, QK8_1) + ranks + 2;
+}
+
 // first then second (its input first's output) over ranks in one
 // chained_matvec_kernel launch; counts: ranks + 2 zeroed tickets of its own.
 template <Chain C>
@@ -1106,18 +1112,13 @@ cudaError_t launch_matvec_residual_router(const DeviceMatrix& w, const float* x,
                                           unsigned int* tickets, cudaStream_t stream) {
   // The norm's ticket, the router's, then the chain's counts.
   MatvecLaunch first, second;
-  if (tickets == nullptr || norm.weight == nullptr || norm.out == nullptr ||
-      !input_ok(router_w.type, norm.out, norm.out_q) ||
+  if (tickets == nullptr || norm.weight == nullptr ||
       !Residual(w, x, xq, bias, residual, norm, tickets, &first) ||
       !Router(router_w, norm.out, norm.out_q, logits, router, tickets + 1, &second)) {
     return cudaErrorInvalidValue;
   }
   return launch_chain<Chain::kResidualRouter>(first, w.type, second, router_w.type, 1,
                                               tickets + 2, counters, stream);
-}
-
-int32_t expert_ffn_tickets(int32_t n_embd, int32_t pair_rows, int32_t ranks) {
-  return ceil_div(n_embd, kMaxRowsPerBlock) + 1 + ceil_div(pair_rows, QK8_1) + ranks + 2;
 }
 
 // launch_matvec_residual_router's: the norm's, the router's, one rank's chain counts.

@@ -83,7 +83,8 @@ int Norm(int32_t n, bool cold) {
   // FNV-1a over every output byte: equal hashes, the same bits.
   uint64_t hash = 14695981039346656037ull;
   auto mix = [&](const void* p, size_t bytes) {
-    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+    const uint8_t* byte = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ byte[i]) * 1099511628211ull;
   };
   mix(values.data(), values.size() * sizeof(float));
   mix(blocks.data(), blocks.size() * sizeof(block_q8_1));
