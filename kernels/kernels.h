@@ -272,9 +272,14 @@ cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_
 // launch_matvec_residual (with its norm: norm.weight and norm.out set) then
 // launch_router over the norm's output (norm.out, norm.out_q), the same bits,
 // in one launch (one kernel node fewer a MoE layer): the router's blocks start
-// their rows once every block of the residual add, the norm's included, is
-// done (chained_matvec_kernel, kernels/matvec.cu). tickets: 5. Counts the
-// launch in counters->chained_launches (as launch_expert_ffn does).
+// their rows once every block of the residual add is done
+// (chained_matvec_kernel, kernels/matvec.cu). An element-type router (f32,
+// f16, bf16: llama-quantize never quantizes ffn_gate_inp) normalizes the
+// residual itself as it reads it, each block, so no single block runs the norm
+// between the two; its row block 0 writes norm.out and norm.out_q. A quant
+// type's router reads q8_1 blocks, which the residual add's last block makes.
+// tickets: 5. Counts the launch in counters->chained_launches (as
+// launch_expert_ffn does).
 cudaError_t launch_matvec_residual_router(const DeviceMatrix& w, const float* x,
                                           const block_q8_1* xq, const float* bias,
                                           float* residual, const NormEpilogue& norm,

@@ -19,11 +19,13 @@
 // the stack.
 //
 // Epilogues (kernels/epilogue.cuh): the residual projection's last block runs
-// the RMSNorm after it, the router's its top-k; the last down pass's last block
-// of each 32 rows combines the ranks into the residual, and the last of those
-// runs the next norm. q, k and v are one launch whose blocks each take one
-// matrix's rows (a block-uniform switch on its type, outside the loops), the
-// last block of each head running its QK-norm, RoPE and KV append.
+// the RMSNorm after it (unless the router chained to it normalizes its own
+// input: MatvecArgs::input_norm), the router's its top-k; the last down
+// pass's last block of each 32 rows combines the ranks into the residual, and
+// the last of those runs the next norm. q, k and v are one launch whose
+// blocks each take one matrix's rows (a block-uniform switch on its type,
+// outside the loops), the last block of each head running its QK-norm, RoPE
+// and KV append.
 #include "kernels/copy_ready.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/kernels.h"
@@ -101,6 +103,11 @@ struct MatvecArgs {
   NormEpilogue norm;
   RouterEpilogue router;
   CombineEpilogue combine;
+  // With weight set (the router chained to attn_out, an element type): x is
+  // the residual and the rows read its RMSNorm, which each block computes as
+  // it reads (NormedInput: the scale from x, then the products); row block 0
+  // also writes the norm's out and out_q for the expert pass.
+  NormEpilogue input_norm;
 };
 
 // Where a block's rows are: row block x of rank r in a grid of blocks_x x
@@ -145,14 +152,20 @@ __device__ void quantize_out_group(const MatvecArgs& a, int32_t r, int32_t row0,
   warp_quantize_q8_1(__ldcg(out + threadIdx.x), a.out_q + (r * a.out_stride) / QK8_1 + g);
 }
 
+// Rank r's f32 input (null where the launch reads q8_1).
+__device__ __forceinline__ const float* rank_input(const MatvecArgs& a, int32_t r) {
+  return a.x != nullptr ? a.x + r * a.x_stride : nullptr;
+}
+
 // Rows [rows_per_block place.x, + rows_per_block) of rank place.r by the whole
-// block, M matrices (a pair: 2), into out (or out_f16); flag: the rank's miss
-// flag (kRank*), for the count of the rank's first block; shared_rank: the
-// rank is the shared expert's (weights.shared, not a slot).
-template <GgmlType T, int M>
+// block, M matrices (a pair: 2), into out (or out_f16); x: the rank's f32 input
+// (rank_input, or a NormedInput); flag: the rank's miss flag (kRank*), for the
+// count of the rank's first block; shared_rank: the rank is the shared
+// expert's (weights.shared, not a slot).
+template <GgmlType T, int M, typename X>
 __device__ __forceinline__ void matvec_block(const MatvecWeights& weights, const MatvecArgs& a,
-                                             BlockPlace place, uint8_t flag, bool shared_rank,
-                                             float* out_base, uint16_t* out_f16,
+                                             BlockPlace place, const X& x, uint8_t flag,
+                                             bool shared_rank, float* out_base, uint16_t* out_f16,
                                              MatvecShared* shared) {
   const int32_t r = place.r;
   const int32_t bx = place.x;
@@ -178,7 +191,6 @@ __device__ __forceinline__ void matvec_block(const MatvecWeights& weights, const
     }
   }
   // Only the input the type reads is there; the other may be null.
-  const float* x = a.x != nullptr ? a.x + r * a.x_stride : nullptr;
   const block_q8_1* xq = a.xq != nullptr ? a.xq + r * a.x_stride / QK8_1 : nullptr;
   float sums[M];
 #pragma unroll
@@ -312,9 +324,11 @@ __global__ void __launch_bounds__(kMatvecThreads)
     // spill (ptxas: 8-byte frame), as the count did iq4_nl's here.
     if (rank_waits_for_copy(a.pass, flag)) wait_for_rank_copy(a.missed + place.r);
     if (a.pair) {
-      matvec_block<T, 2>(weights, a, place, flag, shared_rank, a.out, a.out_f16, &shared);
+      matvec_block<T, 2>(weights, a, place, rank_input(a, place.r), flag, shared_rank, a.out,
+                         a.out_f16, &shared);
     } else {
-      matvec_block<T, 1>(weights, a, place, flag, shared_rank, a.out, a.out_f16, &shared);
+      matvec_block<T, 1>(weights, a, place, rank_input(a, place.r), flag, shared_rank, a.out,
+                         a.out_f16, &shared);
     }
   }
   // Read again here, not kept across the loop: kept, it cost mxfp4's and
@@ -401,6 +415,15 @@ __device__ __forceinline__ void prefetch_rows_to_l2([[maybe_unused]] const Matve
   for (size_t at = threadIdx.x * size_t{kLine}; at < bytes; at += kMatvecThreads * size_t{kLine}) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(start + at));
   }
+  // A router that normalizes its input reads the norm's weight too.
+  if (a.input_norm.weight != nullptr) {
+    const size_t norm_bytes = static_cast<size_t>(a.cols) * sizeof(float);
+    for (size_t at = threadIdx.x * size_t{kLine}; at < norm_bytes;
+         at += kMatvecThreads * size_t{kLine}) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(
+          reinterpret_cast<const uint8_t*>(a.input_norm.weight) + at));
+    }
+  }
 #endif
 }
 
@@ -413,8 +436,8 @@ __device__ __forceinline__ void typed_matvec_block(GgmlType type, const MatvecWe
   switch (type) {
 #define MG_CHAIN_TYPE(T)                                                                   \
   case GgmlType::T:                                                                       \
-    return matvec_block<GgmlType::T, M>(weights, a, place, flag, shared_rank, a.out, nullptr, \
-                                        shared);
+    return matvec_block<GgmlType::T, M>(weights, a, place, rank_input(a, place.r), flag,  \
+                                        shared_rank, a.out, nullptr, shared);
     MG_CHAIN_TYPE(kQ8_0)
     MG_CHAIN_TYPE(kQ4_0)
     MG_CHAIN_TYPE(kQ4_K)
@@ -437,6 +460,38 @@ __device__ __forceinline__ void typed_matvec_block(GgmlType type, const MatvecWe
   }
 }
 
+// A router block of the chain that normalizes its own input (args.input_norm,
+// an element-type router): the RMSNorm's scale from the residual by the whole
+// block (one L2 round trip of its 8 KB at 2048), then its rows reading the
+// norm's products as they go. attn_out's blocks then only add their rows: no
+// single block normalizes between them and the router on the critical path.
+// Block 0 writes the norm's output for the expert pass afterwards (the same
+// bits: block_rmsnorm's scale and products).
+__device__ __forceinline__ void normed_router_block(GgmlType type, const MatvecWeights& weights,
+                                                    const MatvecArgs& a, BlockPlace place,
+                                                    MatvecShared* shared) {
+  const NormEpilogue& norm = a.input_norm;
+  const NormedInput x{a.x, norm.weight,
+                      block_rms_scale(a.x, a.cols, norm.eps, &shared->epilogue)};
+  switch (type) {
+    case GgmlType::kF32:
+      matvec_block<GgmlType::kF32, 1>(weights, a, place, x, kRankHit, false, a.out, nullptr,
+                                      shared);
+      break;
+    case GgmlType::kF16:
+      matvec_block<GgmlType::kF16, 1>(weights, a, place, x, kRankHit, false, a.out, nullptr,
+                                      shared);
+      break;
+    case GgmlType::kBF16:
+      matvec_block<GgmlType::kBF16, 1>(weights, a, place, x, kRankHit, false, a.out, nullptr,
+                                       shared);
+      break;
+    default:
+      return;
+  }
+  if (place.x == 0) run_norm_epilogue(norm, a.x, a.cols, &shared->epilogue);
+}
+
 // The two chains, each its own kernel: one kernel for both spilled (ptxas:
 // 8-byte frame at 64 registers).
 enum class Chain {
@@ -456,12 +511,15 @@ __device__ __forceinline__ void chain_block(const MatvecWeights& weights, const 
     if (kFirst && rank_waits_for_copy(args.pass, flag)) wait_for_rank_copy(args.missed + place.r);
     if (C == Chain::kExpertFfn && kFirst) {
       typed_matvec_block<2>(type, weights, args, place, flag, shared_rank, shared);
+    } else if (C == Chain::kResidualRouter && !kFirst && args.input_norm.weight != nullptr) {
+      normed_router_block(type, weights, args, place, shared);
     } else {
       typed_matvec_block<1>(type, weights, args, place, flag, shared_rank, shared);
     }
   }
-  // The pair's q8_1 groups are matvec_block's; the others' epilogues are here.
-  if (C == Chain::kExpertFfn && kFirst) return;
+  // The pair's q8_1 groups are matvec_block's; the others' epilogues are here
+  // (none for a residual add whose router normalizes: input_norm).
+  if ((C == Chain::kExpertFfn && kFirst) || args.tickets == nullptr) return;
   matvec_epilogue(args, place, weights.shared[0] != nullptr, &shared->epilogue);
 }
 
@@ -566,7 +624,7 @@ __device__ __forceinline__ void qkv_job(const QkvWeights& w, const QkvArgs& a, i
     }
   }
   const BlockPlace place{bx, 0, a.first_block[j + 1] - a.first_block[j], 1};
-  matvec_block<T, 1>(weights, job, place, kRankHit, false, out, out_f16, shared);
+  matvec_block<T, 1>(weights, job, place, job.x, kRankHit, false, out, out_f16, shared);
   if (a.tickets != nullptr && j < 2) qkv_rope_epilogue(a, j, bx, &shared->epilogue);
 }
 
@@ -1110,13 +1168,20 @@ cudaError_t launch_matvec_residual_router(const DeviceMatrix& w, const float* x,
                                           const DeviceMatrix& router_w, float* logits,
                                           const RouterEpilogue& router, DeviceCounters* counters,
                                           unsigned int* tickets, cudaStream_t stream) {
-  // The norm's ticket, the router's, then the chain's counts.
+  // The norm's ticket, the router's, then the chain's counts. An element-type
+  // router (llama-quantize's files: it never quantizes ffn_gate_inp) normalizes
+  // its own input (MatvecArgs::input_norm); a quant type's reads q8_1 blocks,
+  // which attn_out's last block makes.
   MatvecLaunch first, second;
-  if (tickets == nullptr || norm.weight == nullptr ||
-      !Residual(w, x, xq, bias, residual, norm, tickets, &first) ||
-      !Router(router_w, norm.out, norm.out_q, logits, router, tickets + 1, &second)) {
+  const bool router_norms = !mmvq_type(router_w.type);
+  if (tickets == nullptr || norm.weight == nullptr || !norm_epilogue_ok(norm, w.rows) ||
+      !Residual(w, x, xq, bias, residual, router_norms ? NormEpilogue{} : norm, tickets,
+                &first) ||
+      !Router(router_w, router_norms ? residual : norm.out, norm.out_q, logits, router,
+              tickets + 1, &second)) {
     return cudaErrorInvalidValue;
   }
+  if (router_norms) second.args.input_norm = norm;
   return launch_chain<Chain::kResidualRouter>(first, w.type, second, router_w.type, 1,
                                               tickets + 2, counters, stream);
 }

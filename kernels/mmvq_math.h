@@ -626,8 +626,20 @@ struct ElementWords {
   int q[4];
 };
 
-template <GgmlType T>
-MG_HD_INLINE float dot_element_unit(const ElementWords& w, const float* x) {
+// An element-type row's activations when it normalizes its input itself (the
+// router chained to attn_out: kernels/matvec.cu): RMSNorm's output x[i] *
+// scale * weight[i] in block_rmsnorm's order of products, so the same bits as
+// reading what the norm writes. A plain input is a const float*.
+struct NormedInput {
+  const float* x;
+  const float* weight;
+  float scale;
+  MG_HD_INLINE float operator[](int64_t i) const { return x[i] * scale * weight[i]; }
+};
+
+// The unit's dot with the activations x[at, at + chunk).
+template <GgmlType T, typename X>
+MG_HD_INLINE float dot_element_unit(const ElementWords& w, const X& x, int64_t at) {
   constexpr int kChunk = element_chunk(T);
   float sum = 0.0f;
   for (int i = 0; i < kChunk; ++i) {
@@ -639,7 +651,7 @@ MG_HD_INLINE float dot_element_unit(const ElementWords& w, const float* x) {
       const uint16_t half = (i % 2 == 0) ? low_half(word) : high_half(word);
       v = T == GgmlType::kF16 ? f16_to_f32(half) : bf16_to_f32(half);
     }
-    sum += v * x[i];
+    sum += v * x[at + i];
   }
   return sum;
 }
@@ -726,8 +738,8 @@ MG_HD_INLINE TripWords<T> load_row_unit(const uint8_t* row, int64_t u) {
   }
 }
 
-template <GgmlType T>
-MG_HD_INLINE float dot_row_unit(const TripWords<T>& w, const float* x, const block_q8_1* y,
+template <GgmlType T, typename X>
+MG_HD_INLINE float dot_row_unit(const TripWords<T>& w, const X& x, const block_q8_1* y,
                                 int64_t u) {
   if constexpr (mmvq_type(T)) {
     constexpr MmvqTraits tr = mmvq_traits(T);
@@ -735,16 +747,17 @@ MG_HD_INLINE float dot_row_unit(const TripWords<T>& w, const float* x, const blo
     return dot_unit<T>(w, y + u / kPerBlock * (tr.qk / QK8_1),
                        tr.vdr * static_cast<int>(u % kPerBlock));
   } else {
-    return dot_element_unit<T>(w, x + u * element_chunk(T));
+    return dot_element_unit<T>(w, x, u * element_chunk(T));
   }
 }
 
 // Thread t of the `threads` on a row: its parts of the dots of M rows of type
 // T (a gate/up pair: M = 2) with the activations (q types read y, element types
-// x), into sums[M]. Each trip loads every unit's words first (units past the
-// row load the row's last unit and add nothing, so the loads need no branch).
-template <GgmlType T, int M>
-MG_HD_INLINE void thread_partials(const uint8_t* const (&rows)[M], const float* x,
+// x: a const float* or a NormedInput), into sums[M]. Each trip loads every
+// unit's words first (units past the row load the row's last unit and add
+// nothing, so the loads need no branch).
+template <GgmlType T, int M, typename X>
+MG_HD_INLINE void thread_partials(const uint8_t* const (&rows)[M], const X& x,
                                   const block_q8_1* y, int64_t cols, int t, int threads,
                                   float (&sums)[M]) {
   constexpr int kTrip = kThreadTripUnits<T>;

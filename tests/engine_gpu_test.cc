@@ -290,8 +290,12 @@ TEST_F(EngineArmsTest, EveryArmGivesTheSameTokensAndLogits) {
     EXPECT_GT(host.prefill_experts_in_place + host.prefill_experts_streamed, 0u);
     EXPECT_EQ(host.prefill_bytes_streamed,
               host.prefill_experts_streamed * engine->pools()[0].block_bytes);
-    if (arm == Arm::kResident) EXPECT_EQ(host.prefill_experts_streamed, 0u);
-    if (arm == Arm::kStage) EXPECT_EQ(host.prefill_experts_in_place, 0u);
+    if (arm == Arm::kResident) {
+      EXPECT_EQ(host.prefill_experts_streamed, 0u);
+    }
+    if (arm == Arm::kStage) {
+      EXPECT_EQ(host.prefill_experts_in_place, 0u);
+    }
     const uint64_t steps = kPredict - 1;
     EXPECT_EQ(counters->steps, steps) << ArmName(arm);
     const uint64_t selected = steps * 3 * 4;

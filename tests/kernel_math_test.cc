@@ -231,6 +231,52 @@ TEST(MmvqMathTest, ATripsLengthChangesNoBit) {
   }
 }
 
+// Every thread's part of an element-type row's dot with x (a const float* or
+// a NormedInput).
+template <GgmlType T, typename X>
+std::vector<float> ThreadParts(const std::vector<uint8_t>& row, const X& x, int64_t n) {
+  const int threads = matvec_geometry(T, n).threads_per_row;
+  const uint8_t* const rows[1] = {row.data()};
+  std::vector<float> parts(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) {
+    float sums[1] = {0.0f};
+    thread_partials<T, 1>(rows, x, nullptr, n, t, threads, sums);
+    parts[static_cast<size_t>(t)] = sums[0];
+  }
+  return parts;
+}
+
+// A row that normalizes its input as it reads it (NormedInput: the router
+// chained to attn_out) has, thread by thread, the bits of the row reading what
+// block_rmsnorm writes, x * scale * weight in that order.
+template <GgmlType T>
+void ExpectNormedInputIsTheNormsOutput(std::mt19937& rng, int64_t n) {
+  const std::vector<float> w = Gaussian(rng, n), x = Gaussian(rng, n, 4.0f),
+                           weight = Gaussian(rng, n);
+  std::vector<uint8_t> row(ggml_row_size(T, n));
+  quantize_row(T, w.data(), row.data(), n);
+  float sum_sq = 0.0f;
+  for (float v : x) sum_sq += v * v;
+  const float scale = rms_scale(sum_sq, static_cast<int32_t>(n), 1e-6f);
+  std::vector<float> normed(static_cast<size_t>(n));
+  for (size_t i = 0; i < normed.size(); ++i) normed[i] = x[i] * scale * weight[i];
+  const std::vector<float> want = ThreadParts<T>(row, normed.data(), n);
+  const NormedInput normed_input{x.data(), weight.data(), scale};
+  const std::vector<float> got = ThreadParts<T>(row, normed_input, n);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t t = 0; t < got.size(); ++t) EXPECT_EQ(Bits(got[t]), Bits(want[t])) << "thread " << t;
+}
+
+TEST(MmvqMathTest, ARowReadingItsNormedInputHasTheBitsOfTheNormsOutput) {
+  std::mt19937 rng(41);
+  for (int64_t n : {int64_t{512}, int64_t{2048}, int64_t{4096}}) {
+    SCOPED_TRACE(n);
+    ExpectNormedInputIsTheNormsOutput<GgmlType::kF32>(rng, n);
+    ExpectNormedInputIsTheNormsOutput<GgmlType::kF16>(rng, n);
+    ExpectNormedInputIsTheNormsOutput<GgmlType::kBF16>(rng, n);
+  }
+}
+
 // The matvec's geometry: ggml's (a whole block of 4 warps on one row) where a
 // row has the units for it, the fewest threads that take a row in one trip
 // otherwise, rows sharing the block; every shape a power of two.
@@ -384,7 +430,9 @@ TEST(NnMathTest, PartialRopeTurnsTheFirstDimensionsOnly) {
     }
     for (size_t i = 0; i < x.size(); ++i) {
       ASSERT_EQ(x[i], expected[i]) << "element " << i;
-      if (static_cast<int>(i % head_dim) >= n_rot) EXPECT_EQ(x[i], before[i]);
+      if (static_cast<int>(i % head_dim) >= n_rot) {
+        EXPECT_EQ(x[i], before[i]);
+      }
     }
     EXPECT_NE(x[1], before[1]);
   }

@@ -166,8 +166,16 @@ mutate chain-launch-order kernels/matvec.cu kernels/libmg_kernels.a kernels_test
   'logical = take_block_index\(a\.order, first_total \+ second_total\);' \
   '"logical = blockIdx.x;"'
 
+# 11. The router chained to attn_out reads the residual without its norm's
+#     scale: its logits are not the two launches' (the router's own norm,
+#     MatvecArgs::input_norm).
+mutate router-norm-unscaled kernels/matvec.cu kernels/libmg_kernels.a kernels_test \
+  'KernelsGpuTest.TheResidualChainedToTheRouterGivesTheTwoLaunchesBits' \
+  'block_rms_scale\(a\.x, a\.cols, norm\.eps, &shared->epilogue\)\}' \
+  '"1.0f}"'
+
 if (( survivors > 0 )); then
   echo "emulator-mutations: $survivors mutation(s) survived" >&2
   exit 1
 fi
-echo "emulator-mutations: all 10 mutations caught"
+echo "emulator-mutations: all 11 mutations caught"

@@ -34,16 +34,29 @@ gpusim_root() {
 #   none; a load of the line into a register nothing reads, cached where the
 #   prefetch would put it (.ca: L1, .cg: L2), issues the same request without
 #   a wait.
+# - ld.acquire.gpu (a chain's and a missed rank's waits on their counts): its
+#   parser has none; ld.global.cg reads L2, where the other SMs' writes are
+#   (the simulator keeps no weaker order for the acquire to rule out).
+# - nanosleep (the same waits' back-off): its parser has none; dropped, so a
+#   wait polls L2 without pausing (more L2 requests while it waits, none
+#   issued by the blocks it waits for).
+# - trap (those waits' give-up after seconds): its instruction has no type,
+#   which GPGPU-Sim asserts on when it loads the kernel; exit instead (a block
+#   that gave up would end without its rows: the output hash would say so).
 # ptxas -v gives the launched kernels the same registers either way.
 sim_ptx() {
   sed -E '
     s/^([[:space:]]*)copysign\.f32[[:space:]]+(%f[0-9]+),[[:space:]]*(%f[0-9]+),[[:space:]]*(%f[0-9]+);/\1{ .reg .b32 %cs<3>; mov.b32 %cs0, \3; and.b32 %cs0, %cs0, 0x80000000; mov.b32 %cs1, \4; and.b32 %cs1, %cs1, 0x7FFFFFFF; or.b32 %cs2, %cs0, %cs1; mov.b32 \2, %cs2; }/
     s/^([[:space:]]*)prefetch\.global\.L1[[:space:]]+\[([^]]+)\];/\1{ .reg .b32 %pf; ld.global.ca.b32 %pf, [\2]; }/
     s/^([[:space:]]*)prefetch\.global\.L2[[:space:]]+\[([^]]+)\];/\1{ .reg .b32 %pf; ld.global.cg.b32 %pf, [\2]; }/
+    s/ld\.acquire\.gpu\.global\./ld.global.cg./
+    s/^([[:space:]]*)trap;/\1exit;/
+    s/^([[:space:]]*)nanosleep\.u32[[:space:]]+[^;]+;/\1\/\/ nanosleep dropped/
     s/^([[:space:]]*)shf\.r\.wrap\.b32[[:space:]]+(%r[0-9]+),[[:space:]]*(%r[0-9]+),[[:space:]]*(%r[0-9]+),[[:space:]]*(%r[0-9]+);/\1{ .reg .pred %fsp; .reg .b32 %fsn, %fst; and.b32 %fsn, \5, 31; shf.r.wrap.b32 %fst, \3, \4, %fsn; setp.eq.u32 %fsp, %fsn, 0; selp.b32 \2, \3, %fst, %fsp; }/
   ' "$1" > "$2"
   if grep -q 'prefetch' "$2"; then echo "run.sh: a prefetch form left in $2" >&2; exit 1; fi
   if grep -q 'copysign' "$2"; then echo "run.sh: copysign left in $2" >&2; exit 1; fi
+  if grep -qE '^[[:space:]]*(nanosleep|trap)|ld\.acquire' "$2"; then echo "run.sh: a wait form left in $2" >&2; exit 1; fi
   if grep -E 'shf\.' "$2" | grep -vq '%fsn;'; then echo "run.sh: a shf form left in $2" >&2; exit 1; fi
 }
 

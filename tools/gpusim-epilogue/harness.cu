@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/epilogue.cuh"
+#include "tools/gpusim-epilogue/transfer.h"
 
 namespace moegraph {
 namespace {
@@ -43,21 +44,6 @@ std::vector<float> Values(int32_t n, uint32_t seed) {
     x = static_cast<float>(seed >> 8) / static_cast<float>(1u << 24) * 4.0f - 2.0f;
   }
   return v;
-}
-
-template <typename T>
-T* Upload(const std::vector<T>& host) {
-  T* device = nullptr;
-  cudaMalloc(&device, host.size() * sizeof(T));
-  cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return device;
-}
-
-template <typename T>
-std::vector<T> Download(const T* device, size_t n) {
-  std::vector<T> host(n);
-  cudaMemcpy(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return host;
 }
 
 int Norm(int32_t n, bool cold) {

@@ -7,7 +7,11 @@
 #   tools/gpusim-epilogue/run.sh [--table] [CASE...]
 #     CASE: norm (block_rmsnorm of 2048 with q8_1 blocks, 128 threads),
 #           norm-cold (the same, its weights not in L2: as the step finds them),
-#           router (warp_router_topk, 128 experts, top 8, softmax); default all
+#           router (warp_router_topk, 128 experts, top 8, softmax),
+#           attn-out-router (launch_matvec_residual_router at Qwen3-30B-A3B's
+#           shape: attn_out q4_K 2048 x 4096 with ffn_norm, the f32 router
+#           128 x 2048 top 8; tools/gpusim-epilogue/chain_harness.cu, minutes);
+#           default all but attn-out-router
 #   Environment: GPUSIM (default ../shared/gpusim beside the checkout), OLD_REV
 #   (default 58b6001: one norm round at a time, the router's softmax in f64),
 #   NVCC.
@@ -26,7 +30,7 @@ CASES=()
 for a in "$@"; do
   case "$a" in
     --table) TABLE_ONLY=1 ;;
-    norm|norm-cold|router) CASES+=("$a") ;;
+    norm|norm-cold|router|attn-out-router) CASES+=("$a") ;;
     -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run.sh: unknown argument '$a'" >&2; exit 2 ;;
   esac
@@ -42,16 +46,31 @@ args_of() {
     norm) echo "norm 2048" ;;
     norm-cold) echo "norm 2048 cold" ;;
     router) echo "router 128 8" ;;
+    attn-out-router) echo "attn-out-router" ;;
+  esac
+}
+
+# The harness binary a case runs.
+harness_of() {
+  case "$1" in
+    attn-out-router) echo chain_harness ;;
+    *) echo harness ;;
   esac
 }
 
 build() {  # build DIR TREE
   mkdir -p "$1"
-  "$NVCC" -O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17 -I"$2" \
+  "$NVCC" -O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17 -I"$2" -I"$ROOT" \
     "$HERE/harness.cu" -o "$1/harness"
-  "$NVCC" -arch=compute_86 -code=compute_86 -ptx -std=c++17 -I"$2" "$HERE/harness.cu" \
+  "$NVCC" -arch=compute_86 -code=compute_86 -ptx -std=c++17 -I"$2" -I"$ROOT" "$HERE/harness.cu" \
     -o "$1/harness.ptx"
   sim_ptx "$1/harness.ptx" "$1/harness.sim.ptx"
+  "$NVCC" -O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17 -I"$2" -I"$ROOT" \
+    "$HERE/chain_harness.cu" "$2/kernels/launch.cc" "$2/loader/quantize.cc" \
+    "$2/loader/ggml_type.cc" -o "$1/chain_harness"
+  "$NVCC" -arch=compute_86 -code=compute_86 -ptx -std=c++17 -I"$2" -I"$ROOT" \
+    "$HERE/chain_harness.cu" -o "$1/chain_harness.ptx"
+  sim_ptx "$1/chain_harness.ptx" "$1/chain_harness.sim.ptx"
 }
 
 if [ "$TABLE_ONLY" = 0 ]; then
@@ -71,8 +90,9 @@ if [ "$TABLE_ONLY" = 0 ]; then
       d=$B/$(echo "$k" | tr A-Z a-z)
       echo "== $c $k ($(date -u +%T))" >&2
       # shellcheck disable=SC2046
-      "$SIM/run.sh" --ptx "$d/harness.sim.ptx" --sm 86 --log "$B/logs/$c-$k.log" -- \
-        "$d/harness" $(args_of "$c") > "$B/logs/$c-$k.out" 2> "$B/logs/$c-$k.err" ||
+      h=$(harness_of "$c")
+      "$SIM/run.sh" --ptx "$d/$h.sim.ptx" --sm 86 --log "$B/logs/$c-$k.log" -- \
+        "$d/$h" $(args_of "$c") > "$B/logs/$c-$k.out" 2> "$B/logs/$c-$k.err" ||
         { tail -n 5 "$B/logs/$c-$k.err" >&2; exit 1; }
     done
   done
