@@ -276,7 +276,8 @@ cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_
 // (chained_matvec_kernel, kernels/matvec.cu). An element-type router (f32,
 // f16, bf16: llama-quantize never quantizes ffn_gate_inp) normalizes the
 // residual itself as it reads it, each block, so no single block runs the norm
-// between the two; its row block 0 writes norm.out and norm.out_q. A quant
+// between the two, and its blocks' warps write norm.out and norm.out_q 32
+// elements each. A quant
 // type's router reads q8_1 blocks, which the residual add's last block makes.
 // tickets: 5. Counts the launch in counters->chained_launches (as
 // launch_expert_ffn does).

@@ -105,8 +105,8 @@ struct MatvecArgs {
   CombineEpilogue combine;
   // With weight set (the router chained to attn_out, an element type): x is
   // the residual and the rows read its RMSNorm, which each block computes as
-  // it reads (NormedInput: the scale from x, then the products); row block 0
-  // also writes the norm's out and out_q for the expert pass.
+  // it reads (NormedInput: the scale from x, then the products); the blocks
+  // also write the norm's out and out_q for the expert pass, 32 elements a warp.
   NormEpilogue input_norm;
 };
 
@@ -460,13 +460,30 @@ __device__ __forceinline__ void typed_matvec_block(GgmlType type, const MatvecWe
   }
 }
 
+// The norm's output for the expert pass (norm.out, and its q8_1 blocks where
+// norm.out_q is set), 32 elements a warp, the warps of every router block
+// taking the groups in turn (2048: 64 groups, on 16 blocks of 4 warps): each
+// block writes at most a round trip's worth, so none is the norm's tail. The
+// same bits as block_rmsnorm's (its products, warp_quantize_q8_1's butterflies).
+__device__ __forceinline__ void write_norm_groups(const NormedInput& x, const NormEpilogue& norm,
+                                                  int32_t n, BlockPlace place) {
+  constexpr int32_t kWarps = kMatvecThreads / 32;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  for (int32_t g = place.x * kWarps + static_cast<int32_t>(threadIdx.x / 32); g * QK8_1 < n;
+       g += place.blocks_x * kWarps) {
+    const int32_t i = g * QK8_1 + lane;
+    const float v = i < n ? x[i] : 0.0f;
+    if (i < n) norm.out[i] = v;
+    if (norm.out_q != nullptr) warp_quantize_q8_1(v, norm.out_q + g);
+  }
+}
+
 // A router block of the chain that normalizes its own input (args.input_norm,
 // an element-type router): the RMSNorm's scale from the residual by the whole
 // block (one L2 round trip of its 8 KB at 2048), then its rows reading the
-// norm's products as they go. attn_out's blocks then only add their rows: no
-// single block normalizes between them and the router on the critical path.
-// Block 0 writes the norm's output for the expert pass afterwards (the same
-// bits: block_rmsnorm's scale and products).
+// norm's products as they go, then its share of the norm's output
+// (write_norm_groups). attn_out's blocks only add their rows: no single block
+// normalizes between them and the router, or after it.
 __device__ __forceinline__ void normed_router_block(GgmlType type, const MatvecWeights& weights,
                                                     const MatvecArgs& a, BlockPlace place,
                                                     MatvecShared* shared) {
@@ -489,7 +506,7 @@ __device__ __forceinline__ void normed_router_block(GgmlType type, const MatvecW
     default:
       return;
   }
-  if (place.x == 0) run_norm_epilogue(norm, a.x, a.cols, &shared->epilogue);
+  write_norm_groups(x, norm, a.cols, place);
 }
 
 // The two chains, each its own kernel: one kernel for both spilled (ptxas:
