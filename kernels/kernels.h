@@ -277,10 +277,9 @@ cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_
 // f16, bf16: llama-quantize never quantizes ffn_gate_inp) normalizes the
 // residual itself as it reads it, each block, so no single block runs the norm
 // between the two, and its blocks' warps write norm.out and norm.out_q 32
-// elements each. A quant
-// type's router reads q8_1 blocks, which the residual add's last block makes.
-// tickets: 5. Counts the launch in counters->chained_launches (as
-// launch_expert_ffn does).
+// elements each. A quant type's router reads q8_1 blocks, which the residual
+// add's last block makes. tickets: 5. Counts the launch in
+// counters->chained_launches (as launch_expert_ffn does).
 cudaError_t launch_matvec_residual_router(const DeviceMatrix& w, const float* x,
                                           const block_q8_1* xq, const float* bias,
                                           float* residual, const NormEpilogue& norm,

@@ -13,7 +13,8 @@
 #           128 x 2048 top 8; tools/gpusim-epilogue/chain_harness.cu, minutes);
 #           default all but attn-out-router
 #   Environment: GPUSIM (default ../shared/gpusim beside the checkout), OLD_REV
-#   (default 58b6001: one norm round at a time, the router's softmax in f64),
+#   (default 58b6001: one norm round at a time, the router's softmax in f64;
+#   attn-out-router needs one whose launcher it calls, 9459ca7 or later),
 #   NVCC.
 # Build output and logs: build-gpusim/epilogue/ (ignored).
 set -euo pipefail
@@ -31,7 +32,7 @@ for a in "$@"; do
   case "$a" in
     --table) TABLE_ONLY=1 ;;
     norm|norm-cold|router|attn-out-router) CASES+=("$a") ;;
-    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run.sh: unknown argument '$a'" >&2; exit 2 ;;
   esac
 done
@@ -58,19 +59,19 @@ harness_of() {
   esac
 }
 
-build() {  # build DIR TREE
+build() {  # build DIR TREE: the harnesses the cases run, against TREE's kernels/
   mkdir -p "$1"
-  "$NVCC" -O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17 -I"$2" -I"$ROOT" \
-    "$HERE/harness.cu" -o "$1/harness"
-  "$NVCC" -arch=compute_86 -code=compute_86 -ptx -std=c++17 -I"$2" -I"$ROOT" "$HERE/harness.cu" \
-    -o "$1/harness.ptx"
-  sim_ptx "$1/harness.ptx" "$1/harness.sim.ptx"
-  "$NVCC" -O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17 -I"$2" -I"$ROOT" \
-    "$HERE/chain_harness.cu" "$2/kernels/launch.cc" "$2/loader/quantize.cc" \
-    "$2/loader/ggml_type.cc" -o "$1/chain_harness"
-  "$NVCC" -arch=compute_86 -code=compute_86 -ptx -std=c++17 -I"$2" -I"$ROOT" \
-    "$HERE/chain_harness.cu" -o "$1/chain_harness.ptx"
-  sim_ptx "$1/chain_harness.ptx" "$1/chain_harness.sim.ptx"
+  local h sources
+  for h in $(for c in "${CASES[@]}"; do harness_of "$c"; done | sort -u); do
+    sources=()
+    [ "$h" = chain_harness ] &&
+      sources=("$2/kernels/launch.cc" "$2/loader/quantize.cc" "$2/loader/ggml_type.cc")
+    "$NVCC" -O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17 -I"$2" -I"$ROOT" \
+      "$HERE/$h.cu" "${sources[@]}" -o "$1/$h"
+    "$NVCC" -arch=compute_86 -code=compute_86 -ptx -std=c++17 -I"$2" -I"$ROOT" "$HERE/$h.cu" \
+      -o "$1/$h.ptx"
+    sim_ptx "$1/$h.ptx" "$1/$h.sim.ptx"
+  done
 }
 
 if [ "$TABLE_ONLY" = 0 ]; then
