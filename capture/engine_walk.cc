@@ -178,9 +178,9 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
   const DevicePool* pool =
       l >= 0 && e->size_class >= 0 ? &pools[static_cast<size_t>(e->size_class)] : nullptr;
   const bool shexp = cfg.n_ff_shexp > 0;
-  // After layer l, the next layer's attn_norm (output_norm after the last).
-  const float* next_norm =
-      l + 1 < cfg.n_layer ? layers[static_cast<size_t>(l) + 1].attn_norm : output_norm;
+  // After the last layer, output_norm (lm_head's input). A layer's attn_norm
+  // is its projections' launch's (launch_qkv's input_norm), not the producer's.
+  const NormEpilogue last_norm = l + 1 == cfg.n_layer ? Norm(output_norm) : NormEpilogue{};
 
   const ExpertBiases biases = l >= 0 && cfg.moe_layer(l) ? Biases(l, e->selection) : ExpertBiases{};
   // The resident arm's slots follow from the selection (no slot decision).
@@ -216,8 +216,8 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
                                 act_q, expert_out, ms);
     };
   };
-  // The last down pass ends the layer: the combine into x, then the next
-  // layer's attn_norm (output_norm after the last layer) into h.
+  // The last down pass ends the layer: the combine into x (then, after the
+  // last layer, output_norm into h).
   auto combine_of = [&] {
     CombineEpilogue combine;
     combine.weights = e->weights;
@@ -228,7 +228,7 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
                                 : shexp_logit;
     }
     combine.residual = x;
-    combine.norm = Norm(next_norm);
+    combine.norm = last_norm;
     return combine;
   };
   auto down_combine = [=, this](ExpertPass pass) -> std::function<cudaError_t()> {
@@ -260,14 +260,14 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
     case StepOp::kEmbed: {
       const StepStart start{prompt, n_prompt, sampled, step, pos};
       return [=, this] {
-        return launch_embed_step(token_embd, start, x, Norm(layers[0].attn_norm), ms);
+        return launch_embed_step(token_embd, start, x, ms);
       };
     }
     case StepOp::kQkv: {
       const QkvRope rope = Rope(l, pos, q_rope);
       return [=, this] {
-        return launch_qkv(w->wq, w->wk, w->wv, h, h_q, w->bq, w->bk, w->bv, q, k, nullptr, &rope,
-                          tickets, ms);
+        return launch_qkv(w->wq, w->wk, w->wv, x, nullptr, w->bq, w->bk, w->bv, q, k, nullptr,
+                          &rope, Norm(w->attn_norm), tickets, ms);
       };
     }
     case StepOp::kAttention: {
@@ -290,7 +290,9 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
                                               Projection{&d.gate, nullptr, dn_z},
                                               Projection{&d.alpha, nullptr, dn_alpha},
                                               Projection{&d.beta, nullptr, dn_beta}};
-      return [=, this] { return launch_projections(jobs.data(), 4, h, h_q, ms); };
+      return [=, this] {
+        return launch_projections(jobs.data(), 4, x, nullptr, Norm(w->attn_norm), tickets, ms);
+      };
     }
     case StepOp::kDeltaNetMix: {
       const DeltaNetMixArgs args = DeltaNetArgs(l, dn_qkv, dn_z, dn_alpha, dn_beta, attn, attn_q);
@@ -411,8 +413,8 @@ std::function<cudaError_t()> CudaEngine::Impl::Bind(const WalkEntry& entry) {
       };
     case StepOp::kDenseDown:
       return [=, this] {
-        return launch_matvec_residual(w->ffn_down, dense_act, dense_act_q, nullptr, x,
-                                      Norm(next_norm), tickets, ms);
+        return launch_matvec_residual(w->ffn_down, dense_act, dense_act_q, nullptr, x, last_norm,
+                                      tickets, ms);
       };
     case StepOp::kLmHead:
       return [=, this] { return launch_matvec(output, h, h_q, nullptr, logits, ms); };

@@ -24,16 +24,16 @@
 //   copy:                    fork_wait stage_copy join_record
 //   main: gate_up_hits down_hits [shexp_*] join_wait gate_up_misses down_misses
 // What used to be launches of their own are epilogues of the op before them
-// (kernels/epilogue.cuh): embed starts the step (its token and position) and
-// runs the first attn_norm; qkv each head's
-// QK-norm, RoPE and KV append; attention merges its splits; attn_out adds into
+// (kernels/epilogue.cuh): embed starts the step (its token and position);
+// qkv (or the DeltaNet's projections) runs its layer's attn_norm in its first
+// blocks, then each head's QK-norm, RoPE and KV append; attention merges its splits; attn_out adds into
 // the residual stream and runs ffn_norm; router its top-k; the last down pass
-// (down_misses, down_all, or the fused pass's down blocks) combines the ranks into the residual stream and
-// runs the next layer's attn_norm (after the last layer, output_norm).
+// (down_misses, down_all, or the fused pass's down blocks) combines the ranks into the residual stream
+// (after the last layer, then runs output_norm).
 // (Routing replay or record adds routing_step_end after sample; the replay
 // itself is the router's epilogue.)
 // A leading dense layer (glm4moe) has dense_gate_up dense_down after attn_out
-// instead, the down adding into the residual and running the next attn_norm.
+// instead, the down adding into the residual.
 // Arms change only the slot decision (none on the resident arm, whose passes
 // find each expert in the slot its key names; stage_all_slots; or the host
 // arm's readback, host step and host copies) and which passes run (the

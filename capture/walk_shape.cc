@@ -225,7 +225,7 @@ class Shaper {
   }
 
   // Matrices of one input in one qkv_kernel launch (launch_qkv,
-  // launch_projections).
+  // launch_projections), after the layer's attn_norm blocks.
   static absl::StatusOr<WalkLaunch> Projections(const WalkEntry& e, const std::vector<Matrix>& m) {
     std::vector<GgmlType> types;
     std::vector<int64_t> rows;
@@ -246,7 +246,7 @@ class Shaper {
     WalkLaunch launch =
         Plain(e, "qkv_kernel",
               qkv_launch_geometry(types.data(), rows.data(), static_cast<int>(m.size()),
-                                  m[0].cols));
+                                  m[0].cols, /*input_norm=*/true));
     launch.instance = absl::StrJoin(names, ", ");
     launch.weight_bytes = bytes;
     return launch;

@@ -74,14 +74,13 @@ bool table_ok(const DeviceMatrix& m) {
 }
 
 // A block per token (row blockIdx.x of out): a thread per ggml block of the row
-// (the same floats as the CPU's dequantize_row), then the norm of the row (one
-// token only: the norm writes one output). A step's embed (start.step set)
-// starts the step: its token from the prompt or the last sample, its position.
+// (the same floats as the CPU's dequantize_row). A step's embed (start.step
+// set) starts the step: its token from the prompt or the last sample, its
+// position. (The first layer's attn_norm is its projections' launch's.)
 __global__ void embed_kernel(const uint8_t* __restrict__ table, GgmlType type, int32_t rows,
                              size_t row_bytes, int32_t n_blocks, const int32_t* __restrict__ token,
-                             StepStart start, float* __restrict__ out, NormEpilogue norm) {
+                             StepStart start, float* __restrict__ out) {
   wait_for_prior_grids();
-  __shared__ EpilogueShared shared;
   int32_t t;
   if (start.step != nullptr) {
     const int32_t s = *start.step;
@@ -97,8 +96,6 @@ __global__ void embed_kernel(const uint8_t* __restrict__ table, GgmlType type, i
     dequantize_block(type, table + t * row_bytes + block * quant_block_bytes(type),
                      out + block * block_elems);
   }
-  __syncthreads();  // the row's writes are visible to the whole block
-  run_norm_epilogue(norm, out, static_cast<int32_t>(n_blocks * block_elems), &shared);
 }
 
 // How attend_split reads a cache of T: in chunks of kElems elements, each one
@@ -517,18 +514,17 @@ __global__ void __launch_bounds__(kAttentionThreads)
 }  // namespace
 
 cudaError_t launch_embed_step(const DeviceMatrix& table, const StepStart& start, float* out,
-                              const NormEpilogue& norm, cudaStream_t stream) {
+                              cudaStream_t stream) {
   if (!table_ok(table) || start.prompt == nullptr || start.n_prompt == nullptr ||
       start.sampled == nullptr || start.step == nullptr || start.pos == nullptr ||
-      out == nullptr || !norm_epilogue_ok(norm, table.cols)) {
+      out == nullptr) {
     return cudaErrorInvalidValue;
   }
   const int32_t n_blocks = static_cast<int32_t>(table.cols / quant_block_elems(table.type));
   const LaunchGeometry g = embed_launch_geometry();
   return launch_kernel<embed_kernel>(g.grid, g.block, stream,
                                      static_cast<const uint8_t*>(table.data), table.type,
-                                     table.rows, table.row_bytes, n_blocks, nullptr, start, out,
-                                     norm);
+                                     table.rows, table.row_bytes, n_blocks, nullptr, start, out);
 }
 
 cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, int32_t n_tokens,
@@ -540,7 +536,7 @@ cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, 
   return launch_kernel<embed_kernel>(n_tokens, kEmbedThreads, stream,
                                      static_cast<const uint8_t*>(table.data), table.type,
                                      table.rows, table.row_bytes, n_blocks, tokens, StepStart{},
-                                     out, NormEpilogue{});
+                                     out);
 }
 
 size_t attention_partial_floats(int32_t n_head, int32_t head_dim, int32_t max_ctx) {

@@ -145,13 +145,13 @@ struct StepStart {
 };
 
 // out[n_embd] = dequantized row (the step's token, StepStart) of table (bit for
-// bit the CPU's dequantize_row), then norm of out (the first layer's
-// attn_norm), in one block; a token outside [0, rows) writes nothing.
+// bit the CPU's dequantize_row), in one block; a token outside [0, rows)
+// writes nothing.
 cudaError_t launch_embed_step(const DeviceMatrix& table, const StepStart& start, float* out,
-                              const NormEpilogue& norm, cudaStream_t stream);
+                              cudaStream_t stream);
 
 // Rows t of out ([tokens][n_embd]) = dequantized row tokens[t] of table, as
-// launch_embed_step without a norm; a token outside [0, rows) writes nothing.
+// launch_embed_step; a token outside [0, rows) writes nothing.
 cudaError_t launch_embed_rows(const DeviceMatrix& table, const int32_t* tokens, int32_t n_tokens,
                               float* out, cudaStream_t stream);
 
@@ -218,20 +218,32 @@ struct QkvRope {
   int32_t kv_rows = 0;
 };
 
+// The RMSNorm launch_qkv and launch_projections run on their input first (the
+// layer's attn_norm), with norm.weight set: x is then the residual stream, xq
+// unused, and the launch's first norm_prologue_blocks(cols) blocks (in the
+// order blocks start) write the norm into norm.out and norm.out_q (where a
+// matrix reads q8_1), 32 elements a warp, each block computing the scale; the
+// matrices' blocks ask L2 for their rows, wait for those blocks, and read it.
+// No single block normalizes between the layer before and its projections.
+// tickets: 3 more (after the rope's). norm_prologue_blocks: kernels/launch_geometry.h.
+
 // q, k and v (with their biases when not null) in one launch: three matrices
 // of any types but mxfp4 against one input, written to q, k and v. With rope, the
 // attention's inputs: v goes to the cache (v may be null), and each head's last
 // block of q or k runs the QK-norm and RoPE into q_out or the k cache (q and k
-// keep the projections). tickets: n_head + n_head_kv.
+// keep the projections). With input_norm.weight set, x is normalized first (as
+// above). tickets: n_head + n_head_kv with rope, 3 more with the norm.
 cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const DeviceMatrix& wv,
                        const float* x, const block_q8_1* xq, const float* bq, const float* bk,
                        const float* bv, float* q, float* k, float* v, const QkvRope* rope,
-                       unsigned int* tickets, cudaStream_t stream);
+                       const NormEpilogue& input_norm, unsigned int* tickets,
+                       cudaStream_t stream);
 
 // Up to kMaxProjections matrices of any types but mxfp4 (qkv_supports_type)
 // against one input in one launch, launch_qkv's without its rope: each into
 // its out, plus its bias where not null. A Gated DeltaNet's qkv, z, alpha
-// and beta projections.
+// and beta projections. With input_norm.weight set, x is normalized first (as
+// launch_qkv's; tickets: 3, else unused).
 inline constexpr int32_t kMaxProjections = 4;
 struct Projection {
   const DeviceMatrix* w = nullptr;
@@ -239,7 +251,8 @@ struct Projection {
   float* out = nullptr;
 };
 cudaError_t launch_projections(const Projection* projections, int32_t n, const float* x,
-                               const block_q8_1* xq, cudaStream_t stream);
+                               const block_q8_1* xq, const NormEpilogue& input_norm,
+                               unsigned int* tickets, cudaStream_t stream);
 
 // The router's top-k, run by its last block: logit_bias added (gpt-oss), then
 // by gating the softmax or the sigmoid of the logits (which replace them), the
@@ -522,7 +535,8 @@ cudaError_t launch_expert_down(const uint8_t* slots, const DeviceBlockLayout& la
 // expert_out with ranks.shared set, whatever shexp_out says, else shexp_out
 // when not null; times
 // sigmoid(*shexp_logit) when that is not null: qwen2moe's gate), then norm of
-// the residual (the next layer's attn_norm, or output_norm).
+// the residual where norm.weight is set (output_norm after the last layer; a
+// layer's attn_norm is its projections' launch's: launch_qkv's input_norm).
 struct CombineEpilogue {
   const float* weights = nullptr;
   const float* shexp_out = nullptr;
@@ -533,7 +547,7 @@ struct CombineEpilogue {
 
 // launch_expert_down, then the combine: the last block to finish each 32 rows
 // combines them (one writer per row, ranks in order, so the bits do not depend
-// on which pass computed each rank), and the last of those runs the norm.
+// on which pass computed each rank), and the last of those runs the norm (if any).
 // tickets: n_embd / 32 (rounded up) + 1.
 cudaError_t launch_expert_down_combine(const uint8_t* slots, const DeviceBlockLayout& layout,
                                        const ExpertRanks& ranks, ExpertPass pass, const ExpertBiases& biases,

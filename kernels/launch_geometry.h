@@ -87,11 +87,16 @@ inline LaunchGeometry chained_matvec_launch_geometry(GgmlType first_type, int64_
   return {dim3(static_cast<unsigned>(per_rank * ranks)), dim3(kMatvecThreads)};
 }
 
+// The blocks of launch_qkv's input norm (kernels/kernels.h): a warp writes
+// each 32 elements.
+inline int32_t norm_prologue_blocks(int64_t cols) { return ceil_blocks(cols, kMatvecThreads); }
+
 // launch_qkv and launch_projections: the n matrices' row blocks one after
-// another along x (q's, k's and v's).
+// another along x (q's, k's and v's), after the input norm's blocks where the
+// launch has one.
 inline LaunchGeometry qkv_launch_geometry(const GgmlType* type, const int64_t* rows, int n,
-                                          int64_t cols) {
-  int64_t blocks = 0;
+                                          int64_t cols, bool input_norm) {
+  int64_t blocks = input_norm ? norm_prologue_blocks(cols) : 0;
   for (int j = 0; j < n; ++j) blocks += matvec_row_blocks(type[j], rows[j], cols);
   return {dim3(static_cast<unsigned>(blocks)), dim3(kMatvecThreads)};
 }

@@ -22,10 +22,12 @@
 // the RMSNorm after it (unless the router chained to it normalizes its own
 // input: MatvecArgs::input_norm), the router's its top-k; the last down
 // pass's last block of each 32 rows combines the ranks into the residual, and
-// the last of those runs the next norm. q, k and v are one launch whose
-// blocks each take one matrix's rows (a block-uniform switch on its type,
-// outside the loops), the last block of each head running its QK-norm, RoPE
-// and KV append.
+// after the last layer the last of those runs the output norm. q, k and v are
+// one launch whose blocks each take one matrix's rows (a block-uniform switch
+// on its type, outside the loops), the last block of each head running its
+// QK-norm, RoPE and KV append; its first blocks write the layer's attn_norm
+// that the others read (NormPrologue), so no single block normalizes between
+// the layer before and the projections.
 #include "kernels/copy_ready.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/kernels.h"
@@ -581,6 +583,17 @@ __global__ void __launch_bounds__(kMatvecThreads)
 struct QkvWeights {
   const uint8_t* w[kMaxProjections];
 };
+// The launch's input norm (launch_qkv's input_norm, with norm.weight set): its
+// blocks, the residual it reads, and its counts.
+struct NormPrologue {
+  const float* residual = nullptr;
+  NormEpilogue norm;
+  int32_t blocks = 0;
+  unsigned int* order = nullptr;  // logical indices handed out
+  unsigned int* ready = nullptr;  // norm blocks done
+  unsigned int* done = nullptr;   // matrix blocks done
+};
+inline constexpr int32_t kNormPrologueTickets = 3;  // order, ready, done
 struct QkvArgs {
   MatvecArgs job[kMaxProjections];
   GgmlType type[kMaxProjections];
@@ -588,6 +601,7 @@ struct QkvArgs {
   int32_t n_jobs = 0;
   QkvRope rope;
   unsigned int* tickets = nullptr;
+  NormPrologue input;
 };
 
 // Each head of q (j 0) or k (j 1) that block bx's rows hold, once the last
@@ -645,31 +659,89 @@ __device__ __forceinline__ void qkv_job(const QkvWeights& w, const QkvArgs& a, i
   if (a.tickets != nullptr && j < 2) qkv_rope_epilogue(a, j, bx, &shared->epilogue);
 }
 
+// Job j's block bx, of the type the launch gives it.
+__device__ __forceinline__ void typed_qkv_job(const QkvWeights& w, const QkvArgs& a, int j,
+                                              int32_t bx, MatvecShared* shared) {
+  switch (a.type[j]) {
+    case GgmlType::kQ8_0: return qkv_job<GgmlType::kQ8_0>(w, a, j, bx, shared);
+    case GgmlType::kQ4_0: return qkv_job<GgmlType::kQ4_0>(w, a, j, bx, shared);
+    case GgmlType::kQ4_K: return qkv_job<GgmlType::kQ4_K>(w, a, j, bx, shared);
+    case GgmlType::kQ5_K: return qkv_job<GgmlType::kQ5_K>(w, a, j, bx, shared);
+    case GgmlType::kQ6_K: return qkv_job<GgmlType::kQ6_K>(w, a, j, bx, shared);
+    case GgmlType::kQ4_1: return qkv_job<GgmlType::kQ4_1>(w, a, j, bx, shared);
+    case GgmlType::kQ5_0: return qkv_job<GgmlType::kQ5_0>(w, a, j, bx, shared);
+    case GgmlType::kQ5_1: return qkv_job<GgmlType::kQ5_1>(w, a, j, bx, shared);
+    case GgmlType::kQ2_K: return qkv_job<GgmlType::kQ2_K>(w, a, j, bx, shared);
+    case GgmlType::kQ3_K: return qkv_job<GgmlType::kQ3_K>(w, a, j, bx, shared);
+    case GgmlType::kIQ4_NL: return qkv_job<GgmlType::kIQ4_NL>(w, a, j, bx, shared);
+    case GgmlType::kIQ4_XS: return qkv_job<GgmlType::kIQ4_XS>(w, a, j, bx, shared);
+    case GgmlType::kF32: return qkv_job<GgmlType::kF32>(w, a, j, bx, shared);
+    case GgmlType::kF16: return qkv_job<GgmlType::kF16>(w, a, j, bx, shared);
+    case GgmlType::kBF16: return qkv_job<GgmlType::kBF16>(w, a, j, bx, shared);
+    default: return;
+  }
+}
+
+// The job a matrix block belongs to.
+__device__ __forceinline__ int qkv_job_of(const QkvArgs& a, int32_t block) {
+  int j = 0;
+  while (j + 1 < a.n_jobs && block >= a.first_block[j + 1]) ++j;
+  return j;
+}
+
+// A block of the input norm (logical index b of in.blocks): the scale from the
+// whole residual (one L2 round trip of its 8 KB at 2048), then its warps' 32
+// elements each of norm.out and its q8_1 blocks (write_norm_groups, the bits
+// of block_rmsnorm's), then its count.
+__device__ __forceinline__ void norm_prologue_block(const NormPrologue& in, int32_t cols,
+                                                    int32_t b, MatvecShared* shared) {
+  const NormedInput x{in.residual, in.norm.weight,
+                      block_rms_scale(in.residual, cols, in.norm.eps, &shared->epilogue)};
+  write_norm_groups(x, in.norm, cols, BlockPlace{b, 0, in.blocks, 1});
+  // Its groups visible before the count says so.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(in.ready, 1u);
+}
+
+// With an input norm the blocks take logical indices in the order they start
+// (take_block_index): the first in.blocks run the norm, the rest the matrices'
+// row blocks, each asking L2 for its rows before it waits for the norm (those
+// blocks started before it: a waiting block never holds an SM one it waits for
+// needs). The last matrix block resets the ready count for the next launch.
 __global__ void __launch_bounds__(kMatvecThreads)
     qkv_kernel(const __grid_constant__ QkvWeights w, const __grid_constant__ QkvArgs a) {
   wait_for_prior_grids();
   __shared__ MatvecShared shared;
-  const int32_t block = blockIdx.x;
-  int j = 0;
-  while (j + 1 < a.n_jobs && block >= a.first_block[j + 1]) ++j;
+  __shared__ uint32_t logical;
+  const NormPrologue& in = a.input;
+  const bool normed = in.norm.weight != nullptr;
+  const int32_t matrix_blocks = a.first_block[a.n_jobs];
+  int32_t block = blockIdx.x;
+  if (normed) {
+    if (threadIdx.x == 0) {
+      logical = take_block_index(in.order, static_cast<uint32_t>(in.blocks + matrix_blocks));
+    }
+    __syncthreads();
+    if (logical < static_cast<uint32_t>(in.blocks)) {
+      norm_prologue_block(in, a.job[0].cols, static_cast<int32_t>(logical), &shared);
+      return;
+    }
+    block = static_cast<int32_t>(logical) - in.blocks;
+  }
+  const int j = qkv_job_of(a, block);
   const int32_t bx = block - a.first_block[j];
-  switch (a.type[j]) {
-    case GgmlType::kQ8_0: return qkv_job<GgmlType::kQ8_0>(w, a, j, bx, &shared);
-    case GgmlType::kQ4_0: return qkv_job<GgmlType::kQ4_0>(w, a, j, bx, &shared);
-    case GgmlType::kQ4_K: return qkv_job<GgmlType::kQ4_K>(w, a, j, bx, &shared);
-    case GgmlType::kQ5_K: return qkv_job<GgmlType::kQ5_K>(w, a, j, bx, &shared);
-    case GgmlType::kQ6_K: return qkv_job<GgmlType::kQ6_K>(w, a, j, bx, &shared);
-    case GgmlType::kQ4_1: return qkv_job<GgmlType::kQ4_1>(w, a, j, bx, &shared);
-    case GgmlType::kQ5_0: return qkv_job<GgmlType::kQ5_0>(w, a, j, bx, &shared);
-    case GgmlType::kQ5_1: return qkv_job<GgmlType::kQ5_1>(w, a, j, bx, &shared);
-    case GgmlType::kQ2_K: return qkv_job<GgmlType::kQ2_K>(w, a, j, bx, &shared);
-    case GgmlType::kQ3_K: return qkv_job<GgmlType::kQ3_K>(w, a, j, bx, &shared);
-    case GgmlType::kIQ4_NL: return qkv_job<GgmlType::kIQ4_NL>(w, a, j, bx, &shared);
-    case GgmlType::kIQ4_XS: return qkv_job<GgmlType::kIQ4_XS>(w, a, j, bx, &shared);
-    case GgmlType::kF32: return qkv_job<GgmlType::kF32>(w, a, j, bx, &shared);
-    case GgmlType::kF16: return qkv_job<GgmlType::kF16>(w, a, j, bx, &shared);
-    case GgmlType::kBF16: return qkv_job<GgmlType::kBF16>(w, a, j, bx, &shared);
-    default: return;
+  if (normed) {
+    MatvecWeights rows;
+    rows.w[0] = w.w[j];
+    prefetch_rows_to_l2(rows, a.job[j],
+                        BlockPlace{bx, 0, a.first_block[j + 1] - a.first_block[j], 1});
+    wait_for_first_launch(in.ready, static_cast<uint32_t>(in.blocks));
+  }
+  typed_qkv_job(w, a, j, bx, &shared);
+  if (normed && last_block_done(in.done, static_cast<uint32_t>(matrix_blocks), &shared.epilogue) &&
+      threadIdx.x == 0) {
+    *in.ready = 0;
   }
 }
 
@@ -859,10 +931,28 @@ bool pair_output_ok(GgmlType type, int64_t cols, int64_t rows, const block_q8_1*
 }
 
 // Jobs of one input into a (its first n_jobs of job), their weights into
-// weights: false where one is not computable.
+// weights, and the input norm where input_norm.weight is set (x the residual,
+// the jobs reading its out and out_q; counts: its 3 tickets): false where one
+// is not computable.
 bool SetJobs(const Projection* jobs, int32_t n, const float* x, const block_q8_1* xq,
-             QkvWeights* weights, QkvArgs* a) {
-  if (n < 1 || n > kMaxProjections) return false;
+             const NormEpilogue& input_norm, unsigned int* counts, QkvWeights* weights,
+             QkvArgs* a) {
+  if (n < 1 || n > kMaxProjections || jobs[0].w == nullptr) return false;
+  if (input_norm.weight != nullptr) {
+    const int32_t cols = jobs[0].w->cols;
+    if (x == nullptr || counts == nullptr || !norm_epilogue_ok(input_norm, cols) ||
+        input_norm.out == x) {
+      return false;
+    }
+    a->input.residual = x;
+    a->input.norm = input_norm;
+    a->input.blocks = norm_prologue_blocks(cols);
+    a->input.order = counts;
+    a->input.ready = counts + 1;
+    a->input.done = counts + 2;
+    x = input_norm.out;
+    xq = input_norm.out_q;
+  }
   a->n_jobs = n;
   a->first_block[0] = 0;
   for (int32_t j = 0; j < n; ++j) {
@@ -991,7 +1081,8 @@ cudaError_t launch_matvec_residual(const DeviceMatrix& w, const float* x, const 
 cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const DeviceMatrix& wv,
                        const float* x, const block_q8_1* xq, const float* bq, const float* bk,
                        const float* bv, float* q, float* k, float* v, const QkvRope* rope,
-                       unsigned int* tickets, cudaStream_t stream) {
+                       const NormEpilogue& input_norm, unsigned int* tickets,
+                       cudaStream_t stream) {
   Projection jobs[3] = {{&wq, bq, q}, {&wk, bk, k}, {&wv, bv, v}};
   QkvWeights weights;
   QkvArgs a;
@@ -1011,18 +1102,26 @@ cudaError_t launch_qkv(const DeviceMatrix& wq, const DeviceMatrix& wk, const Dev
     a.tickets = tickets;
     jobs[2].out = static_cast<float*>(rope->v_cache);  // the row at *pos, found in the kernel
   }
-  if (!SetJobs(jobs, 3, x, xq, &weights, &a)) return cudaErrorInvalidValue;
-  return launch_kernel<qkv_kernel>(a.first_block[3], kMatvecThreads, stream, weights, a);
+  unsigned int* norm_counts =
+      tickets != nullptr && rope != nullptr ? tickets + rope->n_head + rope->n_head_kv : tickets;
+  if (!SetJobs(jobs, 3, x, xq, input_norm, norm_counts, &weights, &a)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_kernel<qkv_kernel>(a.input.blocks + a.first_block[3], kMatvecThreads, stream,
+                                   weights, a);
 }
 
 cudaError_t launch_projections(const Projection* projections, int32_t n, const float* x,
-                               const block_q8_1* xq, cudaStream_t stream) {
+                               const block_q8_1* xq, const NormEpilogue& input_norm,
+                               unsigned int* tickets, cudaStream_t stream) {
   QkvWeights weights;
   QkvArgs a;
-  if (projections == nullptr || !SetJobs(projections, n, x, xq, &weights, &a)) {
+  if (projections == nullptr ||
+      !SetJobs(projections, n, x, xq, input_norm, tickets, &weights, &a)) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<qkv_kernel>(a.first_block[n], kMatvecThreads, stream, weights, a);
+  return launch_kernel<qkv_kernel>(a.input.blocks + a.first_block[n], kMatvecThreads, stream,
+                                   weights, a);
 }
 
 cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
@@ -1207,7 +1306,8 @@ cudaError_t launch_matvec_residual_router(const DeviceMatrix& w, const float* x,
 constexpr int32_t kResidualRouterTickets = 2 + 1 + 2;
 
 int32_t step_tickets(int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t pair_rows) {
-  return std::max({ceil_div(n_embd, kMaxRowsPerBlock) + 1, n_head + n_head_kv,
+  return std::max({ceil_div(n_embd, kMaxRowsPerBlock) + 1,
+                   n_head + n_head_kv + kNormPrologueTickets,
                    ceil_div(pair_rows, QK8_1),
                    expert_ffn_tickets(n_embd, pair_rows, kMaxTopK + 1),
                    kResidualRouterTickets});

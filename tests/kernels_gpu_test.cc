@@ -183,6 +183,20 @@ std::vector<float> RopeTableRow(int32_t n_rot, float freq_base, const RopeYarn& 
   return table;
 }
 
+// launch_qkv's rope of heads at *pos, by the table's cosines and sines
+// (NEOX, no QK-norm, no outputs yet).
+QkvRope HeadsRope(const int32_t* pos, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                  const float* cos_sin) {
+  QkvRope rope;
+  rope.pos = pos;
+  rope.n_head = n_head;
+  rope.n_head_kv = n_head_kv;
+  rope.head_dim = head_dim;
+  rope.cos_sin = cos_sin;
+  rope.rope_type = kRopeNeox;
+  return rope;
+}
+
 using KernelsGpuTest = testing_util::CudaStreamTest;
 
 TEST_F(KernelsGpuTest, EmbedEqualsDequantizedRowBitForBit) {
@@ -196,7 +210,7 @@ TEST_F(KernelsGpuTest, EmbedEqualsDequantizedRowBitForBit) {
       OneTokenStart start(token);
       DeviceArray<float> d_out(cols);
       ASSERT_EQ(launch_embed_step(DeviceView(d_table.get(), type, rows, cols), start.get(),
-                                  d_out.get(), NormEpilogue{}, stream_),
+                                  d_out.get(), stream_),
                 cudaSuccess);
       Sync();
       std::vector<float> expected(cols);
@@ -207,55 +221,6 @@ TEST_F(KernelsGpuTest, EmbedEqualsDequantizedRowBitForBit) {
       }
     }
   }
-}
-
-// An f32 table: the row is x itself, so the norm embed runs after it is
-// RmsNorm of x; with out_q its q8_1 blocks equal the host's quantization of the
-// f32 row the kernel wrote, bit for bit.
-TEST_F(KernelsGpuTest, EmbedRunsTheFirstNormOnItsRow) {
-  std::mt19937 rng(2);
-  for (int32_t cols : {64, 100, 2048}) {
-    SCOPED_TRACE(cols);
-    const int32_t rows = 3;
-    const std::vector<float> table = Gaussian(rng, rows * cols, 2.0f);
-    const std::vector<float> weight = Gaussian(rng, cols);
-    const std::vector<float> x(table.begin() + cols, table.begin() + 2 * cols);
-    std::vector<float> expected(cols);
-    RmsNorm(x, weight, 1e-6f, absl::MakeSpan(expected));
-    DeviceArray<float> d_table(table), d_weight(weight), d_out(cols), d_h(cols);
-    DeviceArray<block_q8_1> d_q(cols / QK8_1 + 1);
-    OneTokenStart start(1);
-    NormEpilogue norm;
-    norm.weight = d_weight.get();
-    norm.eps = 1e-6f;
-    norm.out = d_h.get();
-    norm.out_q = cols % QK8_1 == 0 ? d_q.get() : nullptr;
-    ASSERT_EQ(launch_embed_step(DeviceView(reinterpret_cast<const uint8_t*>(d_table.get()),
-                                           GgmlType::kF32, rows, cols),
-                                start.get(), d_out.get(), norm, stream_),
-              cudaSuccess);
-    Sync();
-    EXPECT_EQ(d_out.Download(), x);
-    const std::vector<float> h = d_h.Download();
-    EXPECT_LT(Nmse(h, expected), 1e-7);
-    if (norm.out_q != nullptr) {
-      std::vector<block_q8_1> blocks = d_q.Download();
-      blocks.resize(cols / QK8_1);
-      EXPECT_TRUE(SameBlocks(blocks, Q8_1(h)));
-    }
-  }
-  // out_q where the length is not a multiple of 32.
-  DeviceArray<float> d_x(100);
-  DeviceArray<block_q8_1> d_q(4);
-  OneTokenStart start(0);
-  NormEpilogue norm;
-  norm.weight = d_x.get();
-  norm.out = d_x.get();
-  norm.out_q = d_q.get();
-  EXPECT_EQ(launch_embed_step(
-                DeviceView(reinterpret_cast<const uint8_t*>(d_x.get()), GgmlType::kF32, 1, 100),
-                start.get(), d_x.get(), norm, stream_),
-            cudaErrorInvalidValue);
 }
 
 // Every type at row lengths from one block to many, against the host's run of
@@ -497,7 +462,8 @@ TEST_F(KernelsGpuTest, QkvIsThreeMatvecsInOneLaunch) {
     const DeviceMatrix wk = DeviceView(d_wk.get(), types[1], rows[1], cols);
     const DeviceMatrix wv = DeviceView(d_wv.get(), types[2], rows[2], cols);
     ASSERT_EQ(launch_qkv(wq, wk, wv, d_x.get(), d_xq.get(), d_bq.get(), d_bk.get(), d_bv.get(),
-                         d_q.get(), d_k.get(), d_v.get(), nullptr, nullptr, stream_),
+                         d_q.get(), d_k.get(), d_v.get(), nullptr, NormEpilogue{}, nullptr,
+                         stream_),
               cudaSuccess);
     Sync();
     const std::vector<float> fused[3] = {d_q.Download(), d_k.Download(), d_v.Download()};
@@ -513,7 +479,8 @@ TEST_F(KernelsGpuTest, QkvIsThreeMatvecsInOneLaunch) {
     // A matrix of other columns than q's.
     const DeviceMatrix narrow = DeviceView(d_wk.get(), types[1], rows[1] * 2, cols / 2);
     EXPECT_EQ(launch_qkv(wq, narrow, wv, d_x.get(), d_xq.get(), nullptr, nullptr, nullptr,
-                         d_q.get(), d_k.get(), d_v.get(), nullptr, nullptr, stream_),
+                         d_q.get(), d_k.get(), d_v.get(), nullptr, NormEpilogue{}, nullptr,
+                         stream_),
               cudaErrorInvalidValue);
   }
   const std::vector<uint8_t> w4 = RandomMatrix(rng, GgmlType::kMXFP4, 128, cols);
@@ -524,7 +491,8 @@ TEST_F(KernelsGpuTest, QkvIsThreeMatvecsInOneLaunch) {
   EXPECT_TRUE(matvec_supports_type(GgmlType::kMXFP4, cols));
   EXPECT_FALSE(qkv_supports_type(GgmlType::kMXFP4, cols));
   EXPECT_EQ(launch_qkv(mxfp4, mxfp4, mxfp4, d_x.get(), d_xq.get(), nullptr, nullptr, nullptr,
-                       d_out.get(), d_out.get(), d_out.get(), nullptr, nullptr, stream_),
+                       d_out.get(), d_out.get(), d_out.get(), nullptr, NormEpilogue{}, nullptr,
+                       stream_),
             cudaErrorInvalidValue);
 }
 
@@ -554,7 +522,8 @@ TEST_F(KernelsGpuTest, ProjectionsAreUpToFourMatvecsInOneLaunch) {
     DeviceArray<block_q8_1> d_xq(Q8_1(x));
     Projection jobs[kMaxProjections + 1];
     for (int j = 0; j < 4; ++j) jobs[j] = {&views[j], nullptr, out[j]->get()};
-    ASSERT_EQ(launch_projections(jobs, 4, d_x.get(), d_xq.get(), stream_), cudaSuccess);
+    ASSERT_EQ(launch_projections(jobs, 4, d_x.get(), d_xq.get(), NormEpilogue{}, nullptr, stream_),
+              cudaSuccess);
     Sync();
     for (int j = 0; j < 4; ++j) {
       DeviceArray<float> d_one(rows[j]);
@@ -564,8 +533,135 @@ TEST_F(KernelsGpuTest, ProjectionsAreUpToFourMatvecsInOneLaunch) {
       EXPECT_EQ(out[j]->Download(), d_one.Download()) << "matrix " << j;
     }
     jobs[4] = jobs[0];
-    EXPECT_EQ(launch_projections(jobs, 5, d_x.get(), d_xq.get(), stream_), cudaErrorInvalidValue);
-    EXPECT_EQ(launch_projections(jobs, 0, d_x.get(), d_xq.get(), stream_), cudaErrorInvalidValue);
+    EXPECT_EQ(launch_projections(jobs, 5, d_x.get(), d_xq.get(), NormEpilogue{}, nullptr, stream_),
+              cudaErrorInvalidValue);
+    EXPECT_EQ(launch_projections(jobs, 0, d_x.get(), d_xq.get(), NormEpilogue{}, nullptr, stream_),
+              cudaErrorInvalidValue);
+  }
+}
+
+// The layer's attn_norm run by the projections' own launch (input_norm: its
+// first blocks write the norm, the others wait for them) gives the bits of a
+// single-block norm (launch_rmsnorm_row, the combine's) and then the launch on
+// its output: the norm's out and q8_1 blocks, q, k, q_out after the QK-norm and
+// RoPE, the k and v cache rows; quant and element types, the last norm block
+// a partial one (cols 640: 5 blocks of 128); twice in a row, its counts and the
+// rope's left zero. The DeltaNet's four projections likewise. Refused: a norm
+// without tickets, or one written over the residual it reads.
+TEST_F(KernelsGpuTest, TheProjectionsLaunchNormalizesItsInputFirst) {
+  std::mt19937 rng(41);
+  const int32_t n_head = 4, n_head_kv = 2, head_dim = 64, pos = 2;
+  const int32_t q_len = n_head * head_dim, kv_len = n_head_kv * head_dim;
+  const float eps = 1e-6f;
+  using Types = std::array<GgmlType, 3>;
+  for (const Types& types : {Types{GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ5_1},
+                             Types{GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16},
+                             Types{GgmlType::kQ4_K, GgmlType::kF32, GgmlType::kQ6_K}}) {
+    SCOPED_TRACE(TypeName(types[0]) + " " + TypeName(types[1]) + " " + TypeName(types[2]));
+    const int32_t cols = types[0] == GgmlType::kQ4_K ? 768 : 640;
+    DeviceArray<uint8_t> d_wq(RandomMatrix(rng, types[0], q_len, cols));
+    DeviceArray<uint8_t> d_wk(RandomMatrix(rng, types[1], kv_len, cols));
+    DeviceArray<uint8_t> d_wv(RandomMatrix(rng, types[2], kv_len, cols));
+    const DeviceMatrix wq = DeviceView(d_wq.get(), types[0], q_len, cols);
+    const DeviceMatrix wk = DeviceView(d_wk.get(), types[1], kv_len, cols);
+    const DeviceMatrix wv = DeviceView(d_wv.get(), types[2], kv_len, cols);
+    DeviceArray<float> d_residual(Gaussian(rng, cols)), d_norm_w(Gaussian(rng, cols));
+    DeviceArray<float> d_q_norm(Gaussian(rng, head_dim)), d_k_norm(Gaussian(rng, head_dim));
+    DeviceArray<float> d_cos_sin(RopeTableRow(head_dim, 1e6f, RopeYarn{}, pos));
+    DeviceArray<int32_t> d_pos(std::vector<int32_t>{pos});
+    const std::vector<unsigned int> zero_tickets(n_head + n_head_kv + 3, 0);
+    DeviceArray<unsigned int> d_tickets(zero_tickets);
+    const std::vector<float> cache((pos + 1) * kv_len, 7.0f);
+    struct Run {
+      Run(int32_t cols, int32_t q_len, int32_t kv_len, const std::vector<float>& cache)
+          : h(cols), q(q_len), k(kv_len), q_out(q_len), k_cache(cache),
+            v_cache(cache), h_q(cols / QK8_1) {}
+      DeviceArray<float> h, q, k, q_out, k_cache, v_cache;
+      DeviceArray<block_q8_1> h_q;
+    };
+    auto norm_of = [&](Run& r) {
+      NormEpilogue norm;
+      norm.weight = d_norm_w.get();
+      norm.eps = eps;
+      norm.out = r.h.get();
+      norm.out_q = r.h_q.get();
+      return norm;
+    };
+    auto rope_of = [&](Run& r) {
+      QkvRope rope = HeadsRope(d_pos.get(), n_head, n_head_kv, head_dim, d_cos_sin.get());
+      rope.use_norm = true;
+      rope.norm.q_weight = d_q_norm.get();
+      rope.norm.k_weight = d_k_norm.get();
+      rope.norm.eps = eps;
+      rope.q_out = r.q_out.get();
+      rope.k_cache = r.k_cache.get();
+      rope.v_cache = r.v_cache.get();
+      return rope;
+    };
+    Run two(cols, q_len, kv_len, cache);
+    ASSERT_EQ(launch_rmsnorm_row(d_residual.get(), cols, norm_of(two), stream_), cudaSuccess);
+    const QkvRope two_rope = rope_of(two);
+    ASSERT_EQ(launch_qkv(wq, wk, wv, two.h.get(), two.h_q.get(), nullptr, nullptr, nullptr,
+                         two.q.get(), two.k.get(), nullptr, &two_rope, NormEpilogue{},
+                         d_tickets.get(), stream_),
+              cudaSuccess);
+    for (int run = 0; run < 2; ++run) {
+      Run one(cols, q_len, kv_len, cache);
+      const QkvRope one_rope = rope_of(one);
+      ASSERT_EQ(launch_qkv(wq, wk, wv, d_residual.get(), nullptr, nullptr, nullptr, nullptr,
+                           one.q.get(), one.k.get(), nullptr, &one_rope, norm_of(one),
+                           d_tickets.get(), stream_),
+                cudaSuccess);
+      Sync();
+      EXPECT_EQ(d_tickets.Download(), zero_tickets);
+      EXPECT_EQ(one.h.Download(), two.h.Download());
+      EXPECT_TRUE(SameBlocks(one.h_q.Download(), two.h_q.Download()));
+      EXPECT_EQ(one.q.Download(), two.q.Download());
+      EXPECT_EQ(one.k.Download(), two.k.Download());
+      EXPECT_EQ(one.q_out.Download(), two.q_out.Download());
+      EXPECT_EQ(one.k_cache.Download(), two.k_cache.Download());
+      EXPECT_EQ(one.v_cache.Download(), two.v_cache.Download());
+    }
+    Run bad(cols, q_len, kv_len, cache);
+    const QkvRope bad_rope = rope_of(bad);
+    EXPECT_EQ(launch_qkv(wq, wk, wv, d_residual.get(), nullptr, nullptr, nullptr, nullptr,
+                         bad.q.get(), bad.k.get(), nullptr, &bad_rope, norm_of(bad), nullptr,
+                         stream_),
+              cudaErrorInvalidValue);
+    NormEpilogue over_residual = norm_of(bad);
+    over_residual.out = d_residual.get();
+    EXPECT_EQ(launch_qkv(wq, wk, wv, d_residual.get(), nullptr, nullptr, nullptr, nullptr,
+                         bad.q.get(), bad.k.get(), nullptr, &bad_rope, over_residual,
+                         d_tickets.get(), stream_),
+              cudaErrorInvalidValue);
+
+    // The DeltaNet's projections: q's, k's and v's matrices and a fourth.
+    std::vector<std::unique_ptr<DeviceArray<float>>> outs[2];
+    Run norms[2] = {Run(cols, q_len, kv_len, cache), Run(cols, q_len, kv_len, cache)};
+    const DeviceMatrix* views[4] = {&wq, &wk, &wv, &wk};
+    Projection jobs[2][4];
+    for (int r = 0; r < 2; ++r) {
+      for (int j = 0; j < 4; ++j) {
+        outs[r].push_back(std::make_unique<DeviceArray<float>>(views[j]->rows));
+        jobs[r][j] = {views[j], nullptr, outs[r][j]->get()};
+      }
+    }
+    ASSERT_EQ(launch_rmsnorm_row(d_residual.get(), cols, norm_of(norms[1]), stream_), cudaSuccess);
+    ASSERT_EQ(launch_projections(jobs[1], 4, norms[1].h.get(), norms[1].h_q.get(), NormEpilogue{},
+                                 nullptr, stream_),
+              cudaSuccess);
+    ASSERT_EQ(launch_projections(jobs[0], 4, d_residual.get(), nullptr, norm_of(norms[0]),
+                                 d_tickets.get(), stream_),
+              cudaSuccess);
+    Sync();
+    EXPECT_EQ(d_tickets.Download(), zero_tickets);
+    EXPECT_EQ(norms[0].h.Download(), norms[1].h.Download());
+    for (int j = 0; j < 4; ++j) {
+      EXPECT_EQ(outs[0][j]->Download(), outs[1][j]->Download()) << "matrix " << j;
+    }
+    EXPECT_EQ(launch_projections(jobs[0], 4, d_residual.get(), nullptr, norm_of(norms[0]),
+                                 nullptr, stream_),
+              cudaErrorInvalidValue);
   }
 }
 
@@ -610,12 +706,7 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
           const std::vector<unsigned int> zero_tickets(n_head + n_head_kv, 0);
           DeviceArray<unsigned int> d_tickets(zero_tickets);
           DeviceArray<float> d_cos_sin(RopeTableRow(head_dim, 1e6f, RopeYarn{}, pos));
-          QkvRope rope;
-          rope.pos = d_pos.get();
-          rope.n_head = n_head;
-          rope.n_head_kv = n_head_kv;
-          rope.head_dim = head_dim;
-          rope.cos_sin = d_cos_sin.get();
+          QkvRope rope = HeadsRope(d_pos.get(), n_head, n_head_kv, head_dim, d_cos_sin.get());
           rope.rope_type = rope_type == RopeType::kNorm ? kRopeNorm : kRopeNeox;
           rope.use_norm = norm_mode != Norm::kNone;
           rope.norm.q_weight = d_q_weight.get();
@@ -630,7 +721,7 @@ TEST_F(KernelsGpuTest, QkvRunsQkNormRopeAndTheKvAppendPerHead) {
                                DeviceView(d_wk.get(), type, kv_len, cols),
                                DeviceView(d_wv.get(), type, kv_len, cols), nullptr, d_xq.get(),
                                nullptr, nullptr, nullptr, d_q.get(), d_k.get(), nullptr, &rope,
-                               d_tickets.get(), stream_),
+                               NormEpilogue{}, d_tickets.get(), stream_),
                     cudaSuccess);
           Sync();
           EXPECT_EQ(d_tickets.Download(), zero_tickets);
@@ -2044,7 +2135,7 @@ TEST_F(KernelsGpuTest, StepBookkeepingTeacherForcesThePromptThenFeedsSamples) {
   for (int32_t s = 0; s < 6; ++s) {
     ASSERT_EQ(launch_embed_step(DeviceView(reinterpret_cast<const uint8_t*>(d_table.get()),
                                            GgmlType::kF32, rows, cols),
-                                start, d_out.get(), NormEpilogue{}, stream_),
+                                start, d_out.get(), stream_),
               cudaSuccess);
     Sync();
     const float embedded = d_out.Download()[0];
@@ -2151,7 +2242,7 @@ TEST_F(KernelsGpuTest, LaunchersRejectBadArguments) {
     QkvRope r = rope;
     r.head_dim = head_dim;
     return launch_qkv(wq, wkv, wkv, d_x.get(), nullptr, nullptr, nullptr, nullptr, d_x.get(),
-                      d_x.get(), d_x.get(), &r, qkv_tickets, stream_);
+                      d_x.get(), d_x.get(), &r, NormEpilogue{}, qkv_tickets, stream_);
   };
   DeviceArray<float> d_cos_sin(rope_table_floats(64, 1));
   QkvRope rope;

@@ -42,8 +42,9 @@ time = streamed bytes / bandwidth + a floor per kernel node (--floor-us, default
 2: a dependent launch under PDL in a graph, the first DRAM round trip and the
 tail, the last block's epilogue), summed per token into a predicted resident
 tok/s. A chained launch (chained_matvec_kernel: two matvecs, the second's blocks
-waiting inside it for the first's rows they read) is one node and one floor; a
-line after the table charges each one DRAM round trip more for that wait. An
+waiting inside it for the first's rows they read; qkv_kernel: the matrix blocks
+waiting for its first blocks' attn_norm) is one node and one floor; a line after
+the table charges each one DRAM round trip more for that wait. An
 estimate, not a measurement: ncu on a device confirms or refutes it.
 
 Usage: walk_bandwidth_test.py NVCC SOURCE_DIR ARCH MOEGRAPH [--floor-us US]
@@ -448,14 +449,16 @@ def print_estimate(rows, code, floor_s):
           f"(the bytes alone at {HBM_BYTES_PER_S / 1e12:.2f} TB/s: "
           f"{HBM_BYTES_PER_S / total_bytes:.0f} tok/s)")
     # A chained launch's second matvec waits inside it for the first's rows it reads
-    # (the router for all of attn_out's and its norm; a rank's down for its gate/up):
-    # one node, one floor here; charged a DRAM round trip more each, the bound below.
-    chained = sum(1 for row in rows if row[1].startswith("chained_matvec_kernel"))
+    # (the router for all of attn_out's; a rank's down for its gate/up), and the
+    # projections' matrix blocks for their launch's attn_norm blocks: one node, one
+    # floor here; charged a DRAM round trip more each, the bound below.
+    chained = sum(1 for row in rows
+                  if row[1].startswith("chained_matvec_kernel") or row[1].startswith("qkv_kernel"))
     if chained:
         waits_s = total_s + chained * DRAM_LATENCY_S
-        print(f"chained launches: {chained} a token, each one floor; with a DRAM round trip "
-              f"more each for the wait inside it: {waits_s * 1e6:.0f} us, "
-              f"{1 / waits_s:.0f} tok/s")
+        print(f"launches that wait inside (chains, the projections after their norm): "
+              f"{chained} a token, each one floor; with a DRAM round trip more each for the "
+              f"wait: {waits_s * 1e6:.0f} us, {1 / waits_s:.0f} tok/s")
     print("largest shares of the token's time: " +
           "; ".join(f"{name} {share * 1e6:.0f} us" for share, name in sorted(shares)[::-1][:4]))
 

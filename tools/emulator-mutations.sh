@@ -174,8 +174,16 @@ mutate router-norm-unscaled kernels/matvec.cu kernels/libmg_kernels.a kernels_te
   'block_rms_scale\(a\.x, a\.cols, norm\.eps, &shared->epilogue\)\}' \
   '"1.0f}"'
 
+# 12. The projections' launch writes the layer's attn_norm without its scale:
+#     q, k, v and the norm's output are not a single-block norm's and then the
+#     launch's (NormPrologue, launch_qkv's input_norm).
+mutate qkv-norm-unscaled kernels/matvec.cu kernels/libmg_kernels.a kernels_test \
+  'KernelsGpuTest.TheProjectionsLaunchNormalizesItsInputFirst' \
+  'block_rms_scale\(in\.residual, cols, in\.norm\.eps, &shared->epilogue\)\}' \
+  '"1.0f}"'
+
 if (( survivors > 0 )); then
   echo "emulator-mutations: $survivors mutation(s) survived" >&2
   exit 1
 fi
-echo "emulator-mutations: all 11 mutations caught"
+echo "emulator-mutations: all 12 mutations caught"

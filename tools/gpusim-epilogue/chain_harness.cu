@@ -14,44 +14,12 @@
 
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <vector>
 
-#include "loader/ggml_type.h"
-#include "loader/quantize.h"
-#include "tools/gpusim-epilogue/transfer.h"
-
-// gpusim's cudart has no cudaLaunchKernelExC, which launch_kernel's
-// cudaLaunchKernelEx calls: the launch <<<>>> makes instead (its configuration
-// pushed, then cudaLaunchKernel), without the attributes (none are set outside
-// a ProgrammaticLaunchScope; sm_86 has no PDL).
-extern "C" cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func,
-                                           void** args) {
-  __cudaPushCallConfiguration(config->gridDim, config->blockDim, config->dynamicSmemBytes,
-                              config->stream);
-  return cudaLaunchKernel(func, config->gridDim, config->blockDim, args,
-                          config->dynamicSmemBytes, config->stream);
-}
+#include "tools/gpusim-epilogue/launch_harness.h"
 
 namespace moegraph {
 namespace {
-
-std::vector<float> Gaussian(std::mt19937& rng, int64_t n, float stddev) {
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& f : v) f = dist(rng);
-  return v;
-}
-
-DeviceMatrix Matrix(std::mt19937& rng, GgmlType type, int32_t rows, int32_t cols) {
-  const size_t row_bytes = ggml_row_size(type, cols);
-  std::vector<uint8_t> bytes(static_cast<size_t>(rows) * row_bytes);
-  for (int32_t r = 0; r < rows; ++r) {
-    const std::vector<float> values = Gaussian(rng, cols, 0.5f);
-    quantize_row(type, values.data(), bytes.data() + r * row_bytes, cols);
-  }
-  return {Upload(bytes), type, cols, rows, row_bytes};
-}
 
 int AttnOutRouter() {
   constexpr int32_t kEmbd = 2048, kAttn = 4096, kExperts = 128, kTopK = 8;
@@ -87,23 +55,17 @@ int AttnOutRouter() {
       return 1;
     }
   }
-  uint64_t hash = 14695981039346656037ull;
-  auto mix = [&](const auto& values) {
-    const uint8_t* byte = reinterpret_cast<const uint8_t*>(values.data());
-    for (size_t i = 0; i < values.size() * sizeof(values[0]); ++i) {
-      hash = (hash ^ byte[i]) * 1099511628211ull;
-    }
-  };
-  mix(Download(residual, kEmbd));
-  mix(Download(norm.out, kEmbd));
-  mix(Download(norm.out_q, kEmbd / QK8_1));
-  mix(Download(logits, kExperts));
+  OutputHash hash;
+  hash.Mix(Download(residual, kEmbd));
+  hash.Mix(Download(norm.out, kEmbd));
+  hash.Mix(Download(norm.out_q, kEmbd / QK8_1));
+  hash.Mix(Download(logits, kExperts));
   const std::vector<int32_t> experts = Download(router.experts, kTopK);
-  mix(experts);
-  mix(Download(router.weights, kTopK));
+  hash.Mix(experts);
+  hash.Mix(Download(router.weights, kTopK));
   std::printf("check chain experts");
   for (int32_t e : experts) std::printf(" %d", e);
-  std::printf(" bits %016llx\n", static_cast<unsigned long long>(hash));
+  std::printf(" bits %016llx\n", static_cast<unsigned long long>(hash.value));
   return 0;
 }
 

@@ -10,8 +10,13 @@
 #           router (warp_router_topk, 128 experts, top 8, softmax),
 #           attn-out-router (launch_matvec_residual_router at Qwen3-30B-A3B's
 #           shape: attn_out q4_K 2048 x 4096 with ffn_norm, the f32 router
-#           128 x 2048 top 8; tools/gpusim-epilogue/chain_harness.cu, minutes);
-#           default all but attn-out-router
+#           128 x 2048 top 8; tools/gpusim-epilogue/chain_harness.cu, minutes),
+#           attn-norm-qkv (the layer's attn_norm and qkv at that shape: OLD a
+#           single-block norm kernel then launch_qkv, NEW launch_qkv with its
+#           input norm, both the working tree's, tools/gpusim-epilogue/
+#           qkv_harness.cu; OLD's row adds both kernels' cycles less one
+#           launch latency, as the norm ran in the combine's last block;
+#           half an hour); default all but the last two
 #   Environment: GPUSIM (default ../shared/gpusim beside the checkout), OLD_REV
 #   (default 58b6001: one norm round at a time, the router's softmax in f64;
 #   attn-out-router needs one whose launcher it calls, 9459ca7 or later),
@@ -31,8 +36,8 @@ CASES=()
 for a in "$@"; do
   case "$a" in
     --table) TABLE_ONLY=1 ;;
-    norm|norm-cold|router|attn-out-router) CASES+=("$a") ;;
-    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    norm|norm-cold|router|attn-out-router|attn-norm-qkv) CASES+=("$a") ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run.sh: unknown argument '$a'" >&2; exit 2 ;;
   esac
 done
@@ -42,12 +47,13 @@ mkdir -p "$B/logs"
 # gpusim_root, sim_ptx, ptxas_wrapper.
 . "$ROOT/tools/gpusim-common.sh"
 
-args_of() {
+args_of() {  # args_of CASE [OLD|NEW]
   case "$1" in
     norm) echo "norm 2048" ;;
     norm-cold) echo "norm 2048 cold" ;;
     router) echo "router 128 8" ;;
     attn-out-router) echo "attn-out-router" ;;
+    attn-norm-qkv) [ "${2:-}" = OLD ] && echo single || echo prologue ;;
   esac
 }
 
@@ -55,16 +61,22 @@ args_of() {
 harness_of() {
   case "$1" in
     attn-out-router) echo chain_harness ;;
+    attn-norm-qkv) echo qkv_harness ;;
     *) echo harness ;;
   esac
 }
 
-build() {  # build DIR TREE: the harnesses the cases run, against TREE's kernels/
+# Whether a case's OLD runs the old tree (else the working tree's other way).
+old_tree() { [ "$1" != attn-norm-qkv ]; }
+
+build() {  # build DIR TREE [old]: the harnesses the cases run, against TREE's kernels/
   mkdir -p "$1"
-  local h sources
-  for h in $(for c in "${CASES[@]}"; do harness_of "$c"; done | sort -u); do
+  local h c sources
+  for h in $(for c in "${CASES[@]}"; do
+               { [ -z "${3:-}" ] || old_tree "$c"; } && harness_of "$c"
+             done | sort -u); do
     sources=()
-    [ "$h" = chain_harness ] &&
+    [ "$h" = chain_harness ] || [ "$h" = qkv_harness ] &&
       sources=("$2/kernels/launch.cc" "$2/loader/quantize.cc" "$2/loader/ggml_type.cc")
     "$NVCC" -O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17 -I"$2" -I"$ROOT" \
       "$HERE/$h.cu" "${sources[@]}" -o "$1/$h"
@@ -80,34 +92,52 @@ if [ "$TABLE_ONLY" = 0 ]; then
   GPUSIM_REAL_PTXAS=$(ptxas_wrapper)
   export GPUSIM_REAL_PTXAS
   build "$B/new" "$ROOT"
-  rm -rf "$B/old/src" && mkdir -p "$B/old/src"
-  git -C "$ROOT" archive "$OLD_REV" kernels loader residency | tar -x -C "$B/old/src"
-  build "$B/old" "$B/old/src"
+  for c in "${CASES[@]}"; do
+    if old_tree "$c"; then
+      rm -rf "$B/old/src" && mkdir -p "$B/old/src"
+      git -C "$ROOT" archive "$OLD_REV" kernels loader residency | tar -x -C "$B/old/src"
+      build "$B/old" "$B/old/src" old
+      break
+    fi
+  done
   echo "$(date -u +%FT%TZ) moegraph HEAD $(git -C "$ROOT" rev-parse --short HEAD)," \
     "kernels/ $(git -C "$ROOT" diff --quiet HEAD -- kernels && echo "as HEAD" || echo modified);" \
     "OLD $OLD_REV" > "$B/logs/provenance.txt"
+  # A case's NEW and OLD side by side (one core each).
   for c in "${CASES[@]}"; do
+    pids=()
     for k in NEW OLD; do
       d=$B/$(echo "$k" | tr A-Z a-z)
+      old_tree "$c" || d=$B/new
       echo "== $c $k ($(date -u +%T))" >&2
-      # shellcheck disable=SC2046
       h=$(harness_of "$c")
+      # shellcheck disable=SC2046
       "$SIM/run.sh" --ptx "$d/$h.sim.ptx" --sm 86 --log "$B/logs/$c-$k.log" -- \
-        "$d/$h" $(args_of "$c") > "$B/logs/$c-$k.out" 2> "$B/logs/$c-$k.err" ||
-        { tail -n 5 "$B/logs/$c-$k.err" >&2; exit 1; }
+        "$d/$h" $(args_of "$c" "$k") > "$B/logs/$c-$k.out" 2> "$B/logs/$c-$k.err" &
+      pids+=($!)
+    done
+    for i in 0 1; do
+      wait "${pids[$i]}" || { tail -n 5 "$B/logs/$c-$([ $i = 0 ] && echo NEW || echo OLD).err" >&2; exit 1; }
     done
   done
 fi
 
-# The second launch's summary block of one run: "cycles|check".
-row() {
+# One launch's cycles (LAUNCH 1: the first, 2: the second) of one run and its
+# check line: "cycles|check". The harness launches twice, each launch the same
+# kernels; a launch of several kernels counts the simulator's launch latency
+# (5000 cycles, in every kernel's count) once, as one kernel's would.
+row() {  # row CASE OLD|NEW [LAUNCH]
   local f=$B/logs/$1-$2.out
   [ -f "$f" ] || { echo "missing|"; return; }
-  awk '
-    /^\[2\] / { second = 1 }
-    second && /^    cycles / && cyc == "" { cyc = $2 }
+  awk -v launch="${3:-2}" '
+    /^    cycles / { cyc[++n] = $2 }
     /^check / { chk = $0; sub(/^check /, "", chk) }
-    END { printf "%s|%s\n", (cyc == "" ? "missing" : cyc), chk }
+    END {
+      per = n / 2; sum = 0
+      for (i = (launch - 1) * per + 1; i <= launch * per; ++i) sum += cyc[i]
+      if (per >= 1) sum -= 5000 * (per - 1)
+      printf "%s|%s\n", (n < 2 || n % 2 ? "missing" : sum), chk
+    }
   ' "$f"
 }
 
@@ -117,9 +147,19 @@ echo "gpusim SM86_RTX3070 (46 SMs, 1132 MHz; f64 at 1/64 of f32's rate), the sec
 echo
 echo "| case | OLD cycles | NEW cycles | NEW/OLD | OLD output | NEW output |"
 echo "|---|---:|---:|---:|---|---|"
-for c in "${CASES[@]}"; do
-  IFS='|' read -r old_c old_chk <<< "$(row "$c" OLD)"
-  IFS='|' read -r new_c new_chk <<< "$(row "$c" NEW)"
+line() {  # line CASE LABEL LAUNCH
+  local old_c old_chk new_c new_chk ratio
+  IFS='|' read -r old_c old_chk <<< "$(row "$1" OLD "$3")"
+  IFS='|' read -r new_c new_chk <<< "$(row "$1" NEW "$3")"
   ratio=$(awk -v a="$new_c" -v b="$old_c" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b }')
-  echo "| $(args_of "$c") | $old_c | $new_c | $ratio | $old_chk | $new_chk |"
+  echo "| $2 | $old_c | $new_c | $ratio | $old_chk | $new_chk |"
+}
+for c in "${CASES[@]}"; do
+  case "$c" in
+    # Its first launch is the one a decode step makes (the weights in DRAM).
+    attn-norm-qkv)
+      line "$c" "attn-norm-qkv, first launch (cold)" 1
+      line "$c" "attn-norm-qkv" 2 ;;
+    *) line "$c" "$(args_of "$c")" 2 ;;
+  esac
 done
