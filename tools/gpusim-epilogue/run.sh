@@ -92,17 +92,19 @@ if [ "$TABLE_ONLY" = 0 ]; then
   GPUSIM_REAL_PTXAS=$(ptxas_wrapper)
   export GPUSIM_REAL_PTXAS
   build "$B/new" "$ROOT"
+  old="OLD the working tree's other way"
   for c in "${CASES[@]}"; do
     if old_tree "$c"; then
       rm -rf "$B/old/src" && mkdir -p "$B/old/src"
       git -C "$ROOT" archive "$OLD_REV" kernels loader residency | tar -x -C "$B/old/src"
       build "$B/old" "$B/old/src" old
+      old="OLD $OLD_REV"
       break
     fi
   done
   echo "$(date -u +%FT%TZ) moegraph HEAD $(git -C "$ROOT" rev-parse --short HEAD)," \
     "kernels/ $(git -C "$ROOT" diff --quiet HEAD -- kernels && echo "as HEAD" || echo modified);" \
-    "OLD $OLD_REV" > "$B/logs/provenance.txt"
+    "$old" > "$B/logs/provenance.txt"
   # A case's NEW and OLD side by side (one core each).
   for c in "${CASES[@]}"; do
     pids=()
