@@ -188,8 +188,10 @@ absl::Status CudaEngine::Impl::Init(const Model& m, const CudaEngineOptions& opt
     arm = d.graph ? Arm::kGraph : Arm::kEager;
   }
 
-  if (absl::Status shape = CheckDeltaNetShape(cfg); !shape.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(m.file->path(), ": ", shape.message()));
+  for (absl::Status shape : {CheckDeltaNetShape(cfg), CheckRouterShape(cfg)}) {
+    if (!shape.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(m.file->path(), ": ", shape.message()));
+    }
   }
   for (const LayerTensors& lt : m.layers) {
     const LayerTensors::DeltaNet& dn = lt.delta_net;

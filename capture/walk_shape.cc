@@ -296,12 +296,7 @@ absl::Status CheckOptions(const ModelConfig& c, const WalkShapeOptions& o) {
         c.head_dim));
   }
   MG_RETURN_IF_ERROR(CheckDeltaNetShape(c));
-  if (c.n_expert > kMaxRouterExperts || c.n_expert_used > kMaxTopK) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the CUDA router takes at most %d experts and top-%d (this model: %d, top-%d)",
-        kMaxRouterExperts, kMaxTopK, c.n_expert, c.n_expert_used));
-  }
-  return absl::OkStatus();
+  return CheckRouterShape(c);
 }
 
 std::string Dims(const dim3& d) { return absl::StrCat(d.x, ",", d.y, ",", d.z); }
@@ -352,6 +347,14 @@ absl::Status CheckDeltaNetShape(const ModelConfig& c) {
       "value heads over %d)",
       kDeltaNetMaxHeadDim, kDeltaNetMaxConv, dn.head_dim, dn.d_conv, dn.n_v_heads,
       dn.n_k_heads));
+}
+
+absl::Status CheckRouterShape(const ModelConfig& c) {
+  if (c.n_expert == 0 || router_topk_fits(c.n_expert, c.n_expert_used)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "the CUDA router takes expert_count at most %d, expert_used_count at most %d, and "
+      "expert_used_count x ceil(expert_count / %d) at most %d (this model: %d experts, top-%d)",
+      kMaxRouterExperts, kMaxTopK, kRouterThreads, kRouterThreads, c.n_expert, c.n_expert_used));
 }
 
 std::string KernelLabel(const WalkLaunch& launch) {

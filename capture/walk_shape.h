@@ -55,6 +55,10 @@ struct WalkShape {
 // (delta_net_mix_supports); the error names the keys: the engine's and inspect's.
 absl::Status CheckDeltaNetShape(const ModelConfig& config);
 
+// Whether the CUDA router's top-k takes config's experts and top-k
+// (router_topk_fits, kernels/moe_math.h); the error names the keys.
+absl::Status CheckRouterShape(const ModelConfig& config);
+
 // Per layer, whether its shared expert rides the CUDA expert passes as rank k
 // (ExpertRanks::shared): a MoE layer whose shared gate, up and down have its
 // routed experts' types and shapes, and no expert biases. Then its gate/up and

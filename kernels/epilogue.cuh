@@ -29,6 +29,14 @@ struct EpilogueShared {
   bool last;
   int32_t chosen[kMaxTopK];     // router top-k
   float chosen_value[kMaxTopK];  // their values (weight_value)
+  // The router's top-k: its threads' bests, then its candidates; the k-th of
+  // the bests; how many candidates.
+  union alignas(16) {
+    uint64_t ranked[kRouterThreads];  // rank_word
+    float exps[kRouterThreads];       // before them, the softmax's exps in passing
+  };
+  uint64_t bound;
+  int n_ranked;
 };
 
 // Every thread of the block calls it once its writes are done. True in the block
@@ -233,97 +241,152 @@ __device__ inline void rope_qk_head(const QkvRope& rope, int j, const float* src
             dst, dst_f16);
 }
 
-// A lane's candidate for the router's next rank: the expert it would choose
-// (by key: value + score_bias) and its value (which weighs it).
-struct RouterCandidate {
-  float key = -INFINITY;
-  int32_t index = INT32_MAX;  // none: the idle pair of topk_precedes
-  float value = 0.0f;
-};
+// How many of ranked[0, n) precede e in top-k order: its rank among them.
+// Every thread reads the same pair at once (a broadcast), eight loads before
+// their compares.
+__device__ inline int32_t count_preceding(const uint64_t* ranked, int32_t n, RankedExpert e) {
+  constexpr int kBatch = 8;
+  const uint64_t word = rank_word(e);
+  int32_t count = 0;
+  int32_t u = 0;
+  for (; u + kBatch <= n; u += kBatch) {
+    uint64_t batch[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) batch[j] = ranked[u + j];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) count += batch[j] < word;
+  }
+  for (; u < n; ++u) count += ranked[u] < word;
+  return count;
+}
 
-// The router's top-k by warp 0 of the block (the other warps return): softmax
-// as router_softmax (the same bits), its probabilities written over
-// logits[0, n_expert) (read through L2: other blocks wrote them), then k rounds
-// of a warp argmax in top-k order. Lane l holds experts l, l + 32, ...
-// (n_expert <= 1024; its taken ones as bits) and keeps its two best not yet
-// taken in registers, so a round is the warp's shuffles alone; a lane reads
-// its experts again only when both of its candidates are taken. The choice is
-// the one of k full argmax rounds, bit for bit. experts/weights: [k], rank order.
-__device__ inline void warp_router_topk(float* logits, int32_t n_expert, const RouterEpilogue& r,
-                                        int32_t* __restrict__ experts, float* __restrict__ weights,
-                                        EpilogueShared* shared) {
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  if (r.logit_bias != nullptr) {
-#pragma unroll 4
-    for (int32_t i = lane; i < n_expert; i += kRouterLanes) logits[i] = __ldcg(logits + i) + r.logit_bias[i];
-    __syncwarp();
+// The router's top-k by the whole block (kRouterThreads threads, every one
+// calls it), in a few block-wide steps instead of k rounds: thread t takes
+// experts t, t + kRouterThreads, ... (router_topk_fits(n_expert, k)). Softmax
+// as router_softmax (the same bits: the max over the block, the sum by warp 0
+// in the host's lane order through shared memory); the probabilities are
+// written over logits[0, n_expert) (read through L2: other blocks wrote them).
+// Each thread's best (by key: value + score_bias, as topk_key) is ranked
+// against the block's bests by counting the ones that precede it; with one
+// expert a thread, that rank is the expert's. Otherwise the k-th best of the
+// bests bounds the choice (every expert after it has k before it): the
+// experts at or before it, at most k a thread, are gathered and ranked the
+// same way. The choice is select_topk's, bit for bit; rank r's weight
+// (topk_weight) and its replay are thread r's. experts/weights: [k], rank
+// order. The logits are held in registers only while no division runs: a
+// division (and the sigmoid's) is a call, and values live across a call cost
+// the matvec instances that inline this a stack frame (kernel_shape_test);
+// from the division on, a thread's loops take its experts one at a time
+// through logits, where it wrote them (its first expert from its register).
+__device__ inline void block_router_topk(float* logits, int32_t n_expert, const RouterEpilogue& r,
+                                         int32_t* __restrict__ experts,
+                                         float* __restrict__ weights, EpilogueShared* shared) {
+  constexpr int kHeld = kMaxRouterExperts / kRouterThreads;
+  constexpr int kWarps = kRouterThreads / 32;
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int held = (n_expert - t + kRouterThreads - 1) / kRouterThreads;  // this thread's
+  auto expert = [&](int s) { return t + s * kRouterThreads; };
+  float value[kHeld];
+  float local_max = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kHeld; ++s) {
+    value[s] = 0.0f;
+    if (s < held) {
+      value[s] = __ldcg(logits + expert(s));
+      if (r.logit_bias != nullptr) value[s] += r.logit_bias[expert(s)];
+      local_max = fmaxf(local_max, value[s]);
+    }
   }
+  float sum = 1.0f;
   if (r.gating == RouterGating::kSoftmax) {
-    float local_max = -INFINITY;
-#pragma unroll 4
-    for (int32_t i = lane; i < n_expert; i += kRouterLanes) local_max = fmaxf(local_max, __ldcg(logits + i));
-    const float max_logit = warp_max(local_max);
-    float local_sum = 0.0f;
-#pragma unroll 4
-    for (int32_t i = lane; i < n_expert; i += kRouterLanes) {
-      local_sum += router_exp(__ldcg(logits + i), max_logit);
-    }
-    const float sum = warp_sum(local_sum);
-#pragma unroll 4
-    for (int32_t i = lane; i < n_expert; i += kRouterLanes) {
-      logits[i] = router_exp(__ldcg(logits + i), max_logit) / sum;
-    }
-  } else if (r.gating == RouterGating::kSigmoid) {
-#pragma unroll 4
-    for (int32_t i = lane; i < n_expert; i += kRouterLanes) logits[i] = router_sigmoid(__ldcg(logits + i));
-  }
-  const float* probs = logits;
-  __syncwarp();
-  uint32_t taken = 0;
-  RouterCandidate first, second;
-  auto find_two_best = [&] {
-    first = second = RouterCandidate{};
-#pragma unroll 4
-    for (int32_t i = lane, bit = 0; i < n_expert; i += kRouterLanes, ++bit) {
-      if ((taken >> bit) & 1u) continue;
-      // A score bias chooses (probs + bias, f32) but does not weight.
-      const float value = probs[i];
-      const float key = r.score_bias != nullptr ? value + r.score_bias[i] : value;
-      if (topk_precedes(key, i, first.key, first.index)) {
-        second = first;
-        first = {key, i, value};
-      } else if (topk_precedes(key, i, second.key, second.index)) {
-        second = {key, i, value};
+    const float max_logit = block_max(local_max, shared->scratch);
+    // router_softmax's lane l adds experts l, l + 32, ... in order: they pass
+    // through exps a block's worth at a time, for warp 0 to add.
+    float lane_sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kHeld; ++s) {
+      if (s * kRouterThreads >= n_expert) break;
+      value[s] = router_exp(value[s], max_logit);
+      shared->exps[t] = value[s];
+      __syncthreads();
+      if (warp == 0) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          if (expert(s) + 32 * w < n_expert) lane_sum += shared->exps[lane + 32 * w];
+        }
       }
+      __syncthreads();
+    }
+    if (warp == 0) {
+      lane_sum = warp_sum(lane_sum);
+      if (lane == 0) shared->scratch[0] = lane_sum;
+    }
+    __syncthreads();
+    sum = shared->scratch[0];
+  }
+#pragma unroll
+  for (int s = 1; s < kHeld; ++s) {
+    if (s < held) logits[expert(s)] = value[s];
+  }
+  // Expert i's pair for value v: a score bias chooses (v + bias, f32) but
+  // does not weigh.
+  auto pair = [&](int32_t i, float v) {
+    return RankedExpert{i, topk_key(r.score_bias != nullptr ? v + r.score_bias[i] : v)};
+  };
+  RankedExpert best{INT32_MAX, topk_key(-INFINITY)};  // none: the idle pair of topk_precedes
+  float best_value = 0.0f;
+#pragma unroll 1
+  for (int s = 0; s < held; ++s) {
+    const int32_t i = expert(s);
+    float v = s == 0 ? value[0] : logits[i];
+    if (r.gating == RouterGating::kSoftmax) {
+      v /= sum;
+    } else if (r.gating == RouterGating::kSigmoid) {
+      v = router_sigmoid(v);
+    }
+    logits[i] = v;
+    const RankedExpert e = pair(i, v);
+    if (e < best) {
+      best = e;
+      best_value = v;
+    }
+  }
+  auto choose = [&](int32_t rank, int32_t index, float chosen_value) {
+    if (rank < r.k) {
+      shared->chosen[rank] = index;
+      shared->chosen_value[rank] = chosen_value;
     }
   };
-  find_two_best();
-  for (int32_t t = 0; t < r.k; ++t) {
-    RouterCandidate best = first;
-    warp_best(&best.key, &best.index, &best.value);
-    if (lane == 0) {
-      shared->chosen[t] = best.index;
-      shared->chosen_value[t] = best.value;
+  if (t == 0) shared->n_ranked = 0;
+  shared->ranked[t] = rank_word(best);
+  __syncthreads();
+  const int32_t rank = count_preceding(shared->ranked, kRouterThreads, best);
+  if (n_expert <= kRouterThreads) {
+    if (held > 0) choose(rank, best.index, best_value);
+  } else {
+    if (rank == r.k - 1) shared->bound = rank_word(best);
+    __syncthreads();
+    const uint64_t bound = shared->bound;
+    __syncthreads();  // every thread has ranked its best before ranked is reused
+#pragma unroll 1
+    for (int s = 0; s < held; ++s) {
+      const uint64_t word = rank_word(pair(expert(s), logits[expert(s)]));
+      if (word <= bound) shared->ranked[atomicAdd(&shared->n_ranked, 1)] = word;
     }
-    if (best.index < n_expert && best.index % kRouterLanes == lane) {
-      taken |= 1u << (best.index / kRouterLanes);
-      first = second;
-      second = RouterCandidate{};
-      if (first.index == INT32_MAX) find_two_best();
+    __syncthreads();
+    const int32_t n_ranked = shared->n_ranked;
+#pragma unroll 1
+    for (int s = 0; s < held; ++s) {
+      const float v = logits[expert(s)];
+      const RankedExpert e = pair(expert(s), v);
+      if (rank_word(e) <= bound) choose(count_preceding(shared->ranked, n_ranked, e), e.index, v);
     }
   }
-  __syncwarp();
-  if (lane == 0) {
-    topk_weights(shared->chosen_value, r.k, r.gating, r.norm_topk, r.scale, weights);
-    for (int32_t t = 0; t < r.k; ++t) experts[t] = shared->chosen[t];
-  }
-  if (r.replay.ids != nullptr) {
-    __syncwarp();  // lane 0's choice written before a lane replaces its rank
-#pragma unroll
-    for (int32_t i = 0; i < kMaxTopK / 32; ++i) {
-      if (lane + 32 * i < r.k) replay_rank(r.replay, r.k, lane + 32 * i, experts, weights);
-    }
+  __syncthreads();
+  if (t < r.k) {
+    experts[t] = shared->chosen[t];
+    weights[t] = topk_weight(shared->chosen_value, r.k, r.gating, r.norm_topk, r.scale, t);
+    if (r.replay.ids != nullptr) replay_rank(r.replay, r.k, t, experts, weights);
   }
 }
 

@@ -254,7 +254,8 @@ cudaError_t launch_projections(const Projection* projections, int32_t n, const f
                                const block_q8_1* xq, const NormEpilogue& input_norm,
                                unsigned int* tickets, cudaStream_t stream);
 
-// The router's top-k, run by its last block: logit_bias added (gpt-oss), then
+// The router's top-k, run by its last block's threads (block_router_topk,
+// kernels/epilogue.cuh): logit_bias added (gpt-oss), then
 // by gating the softmax or the sigmoid of the logits (which replace them), the
 // k best of those plus score_bias where set (glm4moe's exp_probs_b; ties to the
 // lower id), weights as topk_weights (kernels/moe_math.h) makes them: softmaxed
@@ -276,8 +277,9 @@ struct RouterEpilogue {
 };
 
 // logits[rows] = W x, then the top-k of its first n_expert = rows (rows - 1
-// with shared_gate_row) <= kMaxRouterExperts, k <= kMaxTopK,
-// kernels/moe_math.h. tickets: 1.
+// with shared_gate_row), where router_topk_fits(n_expert, k) (kernels/moe_math.h:
+// n_expert <= kMaxRouterExperts, k <= kMaxTopK, k x ceil(n_expert / 128) <= 128).
+// tickets: 1.
 cudaError_t launch_router(const DeviceMatrix& w, const float* x, const block_q8_1* xq,
                           float* logits, const RouterEpilogue& router, unsigned int* tickets,
                           cudaStream_t stream);
@@ -383,9 +385,10 @@ cudaError_t launch_fill_rows(const float* row, int32_t n, int32_t tokens, float*
 cudaError_t launch_add_rows(const float* row, int32_t n, int32_t tokens, float* out,
                             cudaStream_t stream);
 
-// The router's top-k (warp_router_topk) for each of tokens rows of logits
+// The router's top-k (block_router_topk) for each of tokens rows of logits
 // ([tokens][n_expert], overwritten by what the router chooses by): router's
-// experts and weights are [tokens][k], rank order.
+// experts and weights are [tokens][k], rank order. Refused (cudaErrorInvalidValue)
+// where !router_topk_fits(n_expert, router.k) (kernels/moe_math.h).
 cudaError_t launch_router_topk_rows(float* logits, int32_t n_expert, int32_t tokens,
                                     const RouterEpilogue& router, cudaStream_t stream);
 

@@ -123,6 +123,9 @@ __device__ __forceinline__ BlockPlace grid_place() {
           static_cast<int32_t>(gridDim.x), static_cast<int32_t>(gridDim.y)};
 }
 
+// The router's last block runs its top-k (block_router_topk) on the launch's threads.
+static_assert(kMatvecThreads == kRouterThreads);
+
 struct MatvecShared {
   float parts[2][kMatvecThreads];  // the later warps' parts of a row, per matrix
   float results[kMaxRowsPerBlock];
@@ -303,8 +306,8 @@ __device__ __forceinline__ void matvec_epilogue(const MatvecArgs& a, BlockPlace 
   }
   if (!last_block_done(a.tickets, place.blocks_x * place.ranks, shared)) return;
   if (a.router.experts != nullptr) {
-    warp_router_topk(a.out, a.rows - (a.router.shared_gate_row ? 1 : 0), a.router,
-                     a.router.experts, a.router.weights, shared);
+    block_router_topk(a.out, a.rows - (a.router.shared_gate_row ? 1 : 0), a.router,
+                      a.router.experts, a.router.weights, shared);
   } else {
     run_norm_epilogue(a.norm, a.out, a.rows, shared);
   }
@@ -997,9 +1000,8 @@ bool Router(const DeviceMatrix& w, const float* x, const block_q8_1* xq, float* 
             const RouterEpilogue& router, unsigned int* tickets, MatvecLaunch* l) {
   const int32_t n_expert = w.rows - (router.shared_gate_row ? 1 : 0);
   if (!matrix_ok(w) || !input_ok(w.type, x, xq) || logits == nullptr ||
-      n_expert > kMaxRouterExperts || router.k <= 0 || router.k > kMaxTopK || router.k > n_expert ||
-      router.experts == nullptr || router.weights == nullptr || tickets == nullptr ||
-      !replay_ok(router.replay)) {
+      !router_topk_fits(n_expert, router.k) || router.experts == nullptr ||
+      router.weights == nullptr || tickets == nullptr || !replay_ok(router.replay)) {
     return false;
   }
   *l = Dense(w, x, xq);

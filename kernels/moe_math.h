@@ -18,6 +18,18 @@ namespace moegraph {
 inline constexpr int32_t kMaxTopK = 64;
 inline constexpr int32_t kMaxRouterExperts = 1024;
 
+// The router's top-k runs on a block of kRouterThreads (block_router_topk,
+// kernels/epilogue.cuh): thread t holds experts t, t + kRouterThreads, ...; the
+// k best of the threads' bests bound the choice, and the experts at or above
+// that bound (at most k per thread: k x ceil(n_expert / kRouterThreads)) are
+// ranked in one block-wide pass, which holds kRouterThreads of them.
+inline constexpr int32_t kRouterThreads = 128;
+MG_HD inline bool router_topk_fits(int32_t n_expert, int32_t k) {
+  const int32_t held = (n_expert + kRouterThreads - 1) / kRouterThreads;
+  return n_expert > 0 && n_expert <= kMaxRouterExperts && k > 0 && k <= kMaxTopK &&
+         k <= n_expert && k * held <= kRouterThreads;
+}
+
 // A rank's miss flag through the step: the slot decision writes 0 (hit) or 1
 // (missed, its copy not done), and the stage copy's last block of the rank
 // writes 2 once the whole expert is in its slot. Nonzero: missed this step.
@@ -83,10 +95,10 @@ MG_HD inline void replay_rank(const RoutingReplay& t, int32_t k, int32_t r, int3
   weights[r] = t.weights != nullptr ? t.weights[row + r] : t.uniform_weight;
 }
 
-// The router's softmax, the same bits on the host and in the router kernel's
-// warp: f32, exp_nonpositive of (logit - max), and the sum in the warp's shape:
-// lane l adds logits l, l + 32, ... in index order, then the 32 lanes' sums
-// butterfly (kRouterLanes). No f64: a consumer card runs it at 1/64 rate.
+// The router's softmax, the same bits on the host and in the router kernel
+// (block_router_topk): f32, exp_nonpositive of (logit - max), and the sum in
+// one warp's shape: lane l adds logits l, l + 32, ... in index order, then the
+// 32 lanes' sums butterfly (kRouterLanes). No f64: a consumer card runs it at 1/64 rate.
 inline constexpr int32_t kRouterLanes = 32;
 MG_HD inline float router_exp(float logit, float max_logit) {
   return exp_nonpositive(logit - max_logit);
@@ -113,6 +125,33 @@ MG_HD inline bool topk_precedes(float a, int32_t index_a, float b, int32_t index
   if (isnan(a)) a = -INFINITY;
   if (isnan(b)) b = -INFINITY;
   return a > b || (a == b && index_a < index_b);
+}
+
+// An expert as the router's top-k ranks it: its id and topk_key of its value
+// (+ score_bias). {i, topk_key(a)} < {j, topk_key(b)} exactly when
+// topk_precedes(a, i, b, j), and so does rank_word's order (the key above the
+// id, which is non-negative): one integer compare a pair, no NaN test, for
+// ranking by counting.
+struct alignas(8) RankedExpert {
+  int32_t index;
+  uint32_t key;
+};
+
+// The f32 bits mapped so that a larger value gives a smaller key; a NaN as
+// -inf and -0 as +0 (topk_precedes finds them equal).
+MG_HD inline uint32_t topk_key(float value) {
+  if (isnan(value)) value = -INFINITY;
+  if (value == 0.0f) value = 0.0f;
+  const uint32_t bits = f32_to_bits(value);
+  return (bits & 0x80000000u) != 0 ? bits : ~bits & 0x7fffffffu;
+}
+
+MG_HD inline bool operator<(const RankedExpert& a, const RankedExpert& b) {
+  return a.key < b.key || (a.key == b.key && a.index < b.index);
+}
+
+MG_HD inline uint64_t rank_word(const RankedExpert& e) {
+  return static_cast<uint64_t>(e.key) << 32 | static_cast<uint32_t>(e.index);
 }
 
 // The k best of values[0..n) in top-k order (k rounds of argmax over the rest).
@@ -142,31 +181,39 @@ MG_HD inline float router_sigmoid(float logit) {
   return e / (1.0f + e);
 }
 
-// The router weights of the chosen experts, as the oracle's SelectExperts
-// makes them (it calls this): their values (probabilities, or logits softmaxed
-// over the k with kSoftmaxWeight), divided by their f32 sum in rank order
-// (clamped at f16's smallest normal, as build_moe_ffn's ggml_clamp) when
-// norm_topk (llama.cpp's norm_w), then times scale (expert_weights_scale).
-// chosen_values: the k chosen experts' values, rank order.
-MG_HD inline void topk_weights(const float* chosen_values, int32_t k, RouterGating gating,
-                               bool norm_topk, float scale, float* weights) {
-  // Each weight is computed again where it is written instead of kept in an
-  // array: an array indexed by a run-time k lives in a kernel's local memory.
+// Rank r's router weight of the chosen experts, as the oracle's SelectExperts
+// makes them (through topk_weights): its value (a probability, or its logit
+// softmaxed over the k with kSoftmaxWeight), divided by the k values' f32 sum
+// in rank order (clamped at f16's smallest normal, as build_moe_ffn's
+// ggml_clamp) when norm_topk (llama.cpp's norm_w), then times scale
+// (expert_weights_scale). chosen_values: the k chosen experts' values, rank
+// order. Each rank computes the max and the sum itself (the same bits in every
+// rank), so a block's threads weigh their ranks side by side.
+MG_HD inline float topk_weight(const float* chosen_values, int32_t k, RouterGating gating,
+                               bool norm_topk, float scale, int32_t r) {
   const bool softmax = gating == RouterGating::kSoftmaxWeight;
   float max = -INFINITY;
-  for (int32_t r = 0; r < k; ++r) max = fmaxf(max, chosen_values[r]);
-  auto weight = [&](int32_t r) -> float {
-    const float v = chosen_values[r];
+  if (softmax) {
+    for (int32_t q = 0; q < k; ++q) max = fmaxf(max, chosen_values[q]);
+  }
+  auto weight = [&](int32_t q) -> float {
+    const float v = chosen_values[q];
     return softmax ? exp_nonpositive(v - max) : v;
   };
   float sum = 0.0f;
-  for (int32_t r = 0; r < k; ++r) sum += weight(r);
+  for (int32_t q = 0; q < k; ++q) sum += weight(q);
   // The softmax over the k is already normalised: its sum is then 1.
   const float norm = fmaxf(softmax ? 1.0f : sum, 6.103515625e-5f);
+  float w = softmax ? weight(r) / sum : weight(r);
+  if (norm_topk) w /= norm;
+  return scale != 1.0f ? w * scale : w;
+}
+
+// Every rank's weight (topk_weight) into weights[0, k).
+MG_HD inline void topk_weights(const float* chosen_values, int32_t k, RouterGating gating,
+                               bool norm_topk, float scale, float* weights) {
   for (int32_t r = 0; r < k; ++r) {
-    float w = softmax ? weight(r) / sum : weight(r);
-    if (norm_topk) w /= norm;
-    weights[r] = scale != 1.0f ? w * scale : w;
+    weights[r] = topk_weight(chosen_values, k, gating, norm_topk, scale, r);
   }
 }
 

@@ -56,14 +56,14 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// Row blockIdx.x's top-k by its warp: the decode router's epilogue.
-__global__ void __launch_bounds__(32)
+// Row blockIdx.x's top-k by its block: the decode router's epilogue.
+__global__ void __launch_bounds__(kRouterThreads)
     router_topk_rows_kernel(float* __restrict__ logits, int32_t n_expert, RouterEpilogue router) {
   wait_for_prior_grids();
   __shared__ EpilogueShared shared;
   const int64_t t = blockIdx.x;
-  warp_router_topk(logits + t * n_expert, n_expert, router, router.experts + t * router.k,
-                   router.weights + t * router.k, &shared);
+  block_router_topk(logits + t * n_expert, n_expert, router, router.experts + t * router.k,
+                    router.weights + t * router.k, &shared);
 }
 
 // Row i of out (and out_f16) is row entries[i] / k of x (and x_f16).
@@ -210,11 +210,10 @@ cudaError_t launch_router_topk_rows(float* logits, int32_t n_expert, int32_t tok
                                     const RouterEpilogue& router, cudaStream_t stream) {
   const int32_t k = router.k;
   if (logits == nullptr || router.experts == nullptr || router.weights == nullptr ||
-      tokens <= 0 || n_expert <= 0 || n_expert > kMaxRouterExperts || k <= 0 || k > kMaxTopK ||
-      k > n_expert) {
+      tokens <= 0 || !router_topk_fits(n_expert, k)) {
     return cudaErrorInvalidValue;
   }
-  return launch_kernel<router_topk_rows_kernel>(tokens, 32, stream, logits, n_expert, router);
+  return launch_kernel<router_topk_rows_kernel>(tokens, kRouterThreads, stream, logits, n_expert, router);
 }
 
 cudaError_t launch_gather_rows(const float* x, const uint16_t* x_f16, int32_t n,

@@ -117,26 +117,6 @@ __device__ inline float warp_max(float v) {
   return reduce_detail::warp_reduce(v, reduce_detail::Max{});
 }
 
-// Top-k order (topk_precedes) of (value, index): every lane ends with the best pair.
-__device__ inline void warp_best(float* value, int32_t* index) {
-  reduce_detail::warp_first(value, index, reduce_detail::TopkFirst{});
-}
-
-// warp_best with a payload that travels with its pair (the router's unbiased
-// value of the expert it chooses by value + bias).
-__device__ inline void warp_best(float* value, int32_t* index, float* payload) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other_value = __shfl_xor_sync(kFullMask, *value, offset);
-    const int32_t other_index = __shfl_xor_sync(kFullMask, *index, offset);
-    const float other_payload = __shfl_xor_sync(kFullMask, *payload, offset);
-    if (topk_precedes(other_value, other_index, *value, *index)) {
-      *value = other_value;
-      *index = other_index;
-      *payload = other_payload;
-    }
-  }
-}
-
 // Least (rank, slot) pair, lexicographic.
 __device__ inline void warp_argmin(unsigned long long* rank, int32_t* slot) {
   reduce_detail::warp_first(rank, slot, reduce_detail::LeastFirst{});
@@ -154,7 +134,8 @@ __device__ inline float block_max(float v, float* scratch) {
   return reduce_detail::block_reduce(v, -INFINITY, scratch, reduce_detail::Max{});
 }
 
-// Block-wide warp_best; an idle thread passes (-inf, INT32_MAX).
+// The best (value, index) pair of the block in top-k order (topk_precedes); an
+// idle thread passes (-inf, INT32_MAX).
 __device__ inline void block_best(float* value, int32_t* index, float* value_scratch,
                                   int32_t* index_scratch) {
   reduce_detail::block_first(value, index, value_scratch, index_scratch, -INFINITY,

@@ -131,8 +131,9 @@ std::vector<int32_t> TopK(absl::Span<const float> row, int k) {
   CheckOrDie(k >= 0 && static_cast<size_t>(k) <= row.size(), "TopK: k <= row size");
   std::vector<int32_t> order(row.size());
   std::iota(order.begin(), order.end(), 0);
+  // topk_precedes: a strict weak order even with NaNs (row[a] > row[b] is not).
   std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+                   [&](int32_t a, int32_t b) { return topk_precedes(row[a], a, row[b], b); });
   order.resize(static_cast<size_t>(k));
   return order;
 }

@@ -66,7 +66,8 @@ void RopeCosSin(int32_t pos, int n_rot, float freq_base, const RopeScaling& scal
 void Softmax(int64_t row_len, absl::Span<float> x);
 
 // Indices of the k largest values, largest first; equal values keep the lower
-// index first (a stable descending argsort, then its first k).
+// index first (a stable descending argsort, then its first k). A NaN ranks as
+// -inf (topk_precedes, kernels/moe_math.h, as the router kernels rank).
 std::vector<int32_t> TopK(absl::Span<const float> row, int k);
 
 // The index of the largest value; ties go to the lowest index.

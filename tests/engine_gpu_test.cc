@@ -741,6 +741,31 @@ TEST_F(EngineArmsTest, AHeadWiderThanTheAttentionTakesIsAnErrorNamingIt) {
       << engine.status();
 }
 
+// More experts a thread than the router's block ranks (router_topk_fits: top-k
+// x ceil(experts / 128) at most 128) is refused by the keys, before any
+// upload; one expert fewer in the top-k is taken.
+TEST_F(EngineArmsTest, ARouterTheTopKDoesNotTakeIsAnErrorNamingItsKeys) {
+  FixtureSpec spec;
+  spec.n_layer = 1;
+  spec.n_expert = 257;
+  spec.n_expert_used = 43;
+  spec.expert_variants = 1;
+  absl::StatusOr<std::unique_ptr<LoadedModel>> wide = LoadFixture(spec);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  CudaEngineOptions options;
+  options.max_ctx = 8;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine = CudaEngine::Create((*wide)->model, options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_TRUE(MessageHas(engine.status(), "expert_used_count x ceil(expert_count / 128) at most "
+                                          "128 (this model: 257 experts, top-43)"))
+      << engine.status();
+  spec.n_expert_used = 42;
+  absl::StatusOr<std::unique_ptr<LoadedModel>> fits = LoadFixture(spec);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  engine = CudaEngine::Create((*fits)->model, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+}
+
 // A head not a multiple of 8 wide takes the f32 cache: the f16 one is read 8
 // elements at a time. The refusal names the flag that lifts it.
 TEST_F(EngineArmsTest, AnF16CacheOfHeadsNotAMultipleOf8IsAnErrorNamingTheFlag) {

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -590,8 +592,8 @@ TEST(MoeMathTest, TopKEqualsReferenceOnRandomAndTiedInputs) {
 }
 
 // NaN probabilities (a model whose logits overflow) must still leave the order
-// total: the router kernel's warp argmax butterflies lanes against idle lanes'
-// (-inf, INT32_MAX) and indexes its shared arrays with the winner.
+// total: a warp argmax (the sampler's block_best) butterflies lanes against
+// idle lanes' (-inf, INT32_MAX), and the router ranks against idle threads'.
 TEST(MoeMathTest, TopKOrderStaysTotalWithNaN) {
   const float nan = std::nanf("");
   EXPECT_TRUE(topk_precedes(nan, 3, -INFINITY, INT32_MAX));
@@ -623,6 +625,57 @@ TEST(MoeMathTest, TopKOrderStaysTotalWithNaN) {
   int32_t chosen[n];
   select_topk(probs, n, n, chosen);
   EXPECT_EQ(std::vector<int32_t>(chosen, chosen + n), (std::vector<int32_t>{3, 1, 0, 2, 4}));
+}
+
+// The router ranks experts by counting with integer compares: RankedExpert's
+// order (topk_key of the value, then the id) and rank_word's are topk_precedes'
+// for every kind of f32 (NaNs of either sign, infinities, signed zeros,
+// subnormals) and ids up to the idle pair's.
+TEST(MoeMathTest, RankedExpertOrderIsTopKOrder) {
+  std::mt19937 rng(31);
+  std::vector<float> values = {std::nanf(""), -std::nanf(""), INFINITY, -INFINITY, 0.0f, -0.0f,
+                               std::numeric_limits<float>::denorm_min(),
+                               -std::numeric_limits<float>::denorm_min(), FLT_MIN, -FLT_MIN,
+                               FLT_MAX, -FLT_MAX, 1.0f, -1.0f, 0.5f, std::nextafter(0.5f, 1.0f)};
+  for (float v : Gaussian(rng, 16, 3.0f)) values.push_back(v);
+  const int32_t ids[] = {0, 1, 7, 1023, INT32_MAX};
+  int checked = 0;
+  for (float a : values) {
+    for (float b : values) {
+      for (int32_t i : ids) {
+        for (int32_t j : ids) {
+          const RankedExpert ea{i, topk_key(a)}, eb{j, topk_key(b)};
+          const bool want = topk_precedes(a, i, b, j);
+          ASSERT_EQ(ea < eb, want) << a << " " << i << " against " << b << " " << j;
+          ASSERT_EQ(rank_word(ea) < rank_word(eb), want) << a << " " << i << " against " << b
+                                                         << " " << j;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 32 * 32 * 25);
+}
+
+// The router's block ranks at most kRouterThreads candidates: k a thread of
+// ceil(n_expert / kRouterThreads) experts each.
+TEST(MoeMathTest, RouterTopKFitsItsCandidates) {
+  EXPECT_TRUE(router_topk_fits(128, 64));
+  EXPECT_TRUE(router_topk_fits(256, 64));
+  EXPECT_TRUE(router_topk_fits(257, 42));
+  EXPECT_FALSE(router_topk_fits(257, 43));
+  EXPECT_TRUE(router_topk_fits(512, 32));
+  EXPECT_FALSE(router_topk_fits(512, 33));
+  EXPECT_TRUE(router_topk_fits(1024, 16));
+  EXPECT_FALSE(router_topk_fits(1024, 17));
+  EXPECT_FALSE(router_topk_fits(1025, 1));
+  EXPECT_FALSE(router_topk_fits(8, 9));
+  EXPECT_FALSE(router_topk_fits(8, 0));
+  EXPECT_FALSE(router_topk_fits(0, 0));
+  // The models the project runs: Qwen3.5-397B 512 / top-10, DeepSeek-V3 256 / 8, Kimi-K2 384 / 8.
+  EXPECT_TRUE(router_topk_fits(512, 10));
+  EXPECT_TRUE(router_topk_fits(256, 8));
+  EXPECT_TRUE(router_topk_fits(384, 8));
 }
 
 TEST(MoeMathTest, TopKWeightsRenormalise) {

@@ -1204,7 +1204,8 @@ TEST_F(RouterTest, TopKMatchesReference) {
     int32_t n_expert, k;
     bool norm;
   };
-  for (Case c : {Case{128, 8, true}, Case{128, 8, false}, Case{60, 4, true}, Case{8, 2, true}}) {
+  for (Case c : {Case{128, 8, true}, Case{128, 8, false}, Case{60, 4, true}, Case{8, 2, true},
+                 Case{160, 8, true}, Case{512, 10, true}}) {
     for (int trial = 0; trial < 20; ++trial) {
       SCOPED_TRACE("n_expert " + std::to_string(c.n_expert) + " trial " + std::to_string(trial));
       std::vector<float> logits = Gaussian(rng, c.n_expert, 2.0f);
@@ -1225,6 +1226,131 @@ TEST_F(RouterTest, TopKMatchesReference) {
             << "rank " << r;
       }
     }
+  }
+}
+
+// block_router_topk (launch_router_topk_rows runs it on rows of given logits)
+// at sizes of one expert a thread and of two to eight, where the k-th of the
+// threads' bests bounds the experts ranked, for every gating and bias: the
+// host's choice (GateProbs, then SelectExperts), its weights and the
+// probabilities written over the logits, bit for bit (a NaN as any NaN). Rows:
+// Gaussian; five values only (ties across the k-th); NaNs; the best experts
+// packed into k threads (about k a thread pass the bound); every logit equal;
+// -infs and large logits.
+TEST_F(RouterTest, TheBlocksTopKIsTheHostsAtEverySizeAndGating) {
+  std::mt19937 rng(21);
+  struct Case {
+    int32_t n, k;
+    ExpertGating gating;
+    bool logit_bias, score_bias, norm;
+    float scale;
+  };
+  constexpr auto kSoftmax = ExpertGating::kSoftmax, kSigmoid = ExpertGating::kSigmoid,
+                 kSoftmaxWeight = ExpertGating::kSoftmaxWeight;
+  const Case cases[] = {
+      {8, 2, kSoftmax, false, false, true, 1.0f},
+      {60, 4, kSigmoid, false, true, true, 2.5f},
+      {128, 8, kSoftmax, false, false, true, 1.0f},
+      {128, 64, kSoftmax, false, false, false, 1.0f},
+      {129, 4, kSoftmaxWeight, true, false, false, 1.0f},
+      {160, 8, kSigmoid, false, true, true, 2.5f},
+      {256, 64, kSoftmax, false, false, true, 1.0f},
+      {257, 42, kSigmoid, true, true, false, 1.5f},
+      {512, 10, kSoftmax, false, false, true, 1.0f},
+      {1024, 16, kSoftmax, true, true, true, 1.5f},
+  };
+  constexpr int32_t kRows = 6;
+  const auto same = [](float a, float b) {
+    return (std::isnan(a) && std::isnan(b)) || f32_to_bits(a) == f32_to_bits(b);
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("n_expert " + std::to_string(c.n) + " k " + std::to_string(c.k) + " gating " +
+                 std::to_string(static_cast<int>(c.gating)));
+    ASSERT_TRUE(router_topk_fits(c.n, c.k));
+    const int32_t held = (c.n + kRouterThreads - 1) / kRouterThreads;
+    std::vector<float> logits;
+    for (int32_t row = 0; row < kRows; ++row) {
+      std::vector<float> x = Gaussian(rng, c.n, 2.0f);
+      if (row == 1) {
+        for (float& v : x) v = static_cast<float>(static_cast<int>(rng() % 5)) * 0.5f;
+      } else if (row == 2) {
+        x[c.n / 3] = NAN;
+        x[c.n - 1] = NAN;
+      } else if (row == 3) {
+        // Threads t < k hold values above 10; thread k - 1's best is 10, the
+        // k-th of the bests, and its other experts fall below it.
+        for (int32_t t = 0; t < c.k && t < kRouterThreads; ++t) {
+          for (int32_t s = 0; s < held && t + s * kRouterThreads < c.n; ++s) {
+            x[t + s * kRouterThreads] =
+                t == c.k - 1 ? (s == 0 ? 10.0f : 9.0f - s) : 10.5f + 0.01f * (t * held + s);
+          }
+        }
+      } else if (row == 4) {
+        std::fill(x.begin(), x.end(), 0.75f);
+      } else if (row == 5) {
+        x[0] = -INFINITY;
+        x[c.n / 2] = -INFINITY;
+        x[c.n / 4] = 60.0f;
+        x[c.n - 1] = 85.0f;
+      }
+      logits.insert(logits.end(), x.begin(), x.end());
+    }
+    const std::vector<float> logit_bias = Gaussian(rng, c.n, 0.5f);
+    const std::vector<float> score_bias = Gaussian(rng, c.n, 0.25f);
+    DeviceArray<float> d_logits(logits), d_logit_bias(logit_bias), d_score_bias(score_bias),
+        d_weights(kRows * c.k);
+    DeviceArray<int32_t> d_experts(kRows * c.k);
+    RouterEpilogue router;
+    router.k = c.k;
+    router.norm_topk = c.norm;
+    router.gating = RouterGatingOf(c.gating);
+    router.logit_bias = c.logit_bias ? d_logit_bias.get() : nullptr;
+    router.score_bias = c.score_bias ? d_score_bias.get() : nullptr;
+    router.scale = c.scale;
+    router.experts = d_experts.get();
+    router.weights = d_weights.get();
+    ASSERT_EQ(launch_router_topk_rows(d_logits.get(), c.n, kRows, router, stream_), cudaSuccess);
+    Sync();
+    const std::vector<float> probs_out = d_logits.Download(), weights = d_weights.Download();
+    const std::vector<int32_t> experts = d_experts.Download();
+    for (int32_t row = 0; row < kRows; ++row) {
+      SCOPED_TRACE("row " + std::to_string(row));
+      std::vector<float> probs(logits.begin() + row * c.n, logits.begin() + (row + 1) * c.n);
+      if (c.logit_bias) {
+        for (int32_t e = 0; e < c.n; ++e) probs[e] += logit_bias[e];
+      }
+      GateProbs(c.gating, c.n, absl::MakeSpan(probs));
+      std::vector<int32_t> want;
+      std::vector<double> want_w;
+      SelectExperts(probs, c.n, c.k, c.norm, &want, &want_w, c.gating,
+                    c.score_bias ? absl::MakeConstSpan(score_bias) : absl::Span<const float>(),
+                    c.scale);
+      EXPECT_EQ(std::vector<int32_t>(experts.begin() + row * c.k,
+                                     experts.begin() + (row + 1) * c.k),
+                want);
+      for (int32_t r = 0; r < c.k; ++r) {
+        EXPECT_TRUE(same(weights[row * c.k + r], static_cast<float>(want_w[r])))
+            << "rank " << r << ": " << weights[row * c.k + r] << " against " << want_w[r];
+      }
+      for (int32_t e = 0; e < c.n; ++e) {
+        ASSERT_TRUE(same(probs_out[row * c.n + e], probs[e]))
+            << "expert " << e << ": " << probs_out[row * c.n + e] << " against " << probs[e];
+      }
+    }
+  }
+  // More than kRouterThreads candidates could pass the bound: refused.
+  DeviceArray<float> d_logits(1025);
+  DeviceArray<int32_t> d_experts(64);
+  DeviceArray<float> d_weights(64);
+  RouterEpilogue router;
+  router.experts = d_experts.get();
+  router.weights = d_weights.get();
+  for (auto [n, k] : {std::pair{1024, 17}, std::pair{257, 43}, std::pair{1025, 1},
+                      std::pair{8, 9}, std::pair{128, 65}}) {
+    router.k = k;
+    EXPECT_EQ(launch_router_topk_rows(d_logits.get(), n, 1, router, stream_),
+              cudaErrorInvalidValue)
+        << n << " experts, top-" << k;
   }
 }
 

@@ -212,5 +212,24 @@ TEST(WalkShapeOptionsTest, AWeightTheKernelsDoNotTakeIsNamed) {
       << shape.status();
 }
 
+// inspect --walk refuses a router the kernels do not take as the engine does,
+// by its keys: 257 experts leave each of the block's threads 3, and 43 x 3
+// candidates would not fit its 128.
+TEST(WalkShapeOptionsTest, ARouterTheKernelsDoNotTakeIsNamed) {
+  FixtureSpec spec;
+  spec.n_layer = 1;
+  spec.n_expert = 257;
+  spec.n_expert_used = 43;
+  spec.expert_variants = 1;
+  absl::StatusOr<std::unique_ptr<LoadedModel>> loaded = LoadFixture(spec);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const absl::StatusOr<WalkShape> shape = ShapeWalk((*loaded)->model, WalkShapeOptions{});
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(shape.status().message().find("this model: 257 experts, top-43"), std::string::npos)
+      << shape.status();
+  EXPECT_NE(shape.status().message().find("expert_used_count"), std::string::npos)
+      << shape.status();
+}
+
 }  // namespace
 }  // namespace moegraph

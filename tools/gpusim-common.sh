@@ -43,6 +43,9 @@ gpusim_root() {
 # - trap (those waits' give-up after seconds): its instruction has no type,
 #   which GPGPU-Sim asserts on when it loads the kernel; exit instead (a block
 #   that gave up would end without its rows: the output hash would say so).
+# - bfi.b64 with a field of 32 bits at 32 (the router's topk_code: a word
+#   above an index): it inserts into the low word's 32 bits only, so the
+#   field is lost; d = (b & 0xffffffff) | a << 32 by shift, and, or.
 # ptxas -v gives the launched kernels the same registers either way.
 sim_ptx() {
   sed -E '
@@ -50,11 +53,13 @@ sim_ptx() {
     s/^([[:space:]]*)prefetch\.global\.L1[[:space:]]+\[([^]]+)\];/\1{ .reg .b32 %pf; ld.global.ca.b32 %pf, [\2]; }/
     s/^([[:space:]]*)prefetch\.global\.L2[[:space:]]+\[([^]]+)\];/\1{ .reg .b32 %pf; ld.global.cg.b32 %pf, [\2]; }/
     s/ld\.acquire\.gpu\.global\./ld.global.cg./
+    s/^([[:space:]]*)bfi\.b64[[:space:]]+(%rd[0-9]+),[[:space:]]*(%rd[0-9]+),[[:space:]]*(%rd[0-9]+),[[:space:]]*32,[[:space:]]*32;/\1{ .reg .b64 %bfh, %bfl; shl.b64 %bfh, \3, 32; and.b64 %bfl, \4, 4294967295; or.b64 \2, %bfl, %bfh; }/
     s/^([[:space:]]*)trap;/\1exit;/
     s/^([[:space:]]*)nanosleep\.u32[[:space:]]+[^;]+;/\1\/\/ nanosleep dropped/
     s/^([[:space:]]*)shf\.r\.wrap\.b32[[:space:]]+(%r[0-9]+),[[:space:]]*(%r[0-9]+),[[:space:]]*(%r[0-9]+),[[:space:]]*(%r[0-9]+);/\1{ .reg .pred %fsp; .reg .b32 %fsn, %fst; and.b32 %fsn, \5, 31; shf.r.wrap.b32 %fst, \3, \4, %fsn; setp.eq.u32 %fsp, %fsn, 0; selp.b32 \2, \3, %fst, %fsp; }/
   ' "$1" > "$2"
   if grep -q 'prefetch' "$2"; then echo "run.sh: a prefetch form left in $2" >&2; exit 1; fi
+  if grep -q 'bfi\.b64' "$2"; then echo "run.sh: a bfi.b64 form left in $2" >&2; exit 1; fi
   if grep -q 'copysign' "$2"; then echo "run.sh: copysign left in $2" >&2; exit 1; fi
   if grep -qE '^[[:space:]]*(nanosleep|trap)|ld\.acquire' "$2"; then echo "run.sh: a wait form left in $2" >&2; exit 1; fi
   if grep -E 'shf\.' "$2" | grep -vq '%fsn;'; then echo "run.sh: a shf form left in $2" >&2; exit 1; fi

@@ -8,7 +8,8 @@
 //                       cold: the second launch reads another copy of the
 //                       weights, not in L2 (as the step finds a layer's norm
 //                       weights after streaming a layer of experts)
-//   harness router N K  warp_router_topk over N softmax logits, top K, norm_topk
+//   harness router N K  the router's top-k (block_router_topk) over N softmax
+//                       logits, top K, norm_topk
 //
 // Each launches its kernel twice: the first warms the L2 with the inputs (an
 // epilogue reads what other blocks just wrote), the second is the one to read.
@@ -31,9 +32,21 @@ __global__ void norm_kernel(const float* x, const float* weight, float* out, blo
   block_rmsnorm(x, weight, out, n, 1e-6f, out_q, &shared);
 }
 
+// A tree before block_router_topk ran the top-k on one warp (run.sh defines
+// HARNESS_WARP_ROUTER for it).
+#ifdef HARNESS_WARP_ROUTER
+constexpr int kRouterKernelThreads = 32;
+#else
+constexpr int kRouterKernelThreads = kRouterThreads;
+#endif
+
 __global__ void router_kernel(float* logits, int32_t n, RouterEpilogue router) {
   __shared__ EpilogueShared shared;
+#ifdef HARNESS_WARP_ROUTER
   warp_router_topk(logits, n, router, router.experts, router.weights, &shared);
+#else
+  block_router_topk(logits, n, router, router.experts, router.weights, &shared);
+#endif
 }
 
 // Deterministic values in about [-2, 2].
@@ -89,8 +102,9 @@ int Router(int32_t n, int32_t k) {
   router.weights = Upload(std::vector<float>(static_cast<size_t>(k)));
   for (int launch = 0; launch < 2; ++launch) {
     cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice);
-    std::printf("launch %d router_kernel n %d k %d grid (1,1,1) block (32,1,1)\n", launch, n, k);
-    router_kernel<<<1, 32>>>(d_logits, n, router);
+    std::printf("launch %d router_kernel n %d k %d grid (1,1,1) block (%d,1,1)\n", launch, n, k,
+                kRouterKernelThreads);
+    router_kernel<<<1, kRouterKernelThreads>>>(d_logits, n, router);
     if (cudaDeviceSynchronize() != cudaSuccess) return 1;
   }
   std::printf("check router experts");

@@ -7,7 +7,8 @@
 #   tools/gpusim-epilogue/run.sh [--table] [CASE...]
 #     CASE: norm (block_rmsnorm of 2048 with q8_1 blocks, 128 threads),
 #           norm-cold (the same, its weights not in L2: as the step finds them),
-#           router (warp_router_topk, 128 experts, top 8, softmax),
+#           router (the router's top-k, 128 experts, top 8, softmax),
+#           router-512 (the same, 512 experts, top 10: Qwen3.5's),
 #           attn-out-router (launch_matvec_residual_router at Qwen3-30B-A3B's
 #           shape: attn_out q4_K 2048 x 4096 with ffn_norm, the f32 router
 #           128 x 2048 top 8; tools/gpusim-epilogue/chain_harness.cu, minutes),
@@ -36,12 +37,12 @@ CASES=()
 for a in "$@"; do
   case "$a" in
     --table) TABLE_ONLY=1 ;;
-    norm|norm-cold|router|attn-out-router|attn-norm-qkv) CASES+=("$a") ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    norm|norm-cold|router|router-512|attn-out-router|attn-norm-qkv) CASES+=("$a") ;;
+    -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run.sh: unknown argument '$a'" >&2; exit 2 ;;
   esac
 done
-[ ${#CASES[@]} -gt 0 ] || CASES=(norm norm-cold router)
+[ ${#CASES[@]} -gt 0 ] || CASES=(norm norm-cold router router-512)
 mkdir -p "$B/logs"
 
 # gpusim_root, sim_ptx, ptxas_wrapper.
@@ -52,6 +53,7 @@ args_of() {  # args_of CASE [OLD|NEW]
     norm) echo "norm 2048" ;;
     norm-cold) echo "norm 2048 cold" ;;
     router) echo "router 128 8" ;;
+    router-512) echo "router 512 10" ;;
     attn-out-router) echo "attn-out-router" ;;
     attn-norm-qkv) [ "${2:-}" = OLD ] && echo single || echo prologue ;;
   esac
@@ -71,17 +73,19 @@ old_tree() { [ "$1" != attn-norm-qkv ]; }
 
 build() {  # build DIR TREE [old]: the harnesses the cases run, against TREE's kernels/
   mkdir -p "$1"
-  local h c sources
+  local h c sources defines=()
+  # A tree from before block_router_topk: its one-warp top-k.
+  grep -q warp_router_topk "$2/kernels/epilogue.cuh" && defines=(-DHARNESS_WARP_ROUTER)
   for h in $(for c in "${CASES[@]}"; do
                { [ -z "${3:-}" ] || old_tree "$c"; } && harness_of "$c"
              done | sort -u); do
     sources=()
     [ "$h" = chain_harness ] || [ "$h" = qkv_harness ] &&
       sources=("$2/kernels/launch.cc" "$2/loader/quantize.cc" "$2/loader/ggml_type.cc")
-    "$NVCC" -O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17 -I"$2" -I"$ROOT" \
-      "$HERE/$h.cu" "${sources[@]}" -o "$1/$h"
-    "$NVCC" -arch=compute_86 -code=compute_86 -ptx -std=c++17 -I"$2" -I"$ROOT" "$HERE/$h.cu" \
-      -o "$1/$h.ptx"
+    "$NVCC" -O2 -arch=compute_86 -code=compute_86 -cudart shared -std=c++17 "${defines[@]}" -I"$2" \
+      -I"$ROOT" "$HERE/$h.cu" "${sources[@]}" -o "$1/$h"
+    "$NVCC" -arch=compute_86 -code=compute_86 -ptx -std=c++17 "${defines[@]}" -I"$2" -I"$ROOT" \
+      "$HERE/$h.cu" -o "$1/$h.ptx"
     sim_ptx "$1/$h.ptx" "$1/$h.sim.ptx"
   done
 }
