@@ -210,10 +210,17 @@ void Server::EngineLoop() {
     // Read here, between generations: the engine is not safe to read from the
     // HTTP threads while it runs.
     std::vector<std::pair<std::string, double>> counters = engine_->Counters();
-    std::lock_guard<std::mutex> lock(mu_);
-    engine_counters_ = std::move(counters);
-    engine_busy_ = false;
-    cv_.notify_all();  // Stop may wait for the engine to be idle
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      engine_counters_ = std::move(counters);
+      engine_busy_ = false;
+      cv_.notify_all();  // Stop may wait for the engine to be idle
+    }
+    // Only now is the job done: a client that has its whole reply finds the
+    // slot idle (/slots, /metrics).
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->done = true;
+    job->cv.notify_all();
   }
 }
 
@@ -225,8 +232,6 @@ void Server::RunJob(Job& job) {
       std::fprintf(options_.log, "serve: %s: client left before it started\n", job.id.c_str());
     std::lock_guard<std::mutex> lock(job.mu);
     job.finish_reason = "stop";
-    job.done = true;
-    job.cv.notify_all();
     return;
   }
   // The prefix this prompt shares with what the cache holds; at least one
@@ -354,8 +359,6 @@ void Server::RunJob(Job& job) {
   job.cached_tokens = cached;
   job.covered = std::move(covered);
   job.scored = std::move(scored);
-  job.done = true;
-  job.cv.notify_all();
 }
 
 namespace {

@@ -98,6 +98,7 @@ class Server {
   // A request counted in responding_ has handed its reply over.
   void Responded();
   void EngineLoop();
+  // Generates job's reply into it; EngineLoop marks it done once the engine is idle.
   void RunJob(Job& job);
   bool Enqueue(const std::shared_ptr<Job>& job);
   std::string Metrics();

@@ -494,6 +494,15 @@ TEST_F(CliServeTest, LlamaServersCompletionPropsAndSlots) {
   const json s = json::parse(slots->body);
   ASSERT_EQ(s.size(), 1u) << slots->body;
   EXPECT_EQ(s[0]["is_processing"], false);
+  // A client that has its whole reply finds the slot idle, every time (the
+  // job is done only after the engine is).
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(c->Post("/completion", json{{"prompt", "Hi"}, {"n_predict", 1}}.dump(),
+                        "application/json"));
+    const httplib::Result after = c->Get("/slots");
+    ASSERT_TRUE(after);
+    EXPECT_EQ(json::parse(after->body)[0]["is_processing"], false) << "request " << i;
+  }
   EXPECT_EQ(server_.Stop(SIGTERM), 0) << server_.Log();
 }
 
